@@ -1,0 +1,16 @@
+#pragma once
+// Each subcommand of the `microspec` binary registers itself on the CLI11 app.
+// Every subcommand's callback may throw microspec::Error; main() reports it and exits non-zero.
+namespace CLI {
+class App;
+}
+
+namespace microspec::cli {
+
+void add_generate_command(CLI::App& app);     // cmd_generate.cpp
+void add_info_command(CLI::App& app);         // cmd_info.cpp: metadata and tensor table of a GGUF file
+void add_dump_tensor_command(CLI::App& app);  // cmd_dump_tensor.cpp: dequantized rows as raw f32
+void add_tokenize_command(CLI::App& app);     // cmd_tokenize.cpp: token ids of a text
+void add_eval_command(CLI::App& app);         // cmd_eval.cpp: logits of a token sequence (teacher forcing)
+
+}  // namespace microspec::cli

@@ -1,0 +1,47 @@
+#pragma once
+// Matrix products of a quantized weight matrix with a batch of f32 activation rows.
+#include <cstdint>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/threadpool.h"
+
+namespace microspec {
+
+// A 2-D weight in the file's own format: `rows` rows of `cols` elements; row r starts at
+// data + r * row_stride. For a GGUF weight with ne = [in, out]: cols = in, rows = out.
+struct QMatrix {
+  GgmlType type = GgmlType::F32;
+  const uint8_t* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  size_t row_stride = 0;
+};
+
+// Scratch for quantized activations; grows on first use to the largest batch seen, then stays.
+class MatmulContext {
+ public:
+  MatmulContext(ThreadPool& pool, const KernelTable& kernels) : pool_(&pool), kernels_(&kernels) {}
+  ThreadPool& pool() { return *pool_; }
+  const KernelTable& kernels() const { return *kernels_; }
+  // Preallocates scratch for up to n_tokens rows of `cols` elements of any activation type.
+  void reserve(int64_t n_tokens, int64_t cols);
+  uint8_t* scratch(size_t bytes);
+
+ private:
+  ThreadPool* pool_;
+  const KernelTable* kernels_;
+  std::vector<uint8_t> scratch_;
+};
+
+// y[t * ldy + r] = dot(W row r, x[t * w.cols .. ]) for t < n_tokens, r < w.rows.
+void matmul(MatmulContext& ctx, const QMatrix& w, const float* x, int64_t n_tokens, float* y, int64_t ldy);
+
+// Same for a subset of rows: y[t * ldy + j] = dot(W row rows[j], x[t]) for j < n_rows.
+void matmul_rows(MatmulContext& ctx, const QMatrix& w, const int32_t* rows, int64_t n_rows, const float* x,
+                 int64_t n_tokens, float* y, int64_t ldy);
+
+// Reference used by tests: dequantize each row (scalar) and accumulate in double.
+void matmul_reference(const QMatrix& w, const float* x, int64_t n_tokens, float* y, int64_t ldy);
+
+}  // namespace microspec

@@ -1,0 +1,30 @@
+#pragma once
+// Built-in chat formats, chosen from the model file.
+#include <span>
+#include <string>
+#include <vector>
+
+namespace microspec {
+
+class GgufFile;
+class Tokenizer;
+
+enum class ChatFormat { Gemma, ChatML, Llama3 };
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant"
+  std::string content;
+};
+
+// From the architecture, the chat template text and the vocabulary. Throws Error if none fits.
+ChatFormat detect_chat_format(const GgufFile& file, const Tokenizer& tok);
+const char* chat_format_name(ChatFormat f);
+
+// Renders messages to the prompt text (special tokens written as text: encode with parse_special).
+// Includes BOS text only where the format writes it explicitly (Llama 3's <|begin_of_text|> is
+// added by the tokenizer's BOS rule instead, as is Gemma's <bos>). SmolLM2's default system prompt
+// is inserted when its template does so and no system message is given.
+std::string apply_chat_template(ChatFormat f, std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                const std::string& default_system = "");
+
+}  // namespace microspec
