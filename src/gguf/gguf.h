@@ -56,6 +56,8 @@ class GgufFile {
   const std::string& name() const { return name_; }
   uint32_t version() const { return version_; }
   size_t alignment() const { return alignment_; }
+  size_t file_size() const { return file_size_; }
+  size_t data_offset() const { return data_offset_; }  // file offset of the (aligned) tensor data section
 
   bool has(std::string_view key) const;
   const GgufValue* find(std::string_view key) const;
@@ -83,6 +85,8 @@ class GgufFile {
   std::string name_;
   uint32_t version_ = 0;
   size_t alignment_ = 32;
+  size_t file_size_ = 0;
+  size_t data_offset_ = 0;
   void* mapping_ = nullptr;
   size_t mapping_size_ = 0;
   std::unordered_map<std::string, GgufValue> kv_;

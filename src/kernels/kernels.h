@@ -15,6 +15,13 @@ namespace microspec {
 using QuantizeRowFn = void (*)(const float* x, void* out, int64_t n);
 // Dot product of one weight row (in its GGUF format) with one activation row (in activation_type).
 using VecDotFn = float (*)(const void* weight_row, const void* act_row, int64_t n);
+// Many rows times many activations: out[t * ldo + r] = dot(weight row r, activation row t) for
+// r < n_rows, t < n_tokens. Weight row r starts at w + id(r) * w_stride bytes, where id(r) is
+// row_ids[r], or r when row_ids is null; activation row t (in activation_type, n elements) at
+// act + t * act_stride bytes. Each SIMD table tiles this so a weight row is decoded once for several
+// tokens; n_tokens == 1 is the decode case and is streamed.
+using GemmFn = void (*)(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, const void* act,
+                        size_t act_stride, int64_t n_tokens, int64_t n, float* out, int64_t ldo);
 
 constexpr int kMaxTypeId = 40;
 
@@ -22,6 +29,7 @@ struct KernelTable {
   const char* name;                    // "reference", "avx2", "avx512"
   VecDotFn vec_dot[kMaxTypeId];        // indexed by weight type id; nullptr where unsupported
   QuantizeRowFn quantize[kMaxTypeId];  // indexed by activation type id (F32, Q8_0, Q8_1, Q8_K)
+  GemmFn gemm[kMaxTypeId];             // indexed by weight type id; set wherever vec_dot is
 };
 
 // Activation format consumed by the dot product of weights of type `weight`:
@@ -31,14 +39,27 @@ GgmlType activation_type(GgmlType weight);
 const KernelTable& reference_kernels();
 const KernelTable& avx2_kernels();
 const KernelTable* avx512_kernels();  // nullptr when this CPU lacks AVX-512 F/BW/VL/VNNI
-const KernelTable& best_kernels();     // the fastest table this CPU runs, chosen once at run time
+// The fastest table this CPU runs, chosen once at run time. The environment variable
+// MICROSPEC_KERNELS=reference|avx2|avx512 overrides the choice (benchmarks, ruling kernels out when
+// debugging); an unknown name, or avx512 on a CPU without it, throws Error.
+const KernelTable& best_kernels();
 
-// Scalar reference dequantization of n elements of `type` (n a multiple of the block size).
+// Scalar reference dequantization of n elements of `type` (n a multiple of the block size): every
+// supported weight type and the activation types Q8_1 and Q8_K. Throws Error for other types.
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 
+// Scalar reference quantization of n floats into any supported weight type (F32, F16, BF16, Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) or activation type (Q8_1, Q8_K). Plain round-to-nearest
+// without importance weighting: for tests and tiny random models, not for producing real models.
+// Throws Error for other types or when n is not a multiple of the block size.
+void quantize_row_reference(GgmlType type, const float* src, void* dst, int64_t n);
+
+// Instruction sets usable here: CPUID says the CPU has them AND XGETBV says the OS saves their
+// registers (so avx512* are all false under an OS that does not enable the ZMM state).
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false;
+  bool avx512dq = false;  // the AVX-512 file is compiled with -mavx512dq too, so the table needs it
 };
 const CpuFeatures& cpu_features();
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace microspec {
@@ -20,11 +21,14 @@ class ThreadPool {
   int size() const { return n_threads_; }
 
   // fn(begin, end, thread_index) for disjoint chunks covering [0, n). `grain` is the chunk
-  // granularity: chunk boundaries are multiples of it (except the end).
+  // granularity: chunk boundaries are multiples of it (except the end). One caller at a time (no
+  // nesting). fn must not throw on the workers (thread_index > 0): that terminates the program;
+  // an exception on the caller's own chunk propagates after the workers have finished.
   template <class F>
   void parallel_for(int64_t n, int64_t grain, F&& fn) {
-    auto thunk = [](void* ctx, int64_t b, int64_t e, int t) { (*static_cast<F*>(ctx))(b, e, t); };
-    run(n, grain, thunk, &fn);
+    using Fn = std::remove_reference_t<F>;  // F is an lvalue reference when fn is an lvalue
+    auto thunk = [](void* ctx, int64_t b, int64_t e, int t) { (*static_cast<Fn*>(ctx))(b, e, t); };
+    run(n, grain, thunk, const_cast<void*>(static_cast<const void*>(&fn)));
   }
 
  private:
@@ -39,6 +43,7 @@ class ThreadPool {
   std::condition_variable wake_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
+  std::atomic<int> sleeping_{0};  // workers blocked (or about to block) on wake_
   bool stop_ = false;
   Thunk thunk_ = nullptr;
   void* ctx_ = nullptr;

@@ -2,6 +2,7 @@
 // Built-in chat formats, chosen from the model file.
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace microspec {
@@ -19,6 +20,13 @@ struct ChatMessage {
 // From the architecture, the chat template text and the vocabulary. Throws Error if none fits.
 ChatFormat detect_chat_format(const GgufFile& file, const Tokenizer& tok);
 const char* chat_format_name(ChatFormat f);
+// "gemma", "chatml", "llama3" (as chat_format_name writes them). Throws Error for other names.
+ChatFormat chat_format_from_name(std::string_view name);
+
+// The system message the file's chat template writes when the conversation has none (SmolLM2:
+// "You are a helpful AI assistant named SmolLM, trained by Hugging Face"), or "" if it writes none.
+// Pass it to apply_chat_template as default_system.
+std::string default_system_prompt(const GgufFile& file);
 
 // Renders messages to the prompt text (special tokens written as text: encode with parse_special).
 // Includes BOS text only where the format writes it explicitly (Llama 3's <|begin_of_text|> is

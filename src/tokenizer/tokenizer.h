@@ -35,6 +35,7 @@ class Tokenizer {
   int32_t eos_id() const { return eos_id_; }
   bool add_bos_default() const { return add_bos_; }
   // True for EOS and the end-of-turn tokens (<end_of_turn>, <|im_end|>, <|eot_id|>, <|endoftext|>, eot_token_id).
+  // The set is llama.cpp's: its list of turn-end texts and the fill-in-the-middle markers included.
   bool is_end_of_generation(int32_t id) const;
   const std::vector<int32_t>& end_of_generation_ids() const { return eog_ids_; }
   // Looks up a token by its exact vocabulary string; -1 if absent.
@@ -48,6 +49,9 @@ class Tokenizer {
   int32_t bos_id_ = -1, eos_id_ = -1;
   bool add_bos_ = false;
   std::vector<int32_t> eog_ids_;
+  // find_token's open-addressing index over tokens_: [capacity, a power of two] slots, each
+  // (32-bit hash << 32) | (token id + 1), 0 for an empty slot.
+  std::vector<uint64_t> index_slots_;
 };
 
 // Buffers decoded bytes and releases only complete UTF-8 sequences, for streaming output.

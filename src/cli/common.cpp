@@ -1,0 +1,57 @@
+#include "cli/common.h"
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "util/error.h"
+
+namespace microspec::cli {
+
+void ModelArgs::add_to(CLI::App& cmd, int32_t default_batch) {
+  n_batch = default_batch;
+  cmd.add_option("-m,--model", model_path, "GGUF model file")->required();
+  cmd.add_option("-t,--threads", threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
+  cmd.add_option("-c,--ctx-size", n_ctx, "context size in tokens")->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  cmd.add_option("-b,--batch-size", n_batch, "most tokens per forward pass (prefill chunk)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+}
+
+LoadedModel load_model(const ModelArgs& args) {
+  LoadedModel m;
+  m.file = GgufFile::open(args.model_path);
+  ModelOptions opt;
+  opt.n_threads = args.threads > 0 ? args.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  opt.n_batch = args.n_batch;
+  m.model = Model::load(*m.file, opt);
+  m.tokenizer = Tokenizer::from_gguf(*m.file);
+  return m;
+}
+
+std::string read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<int32_t> parse_token_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] == ' ' || text[i] == ',' || text[i] == '\n' || text[i] == '\t' || text[i] == '\r') {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && text[j] >= '0' && text[j] <= '9') ++j;
+    if (j == i || j - i > 9) throw Error("token ids: expected a number at '" + text.substr(i, 16) + "'");
+    ids.push_back(std::stoi(text.substr(i, j - i)));
+    i = j;
+  }
+  return ids;
+}
+
+}  // namespace microspec::cli

@@ -1,0 +1,36 @@
+#pragma once
+// Options and helpers shared by the subcommands that load a model.
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace microspec::cli {
+
+struct ModelArgs {
+  std::string model_path;
+  int threads = 0;      // 0: all cores
+  int32_t n_ctx = 4096;
+  int32_t n_batch = 512;
+
+  void add_to(CLI::App& cmd, int32_t default_batch = 512);
+};
+
+struct LoadedModel {
+  std::unique_ptr<GgufFile> file;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+LoadedModel load_model(const ModelArgs& args);
+
+// Reads a whole file as bytes (prompt files keep invalid UTF-8 as is). Throws Error.
+std::string read_file_bytes(const std::string& path);
+// Parses "1 2 3" or "1,2,3" into token ids. Throws Error on anything else.
+std::vector<int32_t> parse_token_ids(const std::string& text);
+
+}  // namespace microspec::cli

@@ -1,0 +1,149 @@
+#include "engine/generator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "util/error.h"
+
+namespace microspec {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Length: return "length";
+    case FinishReason::EndOfGeneration: return "stop";
+    case FinishReason::StopString: return "stop";
+    case FinishReason::ContextFull: return "length";
+  }
+  return "?";
+}
+
+size_t peak_memory_bytes() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, "VmHWM:", 6) == 0) kb = std::strtoull(line + 6, nullptr, 10);
+  std::fclose(f);
+  return kb * 1024;
+}
+
+std::string StopStringFilter::push(std::string_view text, bool* stopped) {
+  *stopped = false;
+  held_.append(text);
+  size_t cut = std::string::npos;
+  for (const std::string& s : stops_) {
+    if (s.empty()) continue;
+    size_t at = held_.find(s);
+    if (at != std::string::npos) cut = std::min(cut, at);
+  }
+  if (cut != std::string::npos) {
+    *stopped = true;
+    std::string out = held_.substr(0, cut);
+    held_.clear();
+    return out;
+  }
+  // Hold back the longest tail that is a proper prefix of some stop string.
+  size_t keep = 0;
+  for (const std::string& s : stops_)
+    for (size_t len = std::min(s.size() - (s.empty() ? 0 : 1), held_.size()); len > keep; --len)
+      if (held_.compare(held_.size() - len, len, s, 0, len) == 0) {
+        keep = len;
+        break;
+      }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string StopStringFilter::flush() {
+  std::string out;
+  out.swap(held_);
+  return out;
+}
+
+Generator::Generator(Model& model, const Tokenizer& tokenizer, int32_t n_ctx)
+    : model_(model), tokenizer_(tokenizer), kv_(model.make_cache(n_ctx)) {
+  if (tokenizer.n_vocab() != model.config().n_vocab)
+    throw Error("tokenizer vocabulary (" + std::to_string(tokenizer.n_vocab()) + ") does not match the model's (" +
+                std::to_string(model.config().n_vocab) + ")");
+  out_.logits.reserve(size_t(model.config().n_vocab));
+  out_.hidden.reserve(size_t(model.n_batch()) * model.config().n_embd);
+}
+
+const float* Generator::prefill(const std::vector<int32_t>& prompt) {
+  if (prompt.empty()) throw Error("the prompt is empty");
+  if (int64_t(prompt.size()) >= kv_.n_ctx())
+    throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
+                std::to_string(kv_.n_ctx()) + " (raise -c)");
+  kv_.clear();
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  for (int32_t at = 0; at < n; at += model_.n_batch()) {
+    const int32_t len = std::min(model_.n_batch(), n - at);
+    batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, false);
+    const bool last = at + len == n;
+    model_.forward(batch_, kv_, out_, last);
+    kv_.commit_prefix(len);
+  }
+  return out_.logits.data();
+}
+
+GenerateResult Generator::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
+                                   const TextCallback& on_text) {
+  using clock = std::chrono::steady_clock;
+  GenerateResult r;
+  r.prompt_tokens = static_cast<int32_t>(prompt.size());
+  Sampler sampler(params.sampling, model_.config().n_vocab);
+  Utf8StreamDecoder utf8;
+  StopStringFilter stops(params.stop_strings);
+  bool stopped_by_callback = false;
+  auto emit = [&](std::string_view text) {
+    if (text.empty() || stopped_by_callback) return;
+    r.text.append(text);
+    if (on_text && !on_text(text)) stopped_by_callback = true;
+  };
+
+  auto t0 = clock::now();
+  const float* logits = prefill(prompt);
+  auto t1 = clock::now();
+  r.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  model_.timings().reset();
+
+  r.finish = FinishReason::Length;
+  for (int32_t i = 0; i < params.max_new_tokens; ++i) {
+    const int32_t token = sampler.sample(logits);
+    if (!params.ignore_eos && tokenizer_.is_end_of_generation(token)) {
+      r.finish = FinishReason::EndOfGeneration;
+      break;
+    }
+    r.tokens.push_back(token);
+    bool stop_hit = false;
+    emit(stops.push(utf8.push(tokenizer_.token_to_piece(token)), &stop_hit));
+    if (stop_hit) {
+      r.finish = FinishReason::StopString;
+      break;
+    }
+    if (stopped_by_callback || i + 1 == params.max_new_tokens) break;
+    if (kv_.n_past() + 1 >= kv_.n_ctx()) {
+      r.finish = FinishReason::ContextFull;
+      break;
+    }
+    batch_.set_sequence(std::span<const int32_t>(&token, 1), kv_.n_past(), false);
+    model_.forward(batch_, kv_, out_, true);
+    kv_.commit_prefix(1);
+    ++r.decode_forwards;
+    logits = out_.logits.data();
+  }
+  if (r.finish != FinishReason::StopString) {
+    bool ignored = false;
+    emit(stops.push(utf8.flush(), &ignored));
+    emit(stops.flush());
+  }
+  r.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+  r.decode_lm_head_seconds = model_.timings().lm_head_seconds;
+  return r;
+}
+
+}  // namespace microspec

@@ -1,0 +1,77 @@
+#pragma once
+// Plain autoregressive generation: chunked prefill, then one token per forward pass.
+// This is the reference that every speculative path must reproduce token for token.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "sampling/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace microspec {
+
+struct GenerateParams {
+  int32_t max_new_tokens = 128;
+  SamplingParams sampling;
+  std::vector<std::string> stop_strings;  // generation stops before the first occurrence
+  bool ignore_eos = false;                // keep going past end-of-generation tokens (benchmarks)
+};
+
+enum class FinishReason { Length, EndOfGeneration, StopString, ContextFull };
+const char* finish_reason_name(FinishReason r);
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated ids (the end-of-generation token is not included)
+  std::string text;             // their text, cut at the stop string when one matched
+  FinishReason finish = FinishReason::Length;
+  int32_t prompt_tokens = 0;
+  double prefill_seconds = 0.0;
+  double decode_seconds = 0.0;  // from the end of prefill to the last token
+  int32_t decode_forwards = 0;  // single-token forward passes after prefill
+  double decode_lm_head_seconds = 0.0;  // part of decode_seconds spent in the LM head
+};
+
+// Receives text as it becomes final (complete UTF-8, never past a stop string). Return false to stop.
+using TextCallback = std::function<bool(std::string_view text)>;
+
+class Generator {
+ public:
+  Generator(Model& model, const Tokenizer& tokenizer, int32_t n_ctx);
+
+  // Runs the prompt through the model and returns the logits of its last token.
+  const float* prefill(const std::vector<int32_t>& prompt);
+  GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
+                          const TextCallback& on_text = nullptr);
+
+  KVCache& cache() { return kv_; }
+  Model& model() { return model_; }
+
+ private:
+  Model& model_;
+  const Tokenizer& tokenizer_;
+  KVCache kv_;
+  Batch batch_;
+  ForwardOutput out_;
+};
+
+// Watches generated text for stop strings and releases only text that cannot be part of one.
+class StopStringFilter {
+ public:
+  explicit StopStringFilter(const std::vector<std::string>& stops) : stops_(stops) {}
+  // Appends text; returns the part that is now final. Sets *stopped when a stop string completed.
+  std::string push(std::string_view text, bool* stopped);
+  std::string flush();  // at the end of generation: everything held back
+
+ private:
+  const std::vector<std::string>& stops_;
+  std::string held_;
+};
+
+// Peak resident memory of this process in bytes (VmHWM).
+size_t peak_memory_bytes();
+
+}  // namespace microspec

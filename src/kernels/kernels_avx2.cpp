@@ -1,0 +1,492 @@
+// AVX2 + FMA + F16C kernels: the baseline every supported x86-64 CPU runs.
+//
+// Each weight type has one templated row kernel, dot<NT>, that decodes a weight block once and
+// applies it to NT activation rows (NT = 1..4). gemm tiles rows x tokens over it; vec_dot is NT = 1.
+// Integer arithmetic is exact, so results differ from the reference only in float summation order.
+#include <immintrin.h>
+
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/kernels.h"
+
+namespace microspec {
+
+namespace {
+
+inline float h2f(fp16_t h) { return _cvtsh_ss(h); }
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline int hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+inline __m256i loadu(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// 16 packed bytes -> 32 bytes: low nibbles (elements 0-15) then high nibbles (elements 16-31).
+inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
+}
+
+// Bit j of h -> byte j = 0xFF or 0x00.
+inline __m256i bits_to_bytes(uint32_t h) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(int(h)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ULL));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Signed bytes w times signed bytes a, summed in pairs of 4 into 8 int32 lanes. |w|, |a| <= 127
+// except w = -128, whose absolute value 128 still fits maddubs' unsigned operand.
+inline __m256i dot_i8(__m256i w_abs, __m256i w, __m256i a) {
+  const __m256i p = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(a, w));
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+// Unsigned bytes u (<= 63) times signed bytes a, 8 int32 lanes.
+inline __m256i dot_u8(__m256i u, __m256i a) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 32-element formats against Q8_0 / Q8_1 activations
+
+// Symmetric types: decode gives signed weights w; the activation is Q8_0.
+template <class K, int NT>
+inline void dot_sym(const void* w, const void* const* a, int64_t n, float* s) {
+  const auto* x = static_cast<const typename K::Block*>(w);
+  const BlockQ8_0* y[NT];
+  for (int t = 0; t < NT; ++t) y[t] = static_cast<const BlockQ8_0*>(a[t]);
+  const int64_t nb = n / kQK;
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i w = K::decode(x[b]);
+    const __m256i w_abs = _mm256_sign_epi8(w, w);
+    const float dx = h2f(x[b].d);
+    for (int t = 0; t < NT; ++t) {
+      const __m256i i = dot_i8(w_abs, w, loadu(y[t][b].qs));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dx * h2f(y[t][b].d)), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
+}
+
+// Asymmetric types (value = q*d + m): unsigned q against Q8_1, plus m * s per block.
+template <class K, int NT>
+inline void dot_asym(const void* w, const void* const* a, int64_t n, float* s) {
+  const auto* x = static_cast<const typename K::Block*>(w);
+  const BlockQ8_1* y[NT];
+  for (int t = 0; t < NT; ++t) y[t] = static_cast<const BlockQ8_1*>(a[t]);
+  const int64_t nb = n / kQK;
+  __m256 acc[NT];
+  float msum[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps(), msum[t] = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i u = K::decode(x[b]);
+    const float dx = h2f(x[b].d), mx = h2f(x[b].m);
+    for (int t = 0; t < NT; ++t) {
+      const __m256i i = dot_u8(u, loadu(y[t][b].qs));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dx * h2f(y[t][b].d)), acc[t]);
+      msum[t] += mx * h2f(y[t][b].s);
+    }
+  }
+  for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]) + msum[t];
+}
+
+struct Q8_0Kernel {
+  using Block = BlockQ8_0;
+  template <int NT>
+  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+    dot_sym<Q8_0Kernel, NT>(w, a, n, s);
+  }
+  static __m256i decode(const BlockQ8_0& b) { return loadu(b.qs); }
+};
+
+struct Q4_0Kernel {
+  using Block = BlockQ4_0;
+  template <int NT>
+  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+    dot_sym<Q4_0Kernel, NT>(w, a, n, s);
+  }
+  static __m256i decode(const BlockQ4_0& b) { return _mm256_sub_epi8(nibbles32(b.qs), _mm256_set1_epi8(8)); }
+};
+
+struct Q5_0Kernel {
+  using Block = BlockQ5_0;
+  template <int NT>
+  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+    dot_sym<Q5_0Kernel, NT>(w, a, n, s);
+  }
+  static __m256i decode(const BlockQ5_0& b) {
+    const __m256i high = bits_to_bytes(load_u32(b.qh));
+    return _mm256_sub_epi8(nibbles32(b.qs), _mm256_andnot_si256(high, _mm256_set1_epi8(16)));
+  }
+};
+
+struct Q4_1Kernel {
+  using Block = BlockQ4_1;
+  template <int NT>
+  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+    dot_asym<Q4_1Kernel, NT>(w, a, n, s);
+  }
+  static __m256i decode(const BlockQ4_1& b) { return nibbles32(b.qs); }
+};
+
+struct Q5_1Kernel {
+  using Block = BlockQ5_1;
+  template <int NT>
+  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+    dot_asym<Q5_1Kernel, NT>(w, a, n, s);
+  }
+  static __m256i decode(const BlockQ5_1& b) {
+    const __m256i high = bits_to_bytes(load_u32(b.qh));
+    return _mm256_or_si256(nibbles32(b.qs), _mm256_and_si256(high, _mm256_set1_epi8(16)));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// K-quants against Q8_K
+
+// The eight 6-bit scales and mins of a Q4_K/Q5_K block, as bytes.
+inline void k4_scales(const uint8_t* packed, uint8_t* sc, uint8_t* m) {
+  uint32_t u[3];
+  std::memcpy(u, packed, 12);
+  const uint32_t sc_lo = u[0] & 0x3f3f3f3f, m_lo = u[1] & 0x3f3f3f3f;
+  const uint32_t sc_hi = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+  const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+  std::memcpy(sc, &sc_lo, 4);
+  std::memcpy(sc + 4, &sc_hi, 4);
+  std::memcpy(m, &m_lo, 4);
+  std::memcpy(m + 4, &m_hi, 4);
+}
+
+// Mins as int16 pairs [m0, m0, m1, m1, ...], to madd with the 16 bsums.
+inline __m256i k4_mins_pairs(const uint8_t* m) {
+  uint64_t m8;
+  std::memcpy(&m8, m, 8);
+  const __m128i v = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(m8)));
+  return _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
+}
+
+template <bool kHigh>
+struct Q45KKernel {
+  using Block = std::conditional_t<kHigh, BlockQ5_K, BlockQ4_K>;
+  template <int NT>
+  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+    const auto* x = static_cast<const Block*>(w);
+    const BlockQ8_K* y[NT];
+    for (int t = 0; t < NT; ++t) y[t] = static_cast<const BlockQ8_K*>(a[t]);
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < n / kQKK; ++b) {
+      uint8_t sc[8], m[8];
+      k4_scales(x[b].scales, sc, m);
+      const __m256i mins = k4_mins_pairs(m);
+      const float d = h2f(x[b].d), dmin = h2f(x[b].dmin);
+      __m256i isum[NT];
+      for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+      __m256i hbits = kHigh ? loadu(reinterpret_cast<const BlockQ5_K*>(&x[b])->qh) : _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i q = loadu(x[b].qs + 32 * c);
+        __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+        if constexpr (kHigh) {
+          // Bit 2c of qh[l] is the fifth bit of low-nibble element l, bit 2c+1 of the high one.
+          const __m256i b16 = _mm256_set1_epi8(16);
+          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), b16));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), b16));
+          hbits = _mm256_srli_epi16(hbits, 2);
+        }
+        const __m256i s_lo = _mm256_set1_epi16(sc[2 * c]), s_hi = _mm256_set1_epi16(sc[2 * c + 1]);
+        for (int t = 0; t < NT; ++t) {
+          const __m256i p_lo = _mm256_maddubs_epi16(lo, loadu(y[t][b].qs + 64 * c));
+          const __m256i p_hi = _mm256_maddubs_epi16(hi, loadu(y[t][b].qs + 64 * c + 32));
+          isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi)));
+        }
+      }
+      for (int t = 0; t < NT; ++t) {
+        const __m256i mi = _mm256_madd_epi16(loadu(y[t][b].bsums), mins);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * y[t][b].d), acc[t]);
+        acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_set1_ps(dmin * y[t][b].d), acc[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
+  }
+};
+
+struct Q6KKernel {
+  template <int NT>
+  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+    const auto* x = static_cast<const BlockQ6_K*>(w);
+    const BlockQ8_K* y[NT];
+    for (int t = 0; t < NT; ++t) y[t] = static_cast<const BlockQ8_K*>(a[t]);
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < n / kQKK; ++b) {
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].scales)));
+      __m256i isum[NT];
+      // The -32 offset of every quant: -32 * sum_j sc_j * bsum_j.
+      for (int t = 0; t < NT; ++t)
+        isum[t] = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(loadu(y[t][b].bsums), sc16)), 5);
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t* ql = x[b].ql + 64 * half;
+        const __m256i ql0 = loadu(ql), ql1 = loadu(ql + 32), qh = loadu(x[b].qh + 32 * half);
+        // Elements 0-31, 32-63, 64-95, 96-127 of this half, as unsigned 6-bit values.
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(12)), 2));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, _mm256_set1_epi8(48)));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                               _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(char(0xC0))), 2));
+        for (int k = 0; k < 4; ++k) {
+          // Elements 32k..32k+31 of the half use scales 8*half + 2k (first 16) and + 2k + 1.
+          const int8_t* scp = x[b].scales + 8 * half + 2 * k;
+          const __m256i sv = _mm256_set_m128i(_mm_set1_epi16(scp[1]), _mm_set1_epi16(scp[0]));
+          for (int t = 0; t < NT; ++t) {
+            const __m256i p = _mm256_maddubs_epi16(q[k], loadu(y[t][b].qs + 128 * half + 32 * k));
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sv));
+          }
+        }
+      }
+      const float d = h2f(x[b].d);
+      for (int t = 0; t < NT; ++t)
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * y[t][b].d), acc[t]);
+    }
+    for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Float weights against f32 activations
+
+// Element formats of the float weight types: 8 at a time, or one.
+struct F32Elems {
+  using T = float;
+  static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+  static float load1(const float* p) { return *p; }
+};
+struct F16Elems {
+  using T = fp16_t;
+  static __m256 load8(const fp16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static float load1(const fp16_t* p) { return h2f(*p); }
+};
+struct BF16Elems {
+  using T = uint16_t;
+  static __m256 load8(const uint16_t* p) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  }
+  static float load1(const uint16_t* p) { return bf16_to_fp32(*p); }
+};
+
+template <class E>
+struct FloatKernel {
+  template <int NT>
+  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+    const auto* x = static_cast<const typename E::T*>(w);
+    const float* y[NT];
+    for (int t = 0; t < NT; ++t) y[t] = static_cast<const float*>(a[t]);
+    __m256 acc0[NT], acc1[NT];
+    for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m256 w0 = E::load8(x + i), w1 = E::load8(x + i + 8);
+      for (int t = 0; t < NT; ++t) {
+        acc0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(y[t] + i), acc0[t]);
+        acc1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(y[t] + i + 8), acc1[t]);
+      }
+    }
+    for (; i + 8 <= n; i += 8) {
+      const __m256 w0 = E::load8(x + i);
+      for (int t = 0; t < NT; ++t) acc0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(y[t] + i), acc0[t]);
+    }
+    for (int t = 0; t < NT; ++t) {
+      float sum = hsum(_mm256_add_ps(acc0[t], acc1[t]));
+      for (int64_t j = i; j < n; ++j) sum += E::load1(x + j) * y[t][j];
+      s[t] = sum;
+    }
+  }
+};
+
+using F32Kernel = FloatKernel<F32Elems>;
+using F16Kernel = FloatKernel<F16Elems>;
+using BF16Kernel = FloatKernel<BF16Elems>;
+
+// ---------------------------------------------------------------------------------------------
+// Tiling
+
+template <class K>
+float vec_dot(const void* w, const void* a, int64_t n) {
+  float s;
+  const void* acts[1] = {a};
+  K::template dot<1>(w, acts, n, &s);
+  return s;
+}
+
+// Rows in blocks of 8 so a block's weights stay in L1 while every group of 4 tokens passes over it.
+template <class K>
+void gemm(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, const void* act, size_t act_stride,
+          int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
+  constexpr int64_t kRowBlock = 8;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* ab = static_cast<const uint8_t*>(act);
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRowBlock) {
+    const int64_t r1 = r0 + kRowBlock < n_rows ? r0 + kRowBlock : n_rows;
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += 4) {
+      const int g = n_tokens - t0 < 4 ? int(n_tokens - t0) : 4;
+      const void* acts[4];
+      for (int i = 0; i < g; ++i) acts[i] = ab + size_t(t0 + i) * act_stride;
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* row = wb + size_t(row_ids ? row_ids[r] : r) * w_stride;
+        float s[4] = {};
+        switch (g) {
+          case 4: K::template dot<4>(row, acts, n, s); break;
+          case 3: K::template dot<3>(row, acts, n, s); break;
+          case 2: K::template dot<2>(row, acts, n, s); break;
+          default: K::template dot<1>(row, acts, n, s); break;
+        }
+        for (int i = 0; i < g; ++i) out[(t0 + i) * ldo + r] = s[i];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantization (bit-identical to the reference: same scale, round half to even)
+
+// 32 floats -> absmax and the four int32 vectors of round(x * id) after the scale is known.
+inline __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// Rounds 32 floats times id to int32 (half to even) and packs them to 32 int8 in order.
+inline __m256i round_pack32(const float* x, __m256 id, __m256i* i32) {
+  for (int k = 0; k < 4; ++k) i32[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), id));
+  const __m256i p16a = _mm256_packs_epi32(i32[0], i32[1]), p16b = _mm256_packs_epi32(i32[2], i32[3]);
+  const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+  // The packs interleave 128-bit lanes: restore element order.
+  return _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+inline float absmax32(const float* x) {
+  __m256 m = abs_ps(_mm256_loadu_ps(x));
+  for (int k = 1; k < 4; ++k) m = _mm256_max_ps(m, abs_ps(_mm256_loadu_ps(x + 8 * k)));
+  return hmax(m);
+}
+
+void quantize_q8_0(const float* x, void* out, int64_t n) {
+  auto* y = static_cast<BlockQ8_0*>(out);
+  for (int64_t b = 0; b < n / kQK; ++b, x += kQK) {
+    const float d = absmax32(x) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m256i i32[4];
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), round_pack32(x, _mm256_set1_ps(id), i32));
+    y[b].d = fp32_to_fp16(d);
+  }
+}
+
+void quantize_q8_1(const float* x, void* out, int64_t n) {
+  auto* y = static_cast<BlockQ8_1*>(out);
+  for (int64_t b = 0; b < n / kQK; ++b, x += kQK) {
+    const float d = absmax32(x) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m256i i32[4];
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), round_pack32(x, _mm256_set1_ps(id), i32));
+    const int sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3])));
+    y[b].d = fp32_to_fp16(d);
+    y[b].s = fp32_to_fp16(float(sum) * d);
+  }
+}
+
+void quantize_q8_k(const float* x, void* out, int64_t n) {
+  auto* y = static_cast<BlockQ8_K*>(out);
+  for (int64_t b = 0; b < n / kQKK; ++b, x += kQKK) {
+    __m256 m = _mm256_setzero_ps();
+    for (int k = 0; k < kQKK; k += 8) m = _mm256_max_ps(m, abs_ps(_mm256_loadu_ps(x + k)));
+    const float amax = hmax(m);
+    if (amax == 0.0f) {
+      std::memset(&y[b], 0, sizeof(BlockQ8_K));
+      continue;
+    }
+    // The first element of largest magnitude, with its sign (as the reference picks it).
+    float max = 0.0f;
+    const __m256 vmax = _mm256_set1_ps(amax);
+    for (int k = 0; k < kQKK; k += 8) {
+      const int mask = _mm256_movemask_ps(_mm256_cmp_ps(abs_ps(_mm256_loadu_ps(x + k)), vmax, _CMP_EQ_OQ));
+      if (mask) {
+        max = x[k + __builtin_ctz(unsigned(mask))];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m256 vs = _mm256_set1_ps(iscale);
+    for (int k = 0; k < kQKK; k += 32) {
+      __m256i i32[4];
+      // packs saturates at 127, which is the reference's min(127, q).
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs + k), round_pack32(x + k, vs, i32));
+      y[b].bsums[k / 16] = int16_t(hsum_i32(_mm256_add_epi32(i32[0], i32[1])));
+      y[b].bsums[k / 16 + 1] = int16_t(hsum_i32(_mm256_add_epi32(i32[2], i32[3])));
+    }
+    y[b].d = 1.0f / iscale;
+  }
+}
+
+void quantize_f32(const float* x, void* out, int64_t n) { std::memcpy(out, x, size_t(n) * sizeof(float)); }
+
+template <class K>
+void set(KernelTable& t, GgmlType type) {
+  t.vec_dot[int(type)] = vec_dot<K>;
+  t.gemm[int(type)] = gemm<K>;
+}
+
+}  // namespace
+
+const KernelTable& avx2_kernels() {
+  static const KernelTable table = [] {
+    KernelTable t{};
+    t.name = "avx2";
+    set<F32Kernel>(t, GgmlType::F32);
+    set<F16Kernel>(t, GgmlType::F16);
+    set<BF16Kernel>(t, GgmlType::BF16);
+    set<Q4_0Kernel>(t, GgmlType::Q4_0);
+    set<Q4_1Kernel>(t, GgmlType::Q4_1);
+    set<Q5_0Kernel>(t, GgmlType::Q5_0);
+    set<Q5_1Kernel>(t, GgmlType::Q5_1);
+    set<Q8_0Kernel>(t, GgmlType::Q8_0);
+    set<Q45KKernel<false>>(t, GgmlType::Q4_K);
+    set<Q45KKernel<true>>(t, GgmlType::Q5_K);
+    set<Q6KKernel>(t, GgmlType::Q6_K);
+    t.quantize[int(GgmlType::F32)] = quantize_f32;
+    t.quantize[int(GgmlType::Q8_0)] = quantize_q8_0;
+    t.quantize[int(GgmlType::Q8_1)] = quantize_q8_1;
+    t.quantize[int(GgmlType::Q8_K)] = quantize_q8_k;
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace microspec

@@ -1,0 +1,118 @@
+// Quantized matrix products: quantize the activation rows once, then split the weight rows across
+// the pool. Each thread hands its rows and a chunk of tokens to the table's gemm kernel, which
+// decodes each weight block once for several tokens.
+#include "kernels/matmul.h"
+
+#include <algorithm>
+#include <string>
+
+#include "util/error.h"
+
+namespace microspec {
+
+namespace {
+
+// Rows per scheduling grain: 16 floats of output = one cache line, so threads never share one.
+constexpr int64_t kRowGrain = 16;
+// Tokens per gemm call. Bounds the kernels' per-call activation repacking (a few hundred KB at
+// most) and keeps a chunk's activations in L2 while the thread's weight rows stream past.
+constexpr int64_t kTokenChunk = 64;
+// Quantize activations on the pool only when there is enough work to pay for the wakeup.
+constexpr int64_t kParallelQuantizeElems = 1 << 15;
+
+struct Activations {
+  const uint8_t* data;
+  size_t stride;  // bytes per token row
+};
+
+// Validates the product and brings x into the activation format of w's type (x itself for F32).
+Activations prepare(MatmulContext& ctx, const QMatrix& w, const float* x, int64_t n_tokens, GemmFn* gemm) {
+  const KernelTable& k = ctx.kernels();
+  const int type_id = int(w.type);
+  *gemm = type_id >= 0 && type_id < kMaxTypeId ? k.gemm[type_id] : nullptr;
+  if (!*gemm)
+    throw Error(std::string("no ") + k.name + " matmul kernel for weights of type " +
+                type_name(uint32_t(w.type)));
+  const GgmlType act_type = activation_type(w.type);
+  const size_t act_stride = row_bytes(act_type, w.cols);  // throws when cols is not whole blocks
+  if (act_type == GgmlType::F32) return {reinterpret_cast<const uint8_t*>(x), act_stride};
+  uint8_t* buf = ctx.scratch(act_stride * size_t(n_tokens));
+  const QuantizeRowFn quantize = k.quantize[int(act_type)];
+  const int64_t cols = w.cols;
+  auto run = [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) quantize(x + t * cols, buf + size_t(t) * act_stride, cols);
+  };
+  if (n_tokens > 1 && n_tokens * cols >= kParallelQuantizeElems)
+    ctx.pool().parallel_for(n_tokens, 1, run);
+  else
+    run(0, n_tokens, 0);
+  return {buf, act_stride};
+}
+
+void check_shape(const QMatrix& w, int64_t n_tokens, int64_t n_out, int64_t ldy) {
+  if (n_tokens < 0 || w.rows < 0 || w.cols <= 0 || ldy < n_out)
+    throw Error("matmul: bad shape (rows " + std::to_string(w.rows) + ", cols " + std::to_string(w.cols) +
+                ", tokens " + std::to_string(n_tokens) + ", ldy " + std::to_string(ldy) + ")");
+}
+
+}  // namespace
+
+void MatmulContext::reserve(int64_t n_tokens, int64_t cols) {
+  // Every activation format takes at most 1.25 bytes per element (Q8_K: 292/256) except F32,
+  // which never uses the scratch: matmul passes f32 activations through untouched.
+  const size_t bytes = size_t(n_tokens) * size_t(cols) * 5 / 4 + 64;
+  if (scratch_.size() < bytes + 64) scratch_.resize(bytes + 64);
+}
+
+uint8_t* MatmulContext::scratch(size_t bytes) {
+  if (scratch_.size() < bytes + 64) scratch_.resize(bytes + 64);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(scratch_.data());
+  return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
+}
+
+void matmul(MatmulContext& ctx, const QMatrix& w, const float* x, int64_t n_tokens, float* y, int64_t ldy) {
+  check_shape(w, n_tokens, w.rows, ldy);
+  if (n_tokens == 0 || w.rows == 0) return;
+  GemmFn gemm;
+  const Activations act = prepare(ctx, w, x, n_tokens, &gemm);
+  ctx.pool().parallel_for(w.rows, kRowGrain, [&](int64_t b, int64_t e, int) {
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+      const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
+      gemm(w.data + size_t(b) * w.row_stride, w.row_stride, nullptr, e - b, act.data + size_t(t0) * act.stride,
+           act.stride, nt, w.cols, y + t0 * ldy + b, ldy);
+    }
+  });
+}
+
+void matmul_rows(MatmulContext& ctx, const QMatrix& w, const int32_t* rows, int64_t n_rows, const float* x,
+                 int64_t n_tokens, float* y, int64_t ldy) {
+  check_shape(w, n_tokens, n_rows, ldy);
+  for (int64_t j = 0; j < n_rows; ++j)
+    if (rows[j] < 0 || rows[j] >= w.rows)
+      throw Error("matmul_rows: row " + std::to_string(rows[j]) + " outside a matrix of " + std::to_string(w.rows) +
+                  " rows");
+  if (n_tokens == 0 || n_rows == 0) return;
+  GemmFn gemm;
+  const Activations act = prepare(ctx, w, x, n_tokens, &gemm);
+  ctx.pool().parallel_for(n_rows, kRowGrain, [&](int64_t b, int64_t e, int) {
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+      const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
+      gemm(w.data, w.row_stride, rows + b, e - b, act.data + size_t(t0) * act.stride, act.stride, nt, w.cols,
+           y + t0 * ldy + b, ldy);
+    }
+  });
+}
+
+void matmul_reference(const QMatrix& w, const float* x, int64_t n_tokens, float* y, int64_t ldy) {
+  std::vector<float> row(size_t(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    dequantize_row(w.type, w.data + size_t(r) * w.row_stride, row.data(), w.cols);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < w.cols; ++i) sum += double(row[size_t(i)]) * double(x[t * w.cols + i]);
+      y[t * ldy + r] = float(sum);
+    }
+  }
+}
+
+}  // namespace microspec

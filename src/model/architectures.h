@@ -1,0 +1,14 @@
+#pragma once
+// Factories of the architecture-specific models (one file each).
+#include <memory>
+
+namespace microspec {
+
+class GgufFile;
+class Model;
+struct ModelOptions;
+
+std::unique_ptr<Model> make_gemma3(const GgufFile& file, const ModelOptions& options);  // gemma3.cpp
+std::unique_ptr<Model> make_llama(const GgufFile& file, const ModelOptions& options);   // llama.cpp: llama, qwen2
+
+}  // namespace microspec

@@ -1,0 +1,99 @@
+// Gemma 3: sandwich norms around attention and FFN, per-head RMS norms on q and k, NEOX RoPE with a
+// local base on sliding-window layers and the file's base on global ones, GELU-tanh gated FFN,
+// embeddings scaled by sqrt(n_embd), LM head tied to the embeddings.
+// Norm weights in GGUF already hold (1 + w): they are used as stored.
+#include <cmath>
+#include <string>
+
+#include "gguf/gguf.h"
+#include "model/architectures.h"
+#include "model/model.h"
+
+namespace microspec {
+
+namespace {
+
+class Gemma3Model final : public Model {
+ public:
+  Gemma3Model(const GgufFile& f, const ModelOptions& options) : Model(f, options) {
+    const ModelConfig& c = config_;
+    const int32_t d = c.n_embd, hd = c.head_dim;
+    layers_.resize(c.n_layer);
+    for (int32_t il = 0; il < c.n_layer; ++il) {
+      const std::string p = "blk." + std::to_string(il) + ".";
+      Layer& L = layers_[il];
+      L.attn_norm = vector(f, p + "attn_norm.weight", d);
+      L.wq = matrix(f, p + "attn_q.weight", d, c.q_dim());
+      L.wk = matrix(f, p + "attn_k.weight", d, c.kv_dim());
+      L.wv = matrix(f, p + "attn_v.weight", d, c.kv_dim());
+      L.q_norm = vector(f, p + "attn_q_norm.weight", hd);
+      L.k_norm = vector(f, p + "attn_k_norm.weight", hd);
+      L.wo = matrix(f, p + "attn_output.weight", c.q_dim(), d);
+      L.post_attn_norm = vector(f, p + "post_attention_norm.weight", d);
+      L.ffn_norm = vector(f, p + "ffn_norm.weight", d);
+      L.w_gate = matrix(f, p + "ffn_gate.weight", d, c.n_ff);
+      L.w_up = matrix(f, p + "ffn_up.weight", d, c.n_ff);
+      L.w_down = matrix(f, p + "ffn_down.weight", c.n_ff, d);
+      L.post_ffw_norm = vector(f, p + "post_ffw_norm.weight", d);
+    }
+  }
+
+ private:
+  struct Layer {
+    const float* attn_norm;       // [n_embd]
+    QMatrix wq;                   // [n_head*head_dim rows][n_embd]
+    QMatrix wk, wv;               // [n_head_kv*head_dim rows][n_embd]
+    const float* q_norm;          // [head_dim]
+    const float* k_norm;          // [head_dim]
+    QMatrix wo;                   // [n_embd rows][n_head*head_dim]
+    const float* post_attn_norm;  // [n_embd]
+    const float* ffn_norm;        // [n_embd]
+    QMatrix w_gate, w_up;         // [n_ff rows][n_embd]
+    QMatrix w_down;               // [n_embd rows][n_ff]
+    const float* post_ffw_norm;   // [n_embd]
+  };
+
+  void run_layers(const Batch& batch, KVCache& kv, int32_t n_layers, float* x) override {
+    const ModelConfig& c = config_;
+    const int32_t n = batch.size(), d = c.n_embd;
+    for (int32_t il = 0; il < n_layers; ++il) {
+      const Layer& L = layers_[il];
+      // Attention block.
+      rms_norm(x, L.attn_norm, n, d, xn_.data());
+      matmul(L.wq, xn_.data(), n, q_.data());
+      matmul(L.wk, xn_.data(), n, k_.data());
+      matmul(L.wv, xn_.data(), n, v_.data());
+      rms_norm(q_.data(), L.q_norm, n * c.n_head, c.head_dim, q_.data());
+      rms_norm(k_.data(), L.k_norm, n * c.n_head_kv, c.head_dim, k_.data());
+      const float base = c.layer_is_sliding[il] ? c.rope_base_local : c.rope_base;
+      rope(q_.data(), n, c.n_head, batch.positions.data(), base);
+      rope(k_.data(), n, c.n_head_kv, batch.positions.data(), base);
+      attention(il, batch, kv, q_.data(), k_.data(), v_.data(), attn_.data());
+      matmul(L.wo, attn_.data(), n, o_.data());
+      rms_norm(o_.data(), L.post_attn_norm, n, d, o_.data());
+      for (size_t i = 0; i < size_t(n) * d; ++i) x[i] += o_[i];
+
+      // Feed-forward block.
+      rms_norm(x, L.ffn_norm, n, d, xn_.data());
+      matmul(L.w_gate, xn_.data(), n, gate_.data());
+      matmul(L.w_up, xn_.data(), n, up_.data());
+      for (size_t i = 0; i < size_t(n) * c.n_ff; ++i) {
+        const float g = gate_[i];
+        gate_[i] = 0.5f * g * (1.0f + std::tanh(0.7978845608f * (g + 0.044715f * g * g * g))) * up_[i];
+      }
+      matmul(L.w_down, gate_.data(), n, o_.data());
+      rms_norm(o_.data(), L.post_ffw_norm, n, d, o_.data());
+      for (size_t i = 0; i < size_t(n) * d; ++i) x[i] += o_[i];
+    }
+  }
+
+  std::vector<Layer> layers_;  // [n_layer]
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_gemma3(const GgufFile& file, const ModelOptions& options) {
+  return std::make_unique<Gemma3Model>(file, options);
+}
+
+}  // namespace microspec

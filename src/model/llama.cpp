@@ -1,0 +1,100 @@
+// Llama family (SmolLM2, Llama 3.x) and Qwen2 (Llama plus biases on Q, K and V, NEOX RoPE):
+// pre-norm residual blocks, grouped-query attention, SiLU-gated FFN, tied or separate LM head.
+#include <cmath>
+#include <string>
+
+#include "gguf/gguf.h"
+#include "model/architectures.h"
+#include "model/model.h"
+
+namespace microspec {
+
+namespace {
+
+class LlamaModel final : public Model {
+ public:
+  LlamaModel(const GgufFile& f, const ModelOptions& options) : Model(f, options) {
+    const ModelConfig& c = config_;
+    const int32_t d = c.n_embd;
+    const bool biases = c.arch == Arch::Qwen2;
+    layers_.resize(c.n_layer);
+    for (int32_t il = 0; il < c.n_layer; ++il) {
+      const std::string p = "blk." + std::to_string(il) + ".";
+      Layer& L = layers_[il];
+      L.attn_norm = vector(f, p + "attn_norm.weight", d);
+      L.wq = matrix(f, p + "attn_q.weight", d, c.q_dim());
+      L.wk = matrix(f, p + "attn_k.weight", d, c.kv_dim());
+      L.wv = matrix(f, p + "attn_v.weight", d, c.kv_dim());
+      L.bq = vector(f, p + "attn_q.bias", c.q_dim(), biases);
+      L.bk = vector(f, p + "attn_k.bias", c.kv_dim(), biases);
+      L.bv = vector(f, p + "attn_v.bias", c.kv_dim(), biases);
+      L.wo = matrix(f, p + "attn_output.weight", c.q_dim(), d);
+      L.ffn_norm = vector(f, p + "ffn_norm.weight", d);
+      L.w_gate = matrix(f, p + "ffn_gate.weight", d, c.n_ff);
+      L.w_up = matrix(f, p + "ffn_up.weight", d, c.n_ff);
+      L.w_down = matrix(f, p + "ffn_down.weight", c.n_ff, d);
+    }
+  }
+
+ private:
+  struct Layer {
+    const float* attn_norm;        // [n_embd]
+    QMatrix wq;                    // [n_head*head_dim rows][n_embd]
+    QMatrix wk, wv;                // [n_head_kv*head_dim rows][n_embd]
+    const float* bq;               // [n_head*head_dim] (Qwen2), else null
+    const float* bk;               // [n_head_kv*head_dim] (Qwen2), else null
+    const float* bv;               // [n_head_kv*head_dim] (Qwen2), else null
+    QMatrix wo;                    // [n_embd rows][n_head*head_dim]
+    const float* ffn_norm;         // [n_embd]
+    QMatrix w_gate, w_up;          // [n_ff rows][n_embd]
+    QMatrix w_down;                // [n_embd rows][n_ff]
+  };
+
+  static void add_bias(float* y, const float* bias, int32_t n, int32_t dim) {
+    if (!bias) return;
+    for (int32_t t = 0; t < n; ++t)
+      for (int32_t i = 0; i < dim; ++i) y[size_t(t) * dim + i] += bias[i];
+  }
+
+  void run_layers(const Batch& batch, KVCache& kv, int32_t n_layers, float* x) override {
+    const ModelConfig& c = config_;
+    const int32_t n = batch.size(), d = c.n_embd;
+    for (int32_t il = 0; il < n_layers; ++il) {
+      const Layer& L = layers_[il];
+      // Attention block.
+      rms_norm(x, L.attn_norm, n, d, xn_.data());
+      matmul(L.wq, xn_.data(), n, q_.data());
+      matmul(L.wk, xn_.data(), n, k_.data());
+      matmul(L.wv, xn_.data(), n, v_.data());
+      add_bias(q_.data(), L.bq, n, c.q_dim());
+      add_bias(k_.data(), L.bk, n, c.kv_dim());
+      add_bias(v_.data(), L.bv, n, c.kv_dim());
+      rope(q_.data(), n, c.n_head, batch.positions.data(), c.rope_base);
+      rope(k_.data(), n, c.n_head_kv, batch.positions.data(), c.rope_base);
+      attention(il, batch, kv, q_.data(), k_.data(), v_.data(), attn_.data());
+      matmul(L.wo, attn_.data(), n, o_.data());
+      for (size_t i = 0; i < size_t(n) * d; ++i) x[i] += o_[i];
+
+      // Feed-forward block.
+      rms_norm(x, L.ffn_norm, n, d, xn_.data());
+      matmul(L.w_gate, xn_.data(), n, gate_.data());
+      matmul(L.w_up, xn_.data(), n, up_.data());
+      for (size_t i = 0; i < size_t(n) * c.n_ff; ++i) {
+        const float g = gate_[i];
+        gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];
+      }
+      matmul(L.w_down, gate_.data(), n, o_.data());
+      for (size_t i = 0; i < size_t(n) * d; ++i) x[i] += o_[i];
+    }
+  }
+
+  std::vector<Layer> layers_;  // [n_layer]
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_llama(const GgufFile& file, const ModelOptions& options) {
+  return std::make_unique<LlamaModel>(file, options);
+}
+
+}  // namespace microspec

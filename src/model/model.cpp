@@ -1,0 +1,320 @@
+#include "model/model.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "gguf/gguf.h"
+#include "model/architectures.h"
+#include "util/error.h"
+
+namespace microspec {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// n is a multiple of 8 for every head size we accept (checked at load).
+inline float dot_f32(const float* a, const float* b, int32_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int32_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i < n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+// y += a * x
+inline void axpy_f32(float a, const float* x, float* y, int32_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  for (int32_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+}
+
+}  // namespace
+
+void Batch::set_sequence(std::span<const int32_t> toks, int32_t pos0, bool output_all) {
+  clear();
+  const int32_t n = static_cast<int32_t>(toks.size());
+  tokens.assign(toks.begin(), toks.end());
+  for (int32_t i = 0; i < n; ++i) {
+    positions.push_back(pos0 + i);
+    parents.push_back(i - 1);
+    if (output_all) output_rows.push_back(i);
+  }
+  if (!output_all && n > 0) output_rows.push_back(n - 1);
+}
+
+std::unique_ptr<Model> Model::load(const GgufFile& file, const ModelOptions& options) {
+  ModelConfig config = read_model_config(file);
+  switch (config.arch) {
+    case Arch::Gemma3: return make_gemma3(file, options);
+    case Arch::Llama:
+    case Arch::Qwen2: return make_llama(file, options);
+  }
+  throw Error(file.name() + ": unsupported architecture");
+}
+
+Model::Model(const GgufFile& file, const ModelOptions& options)
+    : config_(read_model_config(file)),
+      n_batch_(options.n_batch),
+      pool_(options.n_threads),
+      mm_(pool_, best_kernels()) {
+  if (options.n_threads < 1) throw Error("thread count must be >= 1");
+  if (n_batch_ < 1) throw Error("batch size must be >= 1");
+  if (config_.head_dim % 8 != 0)
+    throw Error(file.name() + ": head dimension " + std::to_string(config_.head_dim) + " is not a multiple of 8");
+  const GgufTensor* embd = file.find_tensor("token_embd.weight");
+  if (!embd) throw Error(file.name() + ": missing tensor 'token_embd.weight'");
+  if (embd->ne.size() != 2)
+    throw Error(file.name() + ": tensor 'token_embd.weight' must be 2-D");
+  config_.n_vocab = static_cast<int32_t>(embd->ne[1]);
+  if (file.has("tokenizer.ggml.tokens")) {
+    const size_t n_tok = file.get_string_array("tokenizer.ggml.tokens").size();
+    if (n_tok != size_t(config_.n_vocab))
+      throw Error(file.name() + ": tokenizer has " + std::to_string(n_tok) + " tokens but token_embd has " +
+                  std::to_string(config_.n_vocab) + " rows");
+  }
+  token_embd_ = matrix(file, "token_embd.weight", config_.n_embd, config_.n_vocab);
+  output_ = file.find_tensor("output.weight") ? matrix(file, "output.weight", config_.n_embd, config_.n_vocab)
+                                               : token_embd_;
+  output_norm_ = vector(file, "output_norm.weight", config_.n_embd);
+
+  const int32_t d = config_.n_embd;
+  x_.assign(size_t(n_batch_) * d, 0.0f);
+  out_rows_.assign(size_t(n_batch_) * d, 0.0f);
+  const size_t B = n_batch_;
+  xn_.assign(B * d, 0.0f);
+  q_.assign(B * config_.q_dim(), 0.0f);
+  k_.assign(B * config_.kv_dim(), 0.0f);
+  v_.assign(B * config_.kv_dim(), 0.0f);
+  attn_.assign(B * config_.q_dim(), 0.0f);
+  o_.assign(B * d, 0.0f);
+  gate_.assign(B * config_.n_ff, 0.0f);
+  up_.assign(B * config_.n_ff, 0.0f);
+  visible_.assign(size_t(pool_.size()) * n_batch_, 0);
+  mm_.reserve(n_batch_, std::max(config_.n_ff, std::max(config_.q_dim(), d)));
+}
+
+KVCache Model::make_cache(int32_t n_ctx) const {
+  if (n_ctx < 1) throw Error("context size must be >= 1");
+  KVCache kv(config_.n_layer, n_ctx, config_.kv_dim());
+  return kv;
+}
+
+QMatrix Model::matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) const {
+  const GgufTensor* t = f.find_tensor(name);
+  if (!t) throw Error(f.name() + ": missing tensor '" + name + "'");
+  if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows) {
+    std::string actual;
+    for (size_t i = 0; i < t->ne.size(); ++i) actual += (i ? ", " : "") + std::to_string(t->ne[i]);
+    throw Error(f.name() + ": tensor '" + name + "' has shape [" + actual + "], expected [" + std::to_string(cols) +
+                ", " + std::to_string(rows) + "]");
+  }
+  if (!mm_.kernels().vec_dot[static_cast<uint32_t>(t->type)])
+    throw Error(f.name() + ": tensor '" + name + "' has type " + type_name(static_cast<uint32_t>(t->type)) +
+                ", which has no matmul kernel");
+  QMatrix m;
+  m.type = t->type;
+  m.data = t->data;
+  m.rows = rows;
+  m.cols = cols;
+  m.row_stride = row_bytes(t->type, cols);
+  return m;
+}
+
+const float* Model::vector(const GgufFile& f, const std::string& name, int64_t n, bool required) const {
+  const GgufTensor* t = f.find_tensor(name);
+  if (!t) {
+    if (required) throw Error(f.name() + ": missing tensor '" + name + "'");
+    return nullptr;
+  }
+  if (t->type != GgmlType::F32)
+    throw Error(f.name() + ": tensor '" + name + "' has type " + type_name(static_cast<uint32_t>(t->type)) +
+                ", expected F32");
+  if (t->ne.size() != 1 || t->ne[0] != n)
+    throw Error(f.name() + ": tensor '" + name + "' has " + std::to_string(t->n_elements()) + " elements in " +
+                std::to_string(t->ne.size()) + " dims, expected [" + std::to_string(n) + "]");
+  // The data section is aligned (>= 32 bytes, checked by the reader), so f32 access is aligned.
+  return reinterpret_cast<const float*>(t->data);
+}
+
+void Model::matmul(const QMatrix& w, const float* x, int32_t n, float* y) {
+  microspec::matmul(mm_, w, x, n, y, w.rows);
+}
+
+void Model::rms_norm(const float* x, const float* weight, int32_t n_rows, int32_t dim, float* y) const {
+  for (int32_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + size_t(r) * dim;
+    float* yr = y + size_t(r) * dim;
+    double ss = 0.0;
+    for (int32_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+    const float scale = 1.0f / std::sqrt(float(ss / dim) + config_.rms_eps);
+    for (int32_t i = 0; i < dim; ++i) yr[i] = xr[i] * scale * weight[i];
+  }
+}
+
+void Model::rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions, float base) const {
+  const int32_t hd = config_.head_dim, half = config_.n_rot / 2;
+  const bool neox = config_.rope_style == RopeStyle::Neox;
+  for (int32_t t = 0; t < n; ++t) {
+    const float pos = static_cast<float>(positions[t]);
+    // theta_j = pos * base^(-2j / n_rot), built up by repeated multiplication as ggml does.
+    const float theta_scale = std::pow(base, -2.0f / config_.n_rot);
+    float theta = pos;
+    for (int32_t j = 0; j < half; ++j, theta *= theta_scale) {
+      const float c = std::cos(theta), s = std::sin(theta);
+      for (int32_t h = 0; h < n_heads; ++h) {
+        float* xh = x + (size_t(t) * n_heads + h) * hd;
+        const int32_t i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
+        const float a = xh[i0], b = xh[i1];
+        xh[i0] = a * c - b * s;
+        xh[i1] = a * s + b * c;
+      }
+    }
+  }
+}
+
+void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* q, const float* k, const float* v,
+                      float* out) {
+  const int32_t n = batch.size(), hd = config_.head_dim, kvd = config_.kv_dim();
+  const int32_t n_past = kv.n_past(), group = config_.n_head / config_.n_head_kv;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t slot = n_past + batch.start + i;
+    std::memcpy(kv.k(il, slot), k + size_t(i) * kvd, sizeof(float) * kvd);
+    std::memcpy(kv.v(il, slot), v + size_t(i) * kvd, sizeof(float) * kvd);
+  }
+  const int32_t window = config_.layer_is_sliding[il] ? config_.sliding_window : 0;
+  const size_t scores_per_thread = scores_.size() / pool_.size();
+  const int32_t visible_cap = n_batch_;
+
+  pool_.parallel_for(int64_t(n) * config_.n_head, 1, [&](int64_t begin, int64_t end, int thread) {
+    float* scores = scores_.data() + size_t(thread) * scores_per_thread;
+    int32_t* visible = visible_.data() + size_t(thread) * visible_cap;
+    int32_t last_query = -1, n_visible = 0;
+    for (int64_t task = begin; task < end; ++task) {
+      const int32_t i = static_cast<int32_t>(task / config_.n_head), h = static_cast<int32_t>(task % config_.n_head);
+      const int32_t qpos = batch.positions[i];
+      if (i != last_query) {
+        // Pending slots this token sees: itself and its chain of ancestors (stored root-last).
+        n_visible = 0;
+        for (int32_t p = batch.start + i; p >= 0 && n_visible < visible_cap; p = kv.pending_parent(p))
+          visible[n_visible++] = p;
+        last_query = i;
+      }
+      const float* qh = q + (size_t(i) * config_.n_head + h) * hd;
+      const int32_t kh = h / group;
+      auto sees = [&](int32_t slot) { return window == 0 || qpos - kv.position(slot) < window; };
+      float max_score = -std::numeric_limits<float>::infinity();
+      int32_t n_keys = 0;
+      for (int32_t s = 0; s < n_past; ++s) {
+        float sc = -std::numeric_limits<float>::infinity();
+        if (sees(s)) sc = dot_f32(qh, kv.k(il, s) + size_t(kh) * hd, hd) * config_.attn_scale;
+        scores[n_keys++] = sc;
+        max_score = std::max(max_score, sc);
+      }
+      for (int32_t j = n_visible - 1; j >= 0; --j) {
+        const int32_t s = n_past + visible[j];
+        float sc = -std::numeric_limits<float>::infinity();
+        if (sees(s)) sc = dot_f32(qh, kv.k(il, s) + size_t(kh) * hd, hd) * config_.attn_scale;
+        scores[n_keys++] = sc;
+        max_score = std::max(max_score, sc);
+      }
+      float sum = 0.0f;
+      for (int32_t s = 0; s < n_keys; ++s) {
+        scores[s] = scores[s] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(scores[s] - max_score);
+        sum += scores[s];
+      }
+      float* oh = out + (size_t(i) * config_.n_head + h) * hd;
+      std::memset(oh, 0, sizeof(float) * hd);
+      const float inv_sum = 1.0f / sum;  // the token always sees itself, so sum >= 1
+      int32_t idx = 0;
+      for (int32_t s = 0; s < n_past; ++s, ++idx)
+        if (scores[idx] != 0.0f) axpy_f32(scores[idx] * inv_sum, kv.v(il, s) + size_t(kh) * hd, oh, hd);
+      for (int32_t j = n_visible - 1; j >= 0; --j, ++idx)
+        if (scores[idx] != 0.0f) axpy_f32(scores[idx] * inv_sum, kv.v(il, n_past + visible[j]) + size_t(kh) * hd, oh, hd);
+    }
+  });
+}
+
+void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool want_logits, int32_t n_layers) {
+  const int32_t n = batch.size(), d = config_.n_embd;
+  if (n_layers < 0 || n_layers > config_.n_layer) n_layers = config_.n_layer;
+  if (n == 0) throw Error("forward: empty batch");
+  if (n > n_batch_)
+    throw Error("forward: batch of " + std::to_string(n) + " tokens exceeds n_batch " + std::to_string(n_batch_));
+  if (batch.positions.size() != size_t(n) || batch.parents.size() != size_t(n))
+    throw Error("forward: batch positions/parents do not match its tokens");
+  if (batch.start < 0 || kv.n_past() + batch.start + n > kv.n_ctx())
+    throw Error("context full: " + std::to_string(kv.n_past() + batch.start + n) + " tokens needed, context size is " +
+                std::to_string(kv.n_ctx()));
+  if (kv.n_layer() != config_.n_layer || kv.kv_dim() != config_.kv_dim())
+    throw Error("forward: KV cache was made for another model");
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t t = batch.tokens[i], p = batch.parents[i];
+    if (t < 0 || t >= config_.n_vocab)
+      throw Error("forward: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
+                  std::to_string(config_.n_vocab - 1) + ")");
+    if (p < -1 || p >= batch.start + i) throw Error("forward: parent of token " + std::to_string(i) + " is not written yet");
+    if (batch.positions[i] < 0) throw Error("forward: negative position");
+    kv.set_slot_meta(kv.n_past() + batch.start + i, batch.positions[i], p);
+  }
+  for (int32_t r : batch.output_rows)
+    if (r < 0 || r >= n) throw Error("forward: output row out of range");
+  const auto t0 = Clock::now();
+  // Attention scratch grows once to the largest cache seen (a cache is made once per session).
+  const size_t need = size_t(pool_.size()) * (size_t(kv.n_ctx()) + n_batch_);
+  if (scores_.size() < need) scores_.assign(need, 0.0f);
+
+  float* x = x_.data();
+  for (int32_t i = 0; i < n; ++i) {
+    const QMatrix& e = token_embd_;
+    dequantize_row(e.type, e.data + size_t(batch.tokens[i]) * e.row_stride, x + size_t(i) * d, d);
+    if (config_.embed_scale != 1.0f)
+      for (int32_t j = 0; j < d; ++j) x[size_t(i) * d + j] *= config_.embed_scale;
+  }
+  run_layers(batch, kv, n_layers, x);
+
+  const int32_t n_out = static_cast<int32_t>(batch.output_rows.size());
+  out.n_rows = n_out;
+  out.hidden.resize(size_t(n_out) * d);
+  for (int32_t j = 0; j < n_out; ++j)
+    std::memcpy(out_rows_.data() + size_t(j) * d, x + size_t(batch.output_rows[j]) * d, sizeof(float) * d);
+  rms_norm(out_rows_.data(), output_norm_, n_out, d, out.hidden.data());
+  if (want_logits) {
+    out.logits.resize(size_t(n_out) * config_.n_vocab);
+    lm_head(out.hidden.data(), n_out, out.logits.data());
+  }
+  timings_.forward_seconds += seconds_since(t0);
+}
+
+void Model::lm_head(const float* hidden, int32_t n, float* logits) {
+  const auto t0 = Clock::now();
+  microspec::matmul(mm_, output_, hidden, n, logits, output_.rows);
+  timings_.lm_head_seconds += seconds_since(t0);
+}
+
+void Model::lm_head_rows(const float* hidden, int32_t n, const int32_t* rows, int32_t n_rows, float* logits) {
+  for (int32_t j = 0; j < n_rows; ++j)
+    if (rows[j] < 0 || rows[j] >= config_.n_vocab) throw Error("lm_head_rows: row id out of range");
+  const auto t0 = Clock::now();
+  microspec::matmul_rows(mm_, output_, rows, n_rows, hidden, n, logits, n_rows);
+  timings_.lm_head_seconds += seconds_since(t0);
+}
+
+}  // namespace microspec

@@ -1,0 +1,194 @@
+// SentencePiece-style tokenizer (GGUF tokenizer.ggml.model = "llama", e.g. Gemma 3): spaces
+// become U+2581, the text is split into UTF-8 characters, and the adjacent pair whose
+// concatenation is the highest-scoring vocabulary entry is merged until no pair is in the
+// vocabulary. Pieces that are not tokens fall back to <0xXX> byte tokens.
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdlib>
+
+#include "gguf/gguf.h"
+#include "tokenizer/tokenizer_impl.h"
+#include "tokenizer/unicode.h"
+#include "util/error.h"
+
+namespace microspec::tok {
+namespace {
+
+constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";  // U+2581 LOWER ONE EIGHTH BLOCK
+
+class SpmTokenizer final : public VocabTokenizer {
+ public:
+  explicit SpmTokenizer(const GgufFile& file);
+  std::string token_to_piece(int32_t id, bool special) const override;
+
+ private:
+  void encode_fragment(std::string_view text, bool after_special, std::vector<int32_t>& out) const override;
+
+  std::vector<float> scores_;               // [n_vocab] merge priority of each token
+  std::array<int32_t, 256> byte_tokens_{};  // [256] token for each byte value, or -1
+  bool add_space_prefix_ = true;
+};
+
+SpmTokenizer::SpmTokenizer(const GgufFile& file) {
+  // llama.cpp's defaults for this tokenizer kind, used when the file does not say.
+  load_common(file, Defaults{.bos = 1, .eos = 2, .unk = 0, .add_bos = true});
+  add_space_prefix_ = file.get_bool_or("tokenizer.ggml.add_space_prefix", true);
+
+  const size_t n = tokens_.size();
+  scores_.assign(n, 0.0f);
+  if (const GgufValue* v = file.find("tokenizer.ggml.scores")) {
+    if (v->type == GgufType::ARRAY && v->elem_type == GgufType::F32) {
+      scores_ = file.get_f32_array("tokenizer.ggml.scores");
+    } else {
+      const std::vector<int32_t> iscores = file.get_i32_array("tokenizer.ggml.scores");
+      scores_.assign(iscores.begin(), iscores.end());
+    }
+    if (scores_.size() < n) {
+      throw Error(file.name() + ": tokenizer.ggml.scores has " + std::to_string(scores_.size()) +
+                  " entries for " + std::to_string(n) + " tokens");
+    }
+    scores_.resize(n);
+  }
+
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  for (int b = 0; b < 256; ++b) {
+    const char name[6] = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
+    int32_t id = find_token(std::string_view(name, 6));
+    if (id < 0) id = find_token(std::string_view(reinterpret_cast<const char*>(&b), 1));
+    // No byte token at all: the unknown token stands in (llama.cpp would abort here).
+    byte_tokens_[b] = id >= 0 ? id : unk_id_;
+  }
+}
+
+struct Symbol {
+  int32_t prev, next;
+  uint32_t offset, length;  // bytes of the escaped text; length 0 once merged into the left neighbour
+};
+
+struct Bigram {
+  float score;
+  int32_t left, right;
+  uint32_t size;  // combined length when queued; a mismatch later means the entry is stale
+};
+
+// Max-heap order: higher score first, then the leftmost pair.
+struct BigramLess {
+  bool operator()(const Bigram& a, const Bigram& b) const {
+    return a.score < b.score || (a.score == b.score && a.left > b.left);
+  }
+};
+
+void SpmTokenizer::encode_fragment(std::string_view text, bool after_special,
+                                   std::vector<int32_t>& out) const {
+  thread_local std::string buf;           // [bytes] escaped text
+  thread_local std::vector<Symbol> syms;  // [characters]
+  thread_local std::vector<Bigram> heap;  // [pending pairs]
+  buf.clear();
+  syms.clear();
+  heap.clear();
+
+  if (add_space_prefix_ && after_special) buf += kSpaceMarker;
+  for (char c : text) {
+    if (c == ' ') {
+      buf += kSpaceMarker;
+    } else {
+      buf.push_back(c);
+    }
+  }
+  if (buf.empty()) return;
+  // Symbol indices and offsets are 32-bit.
+  if (buf.size() > static_cast<size_t>(INT32_MAX))
+    throw Error("text too long to tokenize (over 2 GiB without a break)");
+
+  const uint32_t n = static_cast<uint32_t>(buf.size());
+  for (uint32_t off = 0; off < n;) {
+    const auto len =
+        static_cast<uint32_t>(std::min<size_t>(utf8::lead_length(static_cast<uint8_t>(buf[off])), n - off));
+    const auto index = static_cast<int32_t>(syms.size());
+    syms.push_back(Symbol{index - 1, off + len == n ? -1 : index + 1, off, len});
+    off += len;
+  }
+
+  auto try_add = [&](int32_t left, int32_t right) {
+    if (left < 0 || right < 0) return;
+    const uint32_t size = syms[left].length + syms[right].length;
+    const int32_t id = find_token(std::string_view(buf.data() + syms[left].offset, size));
+    if (id < 0) return;
+    heap.push_back(Bigram{scores_[id], left, right, size});
+    std::push_heap(heap.begin(), heap.end(), BigramLess{});
+  };
+  for (int32_t i = 1; i < static_cast<int32_t>(syms.size()); ++i) try_add(i - 1, i);
+
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), BigramLess{});
+    const Bigram b = heap.back();
+    heap.pop_back();
+    Symbol& left = syms[b.left];
+    Symbol& right = syms[b.right];
+    if (left.length == 0 || right.length == 0 || left.length + right.length != b.size) continue;
+    left.length += right.length;
+    right.length = 0;
+    left.next = right.next;
+    if (right.next >= 0) syms[right.next].prev = b.left;
+    try_add(left.prev, b.left);
+    try_add(b.left, left.next);
+  }
+
+  // Every merged symbol is a token by construction; single characters may not be, and then
+  // their bytes are emitted as byte tokens.
+  for (int32_t i = 0; i != -1; i = syms[i].next) {
+    const Symbol& s = syms[i];
+    const int32_t id = find_token(std::string_view(buf.data() + s.offset, s.length));
+    if (id >= 0) {
+      out.push_back(id);
+      continue;
+    }
+    for (uint32_t k = 0; k < s.length; ++k) {
+      const int32_t byte_id = byte_tokens_[static_cast<uint8_t>(buf[s.offset + k])];
+      if (byte_id >= 0) out.push_back(byte_id);
+    }
+  }
+}
+
+std::string SpmTokenizer::token_to_piece(int32_t id, bool special) const {
+  check_id(id);
+  const std::string& text = tokens_[id];
+  switch (types_[id]) {
+    case TokenType::Control:
+    case TokenType::Unknown:
+      return special ? text : std::string();
+    case TokenType::UserDefined:
+      return text;
+    case TokenType::Normal: {
+      std::string out;
+      out.reserve(text.size());
+      for (size_t i = 0; i < text.size();) {
+        if (text.compare(i, kSpaceMarker.size(), kSpaceMarker) == 0) {
+          out.push_back(' ');
+          i += kSpaceMarker.size();
+        } else {
+          out.push_back(text[i++]);
+        }
+      }
+      return out;
+    }
+    case TokenType::Byte: {
+      // "<0xXX>": the two hex digits after "<0x" (parsed as far as they are hex, like strtol).
+      const std::string digits = text.size() >= 5 ? text.substr(3, 2) : std::string();
+      return std::string(1, static_cast<char>(std::strtol(digits.c_str(), nullptr, 16)));
+    }
+    case TokenType::Undefined:
+    case TokenType::Unused:
+      break;
+  }
+  return std::string();
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> make_spm_tokenizer(const GgufFile& file) {
+  return std::make_unique<SpmTokenizer>(file);
+}
+
+}  // namespace microspec::tok

@@ -1,0 +1,126 @@
+#pragma once
+// Internals shared by the SentencePiece-style and byte-level BPE tokenizers: the string index,
+// the special-token splitter and the common loader. Not part of the public interface.
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace microspec {
+
+class GgufFile;
+
+namespace tok {
+
+inline uint64_t hash_bytes(std::string_view s) {
+  return std::hash<std::string_view>{}(s);
+}
+
+// Open-addressing (linear probing) index from strings to entry numbers. Slots hold
+// (hash32 << 32) | (entry + 1); the strings themselves stay with the caller, who passes the
+// same key function to build and find. The first entry wins when two keys are equal.
+template <class KeyFn>
+void index_build(std::vector<uint64_t>& slots, size_t n, KeyFn key) {
+  size_t cap = 16;
+  while (cap < 2 * n) cap <<= 1;
+  slots.assign(cap, 0);
+  const uint64_t mask = cap - 1;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string_view k = key(i);
+    const uint64_t h = hash_bytes(k);
+    const uint32_t tag = static_cast<uint32_t>(h >> 32);
+    for (uint64_t pos = h & mask;; pos = (pos + 1) & mask) {
+      const uint64_t v = slots[pos];
+      if (v == 0) {
+        slots[pos] = (static_cast<uint64_t>(tag) << 32) | (i + 1);
+        break;
+      }
+      if (static_cast<uint32_t>(v >> 32) == tag && key(static_cast<uint32_t>(v) - 1) == k) break;
+    }
+  }
+}
+
+template <class KeyFn>
+int32_t index_find(const std::vector<uint64_t>& slots, std::string_view s, KeyFn key) {
+  if (slots.empty()) return -1;
+  const uint64_t mask = slots.size() - 1;
+  const uint64_t h = hash_bytes(s);
+  const uint32_t tag = static_cast<uint32_t>(h >> 32);
+  for (uint64_t pos = h & mask;; pos = (pos + 1) & mask) {
+    const uint64_t v = slots[pos];
+    if (v == 0) return -1;
+    if (static_cast<uint32_t>(v >> 32) == tag) {
+      const auto id = static_cast<int32_t>(static_cast<uint32_t>(v) - 1);
+      if (key(id) == s) return id;
+    }
+  }
+}
+
+// A piece of input text after special-token splitting: a special token (token >= 0) or a run
+// of raw text [offset, offset + length).
+struct Fragment {
+  int32_t token;
+  size_t offset, length;
+};
+
+// Finds special-token strings in text the way llama.cpp does: tokens are tried longest first
+// (ties by id), each taking its leftmost non-overlapping occurrences in the text that earlier
+// tokens left free. A trie pass first finds which tokens occur at all, so only those are searched.
+class SpecialSplitter {
+ public:
+  // candidates: ids of control, user-defined and unknown tokens.
+  void build(const std::vector<std::string>& tokens, const std::vector<TokenType>& types);
+  // Control and unknown tokens are matched only when parse_special; user-defined ones always.
+  void split(std::string_view text, bool parse_special, std::vector<Fragment>& out) const;
+
+ private:
+  struct Node {
+    int32_t first_child = -1, next_sibling = -1;
+    int32_t entry = -1;  // index into entries_ of the token ending here, or -1
+    uint8_t byte = 0;
+  };
+  struct Entry {
+    int32_t token;
+    uint32_t length;
+    uint32_t rank;  // position in the longest-first order
+    bool needs_parse_special;
+  };
+  std::vector<Node> nodes_;                // [n_nodes] trie; node 0 is the root
+  std::array<int32_t, 256> root_child_{};  // [256] first-level node for each byte, or -1
+  std::vector<Entry> entries_;             // [n special tokens]
+  std::vector<std::string> texts_;         // [n special tokens] their strings
+};
+
+// State and loading shared by both tokenizer kinds; subclasses encode raw text fragments and
+// print tokens.
+class VocabTokenizer : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const final;
+
+ protected:
+  struct Defaults {
+    int32_t bos = -1, eos = -1, unk = -1;
+    bool add_bos = false;
+  };
+  // Reads tokens, types, special ids, add_bos and builds the index, EOG set and splitter.
+  void load_common(const GgufFile& file, const Defaults& defaults);
+  // Encodes one run of raw text. after_special: the run starts the text or follows a special token.
+  virtual void encode_fragment(std::string_view text, bool after_special,
+                               std::vector<int32_t>& out) const = 0;
+  void check_id(int32_t id) const;
+
+  std::string file_name_;
+  int32_t unk_id_ = -1;
+  SpecialSplitter splitter_;
+};
+
+std::unique_ptr<Tokenizer> make_spm_tokenizer(const GgufFile& file);
+std::unique_ptr<Tokenizer> make_bpe_tokenizer(const GgufFile& file);
+
+}  // namespace tok
+}  // namespace microspec

@@ -1,0 +1,691 @@
+// Kernels: dequantization against hand-built blocks, SIMD tables against the scalar reference
+// (dot products, activation quantizers, matmul tiling and threading), the thread pool, and dot
+// products on tensors of the two real models against their dequantized f32 values.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
+#include "kernels/matmul.h"
+#include "kernels/threadpool.h"
+#include "test_helpers.h"
+#include "util/error.h"
+
+namespace microspec {
+namespace {
+
+const GgmlType kWeightTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
+                                 GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                                 GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+
+std::string tname(GgmlType t) { return type_name(uint32_t(t)); }
+
+// The SIMD tables this CPU runs; the reference is what they are compared with.
+std::vector<const KernelTable*> simd_tables() {
+  std::vector<const KernelTable*> v{&avx2_kernels()};
+  if (const KernelTable* t = avx512_kernels()) v.push_back(t);
+  return v;
+}
+
+void put_f16(std::vector<uint8_t>& b, size_t off, float v) {
+  const fp16_t h = fp32_to_fp16(v);
+  std::memcpy(b.data() + off, &h, 2);
+}
+
+std::vector<float> dequant(GgmlType type, const void* data, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  dequantize_row(type, data, out.data(), n);
+  return out;
+}
+
+std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  // A few outliers, as real activations have.
+  for (int i = 0; i < 3 && n > 0; ++i) v[rng() % size_t(n)] *= 8.0f;
+  return v;
+}
+
+// A row of n elements of `type`. Quantized types get uniformly random bytes (every quant and
+// scale bit pattern, e.g. Q8_0 quants of -128 and Q6_K scales of -128) with sane f16 scale fields;
+// float types get random values.
+std::vector<uint8_t> random_row(GgmlType type, int64_t n, std::mt19937& rng) {
+  std::vector<uint8_t> b(row_bytes(type, n));
+  if (type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16) {
+    quantize_row_reference(type, random_floats(rng, n).data(), b.data(), n);
+    return b;
+  }
+  for (uint8_t& x : b) x = uint8_t(rng());
+  std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
+  const TypeTraits& tr = type_traits(type);
+  for (size_t blk = 0; blk < b.size() / tr.block_bytes; ++blk) {
+    const size_t o = blk * tr.block_bytes;
+    switch (type) {
+      case GgmlType::Q4_1:
+      case GgmlType::Q5_1:
+      case GgmlType::Q4_K:
+      case GgmlType::Q5_K:
+        put_f16(b, o, scale(rng));
+        put_f16(b, o + 2, scale(rng));
+        break;
+      case GgmlType::Q6_K:
+        put_f16(b, o + offsetof(BlockQ6_K, d), scale(rng));
+        break;
+      default:
+        put_f16(b, o, scale(rng));
+    }
+  }
+  return b;
+}
+
+// Per element, the size of the constant that a type's dot product adds as a separate float term
+// (Q4_1/Q5_1: m; Q4_K/Q5_K: dmin * m_j). Such a term can cancel against the integer term, so the
+// rounding tolerance must scale with both, not with the dequantized value alone.
+std::vector<float> offset_magnitudes(GgmlType type, const uint8_t* row, int64_t n) {
+  std::vector<float> off(static_cast<size_t>(n), 0.0f);
+  if (type == GgmlType::Q4_1 || type == GgmlType::Q5_1) {
+    const size_t bb = type_traits(type).block_bytes;
+    for (int64_t i = 0; i < n; ++i) {
+      fp16_t m;
+      std::memcpy(&m, row + size_t(i / kQK) * bb + 2, 2);
+      off[size_t(i)] = std::fabs(fp16_to_fp32(m));
+    }
+  } else if (type == GgmlType::Q4_K || type == GgmlType::Q5_K) {
+    const size_t bb = type_traits(type).block_bytes;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* blk = row + size_t(i / kQKK) * bb;
+      fp16_t dmin;
+      std::memcpy(&dmin, blk + 2, 2);
+      const uint8_t* s = blk + 4;
+      const int j = int(i % kQKK) / 32;
+      const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+      off[size_t(i)] = std::fabs(fp16_to_fp32(dmin) * float(m));
+    }
+  }
+  return off;
+}
+
+// Bound on float rounding differences between two evaluations of the same integer dot product:
+// 1e-5 of the sum of the magnitudes of everything summed. The integer block sums are exact in every
+// table, so only the rounding of the per-block float products and the summation order differ: a
+// few ulp (6e-8 each) per block, far below 1e-5 for the row lengths used here.
+double rounding_bound(GgmlType type, const uint8_t* row, const float* a_deq, int64_t n) {
+  const std::vector<float> w = dequant(type, row, n);
+  const std::vector<float> off = offset_magnitudes(type, row, n);
+  double mag = 0.0;
+  for (int64_t i = 0; i < n; ++i) mag += (std::fabs(double(w[size_t(i)])) + off[size_t(i)]) * std::fabs(a_deq[i]);
+  return 1e-5 * mag + 1e-30;
+}
+
+// Bound on |quantized dot - exact f32 dot| caused by quantizing the activations: each element is
+// off by at most half a step plus the f16 rounding of the block scale (127 steps * 2^-11 = 0.062
+// step), and Q8_1's f16 block sum s adds |m * s| * 2^-11 per block. Plus rounding_bound's slack.
+double quantization_bound(GgmlType type, const uint8_t* row, const float* x, int64_t n) {
+  const GgmlType at = activation_type(type);
+  if (at == GgmlType::F32) return rounding_bound(type, row, x, n);
+  const std::vector<float> w = dequant(type, row, n);
+  const std::vector<float> off = offset_magnitudes(type, row, n);
+  const int64_t blk = at == GgmlType::Q8_K ? kQKK : kQK;
+  double bound = 0.0;
+  for (int64_t b0 = 0; b0 < n; b0 += blk) {
+    double amax = 0.0, wsum = 0.0, xsum = 0.0;
+    for (int64_t i = b0; i < b0 + blk; ++i) {
+      amax = std::max(amax, std::fabs(double(x[i])));
+      wsum += std::fabs(double(w[size_t(i)])) + off[size_t(i)];
+      xsum += std::fabs(double(x[i]));
+    }
+    const double step = amax / 127.0;
+    bound += wsum * step * 0.57;
+    if (at == GgmlType::Q8_1) bound += off[size_t(b0)] * xsum * 1.1 / 2048.0;
+  }
+  return bound + rounding_bound(type, row, x, n) * 2.0;
+}
+
+std::vector<uint8_t> quantize_act(const KernelTable& k, GgmlType weight_type, const std::vector<float>& x) {
+  const GgmlType at = activation_type(weight_type);
+  std::vector<uint8_t> a(row_bytes(at, int64_t(x.size())));
+  k.quantize[int(at)](x.data(), a.data(), int64_t(x.size()));
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantization of hand-built blocks (values worked out by hand from the format rules)
+
+TEST(Dequantize, Q4_0) {
+  BlockQ4_0 b{};
+  b.d = fp32_to_fp16(0.5f);
+  b.qs[0] = 0x1F;  // element 0: 15, element 16: 1
+  b.qs[15] = 0x80;  // element 15: 0, element 31: 8
+  const auto y = dequant(GgmlType::Q4_0, &b, 32);
+  EXPECT_EQ(y[0], 3.5f);    // (15 - 8) * 0.5
+  EXPECT_EQ(y[16], -3.5f);  // (1 - 8) * 0.5
+  EXPECT_EQ(y[15], -4.0f);  // (0 - 8) * 0.5
+  EXPECT_EQ(y[31], 0.0f);   // (8 - 8) * 0.5
+  EXPECT_EQ(y[1], -4.0f);
+}
+
+TEST(Dequantize, Q4_1) {
+  BlockQ4_1 b{};
+  b.d = fp32_to_fp16(0.25f);
+  b.m = fp32_to_fp16(-1.0f);
+  b.qs[2] = 0xA3;  // element 2: 3, element 18: 10
+  const auto y = dequant(GgmlType::Q4_1, &b, 32);
+  EXPECT_EQ(y[2], -0.25f);  // 3 * 0.25 - 1
+  EXPECT_EQ(y[18], 1.5f);   // 10 * 0.25 - 1
+  EXPECT_EQ(y[0], -1.0f);
+}
+
+TEST(Dequantize, Q5_0HighBits) {
+  BlockQ5_0 b{};
+  b.d = fp32_to_fp16(2.0f);
+  b.qs[0] = 0x21;  // element 0: nibble 1, element 16: nibble 2
+  b.qs[1] = 0x43;  // element 1: 3, element 17: 4
+  // Fifth bits: element 0 (bit 0) and element 17 (bit 17) set, elements 1 and 16 clear.
+  const uint32_t qh = (1u << 0) | (1u << 17);
+  std::memcpy(b.qh, &qh, 4);
+  const auto y = dequant(GgmlType::Q5_0, &b, 32);
+  EXPECT_EQ(y[0], 2.0f);     // (1 | 16) - 16 = 1, times 2
+  EXPECT_EQ(y[16], -28.0f);  // 2 - 16 = -14, times 2
+  EXPECT_EQ(y[1], -26.0f);   // 3 - 16 = -13
+  EXPECT_EQ(y[17], 8.0f);    // (4 | 16) - 16 = 4
+  EXPECT_EQ(y[31], -32.0f);  // 0 - 16
+}
+
+TEST(Dequantize, Q5_1HighBits) {
+  BlockQ5_1 b{};
+  b.d = fp32_to_fp16(0.5f);
+  b.m = fp32_to_fp16(1.0f);
+  b.qs[15] = 0xF0;                   // element 15: 0, element 31: 15
+  const uint32_t qh = 1u << 31;      // element 31's fifth bit
+  std::memcpy(b.qh, &qh, 4);
+  const auto y = dequant(GgmlType::Q5_1, &b, 32);
+  EXPECT_EQ(y[31], 16.5f);  // 31 * 0.5 + 1
+  EXPECT_EQ(y[15], 1.0f);
+}
+
+TEST(Dequantize, Q8_0) {
+  BlockQ8_0 b{};
+  b.d = fp32_to_fp16(0.25f);
+  b.qs[3] = -7;
+  b.qs[31] = -128;
+  const auto y = dequant(GgmlType::Q8_0, &b, 32);
+  EXPECT_EQ(y[3], -1.75f);
+  EXPECT_EQ(y[31], -32.0f);
+  EXPECT_EQ(y[0], 0.0f);
+}
+
+TEST(Dequantize, Q4_KScalesAndMins) {
+  BlockQ4_K b{};
+  b.d = fp32_to_fp16(0.5f);
+  b.dmin = fp32_to_fp16(0.25f);
+  // Sub-block 1: scale 5, min 7 (plain 6-bit fields in bytes 1 and 5).
+  b.scales[1] = 5;
+  b.scales[5] = 7;
+  // Sub-block 4: scale 37 = 0b10'0101, min 50 = 0b11'0010: low nibbles in byte 8, top two bits in
+  // bits 6-7 of bytes 0 (scale) and 4 (min).
+  b.scales[8] = 0x5 | (0x2 << 4);
+  b.scales[0] = uint8_t(2 << 6);
+  b.scales[4] = uint8_t(3 << 6);
+  b.qs[0] = 0x90;   // element 0 (sub 0): 0; element 32 (sub 1): 9
+  b.qs[64] = 0x0B;  // element 128 (chunk 2 low nibbles = sub 4): 11
+  const auto y = dequant(GgmlType::Q4_K, &b, 256);
+  EXPECT_EQ(y[32], 0.5f * 5 * 9 - 0.25f * 7);     // 20.75
+  EXPECT_EQ(y[128], 0.5f * 37 * 11 - 0.25f * 50);  // 191
+  EXPECT_EQ(y[0], 0.0f);                           // scale 0, min 0 (top bits of byte 0 belong to sub 4)
+}
+
+TEST(Dequantize, Q5_KHighBits) {
+  BlockQ5_K b{};
+  b.d = fp32_to_fp16(1.0f);
+  b.dmin = fp32_to_fp16(1.0f);
+  b.scales[2] = 3;  // sub-block 2: scale 3, min 0
+  b.scales[3] = 1;  // sub-block 3: scale 1, min 0
+  b.qs[32 + 5] = 0x42;  // element 69 (chunk 1 low = sub 2): 2; element 101 (sub 3): 4
+  b.qh[5] = (1 << 2) | (1 << 3);  // fifth bits of elements 64+5 (bit 2c) and 96+5 (bit 2c+1), c = 1
+  const auto y = dequant(GgmlType::Q5_K, &b, 256);
+  EXPECT_EQ(y[69], 3.0f * (2 + 16));
+  EXPECT_EQ(y[101], 1.0f * (4 + 16));
+}
+
+TEST(Dequantize, Q6_KScaleLastAndSigned) {
+  BlockQ6_K b{};
+  b.d = fp32_to_fp16(0.5f);  // stored after the quants and scales
+  b.scales[0] = -3;
+  b.scales[6] = 5;   // elements 96-111: l + 96 with l < 16 uses scale is + 6
+  b.scales[15] = -128;
+  // Element 0: low 4 bits from ql[0] low nibble, high 2 bits from qh[0] bits 0-1: q = 0x3A = 58.
+  b.ql[0] = 0x0A;
+  b.qh[0] = 0x03;
+  // Element 96: ql[32] high nibble 0x7, qh[0] bits 6-7 = 0 -> q = 7.
+  b.ql[32] = 0x70;
+  // Element 255 (second half, l = 31, fourth group): ql[64+63] high nibble, qh[32+31] bits 6-7.
+  b.ql[127] = 0xF0;
+  b.qh[63] = 0xC0;  // q = 63
+  const auto y = dequant(GgmlType::Q6_K, &b, 256);
+  EXPECT_EQ(y[0], 0.5f * -3 * (58 - 32));
+  EXPECT_EQ(y[96], 0.5f * 5 * (7 - 32));
+  EXPECT_EQ(y[255], 0.5f * -128 * (63 - 32));
+  EXPECT_EQ(y[1], 0.5f * -3 * (0 - 32));
+}
+
+TEST(Dequantize, FloatTypes) {
+  const fp16_t h[2] = {0x3C00, 0xC500};  // 1.0, -5.0
+  EXPECT_EQ(dequant(GgmlType::F16, h, 2), (std::vector<float>{1.0f, -5.0f}));
+  const uint16_t bf[2] = {0x3F80, 0xC0A0};  // 1.0, -5.0
+  EXPECT_EQ(dequant(GgmlType::BF16, bf, 2), (std::vector<float>{1.0f, -5.0f}));
+}
+
+TEST(Dequantize, RejectsPartialBlocksAndUnknownTypes) {
+  float out[64];
+  uint8_t in[64] = {};
+  EXPECT_THROW(dequantize_row(GgmlType::Q8_0, in, out, 31), Error);
+  EXPECT_THROW(dequantize_row(GgmlType::Q2_K, in, out, 256), Error);
+  EXPECT_THROW(quantize_row_reference(GgmlType::Q3_K, out, in, 256), Error);
+}
+
+// Quantizing and dequantizing with the reference returns each value within the type's step.
+TEST(QuantizeReference, RoundTripWithinOneStep) {
+  std::mt19937 rng(1);
+  for (GgmlType type : kWeightTypes) {
+    const int64_t n = 512;
+    const std::vector<float> x = random_floats(rng, n);
+    std::vector<uint8_t> q(row_bytes(type, n));
+    quantize_row_reference(type, x.data(), q.data(), n);
+    const std::vector<float> y = dequant(type, q.data(), n);
+    const int64_t blk = type_traits(type).block_elems == 1 ? 1 : type_traits(type).block_elems;
+    // Allowed error per element, from the block's range: levels per type (K-quants lose a bit more
+    // to their 6-bit scale and min, so allow a whole step there).
+    double levels = 0;
+    switch (type) {
+      case GgmlType::F32: levels = 0; break;
+      case GgmlType::F16: levels = 1024; break;
+      case GgmlType::BF16: levels = 128; break;
+      case GgmlType::Q4_0: case GgmlType::Q4_1: levels = 15; break;
+      case GgmlType::Q5_0: case GgmlType::Q5_1: levels = 31; break;
+      case GgmlType::Q8_0: levels = 254; break;
+      case GgmlType::Q4_K: levels = 7.5; break;
+      case GgmlType::Q5_K: levels = 15.5; break;
+      case GgmlType::Q6_K: levels = 31; break;
+      default: break;
+    }
+    for (int64_t b0 = 0; b0 < n; b0 += blk) {
+      double range = 0;
+      for (int64_t i = b0; i < b0 + blk; ++i) range = std::max(range, 2.0 * std::fabs(double(x[size_t(i)])));
+      const double tol = levels == 0 ? 0.0 : (blk == 1 ? range / levels : range / levels * 0.51 + 1e-6);
+      for (int64_t i = b0; i < b0 + blk; ++i)
+        ASSERT_LE(std::fabs(double(y[size_t(i)]) - x[size_t(i)]), tol) << tname(type) << " element " << i;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIMD tables against the reference
+
+TEST(KernelTables, DispatchIsSafe) {
+  const CpuFeatures& f = cpu_features();
+  EXPECT_TRUE(f.avx2 && f.fma && f.f16c);  // the binary is built for them
+  const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni;
+  EXPECT_EQ(avx512_kernels() != nullptr, avx512);
+  const char* env = std::getenv("MICROSPEC_KERNELS");
+  if (!env || !*env) EXPECT_STREQ(best_kernels().name, avx512 ? "avx512" : "avx2");
+  for (const KernelTable* k : {&reference_kernels(), &avx2_kernels()}) {
+    for (GgmlType t : kWeightTypes) {
+      EXPECT_NE(k->vec_dot[int(t)], nullptr) << k->name << " " << tname(t);
+      EXPECT_NE(k->gemm[int(t)], nullptr) << k->name << " " << tname(t);
+      EXPECT_NE(k->quantize[int(activation_type(t))], nullptr) << k->name << " " << tname(t);
+    }
+  }
+  if (!avx512) GTEST_LOG_(INFO) << "this CPU has no AVX-512 VNNI: only the AVX2 table is tested";
+}
+
+TEST(KernelTables, ActivationQuantizersMatchReferenceBitForBit) {
+  std::mt19937 rng(2);
+  for (const KernelTable* k : simd_tables()) {
+    for (GgmlType at : {GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K}) {
+      for (int64_t n : {256, 768, 4096}) {
+        std::vector<float> x = random_floats(rng, n, 3.0f);
+        // An all-zero block, a block whose extreme is negative, and a tie in magnitude.
+        std::fill(x.begin(), x.begin() + 32, 0.0f);
+        x[40] = -50.0f;
+        x[300 % n] = 50.0f;
+        std::vector<uint8_t> want(row_bytes(at, n)), got(row_bytes(at, n), 0xCD);
+        reference_kernels().quantize[int(at)](x.data(), want.data(), n);
+        k->quantize[int(at)](x.data(), got.data(), n);
+        ASSERT_EQ(want, got) << k->name << " " << tname(at) << " n=" << n;
+      }
+    }
+  }
+}
+
+TEST(KernelTables, VecDotMatchesReference) {
+  std::mt19937 rng(3);
+  for (const KernelTable* k : simd_tables()) {
+    for (GgmlType type : kWeightTypes) {
+      const int64_t blk = std::max<int64_t>(type_traits(type).block_elems, 32);
+      // One block, an odd number of blocks (AVX-512 pairs 32-element blocks), many blocks; odd
+      // lengths for the float types.
+      std::vector<int64_t> sizes = {blk, 3 * blk, 20 * blk, 33 * blk};
+      if (blk == 32) sizes.push_back(19 * 32);
+      if (type_traits(type).block_elems == 1) sizes.insert(sizes.end(), {1, 7, 45, 641});
+      for (int64_t n : sizes) {
+        for (int rep = 0; rep < 4; ++rep) {
+          const std::vector<uint8_t> w = random_row(type, n, rng);
+          const std::vector<float> x = random_floats(rng, n);
+          const std::vector<uint8_t> a = quantize_act(reference_kernels(), type, x);
+          const std::vector<float> a_deq =
+              activation_type(type) == GgmlType::F32 ? x : dequant(activation_type(type), a.data(), n);
+          const float want = reference_kernels().vec_dot[int(type)](w.data(), a.data(), n);
+          const float got = k->vec_dot[int(type)](w.data(), a.data(), n);
+          ASSERT_NEAR(got, want, rounding_bound(type, w.data(), a_deq.data(), n))
+              << k->name << " " << tname(type) << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
+// The reference dot products themselves against the f32 dot of the dequantized operands.
+TEST(KernelTables, ReferenceVecDotIsTheDequantizedDot) {
+  std::mt19937 rng(4);
+  for (GgmlType type : kWeightTypes) {
+    const int64_t n = 512;
+    const std::vector<uint8_t> w = random_row(type, n, rng);
+    const std::vector<float> x = random_floats(rng, n);
+    const std::vector<uint8_t> a = quantize_act(reference_kernels(), type, x);
+    const GgmlType at = activation_type(type);
+    const std::vector<float> a_deq = at == GgmlType::F32 ? x : dequant(at, a.data(), n);
+    const std::vector<float> wd = dequant(type, w.data(), n);
+    double exact = 0.0;
+    for (int64_t i = 0; i < n; ++i) exact += double(wd[size_t(i)]) * a_deq[size_t(i)];
+    double tol = rounding_bound(type, w.data(), a_deq.data(), n);
+    // Q8_1 carries s = d * sum(q) rounded to f16 for the m term: |m| * |s| * 2^-11 per block.
+    if (at == GgmlType::Q8_1) {
+      const std::vector<float> off = offset_magnitudes(type, w.data(), n);
+      for (int64_t i = 0; i < n; ++i) tol += off[size_t(i)] * std::fabs(a_deq[size_t(i)]) / 2048.0 * 1.01;
+    }
+    EXPECT_NEAR(reference_kernels().vec_dot[int(type)](w.data(), a.data(), n), exact, tol) << tname(type);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// matmul
+
+struct Matrix {
+  GgmlType type;
+  int64_t rows, cols;
+  std::vector<uint8_t> data;
+  QMatrix q() const { return {type, data.data(), rows, cols, row_bytes(type, cols)}; }
+};
+
+Matrix random_matrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  Matrix m{type, rows, cols, {}};
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<uint8_t> row = random_row(type, cols, rng);
+    m.data.insert(m.data.end(), row.begin(), row.end());
+  }
+  return m;
+}
+
+// Checks y (n_tokens x ldy, the first n_out columns) against want within per-entry bounds.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i)
+    if (!(std::fabs(double(got[i]) - want[i]) <= tol[i])) {
+      ADD_FAILURE() << what << ": entry " << i << " got " << got[i] << " want " << want[i] << " tol " << tol[i];
+      ++bad;
+    }
+}
+
+TEST(Matmul, TablesThreadsAndShapesAgreeWithReference) {
+  std::mt19937 rng(5);
+  struct Shape {
+    int64_t rows, cols32, colsK;
+  };
+  const Shape shapes[] = {{1, 160, 256}, {7, 640, 512}, {37, 96, 768}, {100, 64, 256}};
+  const int64_t token_counts[] = {1, 3, 17, 64, 67};
+  for (GgmlType type : kWeightTypes) {
+    const bool k_quant = type_traits(type).block_elems == kQKK;
+    for (const Shape& s : shapes) {
+      const int64_t cols = k_quant ? s.colsK : (type_traits(type).block_elems == 1 ? s.cols32 + 3 : s.cols32);
+      const Matrix w = random_matrix(type, s.rows, cols, rng);
+      const int64_t max_tokens = 67;
+      const std::vector<float> x = random_floats(rng, max_tokens * cols);
+      // Exact f32 products and the activation-quantization bound for every (token, row).
+      std::vector<float> exact(size_t(max_tokens * s.rows));
+      std::vector<double> qbound(exact.size()), rbound(exact.size());
+      matmul_reference(w.q(), x.data(), max_tokens, exact.data(), s.rows);
+      for (int64_t t = 0; t < max_tokens; ++t) {
+        const std::vector<float> xt(x.begin() + t * cols, x.begin() + (t + 1) * cols);
+        const std::vector<uint8_t> a = quantize_act(reference_kernels(), type, xt);
+        const GgmlType at = activation_type(type);
+        const std::vector<float> a_deq = at == GgmlType::F32 ? xt : dequant(at, a.data(), cols);
+        for (int64_t r = 0; r < s.rows; ++r) {
+          const uint8_t* row = w.data.data() + size_t(r) * row_bytes(type, cols);
+          qbound[size_t(t * s.rows + r)] = quantization_bound(type, row, x.data() + t * cols, cols);
+          rbound[size_t(t * s.rows + r)] = rounding_bound(type, row, a_deq.data(), cols);
+        }
+      }
+      for (int64_t nt : token_counts) {
+        const size_t n_out = size_t(nt * s.rows);
+        const std::vector<float> want_exact(exact.begin(), exact.begin() + n_out);
+        // The reference table through matmul (one thread): within quantization error of exact.
+        ThreadPool pool1(1);
+        MatmulContext ref_ctx(pool1, reference_kernels());
+        std::vector<float> ref(n_out);
+        matmul(ref_ctx, w.q(), x.data(), nt, ref.data(), s.rows);
+        expect_close(ref, want_exact, {qbound.begin(), qbound.begin() + n_out},
+                     "reference matmul " + tname(type) + " tokens " + std::to_string(nt));
+        for (const KernelTable* k : simd_tables()) {
+          for (int threads : {1, 2, 3}) {
+            ThreadPool pool(threads);
+            MatmulContext ctx(pool, *k);
+            std::vector<float> got(n_out, NAN);
+            matmul(ctx, w.q(), x.data(), nt, got.data(), s.rows);
+            const std::string what = std::string(k->name) + " " + tname(type) + " rows " + std::to_string(s.rows) +
+                                     " cols " + std::to_string(cols) + " tokens " + std::to_string(nt) + " threads " +
+                                     std::to_string(threads);
+            expect_close(got, ref, {rbound.begin(), rbound.begin() + n_out}, "matmul " + what);
+            if (::testing::Test::HasFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, RowsSubsetAndStridedOutput) {
+  std::mt19937 rng(6);
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F32}) {
+    const int64_t cols = type_traits(type).block_elems == kQKK ? 512 : 640;
+    const int64_t rows = 300;
+    const Matrix w = random_matrix(type, rows, cols, rng);
+    // Unsorted, repeated, runs of consecutive ids, and the last row.
+    std::vector<int32_t> ids = {299, 0, 1, 2, 3, 150, 7, 7, 298, 42, 43, 44, 45, 46, 100};
+    for (int i = 0; i < 40; ++i) ids.push_back(int32_t(rng() % rows));
+    const int64_t n_ids = int64_t(ids.size());
+    for (int64_t nt : {1, 5, 18}) {
+      const std::vector<float> x = random_floats(rng, nt * cols);
+      // Rounding bounds per (token, row) against the reference table's full product.
+      std::vector<double> rbound(size_t(nt * rows));
+      for (int64_t t = 0; t < nt; ++t) {
+        const std::vector<float> xt(x.begin() + t * cols, x.begin() + (t + 1) * cols);
+        const GgmlType at = activation_type(type);
+        const std::vector<float> a_deq =
+            at == GgmlType::F32 ? xt : dequant(at, quantize_act(reference_kernels(), type, xt).data(), cols);
+        for (int64_t r = 0; r < rows; ++r)
+          rbound[size_t(t * rows + r)] =
+              rounding_bound(type, w.data.data() + size_t(r) * row_bytes(type, cols), a_deq.data(), cols);
+      }
+      const int64_t ldy = n_ids + 5;  // padded output rows
+      ThreadPool pool1(1);
+      MatmulContext ref_ctx(pool1, reference_kernels());
+      std::vector<float> full(size_t(nt * rows));
+      matmul(ref_ctx, w.q(), x.data(), nt, full.data(), rows);
+      for (const KernelTable* k : simd_tables()) {
+        for (int threads : {1, 2, 3}) {
+          ThreadPool pool(threads);
+          MatmulContext ctx(pool, *k);
+          std::vector<float> got(size_t(nt * ldy), -7.0f);
+          matmul_rows(ctx, w.q(), ids.data(), n_ids, x.data(), nt, got.data(), ldy);
+          for (int64_t t = 0; t < nt; ++t) {
+            for (int64_t j = 0; j < n_ids; ++j) {
+              const size_t ref = size_t(t * rows + ids[size_t(j)]);
+              ASSERT_NEAR(got[size_t(t * ldy + j)], full[ref], rbound[ref])
+                  << k->name << " " << tname(type) << " token " << t << " id " << ids[size_t(j)];
+            }
+            for (int64_t j = n_ids; j < ldy; ++j) ASSERT_EQ(got[size_t(t * ldy + j)], -7.0f) << "padding written";
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, RejectsBadInput) {
+  ThreadPool pool(1);
+  MatmulContext ctx(pool, best_kernels());
+  std::vector<uint8_t> data(4096);
+  float x[64] = {}, y[64] = {};
+  const QMatrix partial{GgmlType::Q8_0, data.data(), 2, 48, 0};  // 48 is not whole blocks
+  EXPECT_THROW(matmul(ctx, partial, x, 1, y, 2), Error);
+  const QMatrix unsupported{GgmlType::Q2_K, data.data(), 1, 256, 84};
+  EXPECT_THROW(matmul(ctx, unsupported, x, 1, y, 1), Error);
+  const QMatrix ok{GgmlType::Q8_0, data.data(), 2, 32, 34};
+  const int32_t bad_ids[] = {0, 2};
+  EXPECT_THROW(matmul_rows(ctx, ok, bad_ids, 2, x, 1, y, 2), Error);
+}
+
+TEST(Matmul, ReservedScratchIsReused) {
+  ThreadPool pool(2);
+  MatmulContext ctx(pool, best_kernels());
+  ctx.reserve(64, 2048);
+  uint8_t* p = ctx.scratch(0);
+  std::mt19937 rng(7);
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q6_K}) {
+    const Matrix w = random_matrix(type, 16, 2048, rng);
+    const std::vector<float> x = random_floats(rng, 64 * 2048);
+    std::vector<float> y(64 * 16);
+    matmul(ctx, w.q(), x.data(), 64, y.data(), 16);
+    EXPECT_EQ(ctx.scratch(0), p) << "matmul reallocated the reserved scratch for " << tname(type);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thread pool
+
+TEST(ThreadPool, ManySmallCallsCoverEveryIndexOnce) {
+  std::mt19937 rng(8);
+  for (int threads : {1, 2, 3, 4}) {
+    ThreadPool pool(threads);
+    ASSERT_EQ(pool.size(), threads);
+    std::vector<std::atomic<int>> hits(200);
+    for (int call = 0; call < 5000; ++call) {
+      const int64_t n = int64_t(rng() % 200), grain = 1 + int64_t(rng() % 9);
+      for (auto& h : hits) h.store(0, std::memory_order_relaxed);
+      std::atomic<int> bad{0};
+      pool.parallel_for(n, grain, [&](int64_t b, int64_t e, int t) {
+        if (t < 0 || t >= threads || b >= e || b % grain != 0 || (e % grain != 0 && e != n)) bad.fetch_add(1);
+        for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1, std::memory_order_relaxed);
+      });
+      ASSERT_EQ(bad.load(), 0) << "threads " << threads << " n " << n << " grain " << grain;
+      for (int64_t i = 0; i < 200; ++i)
+        ASSERT_EQ(hits[size_t(i)].load(), i < n ? 1 : 0) << "index " << i << " n " << n << " threads " << threads;
+    }
+  }
+}
+
+TEST(ThreadPool, UsesAllThreadsAndSurvivesIdleSleep) {
+  ThreadPool pool(2);
+  std::atomic<int> seen_mask{0};
+  pool.parallel_for(64, 1, [&](int64_t, int64_t, int t) { seen_mask.fetch_or(1 << t); });
+  EXPECT_EQ(seen_mask.load(), 3);
+  // Long enough for the worker to stop spinning and block; the next call must wake it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  seen_mask = 0;
+  pool.parallel_for(64, 1, [&](int64_t, int64_t, int t) { seen_mask.fetch_or(1 << t); });
+  EXPECT_EQ(seen_mask.load(), 3);
+}
+
+TEST(ThreadPool, CallerExceptionPropagatesAfterWorkersFinish) {
+  ThreadPool pool(3);
+  std::atomic<int> done{0};
+  EXPECT_THROW(pool.parallel_for(3, 1,
+                                 [&](int64_t, int64_t, int t) {
+                                   if (t == 0) throw Error("boom");
+                                   std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                                   done.fetch_add(1);
+                                 }),
+               Error);
+  EXPECT_EQ(done.load(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real tensors: every table's dot products against the dequantized f32 rows
+
+void check_real_tensor(const GgufFile& f, const std::string& name, GgmlType expect_type) {
+  const GgufTensor* t = f.find_tensor(name);
+  ASSERT_NE(t, nullptr) << name;
+  ASSERT_EQ(t->type, expect_type) << name;
+  const int64_t cols = t->ne[0], rows = t->rows();
+  const size_t stride = row_bytes(t->type, cols);
+  const QMatrix w{t->type, t->data, rows, cols, stride};
+  // First rows, some in the middle, and the last ones (the end of the mapping).
+  std::vector<int32_t> ids;
+  for (int64_t r = 0; r < 6; ++r) ids.push_back(int32_t(r));
+  for (int64_t r = rows / 2; r < rows / 2 + 5; ++r) ids.push_back(int32_t(r));
+  for (int64_t r = rows - 6; r < rows; ++r) ids.push_back(int32_t(r));
+  std::mt19937 rng(9);
+  const int64_t nt = 3;
+  const std::vector<float> x = random_floats(rng, nt * cols);
+  std::vector<const KernelTable*> tables = simd_tables();
+  tables.push_back(&reference_kernels());
+  for (const KernelTable* k : tables) {
+    ThreadPool pool(2);
+    MatmulContext ctx(pool, *k);
+    std::vector<float> y(size_t(nt) * ids.size());
+    matmul_rows(ctx, w, ids.data(), int64_t(ids.size()), x.data(), nt, y.data(), int64_t(ids.size()));
+    for (size_t j = 0; j < ids.size(); ++j) {
+      const uint8_t* row = t->data + size_t(ids[j]) * stride;
+      const std::vector<float> wd = dequant(t->type, row, cols);
+      for (int64_t tok = 0; tok < nt; ++tok) {
+        double exact = 0.0;
+        for (int64_t i = 0; i < cols; ++i) exact += double(wd[size_t(i)]) * x[size_t(tok * cols + i)];
+        const double tol = quantization_bound(t->type, row, x.data() + tok * cols, cols);
+        ASSERT_NEAR(y[size_t(tok) * ids.size() + j], exact, tol)
+            << k->name << " " << name << " row " << ids[j] << " token " << tok;
+      }
+    }
+  }
+}
+
+TEST(RealTensors, GemmaDotProductsMatchDequantizedRows) {
+  test::require_file(test::gemma_path());
+  const auto f = GgufFile::open(test::gemma_path());
+  check_real_tensor(*f, "blk.0.attn_q.weight", GgmlType::Q5_0);
+  check_real_tensor(*f, "blk.0.attn_output.weight", GgmlType::Q4_K);
+  check_real_tensor(*f, "blk.0.ffn_down.weight", GgmlType::Q6_K);
+  check_real_tensor(*f, "token_embd.weight", GgmlType::Q8_0);
+}
+
+TEST(RealTensors, SmolLMDotProductsMatchDequantizedRows) {
+  test::require_file(test::smollm_path());
+  const auto f = GgufFile::open(test::smollm_path());
+  check_real_tensor(*f, "blk.0.attn_q.weight", GgmlType::Q4_1);
+  check_real_tensor(*f, "blk.29.ffn_down.weight", GgmlType::Q4_1);
+  check_real_tensor(*f, "token_embd.weight", GgmlType::Q8_0);
+}
+
+}  // namespace
+}  // namespace microspec

@@ -1,0 +1,180 @@
+// Model behaviour on tiny random models the test writes: the sliding window's reach, tree forwards
+// that straddle the window, and the Qwen2 / untied-output paths the real models do not exercise.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "tiny_model.h"
+#include "util/error.h"
+
+namespace microspec {
+namespace {
+
+struct Tiny {
+  std::string path;
+  std::unique_ptr<GgufFile> file;
+  std::unique_ptr<Model> model;
+  explicit Tiny(const test::TinyModelSpec& spec) {
+    path = (std::filesystem::temp_directory_path() /
+            ("microspec_tiny_" + spec.arch + "_" + std::to_string(spec.n_layer) + "_" + std::to_string(::getpid()) + ".gguf"))
+               .string();
+    test::write_tiny_model(spec, path);
+    file = GgufFile::open(path);
+    ModelOptions opt;
+    opt.n_threads = 2;
+    opt.n_batch = 128;
+    model = Model::load(*file, opt);
+  }
+  ~Tiny() { std::filesystem::remove(path); }
+};
+
+std::vector<float> last_logits(Model& m, const std::vector<int32_t>& seq) {
+  KVCache kv = m.make_cache(256);
+  Batch b;
+  ForwardOutput out;
+  b.set_sequence(seq, 0, false);
+  m.forward(b, kv, out, true);
+  return out.logits;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+std::vector<int32_t> random_tokens(int n, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
+// With only sliding layers (window 8, 3 layers), the last token can see at most 3 * 7 positions
+// back; a change further back must not move its logits, a change inside the reach must.
+TEST(ModelTiny, SlidingWindowLimitsReach) {
+  test::TinyModelSpec spec;
+  spec.n_layer = 3;  // layers 0-2 are all sliding (pattern il % 6 < 5)
+  Tiny t(spec);
+  std::vector<int32_t> seq = random_tokens(40, spec.n_vocab, 7);
+  const std::vector<float> base = last_logits(*t.model, seq);
+  std::vector<int32_t> far = seq;
+  far[39 - 22] = (far[39 - 22] + 1) % spec.n_vocab;  // 22 positions back: out of reach
+  EXPECT_EQ(max_abs_diff(base, last_logits(*t.model, far)), 0.0f);
+  std::vector<int32_t> near = seq;
+  near[39 - 5] = (near[39 - 5] + 1) % spec.n_vocab;
+  EXPECT_GT(max_abs_diff(base, last_logits(*t.model, near)), 1e-4f);
+}
+
+// Layer 5 of a 6-layer Gemma 3 is global: then a change anywhere in the past moves the logits.
+TEST(ModelTiny, GlobalLayerSeesEverything) {
+  test::TinyModelSpec spec;
+  spec.n_layer = 6;
+  Tiny t(spec);
+  std::vector<int32_t> seq = random_tokens(40, spec.n_vocab, 8);
+  const std::vector<float> base = last_logits(*t.model, seq);
+  seq[1] = (seq[1] + 1) % spec.n_vocab;
+  EXPECT_GT(max_abs_diff(base, last_logits(*t.model, seq)), 1e-5f);
+}
+
+// A token tree whose nodes sit past the window edge (prefix 30 tokens, window 8) gives each node
+// the logits of its path run alone; then commit a path and continue.
+void check_tree(const test::TinyModelSpec& spec) {
+  Tiny t(spec);
+  Model& m = *t.model;
+  const int32_t V = spec.n_vocab;
+  const std::vector<int32_t> prefix = random_tokens(30, V, 3);
+  const std::vector<int32_t> tok = {5, 17, 99, 240, 3, 77, 150, 201};
+  const std::vector<int32_t> parent = {-1, 0, 0, 1, 1, 3, 2, 6};
+  std::vector<int32_t> depth(tok.size());
+  for (size_t i = 0; i < tok.size(); ++i) depth[i] = parent[i] < 0 ? 0 : depth[parent[i]] + 1;
+
+  KVCache kv = m.make_cache(256);
+  Batch b;
+  ForwardOutput out;
+  b.set_sequence(prefix, 0, false);
+  m.forward(b, kv, out, false);
+  kv.commit_prefix(static_cast<int32_t>(prefix.size()));
+  b.clear();
+  for (size_t i = 0; i < tok.size(); ++i) {
+    b.tokens.push_back(tok[i]);
+    b.positions.push_back(static_cast<int32_t>(prefix.size()) + depth[i]);
+    b.parents.push_back(parent[i]);
+    b.output_rows.push_back(static_cast<int32_t>(i));
+  }
+  m.forward(b, kv, out, true);
+  for (size_t i = 0; i < tok.size(); ++i) {
+    std::vector<int32_t> seq = prefix, path;
+    for (int32_t p = static_cast<int32_t>(i); p >= 0; p = parent[p]) path.insert(path.begin(), tok[p]);
+    seq.insert(seq.end(), path.begin(), path.end());
+    std::vector<float> ref = last_logits(m, seq);
+    std::vector<float> got(out.logits.begin() + i * V, out.logits.begin() + (i + 1) * V);
+    EXPECT_LT(max_abs_diff(ref, got), 1e-4f) << spec.arch << " node " << i;
+  }
+  const std::vector<int32_t> keep = {0, 1, 3, 5};
+  kv.commit(keep);
+  b.set_sequence(std::vector<int32_t>{42, 43}, kv.n_past(), false);
+  m.forward(b, kv, out, true);
+  std::vector<int32_t> seq = prefix;
+  for (int32_t k : keep) seq.push_back(tok[k]);
+  seq.push_back(42);
+  seq.push_back(43);
+  std::vector<float> ref = last_logits(m, seq);
+  EXPECT_LT(max_abs_diff(ref, out.logits), 1e-4f) << spec.arch << " after commit";
+}
+
+TEST(ModelTiny, TreeStraddlingSlidingWindowGemma3) {
+  test::TinyModelSpec spec;
+  spec.n_layer = 6;
+  check_tree(spec);
+}
+
+TEST(ModelTiny, TreeQwen2WithBiasesAndUntiedOutput) {
+  test::TinyModelSpec spec;
+  spec.arch = "qwen2";
+  spec.untied_output = true;
+  spec.weight_type = GgmlType::Q4_K;
+  spec.n_embd = 256;
+  spec.n_ff = 512;
+  spec.head_dim = 64;
+  check_tree(spec);
+}
+
+TEST(ModelTiny, TreeLlama) {
+  test::TinyModelSpec spec;
+  spec.arch = "llama";
+  spec.weight_type = GgmlType::Q4_1;
+  check_tree(spec);
+}
+
+TEST(ModelTiny, WrongTensorShapeIsAClearError) {
+  test::TinyModelSpec spec;
+  spec.arch = "llama";
+  spec.n_head = 4;
+  spec.n_head_kv = 2;
+  spec.declared_n_head = 6;  // the metadata claims 6 heads of 32; attn_q holds 4
+  const std::string path = (std::filesystem::temp_directory_path() / "microspec_tiny_badshape.gguf").string();
+  test::write_tiny_model(spec, path);
+  auto file = GgufFile::open(path);
+  ModelOptions opt;
+  opt.n_threads = 1;
+  try {
+    Model::load(*file, opt);
+    ADD_FAILURE() << "a model whose attn_q does not match head_count loaded";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("blk.0.attn_q.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("expected [64, 192]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[64, 128]"), std::string::npos) << msg;
+  }
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace microspec

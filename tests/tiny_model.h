@@ -1,0 +1,94 @@
+#pragma once
+// Writes small random models (gemma3, llama, qwen2) as GGUF files for tests that need shapes or
+// features the real models lack: a short sliding window, biases, an untied output matrix.
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf_writer.h"
+#include "kernels/kernels.h"
+#include "kernels/types.h"
+
+namespace microspec::test {
+
+struct TinyModelSpec {
+  std::string arch = "gemma3";  // gemma3, llama, qwen2
+  int32_t n_vocab = 320;
+  int32_t n_embd = 64;
+  int32_t n_layer = 3;
+  int32_t n_head = 4;
+  int32_t n_head_kv = 2;
+  int32_t head_dim = 32;
+  int32_t n_ff = 96;
+  int32_t sliding_window = 8;  // gemma3 only
+  bool untied_output = false;
+  GgmlType weight_type = GgmlType::Q8_0;  // for the 2-D weights (rows must fit its block size)
+  uint32_t seed = 1;
+  int32_t declared_n_head = 0;  // head_count written to the metadata; 0: n_head (tests of load errors)
+};
+
+inline void write_tiny_model(const TinyModelSpec& s, const std::string& path) {
+  std::mt19937 rng(s.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  GgufWriter w;
+  const std::string a = s.arch;
+  w.add_string("general.architecture", a);
+  w.add_u32(a + ".context_length", 4096);
+  w.add_u32(a + ".embedding_length", s.n_embd);
+  w.add_u32(a + ".block_count", s.n_layer);
+  w.add_u32(a + ".feed_forward_length", s.n_ff);
+  w.add_u32(a + ".attention.head_count", s.declared_n_head ? s.declared_n_head : s.n_head);
+  w.add_u32(a + ".attention.head_count_kv", s.n_head_kv);
+  w.add_u32(a + ".attention.key_length", s.head_dim);
+  w.add_u32(a + ".attention.value_length", s.head_dim);
+  w.add_f32(a + ".attention.layer_norm_rms_epsilon", 1e-6f);
+  w.add_f32(a + ".rope.freq_base", a == "gemma3" ? 1e6f : 1e4f);
+  if (a == "gemma3") w.add_u32(a + ".attention.sliding_window", s.sliding_window);
+
+  auto add_matrix = [&](const std::string& name, int64_t cols, int64_t rows, float scale) {
+    std::vector<float> f(size_t(cols) * rows);
+    for (float& x : f) x = normal(rng) * scale;
+    const size_t rb = row_bytes(s.weight_type, cols);
+    std::vector<uint8_t> q(rb * rows);
+    for (int64_t r = 0; r < rows; ++r) quantize_row_reference(s.weight_type, f.data() + r * cols, q.data() + r * rb, cols);
+    w.add_tensor(name, s.weight_type, {cols, rows}, q);
+  };
+  auto add_vector = [&](const std::string& name, int64_t n, float base, float scale) {
+    std::vector<float> f(n);
+    for (float& x : f) x = base + normal(rng) * scale;
+    w.add_tensor(name, GgmlType::F32, {n},
+                 std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(f.data()), f.size() * sizeof(float)));
+  };
+  const int32_t d = s.n_embd, qd = s.n_head * s.head_dim, kvd = s.n_head_kv * s.head_dim;
+  const float ws = 1.0f / std::sqrt(float(d));
+  add_matrix("token_embd.weight", d, s.n_vocab, a == "gemma3" ? 0.1f : 1.0f);
+  if (s.untied_output) add_matrix("output.weight", d, s.n_vocab, ws);
+  add_vector("output_norm.weight", d, 1.0f, 0.1f);
+  for (int32_t il = 0; il < s.n_layer; ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    add_vector(p + "attn_norm.weight", d, 1.0f, 0.1f);
+    add_matrix(p + "attn_q.weight", d, qd, ws);
+    add_matrix(p + "attn_k.weight", d, kvd, ws);
+    add_matrix(p + "attn_v.weight", d, kvd, ws);
+    add_matrix(p + "attn_output.weight", qd, d, 1.0f / std::sqrt(float(qd)));
+    add_vector(p + "ffn_norm.weight", d, 1.0f, 0.1f);
+    add_matrix(p + "ffn_gate.weight", d, s.n_ff, ws);
+    add_matrix(p + "ffn_up.weight", d, s.n_ff, ws);
+    add_matrix(p + "ffn_down.weight", s.n_ff, d, 1.0f / std::sqrt(float(s.n_ff)));
+    if (a == "gemma3") {
+      add_vector(p + "attn_q_norm.weight", s.head_dim, 1.0f, 0.1f);
+      add_vector(p + "attn_k_norm.weight", s.head_dim, 1.0f, 0.1f);
+      add_vector(p + "post_attention_norm.weight", d, 1.0f, 0.1f);
+      add_vector(p + "post_ffw_norm.weight", d, 1.0f, 0.1f);
+    }
+    if (a == "qwen2") {
+      add_vector(p + "attn_q.bias", qd, 0.0f, 0.5f);
+      add_vector(p + "attn_k.bias", kvd, 0.0f, 0.5f);
+      add_vector(p + "attn_v.bias", kvd, 0.0f, 0.5f);
+    }
+  }
+  w.write_file(path);
+}
+
+}  // namespace microspec::test
