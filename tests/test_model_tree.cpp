@@ -143,10 +143,10 @@ TEST(ModelTree, LayerLimitRunsOnlyFirstLayers) {
   b.set_sequence(std::vector<int32_t>{10, 20, 30}, 0, false);
   model.forward(b, kv, full, true, -1);
   const int32_t last = model.config().n_layer - 1;
-  std::vector<float> k_last(kv.k(last, 2), kv.k(last, 2) + kv.kv_dim());
+  std::vector<uint16_t> k_last(kv.k(last, 2), kv.k(last, 2) + kv.kv_dim());
   b.set_sequence(std::vector<int32_t>{11, 21, 31}, 0, false);
   model.forward(b, kv, partial, true, 4);
-  EXPECT_EQ(0, std::memcmp(k_last.data(), kv.k(last, 2), sizeof(float) * kv.kv_dim()));
+  EXPECT_EQ(0, std::memcmp(k_last.data(), kv.k(last, 2), kv.row_bytes()));
   EXPECT_GT(max_abs_diff(full.logits.data(), partial.logits.data(), full.logits.size()), 1e-2f);
 }
 

@@ -199,6 +199,17 @@ TEST_F(RealTokenizers, LoadAndEncodeSpeed) {
     std::printf("[ timing ] %s: 20000 x 'a' -> %zu tokens in %.2f ms\n", name, run_ids.size(), run_ms);
     EXPECT_EQ(tok->decode(run_ids), run);
     EXPECT_LT(run_ms, 500.0);
+    // Long whitespace runs: Gemma has a special token for every run length up to 31, all of which
+    // match at every position; the splitter must stay linear in memory and fast.
+    const std::string spaces = std::string(100000, ' ') + std::string(100000, '\n');
+    const auto t2 = std::chrono::steady_clock::now();
+    const Ids space_ids = tok->encode(spaces, false, true);
+    const double space_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t2).count();
+    std::printf("[ timing ] %s: 200000 whitespace bytes -> %zu tokens in %.2f ms\n", name, space_ids.size(),
+                space_ms);
+    EXPECT_EQ(tok->decode(space_ids), spaces);
+    EXPECT_LT(space_ms, 1500.0);
   }
 }
 

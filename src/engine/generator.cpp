@@ -90,20 +90,53 @@ const float* Generator::prefill(const std::vector<int32_t>& prompt) {
   return out_.logits.data();
 }
 
+TokenSink::TokenSink(const Tokenizer& tokenizer, const GenerateParams& params, const TextCallback& on_text,
+                     GenerateResult& result)
+    : tokenizer_(tokenizer), params_(params), on_text_(on_text), r_(result), stops_(params.stop_strings) {
+  r_.finish = FinishReason::Length;
+  done_ = params.max_new_tokens <= 0;
+}
+
+void TokenSink::emit(std::string_view text) {
+  if (text.empty() || stopped_by_callback_) return;
+  r_.text.append(text);
+  if (on_text_ && !on_text_(text)) stopped_by_callback_ = true;
+}
+
+bool TokenSink::push(int32_t token) {
+  if (done_) return false;
+  if (!params_.ignore_eos && tokenizer_.is_end_of_generation(token)) {
+    r_.finish = FinishReason::EndOfGeneration;
+    done_ = true;
+    return false;
+  }
+  r_.tokens.push_back(token);
+  bool stop_hit = false;
+  emit(stops_.push(utf8_.push(tokenizer_.token_to_piece(token)), &stop_hit));
+  if (stop_hit) {
+    r_.finish = FinishReason::StopString;
+    done_ = true;
+  } else if (stopped_by_callback_ || int64_t(r_.tokens.size()) >= params_.max_new_tokens) {
+    done_ = true;
+  }
+  return !done_;
+}
+
+void TokenSink::finish() {
+  if (r_.finish != FinishReason::StopString) {
+    bool ignored = false;
+    emit(stops_.push(utf8_.flush(), &ignored));
+    emit(stops_.flush());
+  }
+}
+
 GenerateResult Generator::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                                    const TextCallback& on_text) {
   using clock = std::chrono::steady_clock;
   GenerateResult r;
   r.prompt_tokens = static_cast<int32_t>(prompt.size());
   Sampler sampler(params.sampling, model_.config().n_vocab);
-  Utf8StreamDecoder utf8;
-  StopStringFilter stops(params.stop_strings);
-  bool stopped_by_callback = false;
-  auto emit = [&](std::string_view text) {
-    if (text.empty() || stopped_by_callback) return;
-    r.text.append(text);
-    if (on_text && !on_text(text)) stopped_by_callback = true;
-  };
+  TokenSink sink(tokenizer_, params, on_text, r);
 
   auto t0 = clock::now();
   const float* logits = prefill(prompt);
@@ -111,21 +144,9 @@ GenerateResult Generator::generate(const std::vector<int32_t>& prompt, const Gen
   r.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   model_.timings().reset();
 
-  r.finish = FinishReason::Length;
-  for (int32_t i = 0; i < params.max_new_tokens; ++i) {
+  while (!sink.done()) {
     const int32_t token = sampler.sample(logits);
-    if (!params.ignore_eos && tokenizer_.is_end_of_generation(token)) {
-      r.finish = FinishReason::EndOfGeneration;
-      break;
-    }
-    r.tokens.push_back(token);
-    bool stop_hit = false;
-    emit(stops.push(utf8.push(tokenizer_.token_to_piece(token)), &stop_hit));
-    if (stop_hit) {
-      r.finish = FinishReason::StopString;
-      break;
-    }
-    if (stopped_by_callback || i + 1 == params.max_new_tokens) break;
+    if (!sink.push(token)) break;
     if (kv_.n_past() + 1 >= kv_.n_ctx()) {
       r.finish = FinishReason::ContextFull;
       break;
@@ -136,11 +157,7 @@ GenerateResult Generator::generate(const std::vector<int32_t>& prompt, const Gen
     ++r.decode_forwards;
     logits = out_.logits.data();
   }
-  if (r.finish != FinishReason::StopString) {
-    bool ignored = false;
-    emit(stops.push(utf8.flush(), &ignored));
-    emit(stops.flush());
-  }
+  sink.finish();
   r.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
   r.decode_lm_head_seconds = model_.timings().lm_head_seconds;
   return r;

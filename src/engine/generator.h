@@ -71,6 +71,33 @@ class StopStringFilter {
   std::string held_;
 };
 
+// Everything plain decoding does with each new token, shared with the speculative generator so
+// both stop at exactly the same token: end-of-generation tokens, stop strings, the token limit and
+// the caller's callback. Tokens are fed one at a time, in order.
+class TokenSink {
+ public:
+  TokenSink(const Tokenizer& tokenizer, const GenerateParams& params, const TextCallback& on_text,
+            GenerateResult& result);
+  // True when no token may be generated at all (max_new_tokens == 0).
+  bool done() const { return done_; }
+  // Takes the next generated token. Returns false when generation ends with it (result.finish is
+  // set; an end-of-generation token is not appended).
+  bool push(int32_t token);
+  // At the end of generation: releases text held back by the UTF-8 decoder and stop-string filter.
+  void finish();
+
+ private:
+  const Tokenizer& tokenizer_;
+  const GenerateParams& params_;
+  const TextCallback& on_text_;
+  GenerateResult& r_;
+  Utf8StreamDecoder utf8_;
+  StopStringFilter stops_;
+  bool stopped_by_callback_ = false;
+  bool done_ = false;
+  void emit(std::string_view text);
+};
+
 // Peak resident memory of this process in bytes (VmHWM).
 size_t peak_memory_bytes();
 

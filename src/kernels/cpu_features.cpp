@@ -27,8 +27,8 @@ CpuFeatures detect() {
   const bool fma = c & (1u << 12), f16c = c & (1u << 29);
   if (!osxsave || !avx) return f;
   const uint64_t xcr0 = read_xcr0();
-  const bool ymm_state = (xcr0 & 0x6) == 0x6;     // SSE and AVX registers
-  const bool zmm_state = (xcr0 & 0xE0) == 0xE0;   // opmask, upper ZMM0-15, ZMM16-31
+  const bool ymm_state = (xcr0 & 0x6) == 0x6;    // SSE and AVX registers
+  const bool zmm_state = (xcr0 & 0xE0) == 0xE0;  // opmask, upper ZMM0-15, ZMM16-31
   if (!ymm_state) return f;
   f.fma = fma;
   f.f16c = f16c;

@@ -20,8 +20,12 @@ using VecDotFn = float (*)(const void* weight_row, const void* act_row, int64_t 
 // row_ids[r], or r when row_ids is null; activation row t (in activation_type, n elements) at
 // act + t * act_stride bytes. Each SIMD table tiles this so a weight row is decoded once for several
 // tokens; n_tokens == 1 is the decode case and is streamed.
-using GemmFn = void (*)(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, const void* act,
-                        size_t act_stride, int64_t n_tokens, int64_t n, float* out, int64_t ldo);
+// Batch invariance: out[t * ldo + r] is bitwise the same whatever n_tokens, the other rows and
+// tokens in the call, and the split of rows into calls, so a batched verification of drafted
+// tokens reproduces one-token decoding exactly (tests check this for every table).
+using GemmFn = void (*)(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows,
+                        const void* act, size_t act_stride, int64_t n_tokens, int64_t n, float* out,
+                        int64_t ldo);
 
 constexpr int kMaxTypeId = 40;
 

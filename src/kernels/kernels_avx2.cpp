@@ -14,7 +14,9 @@ namespace microspec {
 
 namespace {
 
-inline float h2f(fp16_t h) { return _cvtsh_ss(h); }
+inline float h2f(fp16_t h) {
+  return _cvtsh_ss(h);
+}
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -30,7 +32,9 @@ inline int hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-inline __m256i loadu(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m256i loadu(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
 
 // 16 packed bytes -> 32 bytes: low nibbles (elements 0-15) then high nibbles (elements 16-31).
 inline __m256i nibbles32(const uint8_t* qs) {
@@ -219,7 +223,8 @@ struct Q45KKernel {
         for (int t = 0; t < NT; ++t) {
           const __m256i p_lo = _mm256_maddubs_epi16(lo, loadu(y[t][b].qs + 64 * c));
           const __m256i p_hi = _mm256_maddubs_epi16(hi, loadu(y[t][b].qs + 64 * c + 32));
-          isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi)));
+          isum[t] = _mm256_add_epi32(
+              isum[t], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi)));
         }
       }
       for (int t = 0; t < NT; ++t) {
@@ -242,19 +247,24 @@ struct Q6KKernel {
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < n / kQKK; ++b) {
-      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].scales)));
+      const __m256i sc16 =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].scales)));
       __m256i isum[NT];
       // The -32 offset of every quant: -32 * sum_j sc_j * bsum_j.
       for (int t = 0; t < NT; ++t)
-        isum[t] = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(loadu(y[t][b].bsums), sc16)), 5);
+        isum[t] = _mm256_slli_epi32(
+            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(loadu(y[t][b].bsums), sc16)), 5);
       for (int half = 0; half < 2; ++half) {
         const uint8_t* ql = x[b].ql + 64 * half;
         const __m256i ql0 = loadu(ql), ql1 = loadu(ql + 32), qh = loadu(x[b].qh + 32 * half);
         // Elements 0-31, 32-63, 64-95, 96-127 of this half, as unsigned 6-bit values.
         __m256i q[4];
-        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4));
-        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(12)), 2));
-        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, _mm256_set1_epi8(48)));
+        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4),
+                               _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                               _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(12)), 2));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                               _mm256_and_si256(qh, _mm256_set1_epi8(48)));
         q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
                                _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(char(0xC0))), 2));
         for (int k = 0; k < 4; ++k) {
@@ -286,7 +296,9 @@ struct F32Elems {
 };
 struct F16Elems {
   using T = fp16_t;
-  static __m256 load8(const fp16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static __m256 load8(const fp16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static float load1(const fp16_t* p) { return h2f(*p); }
 };
 struct BF16Elems {
@@ -344,8 +356,8 @@ float vec_dot(const void* w, const void* a, int64_t n) {
 
 // Rows in blocks of 8 so a block's weights stay in L1 while every group of 4 tokens passes over it.
 template <class K>
-void gemm(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, const void* act, size_t act_stride,
-          int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
+void gemm(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, const void* act,
+          size_t act_stride, int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
   constexpr int64_t kRowBlock = 8;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* ab = static_cast<const uint8_t*>(act);
@@ -359,10 +371,18 @@ void gemm(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows
         const uint8_t* row = wb + size_t(row_ids ? row_ids[r] : r) * w_stride;
         float s[4] = {};
         switch (g) {
-          case 4: K::template dot<4>(row, acts, n, s); break;
-          case 3: K::template dot<3>(row, acts, n, s); break;
-          case 2: K::template dot<2>(row, acts, n, s); break;
-          default: K::template dot<1>(row, acts, n, s); break;
+          case 4:
+            K::template dot<4>(row, acts, n, s);
+            break;
+          case 3:
+            K::template dot<3>(row, acts, n, s);
+            break;
+          case 2:
+            K::template dot<2>(row, acts, n, s);
+            break;
+          default:
+            K::template dot<1>(row, acts, n, s);
+            break;
         }
         for (int i = 0; i < g; ++i) out[(t0 + i) * ldo + r] = s[i];
       }
@@ -374,7 +394,9 @@ void gemm(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows
 // Activation quantization (bit-identical to the reference: same scale, round half to even)
 
 // 32 floats -> absmax and the four int32 vectors of round(x * id) after the scale is known.
-inline __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+inline __m256 abs_ps(__m256 v) {
+  return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+}
 
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -416,7 +438,8 @@ void quantize_q8_1(const float* x, void* out, int64_t n) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     __m256i i32[4];
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), round_pack32(x, _mm256_set1_ps(id), i32));
-    const int sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3])));
+    const int sum =
+        hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3])));
     y[b].d = fp32_to_fp16(d);
     y[b].s = fp32_to_fp16(float(sum) * d);
   }
@@ -455,7 +478,9 @@ void quantize_q8_k(const float* x, void* out, int64_t n) {
   }
 }
 
-void quantize_f32(const float* x, void* out, int64_t n) { std::memcpy(out, x, size_t(n) * sizeof(float)); }
+void quantize_f32(const float* x, void* out, int64_t n) {
+  std::memcpy(out, x, size_t(n) * sizeof(float));
+}
 
 template <class K>
 void set(KernelTable& t, GgmlType type) {

@@ -1,16 +1,955 @@
-// AVX-512 kernels (in progress: currently the AVX2 entries).
+// AVX-512 (F, BW, VL, DQ, VNNI) kernels for the hot weight types: Q8_0, Q4_0, Q5_0, Q4_1, Q5_1,
+// Q4_K, Q5_K, Q6_K. Float weights and the quantizers come from the AVX2 table.
+//
+// This file is compiled with AVX-512 flags and only entered after cpu_features() says the CPU has
+// them. Everything here has internal linkage and no standard-library templates are instantiated,
+// so the linker can never substitute an AVX-512 copy of a shared inline function into code that
+// runs on an AVX2-only machine.
+//
+// Rows are processed 16 at a time, one row per 32-bit lane of the float accumulators. Two paths:
+// - few tokens (decode): each row's block pair (or K-quant superblock) is decoded and multiplied
+//   with the activation with vpdpbusd (vpmaddubsw + vpdpwssd for K-quants), and the integer lanes
+//   are then summed across the 16 rows into one integer per row and block;
+// - many tokens (prefill, verification of a draft tree): the 16 rows are decoded once and
+//   transposed so that each register holds 4 consecutive quants of every row; each token then
+//   takes its 4 activation quants as a 32-bit broadcast, so one vpdpbusd advances 16 rows.
+// Both paths compute the exact integer dot product of each (row, block) and then apply the same
+// float operations in the same order, so a token's result does not depend on how many tokens
+// share the call: batched verification reproduces one-token decoding bit for bit.
+//
+// Weights of the 32-element formats are decoded to unsigned bytes u = w + bias (bias 128 for Q8_0,
+// 8 for Q4_0, 16 for Q5_0, 0 for the asymmetric Q4_1/Q5_1) for vpdpbusd (unsigned x signed); the
+// bias is removed exactly with -bias * (sum of the block's activation quants).
+#include <immintrin.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <type_traits>
+
 #include "kernels/kernels.h"
 #include "kernels/kernels_internal.h"
 
-namespace microspec::detail {
+// GCC 12's AVX-512 intrinsic headers build "undefined" registers from self-initialised variables,
+// which -Wmaybe-uninitialized reports at every inlined use (a known false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace microspec {
+
+namespace {
+
+inline float h2f(fp16_t h) {
+  return _cvtsh_ss(h);
+}
+inline __m256i loadu256(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+inline __m128i loadu128(const void* p) {
+  return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
+inline int64_t min64(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+
+inline uint32_t load_u32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Per-thread scratch (activation summaries, decoded tiles); grows to the largest call and stays.
+struct Scratch {
+  void* p = nullptr;
+  size_t cap = 0;
+  ~Scratch() { std::free(p); }
+};
+
+void* scratch(size_t bytes) {
+  thread_local Scratch s;
+  if (s.cap < bytes) {
+    std::free(s.p);
+    s.p = nullptr;
+    s.cap = 0;
+    const size_t cap = (bytes + bytes / 2 + 63) & ~size_t(63);
+    s.p = std::aligned_alloc(64, cap);
+    if (!s.p) throw std::bad_alloc();
+    s.cap = cap;
+  }
+  return s.p;
+}
+
+// Word indices for vpermw: lanes 0-7 <- word a, 8-15 <- b, 16-23 <- c, 24-31 <- d.
+inline __m512i word_index(int a, int b, int c, int d) {
+  __m512i v = _mm512_set1_epi16(short(a));
+  v = _mm512_mask_set1_epi16(v, 0x0000FF00u, short(b));
+  v = _mm512_mask_set1_epi16(v, 0x00FF0000u, short(c));
+  return _mm512_mask_set1_epi16(v, 0xFF000000u, short(d));
+}
+
+// Two blocks' 16 packed nibble bytes -> 64 bytes in element order: block 0 low nibbles (elements
+// 0-15), block 0 high nibbles (16-31), then block 1 likewise.
+inline __m512i nibbles64(__m128i q0, __m128i q1) {
+  const __m512i v = _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1));
+  const __m512i z = _mm512_shuffle_i64x2(v, v, 0x50);  // 128-bit lanes [q0, q0, q1, q1]
+  // Shift the second copy of each block right by 4 (16-bit lanes 8-15 and 24-31).
+  const __m512i shift = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFF00FF00u, 4);
+  return _mm512_and_si512(_mm512_srlv_epi16(z, shift), _mm512_set1_epi8(0x0F));
+}
+
+// In-register transpose of a 16x16 matrix of dwords: r[i] dword j <-> r[j] dword i.
+inline void transpose16(__m512i* r) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4g + e], in 128-bit lane j: element 4j + e of rows 4g..4g+3.
+  __m512i u[16];
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  // 4x4 transpose of 128-bit lanes across u[e], u[4 + e], u[8 + e], u[12 + e].
+  for (int e = 0; e < 4; ++e) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x44),
+                  v1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x44),
+                  v3 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xEE);
+    r[e] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    r[4 + e] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    r[8 + e] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    r[12 + e] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+  }
+}
+
+// Summing integer lanes across 16 rows, in three steps:
+// pair_sums(a, b): rows a, b -> per 128-bit lane j: [a(4j)+a(4j+2), b(4j)+b(4j+2), a(4j+1)+a(4j+3), ...]
+inline __m512i pair_sums(__m512i a, __m512i b) {
+  return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+// quad_sums(pair_sums(r0, r1), pair_sums(r2, r3)) -> per 128-bit lane j: the sums of lane group j
+// (lanes 4j..4j+3) of rows r0..r3.
+inline __m512i quad_sums(__m512i p01, __m512i p23) {
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(p01, p23), _mm512_unpackhi_epi64(p01, p23));
+}
+// From the quad sums of rows 0-3, 4-7, 8-11, 12-15: s0 = lanes 0-7 of each row (the first block
+// of a pair), s1 = lanes 8-15 (the second), one row per lane.
+inline void half_sums(const __m512i* q, __m512i* s0, __m512i* s1) {
+  const __m512i a =
+      _mm512_add_epi32(_mm512_shuffle_i32x4(q[0], q[1], 0x88), _mm512_shuffle_i32x4(q[0], q[1], 0xDD));
+  const __m512i b =
+      _mm512_add_epi32(_mm512_shuffle_i32x4(q[2], q[3], 0x88), _mm512_shuffle_i32x4(q[2], q[3], 0xDD));
+  *s0 = _mm512_shuffle_i32x4(a, b, 0x88);
+  *s1 = _mm512_shuffle_i32x4(a, b, 0xDD);
+}
+// From the quad sums of rows 0-3, ..., 12-15: all 16 lanes of each row, one row per lane.
+inline __m512i full_sums(const __m512i* q) {
+  __m512i s0, s1;
+  half_sums(q, &s0, &s1);
+  return _mm512_add_epi32(s0, s1);
+}
+
+// The 16 rows of a tile: a short last tile repeats its last row (only valid outputs are stored).
+struct RowTiles {
+  const uint8_t* w;
+  size_t stride;
+  const int32_t* ids;
+  int64_t n_rows;
+  void rows(int64_t r0, const uint8_t** out) const {
+    const int64_t valid = min64(16, n_rows - r0);
+    for (int64_t r = 0; r < 16; ++r) {
+      const int64_t i = r0 + min64(r, valid - 1);
+      out[r] = w + size_t(ids ? ids[i] : i) * stride;
+    }
+  }
+};
+
+// Sixteen interleaved row streams defeat the hardware prefetcher, so each tile loop prefetches the
+// next tile while it works. When the next tile's rows are contiguous (matmul): a sequential sweep
+// over its bytes, one slice per loop iteration; otherwise (matmul_rows): in each iteration, the
+// part of each of its rows that the same iteration reads.
+struct NextTile {
+  const uint8_t* const* rows = nullptr;  // the next tile's 16 rows; null: no next tile
+  const uint8_t* base = nullptr;         // non-null when they are contiguous: their first byte
+  size_t bytes = 0;                      // and their total size
+  size_t slice = 0;                      // bytes per iteration (set by sliced())
+
+  // A copy for a loop of n iterations.
+  NextTile sliced(int64_t n) const {
+    NextTile t = *this;
+    t.slice = ((bytes + size_t(n) - 1) / size_t(n) + 63) & ~size_t(63);
+    return t;
+  }
+};
+
+// Always inlined: GCC treats a function made only of prefetches as free of side effects and
+// deletes the calls.
+[[gnu::always_inline]] inline void prefetch_next(const NextTile& next, int64_t i, size_t at, size_t len) {
+  if (!next.rows) return;
+  if (next.base) {
+    const size_t b = next.slice * size_t(i), e = b + next.slice < next.bytes ? b + next.slice : next.bytes;
+    for (size_t o = b; o < e; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(next.base + o), _MM_HINT_T0);
+    return;
+  }
+  for (int r = 0; r < 16; ++r)
+    for (size_t o = 0; o < len; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(next.rows[r] + at + o), _MM_HINT_T1);
+}
+
+// Calls f(rows, next, r0, valid_mask) for each tile of 16 rows; the tile loop in f has n_iters
+// iterations (block pairs or superblocks), which sets the prefetch slices.
+template <class F>
+void for_each_tile(const RowTiles& tiles, int64_t n_iters, F&& f) {
+  if (tiles.n_rows <= 0) return;
+  const uint8_t* rows[16];
+  const uint8_t* next_rows[16];
+  tiles.rows(0, next_rows);
+  for (int64_t r0 = 0; r0 < tiles.n_rows; r0 += 16) {
+    for (int r = 0; r < 16; ++r) rows[r] = next_rows[r];
+    NextTile next;
+    if (r0 + 16 < tiles.n_rows) {
+      tiles.rows(r0 + 16, next_rows);
+      next.rows = next_rows;
+      if (!tiles.ids) {
+        next.base = next_rows[0];
+        next.bytes = size_t(min64(16, tiles.n_rows - r0 - 16)) * tiles.stride;
+      }
+    }
+    const int64_t valid = min64(16, tiles.n_rows - r0);
+    f(rows, next.sliced(n_iters), r0, __mmask16((1u << valid) - 1));
+  }
+}
+
+// =============================================================================================
+// 32-element formats
+
+// Weight decoders: pair() for two consecutive blocks, single() for a last odd block (loads nothing
+// past it; the missing block's lanes are don't-care, its activation is zero).
+struct Q8_0W {
+  using Block = BlockQ8_0;
+  using Act = BlockQ8_0;
+  static constexpr bool kAsym = false;
+  static constexpr int kBiasShift = 7;  // u = w + 128
+  static __m512i pair(const Block* b) {
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(b[0].qs)), loadu256(b[1].qs), 1);
+    return _mm512_xor_si512(q, _mm512_set1_epi8(char(0x80)));
+  }
+  static __m512i single(const Block* b) {
+    return _mm512_xor_si512(_mm512_zextsi256_si512(loadu256(b->qs)), _mm512_set1_epi8(char(0x80)));
+  }
+};
+
+struct Q4_0W {
+  using Block = BlockQ4_0;
+  using Act = BlockQ8_0;
+  static constexpr bool kAsym = false;
+  static constexpr int kBiasShift = 3;  // u = w + 8
+  static __m512i pair(const Block* b) { return nibbles64(loadu128(b[0].qs), loadu128(b[1].qs)); }
+  static __m512i single(const Block* b) { return nibbles64(loadu128(b->qs), _mm_setzero_si128()); }
+};
+
+struct Q5_0W {
+  using Block = BlockQ5_0;
+  using Act = BlockQ8_0;
+  static constexpr bool kAsym = false;
+  static constexpr int kBiasShift = 4;  // u = w + 16
+  static __m512i pair(const Block* b) {
+    const __m512i nib = nibbles64(loadu128(b[0].qs), loadu128(b[1].qs));
+    const __mmask64 high = _cvtu64_mask64(uint64_t(load_u32(b[0].qh)) | (uint64_t(load_u32(b[1].qh)) << 32));
+    return _mm512_mask_add_epi8(nib, high, nib, _mm512_set1_epi8(16));
+  }
+  static __m512i single(const Block* b) {
+    const __m512i nib = nibbles64(loadu128(b->qs), _mm_setzero_si128());
+    return _mm512_mask_add_epi8(nib, _cvtu64_mask64(load_u32(b->qh)), nib, _mm512_set1_epi8(16));
+  }
+};
+
+struct Q4_1W {
+  using Block = BlockQ4_1;
+  using Act = BlockQ8_1;
+  static constexpr bool kAsym = true;
+  static constexpr int kBiasShift = 0;
+  static __m512i pair(const Block* b) { return nibbles64(loadu128(b[0].qs), loadu128(b[1].qs)); }
+  static __m512i single(const Block* b) { return nibbles64(loadu128(b->qs), _mm_setzero_si128()); }
+};
+
+struct Q5_1W {
+  using Block = BlockQ5_1;
+  using Act = BlockQ8_1;
+  static constexpr bool kAsym = true;
+  static constexpr int kBiasShift = 0;
+  static __m512i pair(const Block* b) {
+    const __m512i nib = nibbles64(loadu128(b[0].qs), loadu128(b[1].qs));
+    const __mmask64 high = _cvtu64_mask64(uint64_t(load_u32(b[0].qh)) | (uint64_t(load_u32(b[1].qh)) << 32));
+    return _mm512_mask_add_epi8(nib, high, nib, _mm512_set1_epi8(16));
+  }
+  static __m512i single(const Block* b) {
+    const __m512i nib = nibbles64(loadu128(b->qs), _mm_setzero_si128());
+    return _mm512_mask_add_epi8(nib, _cvtu64_mask64(load_u32(b->qh)), nib, _mm512_set1_epi8(16));
+  }
+};
+
+// Scales (and the asymmetric types' mins) of block b of the 16 rows, one row per lane. d is each
+// block's first field, m right after it. (Plain loads: vpgatherdd measured slower.)
+template <class W>
+inline void block_scales(const uint8_t* const* rows, int64_t b, __m512* d, __m512* m) {
+  alignas(64) uint32_t v[16];
+  for (int r = 0; r < 16; ++r) v[r] = load_u32(rows[r] + size_t(b) * sizeof(typename W::Block));
+  const __m512i dm = _mm512_load_si512(v);
+  *d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+  if (W::kAsym) *m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+}
+
+// vpermt2w indices for gathering the scale words of 16 rows (see pair_scales).
+struct Words32 {
+  alignas(64) int16_t v[32];
+};
+// Rows a, b -> words [a's k words, b's k words]; a row's words: d0 (word 0), and for k = 4 m0
+// (word 1); then d1 (word w1) and for k = 4 m1 (w1 + 1).
+constexpr Words32 gather_index(int k, int w1) {
+  Words32 r{};
+  const int sel[4] = {0, k == 4 ? 1 : w1, w1, w1 + 1};
+  for (int j = 0; j < 2 * k; ++j) r.v[j] = int16_t((j < k ? 0 : 32) + sel[j % k]);
+  return r;
+}
+// The first `width` words of a, then the first `width` of b.
+constexpr Words32 merge_index(int width) {
+  Words32 r{};
+  for (int j = 0; j < 2 * width && j < 32; ++j) r.v[j] = int16_t(j < width ? j : 32 + (j - width));
+  return r;
+}
+// Rows 0-15 with words (d0, d1) each -> [d0 of rows 0-15, d1 of rows 0-15].
+constexpr Words32 deinterleave2_index() {
+  Words32 r{};
+  for (int i = 0; i < 32; ++i) r.v[i] = int16_t(i < 16 ? 2 * i : 2 * (i - 16) + 1);
+  return r;
+}
+// Rows 0-7 in a, 8-15 in b, words (d0, m0, d1, m1) each -> [field f of rows 0-15, field f + 1].
+constexpr Words32 deinterleave4_index(int f) {
+  Words32 r{};
+  for (int i = 0; i < 32; ++i) {
+    const int row = i % 16, field = f + i / 16;
+    r.v[i] = int16_t((row < 8 ? 0 : 32) + 4 * (row % 8) + field);
+  }
+  return r;
+}
+
+// The scales (and mins) of both blocks of pair p of the 16 rows, one row per lane: the words are
+// collected from one load per row by a tree of vpermt2w (cheaper than 32 scalar loads).
+template <class W>
+inline void pair_scales(const uint8_t* const* rows, int64_t p, __m512* d, __m512* m) {
+  using Block = typename W::Block;
+  constexpr int kWords = W::kAsym ? 4 : 2;
+  constexpr int kW1 = int(sizeof(Block) / 2);
+  static constexpr Words32 kLevel1 = gather_index(kWords, kW1);
+  static constexpr Words32 kLevel2 = merge_index(2 * kWords), kLevel3 = merge_index(4 * kWords);
+  static constexpr Words32 kLevel4 = merge_index(16), kDeint2 = deinterleave2_index();
+  static constexpr Words32 kDeintA = deinterleave4_index(0), kDeintB = deinterleave4_index(2);
+  __m512i v[8];
+  for (int i = 0; i < 8; ++i) {
+    const uint8_t* a = rows[2 * i] + size_t(2 * p) * sizeof(Block);
+    const uint8_t* b = rows[2 * i + 1] + size_t(2 * p) * sizeof(Block);
+    // Q8_0's pair is 68 bytes with d1 at byte 34: a 64-byte load; the others fit in 32.
+    const __m512i ra = 2 * sizeof(Block) >= 64 ? _mm512_loadu_si512(a) : _mm512_castsi256_si512(loadu256(a));
+    const __m512i rb = 2 * sizeof(Block) >= 64 ? _mm512_loadu_si512(b) : _mm512_castsi256_si512(loadu256(b));
+    v[i] = _mm512_permutex2var_epi16(ra, _mm512_load_si512(kLevel1.v), rb);
+  }
+  for (int i = 0; i < 4; ++i)
+    v[i] = _mm512_permutex2var_epi16(v[2 * i], _mm512_load_si512(kLevel2.v), v[2 * i + 1]);
+  for (int i = 0; i < 2; ++i)
+    v[i] = _mm512_permutex2var_epi16(v[2 * i], _mm512_load_si512(kLevel3.v), v[2 * i + 1]);
+  if constexpr (W::kAsym) {
+    const __m512i fa = _mm512_permutex2var_epi16(v[0], _mm512_load_si512(kDeintA.v), v[1]);
+    const __m512i fb = _mm512_permutex2var_epi16(v[0], _mm512_load_si512(kDeintB.v), v[1]);
+    d[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(fa));
+    m[0] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(fa, 1));
+    d[1] = _mm512_cvtph_ps(_mm512_castsi512_si256(fb));
+    m[1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(fb, 1));
+  } else {
+    const __m512i all = _mm512_permutex2var_epi16(v[0], _mm512_load_si512(kLevel4.v), v[1]);
+    const __m512i f = _mm512_permutexvar_epi16(_mm512_load_si512(kDeint2.v), all);
+    d[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(f));
+    d[1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(f, 1));
+  }
+}
+
+// Per token and block: the activation scale d, and x = the integer start -bias * sum(quants)
+// (symmetric types, stored as int32) or s = d * sum(quants) (asymmetric types).
+struct ActInfo {
+  float* d;  // [n_tokens * nb]
+  float* x;  // [n_tokens * nb]
+};
+
+// Sum of the 32 quants of a block.
+inline int32_t block_sum(const int8_t* qs) {
+  // Unsigned sums of q + 128 over 8-byte groups, minus 32 * 128.
+  const __m256i s =
+      _mm256_sad_epu8(_mm256_xor_si256(loadu256(qs), _mm256_set1_epi8(char(0x80))), _mm256_setzero_si256());
+  const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  return int32_t(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+}
+
+template <class W>
+void act_info(const uint8_t* act, size_t act_stride, int64_t n_tokens, int64_t nb, ActInfo info) {
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const auto* y = reinterpret_cast<const typename W::Act*>(act + size_t(t) * act_stride);
+    for (int64_t b = 0; b < nb; ++b) {
+      info.d[t * nb + b] = h2f(y[b].d);
+      if constexpr (W::kAsym) {
+        info.x[t * nb + b] = h2f(y[b].s);
+      } else {
+        const int32_t start = -(block_sum(y[b].qs) << W::kBiasShift);
+        std::memcpy(&info.x[t * nb + b], &start, 4);
+      }
+    }
+  }
+}
+
+// The float steps shared by both paths, for block b of 16 rows and one token: i = the exact
+// integer dot products (bias not yet removed), dw/mw = the rows' scales and mins.
+template <class W>
+inline __m512 accumulate_block(__m512 acc, __m512i i, __m512 dw, __m512 mw, const float* d, const float* x,
+                               int64_t b) {
+  if constexpr (!W::kAsym) {
+    int32_t start;
+    std::memcpy(&start, &x[b], 4);
+    i = _mm512_add_epi32(i, _mm512_set1_epi32(start));
+  }
+  acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(d[b])), dw, acc);
+  if constexpr (W::kAsym) acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(x[b]), acc);
+  return acc;
+}
+
+// Few tokens: 16 rows against NT tokens.
+template <class W, int NT>
+void rows16_few(const uint8_t* const* rows, const NextTile& next, int64_t nb, const uint8_t* act,
+                size_t act_stride, const float* ad, const float* ax, int64_t info_stride, float* out,
+                int64_t ldo, __mmask16 valid) {
+  using Block = typename W::Block;
+  using Act = typename W::Act;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < (nb + 1) / 2; ++p) {
+    const bool second = 2 * p + 1 < nb;
+    prefetch_next(next, p, size_t(2 * p) * sizeof(Block), 2 * sizeof(Block));
+    __m512i a[NT];
+    for (int t = 0; t < NT; ++t) {
+      const Act* y = reinterpret_cast<const Act*>(act + size_t(t) * act_stride) + 2 * p;
+      const __m256i q1 = second ? loadu256(y[1].qs) : _mm256_setzero_si256();
+      a[t] = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(y[0].qs)), q1, 1);
+    }
+    // Rows in groups of 4: dot products, then the first two summing steps, so that only the quad
+    // sums of each token stay live.
+    __m512i quads[NT][4];
+    for (int g = 0; g < 4; ++g) {
+      __m512i pairs[NT][2];
+      for (int h = 0; h < 2; ++h) {
+        const Block* ba = reinterpret_cast<const Block*>(rows[4 * g + 2 * h]) + 2 * p;
+        const Block* bb = reinterpret_cast<const Block*>(rows[4 * g + 2 * h + 1]) + 2 * p;
+        const __m512i ua = second ? W::pair(ba) : W::single(ba);
+        const __m512i ub = second ? W::pair(bb) : W::single(bb);
+        for (int t = 0; t < NT; ++t)
+          pairs[t][h] = pair_sums(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ua, a[t]),
+                                  _mm512_dpbusd_epi32(_mm512_setzero_si512(), ub, a[t]));
+      }
+      for (int t = 0; t < NT; ++t) quads[t][g] = quad_sums(pairs[t][0], pairs[t][1]);
+    }
+    __m512 dw[2], mw[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    if (second)
+      pair_scales<W>(rows, p, dw, mw);
+    else
+      block_scales<W>(rows, 2 * p, &dw[0], &mw[0]);
+    for (int t = 0; t < NT; ++t) {
+      __m512i s0, s1;
+      half_sums(quads[t], &s0, &s1);
+      const float* d = ad + t * info_stride;
+      const float* x = ax + t * info_stride;
+      acc[t] = accumulate_block<W>(acc[t], s0, dw[0], mw[0], d, x, 2 * p);
+      if (second) acc[t] = accumulate_block<W>(acc[t], s1, dw[1], mw[1], d, x, 2 * p + 1);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
+}
+
+// Many tokens: a tile of 16 rows decoded once into row lanes.
+struct alignas(64) TilePair {
+  __m512i u[16];  // u[k]: dword k of the pair (k < 8: block 0, else block 1) of rows 0-15
+  __m512 d[2];    // the two blocks' scales of rows 0-15 (zero for a missing odd block)
+  __m512 m[2];    // asymmetric types: the two blocks' mins
+};
+
+template <class W>
+void build_tile(const uint8_t* const* rows, const NextTile& next, int64_t nb, TilePair* tile) {
+  using Block = typename W::Block;
+  for (int64_t p = 0; p < (nb + 1) / 2; ++p) {
+    const bool second = 2 * p + 1 < nb;
+    prefetch_next(next, p, size_t(2 * p) * sizeof(Block), 2 * sizeof(Block));
+    __m512i u[16];
+    for (int r = 0; r < 16; ++r) {
+      const Block* b = reinterpret_cast<const Block*>(rows[r]) + 2 * p;
+      u[r] = second ? W::pair(b) : W::single(b);
+    }
+    transpose16(u);
+    TilePair& t = tile[p];
+    for (int k = 0; k < 16; ++k) _mm512_store_si512(&t.u[k], u[k]);
+    t.m[0] = t.d[1] = t.m[1] = _mm512_setzero_ps();
+    if (second)
+      pair_scales<W>(rows, p, t.d, t.m);
+    else
+      block_scales<W>(rows, 2 * p, &t.d[0], &t.m[0]);
+  }
+}
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// One tile against NT tokens: per token and block, 8 vpdpbusd with broadcast activation dwords.
+template <class W, int NT>
+void tile_tokens(const TilePair* tile, int64_t nb, const uint8_t* act, size_t act_stride, const float* ad,
+                 const float* ax, int64_t info_stride, float* out, int64_t ldo, __mmask16 valid) {
+  using Act = typename W::Act;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < (nb + 1) / 2; ++p) {
+    const TilePair& tp = tile[p];
+    const int halves = 2 * p + 1 < nb ? 2 : 1;
+    for (int h = 0; h < halves; ++h) {
+      const int64_t b = 2 * p + h;
+      __m512i u[8];
+      for (int k = 0; k < 8; ++k) u[k] = _mm512_load_si512(&tp.u[8 * h + k]);
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* q = reinterpret_cast<const Act*>(act + size_t(t) * act_stride)[b].qs;
+        __m512i i = _mm512_setzero_si512();
+        for (int k = 0; k < 8; ++k) i = _mm512_dpbusd_epi32(i, u[k], _mm512_set1_epi32(load_i32(q + 4 * k)));
+        acc[t] =
+            accumulate_block<W>(acc[t], i, tp.d[h], tp.m[h], ad + t * info_stride, ax + t * info_stride, b);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
+}
+
+constexpr int kGroupTokens = 8;  // tokens per pass over a tile: 8 accumulators + the weight registers
+
+// Token counts from which decoding a tile once beats decoding per token (measured on Zen 5).
+constexpr int64_t kRowLanesMinTokens = 3;
+
+template <class W>
+void gemm32(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, const void* act,
+            size_t act_stride, int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
+  if (n_rows <= 0 || n_tokens <= 0) return;
+  const int64_t nb = n / kQK, np = (nb + 1) / 2;
+  const bool row_lanes = n_tokens >= kRowLanesMinTokens;
+  // Scratch: the activation summaries, then (many tokens) the tile.
+  const size_t info_bytes = (size_t(n_tokens * nb) * 2 * sizeof(float) + 63) & ~size_t(63);
+  auto* base = static_cast<uint8_t*>(scratch(info_bytes + (row_lanes ? size_t(np) * sizeof(TilePair) : 0)));
+  const ActInfo info{reinterpret_cast<float*>(base), reinterpret_cast<float*>(base) + n_tokens * nb};
+  auto* tile = reinterpret_cast<TilePair*>(base + info_bytes);
+  const auto* ab = static_cast<const uint8_t*>(act);
+  act_info<W>(ab, act_stride, n_tokens, nb, info);
+  const RowTiles tiles{static_cast<const uint8_t*>(w), w_stride, row_ids, n_rows};
+  for_each_tile(tiles, np,
+                [&](const uint8_t* const* rows, const NextTile& next, int64_t r0, __mmask16 valid) {
+                  if (row_lanes) build_tile<W>(rows, next, nb, tile);
+                  for (int64_t t0 = 0; t0 < n_tokens; t0 += kGroupTokens) {
+                    const uint8_t* a = ab + size_t(t0) * act_stride;
+                    const float *d = info.d + t0 * nb, *x = info.x + t0 * nb;
+                    float* o = out + t0 * ldo + r0;
+                    const int64_t g = min64(kGroupTokens, n_tokens - t0);
+                    if (!row_lanes) {
+                      // Fewer than kRowLanesMinTokens (3) tokens.
+                      if (g == 2)
+                        rows16_few<W, 2>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
+                      else
+                        rows16_few<W, 1>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
+                      continue;
+                    }
+                    switch (g) {
+                      case 8:
+                        tile_tokens<W, 8>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
+                        break;
+                      case 7:
+                        tile_tokens<W, 7>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
+                        break;
+                      case 6:
+                        tile_tokens<W, 6>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
+                        break;
+                      case 5:
+                        tile_tokens<W, 5>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
+                        break;
+                      case 4:
+                        tile_tokens<W, 4>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
+                        break;
+                      case 3:
+                        tile_tokens<W, 3>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
+                        break;
+                      case 2:
+                        tile_tokens<W, 2>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
+                        break;
+                      default:
+                        tile_tokens<W, 1>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
+                        break;
+                    }
+                  }
+                });
+}
+
+template <class W>
+float vec_dot32(const void* w, const void* a, int64_t n) {
+  float s;
+  gemm32<W>(w, 0, nullptr, 1, a, 0, 1, n, &s, 1);
+  return s;
+}
+
+// =============================================================================================
+// K-quants against Q8_K activations
+
+// The eight 6-bit scales (words 0-7) and mins (words 8-15) of a Q4_K/Q5_K block as int16.
+inline __m256i k4_scales_mins(const uint8_t* packed) {
+  uint32_t u[3];
+  std::memcpy(u, packed, 12);
+  const uint32_t sc_lo = u[0] & 0x3f3f3f3f, m_lo = u[1] & 0x3f3f3f3f;
+  const uint32_t sc_hi = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+  const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+  return _mm256_cvtepu8_epi16(_mm_set_epi32(int(m_hi), int(m_lo), int(sc_hi), int(sc_lo)));
+}
+
+// Q4_K / Q5_K decode: u[c] = chunk c (elements 64c..64c+63) as bytes in element order; sub-block
+// 2c is its low nibbles (bytes 0-31), 2c+1 its high nibbles (bytes 32-63).
+template <bool kHigh>
+inline void decode_q45k(const uint8_t* blk, __m512i* u) {
+  using Block = typename std::conditional<kHigh, BlockQ5_K, BlockQ4_K>::type;
+  const Block& x = *reinterpret_cast<const Block*>(blk);
+  // Shift the high-nibble half (bytes 32-63 = 16-bit lanes 16-31) right by 4.
+  const __m512i nib_shift = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF0000u, 4);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512i hbits = _mm512_setzero_si512();
+  if constexpr (kHigh) hbits = _mm512_broadcast_i64x4(loadu256(x.qh));
+  // Bit 2c of qh[l] belongs to element l of chunk c, bit 2c+1 to element 32 + l.
+  const __m512i hmask0 = _mm512_mask_set1_epi8(_mm512_set1_epi8(1), 0xFFFFFFFF00000000ull, 2);
+  for (int c = 0; c < 4; ++c) {
+    const __m512i q = _mm512_broadcast_i64x4(loadu256(x.qs + 32 * c));
+    u[c] = _mm512_and_si512(_mm512_srlv_epi16(q, nib_shift), low4);
+    if constexpr (kHigh) {
+      const __mmask64 h = _mm512_test_epi8_mask(hbits, _mm512_slli_epi16(hmask0, unsigned(2 * c)));
+      u[c] = _mm512_mask_add_epi8(u[c], h, u[c], _mm512_set1_epi8(16));
+    }
+  }
+}
+
+// Q6_K decode: u[k] = elements 64k..64k+63 as unsigned 6-bit values in element order: half k/2,
+// low nibbles (k even) or high nibbles (k odd) of that half's ql[0..63], with 2-bit fields of its
+// qh[0..31] on top.
+inline void decode_q6k(const uint8_t* blk, __m512i* u) {
+  const BlockQ6_K& x = *reinterpret_cast<const BlockQ6_K*>(blk);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  // qh bits 0-1 (low half) and 2-3 (high half) up to bits 4-5; bits 4-5 stay, 6-7 come down.
+  const __m512i shl = _mm512_mask_set1_epi16(_mm512_set1_epi16(4), 0xFFFF0000u, 2);
+  const __m512i shr = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF0000u, 2);
+  for (int h = 0; h < 2; ++h) {
+    const __m512i ql = _mm512_loadu_si512(x.ql + 64 * h);
+    const __m512i qh = _mm512_broadcast_i64x4(loadu256(x.qh + 32 * h));
+    const __m512i lo = _mm512_and_si512(ql, low4), hi = _mm512_and_si512(_mm512_srli_epi16(ql, 4), low4);
+    // lo | (shifted & 0x30)
+    u[2 * h] = _mm512_ternarylogic_epi32(lo, _mm512_sllv_epi16(qh, shl), bits45, 0xF8);
+    u[2 * h + 1] = _mm512_ternarylogic_epi32(hi, _mm512_srlv_epi16(qh, shr), bits45, 0xF8);
+  }
+}
+
+// What the kernels need of each K-quant type:
+//   decode(blk, u[4]); scales16(blk): 16 int16 words (Q4_K/Q5_K: 8 scales then 8 mins; Q6_K: the
+//   16 signed scales); chunk_scales(s16, c): int16 lane i of chunk c's vpmaddubsw pairs -> its
+//   scale; scale_words(blk): d (low 16 bits) and dmin (high).
+template <bool kHigh>
+struct Q45KW {
+  using Block = typename std::conditional<kHigh, BlockQ5_K, BlockQ4_K>::type;
+  static constexpr bool kSixBit = false;
+  static constexpr int64_t kRowLanesMinTokens = 3;
+  static void decode(const uint8_t* blk, __m512i* u) { decode_q45k<kHigh>(blk, u); }
+  static __m256i scales16(const uint8_t* blk) {
+    return k4_scales_mins(reinterpret_cast<const Block*>(blk)->scales);
+  }
+  static __m512i scales32(__m256i s16) { return _mm512_cvtepu16_epi32(s16); }
+  // Chunk c: pairs 0-15 in sub-block 2c, 16-31 in 2c+1.
+  static __m512i chunk_scales(__m512i s16, int c) {
+    return _mm512_permutexvar_epi16(word_index(2 * c, 2 * c, 2 * c + 1, 2 * c + 1), s16);
+  }
+  static uint32_t scale_words(const uint8_t* blk) { return load_u32(blk); }
+};
+using Q4KW = Q45KW<false>;
+using Q5KW = Q45KW<true>;
+
+struct Q6KW {
+  using Block = BlockQ6_K;
+  static constexpr bool kSixBit = true;
+  static constexpr int64_t kRowLanesMinTokens = 4;
+  static void decode(const uint8_t* blk, __m512i* u) { decode_q6k(blk, u); }
+  static __m256i scales16(const uint8_t* blk) {
+    return _mm256_cvtepi8_epi16(loadu128(reinterpret_cast<const BlockQ6_K*>(blk)->scales));
+  }
+  static __m512i scales32(__m256i s16) { return _mm512_cvtepi16_epi32(s16); }
+  // Chunk k: pair i uses scale 4k + i/8.
+  static __m512i chunk_scales(__m512i s16, int k) {
+    return _mm512_permutexvar_epi16(word_index(4 * k, 4 * k + 1, 4 * k + 2, 4 * k + 3), s16);
+  }
+  static uint32_t scale_words(const uint8_t* blk) { return reinterpret_cast<const BlockQ6_K*>(blk)->d; }
+};
+
+// Per superblock and tile: the rows' scales transposed to one row per lane, for both paths.
+struct alignas(64) SuperScales {
+  __m512i sc[16];  // sub-block scales: 8 for Q4_K/Q5_K, 16 (signed) for Q6_K
+  __m512i aux[8];  // int16 pairs against bsum pairs 2q, 2q+1: (m_q, m_q) or (-32 sc_2q, -32 sc_2q+1)
+  __m512 d, dmin;
+};
+
+template <class K>
+inline void super_scales(const __m256i* s16, const uint32_t* words, SuperScales* out) {
+  __m512i s[16];
+  for (int r = 0; r < 16; ++r) s[r] = K::scales32(s16[r]);
+  transpose16(s);  // s[j]: value j of every row
+  const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+  if constexpr (K::kSixBit) {
+    for (int j = 0; j < 16; ++j) out->sc[j] = s[j];
+    for (int q = 0; q < 8; ++q) {
+      const __m512i a = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s[2 * q], 5));
+      const __m512i b = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s[2 * q + 1], 5));
+      out->aux[q] = _mm512_or_si512(_mm512_and_si512(a, lo16), _mm512_slli_epi32(b, 16));
+    }
+  } else {
+    for (int j = 0; j < 8; ++j) {
+      out->sc[j] = s[j];
+      out->aux[j] = _mm512_or_si512(s[8 + j], _mm512_slli_epi32(s[8 + j], 16));
+    }
+  }
+  const __m512i wv = _mm512_loadu_si512(words);
+  out->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(wv));
+  out->dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(wv, 16)));
+}
+
+// The float steps shared by both paths, per superblock, 16 rows and one token: isum = sum of
+// scale * <q, a> over the sub-blocks (exact), then the min (Q4_K/Q5_K) or -32 offset (Q6_K) term
+// from the bsums.
+template <class K>
+inline __m512 accumulate_super(__m512 acc, __m512i isum, const SuperScales& ss, const BlockQ8_K& a) {
+  const __m512 ad = _mm512_set1_ps(a.d);
+  __m512i m = K::kSixBit ? isum : _mm512_setzero_si512();
+  for (int q = 0; q < 8; ++q)
+    m = _mm512_dpwssd_epi32(m, _mm512_load_si512(&ss.aux[q]),
+                            _mm512_set1_epi32(int32_t(load_u32(a.bsums + 2 * q))));
+  if constexpr (K::kSixBit) return _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(ss.d, ad), acc);
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ss.d, ad), acc);
+  return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(ss.dmin, ad), acc);
+}
+
+// Few tokens: per row, 4 x (vpmaddubsw, vpdpwssd) per superblock and token, then summed across
+// the 16 rows.
+template <class K, int NT>
+void rows16_k_few(const uint8_t* const* rows, const NextTile& next, int64_t nsb, const uint8_t* act,
+                  size_t act_stride, float* out, int64_t ldo, __mmask16 valid) {
+  using Block = typename K::Block;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const size_t at = size_t(sb) * sizeof(Block);
+    prefetch_next(next, sb, at, sizeof(Block));
+    const BlockQ8_K* a[NT];
+    for (int t = 0; t < NT; ++t) a[t] = reinterpret_cast<const BlockQ8_K*>(act + size_t(t) * act_stride) + sb;
+    __m256i s16[16];
+    alignas(64) uint32_t words[16];
+    __m512i quads[NT][4];
+    for (int g = 0; g < 4; ++g) {
+      __m512i pairs[NT][2];
+      for (int h = 0; h < 2; ++h) {
+        __m512i dots[NT][2];
+        for (int e = 0; e < 2; ++e) {
+          const int r = 4 * g + 2 * h + e;
+          const uint8_t* blk = rows[r] + at;
+          __m512i u[4];
+          K::decode(blk, u);
+          s16[r] = K::scales16(blk);
+          words[r] = K::scale_words(blk);
+          const __m512i s512 = _mm512_castsi256_si512(s16[r]);
+          for (int t = 0; t < NT; ++t) dots[t][e] = _mm512_setzero_si512();
+          for (int c = 0; c < 4; ++c) {
+            const __m512i sc = K::chunk_scales(s512, c);
+            for (int t = 0; t < NT; ++t) {
+              const __m512i p = _mm512_maddubs_epi16(u[c], _mm512_loadu_si512(a[t]->qs + 64 * c));
+              dots[t][e] = _mm512_dpwssd_epi32(dots[t][e], p, sc);
+            }
+          }
+        }
+        for (int t = 0; t < NT; ++t) pairs[t][h] = pair_sums(dots[t][0], dots[t][1]);
+      }
+      for (int t = 0; t < NT; ++t) quads[t][g] = quad_sums(pairs[t][0], pairs[t][1]);
+    }
+    SuperScales ss;
+    super_scales<K>(s16, words, &ss);
+    for (int t = 0; t < NT; ++t) acc[t] = accumulate_super<K>(acc[t], full_sums(quads[t]), ss, *a[t]);
+  }
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
+}
+
+// Many tokens: per superblock, u[k] is dword k (4 quants) of each of the 16 rows. Per token: 64
+// vpdpbusd with broadcast activation dwords, one vpmulld + add per sub-block for its scale.
+struct alignas(64) TileSuper {
+  __m512i u[64];  // u[k]: dword k (elements 4k..4k+3) of rows 0-15
+  SuperScales ss;
+};
+
+template <class K>
+void build_tile_k(const uint8_t* const* rows, const NextTile& next, int64_t nsb, TileSuper* tile) {
+  using Block = typename K::Block;
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const size_t at = size_t(sb) * sizeof(Block);
+    prefetch_next(next, sb, at, sizeof(Block));
+    TileSuper& t = tile[sb];
+    __m512i u[4][16];
+    __m256i s16[16];
+    alignas(64) uint32_t words[16];
+    for (int r = 0; r < 16; ++r) {
+      __m512i q[4];
+      K::decode(rows[r] + at, q);
+      for (int c = 0; c < 4; ++c) u[c][r] = q[c];
+      s16[r] = K::scales16(rows[r] + at);
+      words[r] = K::scale_words(rows[r] + at);
+    }
+    for (int c = 0; c < 4; ++c) {
+      transpose16(u[c]);
+      for (int k = 0; k < 16; ++k) _mm512_store_si512(&t.u[16 * c + k], u[c][k]);
+    }
+    super_scales<K>(s16, words, &t.ss);
+  }
+}
+
+template <class K, int NT>
+void tile_k_tokens(const TileSuper* tile, int64_t nsb, const uint8_t* act, size_t act_stride, float* out,
+                   int64_t ldo, __mmask16 valid) {
+  constexpr int kSubs = K::kSixBit ? 16 : 8;  // sub-blocks per superblock
+  constexpr int kDwords = 64 / kSubs;         // dwords per sub-block
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const TileSuper& ts = tile[sb];
+    const BlockQ8_K* a[NT];
+    for (int t = 0; t < NT; ++t) a[t] = reinterpret_cast<const BlockQ8_K*>(act + size_t(t) * act_stride) + sb;
+    __m512i isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+    for (int j = 0; j < kSubs; ++j) {
+      __m512i ij[NT];
+      for (int t = 0; t < NT; ++t) ij[t] = _mm512_setzero_si512();
+      for (int k = 0; k < kDwords; ++k) {
+        const __m512i w = _mm512_load_si512(&ts.u[j * kDwords + k]);
+        for (int t = 0; t < NT; ++t)
+          ij[t] =
+              _mm512_dpbusd_epi32(ij[t], w, _mm512_set1_epi32(load_i32(a[t]->qs + 4 * (j * kDwords + k))));
+      }
+      const __m512i sc = _mm512_load_si512(&ts.ss.sc[j]);
+      for (int t = 0; t < NT; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(ij[t], sc));
+    }
+    for (int t = 0; t < NT; ++t) acc[t] = accumulate_super<K>(acc[t], isum[t], ts.ss, *a[t]);
+  }
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
+}
+
+template <class K>
+void gemm_k(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, const void* act,
+            size_t act_stride, int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
+  if (n_rows <= 0 || n_tokens <= 0) return;
+  const int64_t nsb = n / kQKK;
+  const bool row_lanes = n_tokens >= K::kRowLanesMinTokens;
+  auto* tile = row_lanes ? static_cast<TileSuper*>(scratch(size_t(nsb) * sizeof(TileSuper))) : nullptr;
+  const auto* ab = static_cast<const uint8_t*>(act);
+  const RowTiles tiles{static_cast<const uint8_t*>(w), w_stride, row_ids, n_rows};
+  for_each_tile(tiles, nsb,
+                [&](const uint8_t* const* rows, const NextTile& next, int64_t r0, __mmask16 valid) {
+                  if (row_lanes) build_tile_k<K>(rows, next, nsb, tile);
+                  for (int64_t t0 = 0; t0 < n_tokens; t0 += kGroupTokens) {
+                    const uint8_t* a = ab + size_t(t0) * act_stride;
+                    float* o = out + t0 * ldo + r0;
+                    const int64_t g = min64(kGroupTokens, n_tokens - t0);
+                    if (!row_lanes) {
+                      // Fewer than K::kRowLanesMinTokens (3 or 4) tokens.
+                      switch (g) {
+                        case 3:
+                          rows16_k_few<K, 3>(rows, next, nsb, a, act_stride, o, ldo, valid);
+                          break;
+                        case 2:
+                          rows16_k_few<K, 2>(rows, next, nsb, a, act_stride, o, ldo, valid);
+                          break;
+                        default:
+                          rows16_k_few<K, 1>(rows, next, nsb, a, act_stride, o, ldo, valid);
+                          break;
+                      }
+                      continue;
+                    }
+                    switch (g) {
+                      case 8:
+                        tile_k_tokens<K, 8>(tile, nsb, a, act_stride, o, ldo, valid);
+                        break;
+                      case 7:
+                        tile_k_tokens<K, 7>(tile, nsb, a, act_stride, o, ldo, valid);
+                        break;
+                      case 6:
+                        tile_k_tokens<K, 6>(tile, nsb, a, act_stride, o, ldo, valid);
+                        break;
+                      case 5:
+                        tile_k_tokens<K, 5>(tile, nsb, a, act_stride, o, ldo, valid);
+                        break;
+                      case 4:
+                        tile_k_tokens<K, 4>(tile, nsb, a, act_stride, o, ldo, valid);
+                        break;
+                      case 3:
+                        tile_k_tokens<K, 3>(tile, nsb, a, act_stride, o, ldo, valid);
+                        break;
+                      case 2:
+                        tile_k_tokens<K, 2>(tile, nsb, a, act_stride, o, ldo, valid);
+                        break;
+                      default:
+                        tile_k_tokens<K, 1>(tile, nsb, a, act_stride, o, ldo, valid);
+                        break;
+                    }
+                  }
+                });
+}
+
+template <class K>
+float vec_dot_k(const void* w, const void* a, int64_t n) {
+  float s;
+  gemm_k<K>(w, 0, nullptr, 1, a, 0, 1, n, &s, 1);
+  return s;
+}
+
+}  // namespace
+
+namespace detail {
 
 const KernelTable& avx512_table_unchecked() {
   static const KernelTable table = [] {
     KernelTable t = avx2_kernels();
     t.name = "avx512";
+    auto set = [&t](GgmlType type, VecDotFn dot, GemmFn gemm) {
+      t.vec_dot[int(type)] = dot;
+      t.gemm[int(type)] = gemm;
+    };
+    set(GgmlType::Q8_0, vec_dot32<Q8_0W>, gemm32<Q8_0W>);
+    set(GgmlType::Q4_0, vec_dot32<Q4_0W>, gemm32<Q4_0W>);
+    set(GgmlType::Q5_0, vec_dot32<Q5_0W>, gemm32<Q5_0W>);
+    set(GgmlType::Q4_1, vec_dot32<Q4_1W>, gemm32<Q4_1W>);
+    set(GgmlType::Q5_1, vec_dot32<Q5_1W>, gemm32<Q5_1W>);
+    set(GgmlType::Q4_K, vec_dot_k<Q4KW>, gemm_k<Q4KW>);
+    set(GgmlType::Q5_K, vec_dot_k<Q5KW>, gemm_k<Q5KW>);
+    set(GgmlType::Q6_K, vec_dot_k<Q6KW>, gemm_k<Q6KW>);
     return t;
   }();
   return table;
 }
 
-}  // namespace microspec::detail
+}  // namespace detail
+
+}  // namespace microspec

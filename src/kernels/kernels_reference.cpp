@@ -14,11 +14,15 @@ namespace microspec {
 
 namespace {
 
-inline float h2f(fp16_t h) { return fp16_to_fp32(h); }
+inline float h2f(fp16_t h) {
+  return fp16_to_fp32(h);
+}
 
 // Round half to even in the default floating-point environment, as the SIMD quantizers do with
 // cvtps2dq, so the reference and SIMD activation quantizers agree bit for bit.
-inline int round_even(float x) { return static_cast<int>(std::nearbyint(x)); }
+inline int round_even(float x) {
+  return static_cast<int>(std::nearbyint(x));
+}
 
 inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
@@ -225,7 +229,9 @@ void quant_q8_k(const float* x, void* out, int64_t n) {
   }
 }
 
-void quant_f32(const float* x, void* out, int64_t n) { std::memcpy(out, x, size_t(n) * sizeof(float)); }
+void quant_f32(const float* x, void* out, int64_t n) {
+  std::memcpy(out, x, size_t(n) * sizeof(float));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Weight quantization (tests and tiny models): round to nearest, no importance weighting.
@@ -348,7 +354,8 @@ void quant_k_scales(const float* x, fp16_t* d_out, fp16_t* dmin_out, uint8_t* sc
   for (int j = 0; j < 8; ++j) {
     const float step = df * float(sc[j]), off = dminf * float(m[j]);
     for (int l = 0; l < 32; ++l)
-      q[32 * j + l] = step > 0.0f ? uint8_t(std::clamp(round_even((x[32 * j + l] + off) / step), 0, kLevels)) : 0;
+      q[32 * j + l] =
+          step > 0.0f ? uint8_t(std::clamp(round_even((x[32 * j + l] + off) / step), 0, kLevels)) : 0;
   }
 }
 
@@ -458,7 +465,8 @@ float dot_q4_1(const void* w, const void* a, int64_t n) {
   float sum = 0.0f;
   for (int64_t b = 0; b < n / kQK; ++b) {
     int sumi = 0;
-    for (int j = 0; j < kQK / 2; ++j) sumi += (x[b].qs[j] & 0xF) * y[b].qs[j] + (x[b].qs[j] >> 4) * y[b].qs[j + 16];
+    for (int j = 0; j < kQK / 2; ++j)
+      sumi += (x[b].qs[j] & 0xF) * y[b].qs[j] + (x[b].qs[j] >> 4) * y[b].qs[j + 16];
     sum += float(sumi) * (h2f(x[b].d) * h2f(y[b].d)) + h2f(x[b].m) * h2f(y[b].s);
   }
   return sum;

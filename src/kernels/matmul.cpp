@@ -16,7 +16,7 @@ namespace {
 constexpr int64_t kRowGrain = 16;
 // Tokens per gemm call. Bounds the kernels' per-call activation repacking (a few hundred KB at
 // most) and keeps a chunk's activations in L2 while the thread's weight rows stream past.
-constexpr int64_t kTokenChunk = 64;
+constexpr int64_t kTokenChunk = 256;
 // Quantize activations on the pool only when there is enough work to pay for the wakeup.
 constexpr int64_t kParallelQuantizeElems = 1 << 15;
 
@@ -49,6 +49,15 @@ Activations prepare(MatmulContext& ctx, const QMatrix& w, const float* x, int64_
   return {buf, act_stride};
 }
 
+// Rows per grain. Many-token products give each kernel call a per-call setup over all the
+// activations, so there the rows go out in two chunks per thread (still enough for one thread to
+// take over another's second half); otherwise in cache-line grains.
+int64_t row_grain(MatmulContext& ctx, int64_t rows, int64_t n_tokens) {
+  if (n_tokens < 8) return kRowGrain;
+  const int64_t per_chunk = (rows + 2 * ctx.pool().size() - 1) / (2 * ctx.pool().size());
+  return std::max(kRowGrain, (per_chunk + kRowGrain - 1) / kRowGrain * kRowGrain);
+}
+
 void check_shape(const QMatrix& w, int64_t n_tokens, int64_t n_out, int64_t ldy) {
   if (n_tokens < 0 || w.rows < 0 || w.cols <= 0 || ldy < n_out)
     throw Error("matmul: bad shape (rows " + std::to_string(w.rows) + ", cols " + std::to_string(w.cols) +
@@ -75,11 +84,11 @@ void matmul(MatmulContext& ctx, const QMatrix& w, const float* x, int64_t n_toke
   if (n_tokens == 0 || w.rows == 0) return;
   GemmFn gemm;
   const Activations act = prepare(ctx, w, x, n_tokens, &gemm);
-  ctx.pool().parallel_for(w.rows, kRowGrain, [&](int64_t b, int64_t e, int) {
+  ctx.pool().parallel_for(w.rows, row_grain(ctx, w.rows, n_tokens), [&](int64_t b, int64_t e, int) {
     for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
       const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
-      gemm(w.data + size_t(b) * w.row_stride, w.row_stride, nullptr, e - b, act.data + size_t(t0) * act.stride,
-           act.stride, nt, w.cols, y + t0 * ldy + b, ldy);
+      gemm(w.data + size_t(b) * w.row_stride, w.row_stride, nullptr, e - b,
+           act.data + size_t(t0) * act.stride, act.stride, nt, w.cols, y + t0 * ldy + b, ldy);
     }
   });
 }
@@ -89,12 +98,12 @@ void matmul_rows(MatmulContext& ctx, const QMatrix& w, const int32_t* rows, int6
   check_shape(w, n_tokens, n_rows, ldy);
   for (int64_t j = 0; j < n_rows; ++j)
     if (rows[j] < 0 || rows[j] >= w.rows)
-      throw Error("matmul_rows: row " + std::to_string(rows[j]) + " outside a matrix of " + std::to_string(w.rows) +
-                  " rows");
+      throw Error("matmul_rows: row " + std::to_string(rows[j]) + " outside a matrix of " +
+                  std::to_string(w.rows) + " rows");
   if (n_tokens == 0 || n_rows == 0) return;
   GemmFn gemm;
   const Activations act = prepare(ctx, w, x, n_tokens, &gemm);
-  ctx.pool().parallel_for(n_rows, kRowGrain, [&](int64_t b, int64_t e, int) {
+  ctx.pool().parallel_for(n_rows, row_grain(ctx, n_rows, n_tokens), [&](int64_t b, int64_t e, int) {
     for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
       const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
       gemm(w.data, w.row_stride, rows + b, e - b, act.data + size_t(t0) * act.stride, act.stride, nt, w.cols,

@@ -34,7 +34,8 @@ class MatmulContext {
   std::vector<uint8_t> scratch_;
 };
 
-// y[t * ldy + r] = dot(W row r, x[t * w.cols .. ]) for t < n_tokens, r < w.rows.
+// y[t * ldy + r] = dot(W row r, x[t * w.cols .. ]) for t < n_tokens, r < w.rows. Each result is
+// bitwise independent of n_tokens, the other tokens and the thread count (see GemmFn).
 void matmul(MatmulContext& ctx, const QMatrix& w, const float* x, int64_t n_tokens, float* y, int64_t ldy);
 
 // Same for a subset of rows: y[t * ldy + j] = dot(W row rows[j], x[t]) for j < n_rows.

@@ -1,27 +1,61 @@
 // Persistent thread pool. A decode step issues hundreds of parallel_for calls, each a few
 // microseconds of work, so a call must not cost a futex round trip when the workers are busy:
-// workers spin on the generation counter for a while after each job and only then block on the
-// condition variable. The caller runs chunk 0 itself and spins until the others report done.
+// workers spin on the generation counter for a while after each call and only then block on the
+// condition variable.
+//
+// Work is split into up to kChunksPerThread chunks per thread; each thread claims its own chunks
+// in order, then the chunks other threads have not claimed yet. The caller returns once every
+// chunk has run, without waiting for workers that never got to claim one (late wakeup, or
+// descheduled on a busy machine). Claims carry the call's generation, so a worker that arrives
+// late cannot take a chunk of a later call.
 #include "kernels/threadpool.h"
 
 #include <immintrin.h>
 
 #include <chrono>
+#include <exception>
 
 namespace microspec {
 
 namespace {
 
 // How long an idle worker polls before blocking. Long enough to bridge the serial work between
-// two matmuls of a decode step (norms, attention: tens of microseconds), short enough that an idle
-// pool stops burning its cores quickly.
+// two matmuls of a decode step (norms, attention, sampling: up to a few hundred microseconds),
+// short enough that an idle pool stops burning its cores quickly.
 constexpr auto kSpinTime = std::chrono::microseconds(2000);
+// Polls with pause alone before also yielding the core on each poll. Pure spinning answers within
+// nanoseconds; yielding keeps a pool with more threads than free cores (other processes, tests
+// running in parallel) from starving the very thread it waits for.
+constexpr int kPureSpins = 2000;
+// Chunks per thread: enough that a late or preempted thread's share can be taken over in parts,
+// few enough that per-chunk costs (a kernel call, its activation setup) stay negligible.
+constexpr int64_t kChunksPerThread = 4;
 
-inline void cpu_relax() { _mm_pause(); }
+inline void cpu_relax() {
+  _mm_pause();
+}
+
+// One poll of a wait loop: pause, and after kPureSpins polls also give the core away.
+inline void backoff(int& spins) {
+  if (spins < kPureSpins) {
+    ++spins;
+    cpu_relax();
+  } else {
+    std::this_thread::yield();
+  }
+}
+
+inline uint64_t pack(uint32_t generation, int64_t next, int64_t end) {
+  return (uint64_t(generation) << 32) | (uint64_t(next) << 16) | uint64_t(end);
+}
+
+// The exception thrown by the caller's own chunk, kept until the other chunks have settled.
+thread_local std::exception_ptr t_error;
 
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
+ThreadPool::ThreadPool(int n_threads)
+    : n_threads_(n_threads < 1 ? 1 : n_threads), slots_(new Slot[size_t(n_threads < 1 ? 1 : n_threads)]) {
   workers_.reserve(size_t(n_threads_ - 1));
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
@@ -36,58 +70,105 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-void ThreadPool::chunk(int index, int64_t* begin, int64_t* end) const {
-  // Split whole grains evenly; the first (n_grains % n_threads) threads take one grain more.
-  const int64_t n_grains = (n_ + grain_ - 1) / grain_;
-  const int64_t base = n_grains / n_threads_, extra = n_grains % n_threads_;
-  const int64_t g0 = index * base + (index < extra ? index : extra);
-  const int64_t g1 = g0 + base + (index < extra ? 1 : 0);
-  *begin = g0 * grain_ < n_ ? g0 * grain_ : n_;
-  *end = g1 * grain_ < n_ ? g1 * grain_ : n_;
+bool ThreadPool::claim(int owner, uint32_t generation, int64_t* chunk) {
+  std::atomic<uint64_t>& word = slots_[size_t(owner)].word;
+  uint64_t w = word.load(std::memory_order_acquire);
+  for (;;) {
+    if (uint32_t(w >> 32) != generation) return false;
+    const int64_t next = int64_t((w >> 16) & 0xFFFF), end = int64_t(w & 0xFFFF);
+    if (next >= end) return false;
+    if (word.compare_exchange_weak(w, w + (uint64_t(1) << 16), std::memory_order_acq_rel,
+                                   std::memory_order_acquire)) {
+      *chunk = next;
+      return true;
+    }
+  }
+}
+
+void ThreadPool::run_chunk(int64_t chunk, int thread) {
+  // Chunk c covers grains [c * G / C, (c + 1) * G / C): contiguous and balanced.
+  const int64_t g0 = chunk * n_grains_ / n_chunks_, g1 = (chunk + 1) * n_grains_ / n_chunks_;
+  const int64_t b = g0 * grain_, e = g1 * grain_ < n_ ? g1 * grain_ : n_;
+  thunk_(ctx_, b, e, thread);
+}
+
+void ThreadPool::participate(int index, uint32_t generation) {
+  for (int k = 0; k < n_threads_; ++k) {
+    const int owner = (index + k) % n_threads_;
+    int64_t chunk;
+    while (claim(owner, generation, &chunk)) {
+      if (index == 0) {
+        try {
+          run_chunk(chunk, index);
+        } catch (...) {
+          t_error = std::current_exception();
+          done_.fetch_add(1, std::memory_order_release);
+          return;
+        }
+      } else {
+        run_chunk(chunk, index);
+      }
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
 }
 
 void ThreadPool::run(int64_t n, int64_t grain, Thunk thunk, void* ctx) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
-  if (n_threads_ == 1 || n <= grain) {
+  const int64_t n_grains = (n + grain - 1) / grain;
+  if (n_threads_ == 1 || n_grains == 1) {
     thunk(ctx, 0, n, 0);
     return;
   }
+  const int64_t chunks = n_grains < n_threads_ * kChunksPerThread ? n_grains : n_threads_ * kChunksPerThread;
   thunk_ = thunk;
   ctx_ = ctx;
   n_ = n;
   grain_ = grain;
-  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  n_grains_ = n_grains;
+  n_chunks_ = chunks;
+  done_.store(0, std::memory_order_relaxed);
+  const uint64_t generation = generation_.load(std::memory_order_relaxed) + 1;
+  const uint32_t tag = uint32_t(generation);
+  for (int t = 0; t < n_threads_; ++t)
+    slots_[size_t(t)].word.store(pack(tag, t * chunks / n_threads_, (t + 1) * chunks / n_threads_),
+                                 std::memory_order_release);
   // seq_cst: pairs with the sleeping_ increment in worker(), see there.
-  generation_.fetch_add(1, std::memory_order_seq_cst);
+  generation_.store(generation, std::memory_order_seq_cst);
   if (sleeping_.load(std::memory_order_seq_cst) > 0) {
     // Taking the mutex orders this notify after any worker that saw the old generation has
     // actually started waiting, so no wakeup is lost.
     { std::lock_guard<std::mutex> lock(mutex_); }
     wake_.notify_all();
   }
-  int64_t b, e;
-  chunk(0, &b, &e);
-  try {
-    if (b < e) thunk(ctx, b, e, 0);
-  } catch (...) {
-    // The workers still use ctx, which lives in the caller's frame: let them finish first.
-    while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
-    throw;
+  participate(0, tag);
+  if (t_error) {
+    // Skip the chunks nobody has started, then let the started ones finish: they use ctx, which
+    // lives in our caller's frame.
+    for (int t = 0; t < n_threads_; ++t) {
+      int64_t chunk;
+      while (claim(t, tag, &chunk)) done_.fetch_add(1, std::memory_order_release);
+    }
   }
-  while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+  for (int spins = 0; done_.load(std::memory_order_acquire) != chunks;) backoff(spins);
+  if (t_error) {
+    std::exception_ptr e = t_error;
+    t_error = nullptr;
+    std::rethrow_exception(e);
+  }
 }
 
 void ThreadPool::worker(int index) {
-  // The generation before any job: run() may publish the first job before this thread starts.
+  // The generation before any call: run() may publish the first call before this thread starts.
   uint64_t seen = 0;
   for (;;) {
     // Spin, then sleep, until the generation moves on.
     uint64_t g = generation_.load(std::memory_order_acquire);
     if (g == seen) {
       const auto deadline = std::chrono::steady_clock::now() + kSpinTime;
-      for (int i = 0;; ++i) {
-        cpu_relax();
+      for (int i = 0, spins = 0;; ++i) {
+        backoff(spins);
         g = generation_.load(std::memory_order_acquire);
         if (g != seen) break;
         if ((i & 255) == 255 && std::chrono::steady_clock::now() > deadline) break;
@@ -104,10 +185,7 @@ void ThreadPool::worker(int index) {
     }
     seen = g;
     if (stop_) return;
-    int64_t b, e;
-    chunk(index, &b, &e);
-    if (b < e) thunk_(ctx_, b, e, index);
-    pending_.fetch_sub(1, std::memory_order_release);
+    participate(index, uint32_t(g));
   }
 }
 

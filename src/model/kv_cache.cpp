@@ -11,8 +11,8 @@ KVCache::KVCache(int32_t n_layer, int32_t n_ctx, int32_t kv_dim)
     : n_layer_(n_layer), n_ctx_(n_ctx), kv_dim_(kv_dim) {
   if (n_layer <= 0 || n_ctx <= 0 || kv_dim <= 0) throw Error("KV cache: invalid dimensions");
   const size_t n = size_t(n_layer) * n_ctx * kv_dim;
-  k_.assign(n, 0.0f);
-  v_.assign(n, 0.0f);
+  k_.assign(n, 0);
+  v_.assign(n, 0);
   positions_.assign(n_ctx, 0);
   parents_.assign(n_ctx, -1);
 }
@@ -34,8 +34,8 @@ void KVCache::commit(std::span<const int32_t> pending_indices) {
     const int32_t src = n_past_ + idx;
     if (src != dst) {
       for (int32_t il = 0; il < n_layer_; ++il) {
-        std::memcpy(k(il, dst), k(il, src), sizeof(float) * kv_dim_);
-        std::memcpy(v(il, dst), v(il, src), sizeof(float) * kv_dim_);
+        std::memcpy(k(il, dst), k(il, src), row_bytes());
+        std::memcpy(v(il, dst), v(il, src), row_bytes());
       }
       positions_[dst] = positions_[src];
     }

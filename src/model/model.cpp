@@ -27,24 +27,34 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// n is a multiple of 8 for every head size we accept (checked at load).
-inline float dot_f32(const float* a, const float* b, int32_t n) {
+// Attention arithmetic on half-float cache rows. n is a multiple of 8 (head sizes are checked at load).
+inline float dot_f16(const uint16_t* a, const uint16_t* b, int32_t n) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   int32_t i = 0;
+  auto load = [](const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
   for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    acc0 = _mm256_fmadd_ps(load(a + i), load(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(load(a + i + 8), load(b + i + 8), acc1);
   }
-  for (; i < n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  for (; i < n; i += 8) acc0 = _mm256_fmadd_ps(load(a + i), load(b + i), acc0);
   return hsum(_mm256_add_ps(acc0, acc1));
 }
 
-// y += a * x
-inline void axpy_f32(float a, const float* x, float* y, int32_t n) {
+// y += a * x, x in half floats
+inline void axpy_f16(float a, const uint16_t* x, float* y, int32_t n) {
   const __m256 va = _mm256_set1_ps(a);
-  for (int32_t i = 0; i < n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (int32_t i = 0; i < n; i += 8) {
+    const __m256 vx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, vx, _mm256_loadu_ps(y + i)));
+  }
 }
+
+inline void to_f16(const float* x, uint16_t* y, int32_t n) {
+  for (int32_t i = 0; i < n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+}
+
+inline float round_f16(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
 
 }  // namespace
 
@@ -107,7 +117,7 @@ Model::Model(const GgufFile& file, const ModelOptions& options)
   o_.assign(B * d, 0.0f);
   gate_.assign(B * config_.n_ff, 0.0f);
   up_.assign(B * config_.n_ff, 0.0f);
-  visible_.assign(size_t(pool_.size()) * n_batch_, 0);
+  q16_.assign(size_t(pool_.size()) * config_.head_dim, 0);
   mm_.reserve(n_batch_, std::max(config_.n_ff, std::max(config_.q_dim(), d)));
 }
 
@@ -196,58 +206,53 @@ void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* 
   const int32_t n_past = kv.n_past(), group = config_.n_head / config_.n_head_kv;
   for (int32_t i = 0; i < n; ++i) {
     const int32_t slot = n_past + batch.start + i;
-    std::memcpy(kv.k(il, slot), k + size_t(i) * kvd, sizeof(float) * kvd);
-    std::memcpy(kv.v(il, slot), v + size_t(i) * kvd, sizeof(float) * kvd);
+    to_f16(k + size_t(i) * kvd, kv.k(il, slot), kvd);
+    to_f16(v + size_t(i) * kvd, kv.v(il, slot), kvd);
   }
   const int32_t window = config_.layer_is_sliding[il] ? config_.sliding_window : 0;
   const size_t scores_per_thread = scores_.size() / pool_.size();
-  const int32_t visible_cap = n_batch_;
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
 
   pool_.parallel_for(int64_t(n) * config_.n_head, 1, [&](int64_t begin, int64_t end, int thread) {
     float* scores = scores_.data() + size_t(thread) * scores_per_thread;
-    int32_t* visible = visible_.data() + size_t(thread) * visible_cap;
+    int32_t* visible = visible_.data() + size_t(thread) * (visible_.size() / pool_.size());
+    uint16_t* q16 = q16_.data() + size_t(thread) * hd;
     int32_t last_query = -1, n_visible = 0;
     for (int64_t task = begin; task < end; ++task) {
       const int32_t i = static_cast<int32_t>(task / config_.n_head), h = static_cast<int32_t>(task % config_.n_head);
       const int32_t qpos = batch.positions[i];
       if (i != last_query) {
-        // Pending slots this token sees: itself and its chain of ancestors (stored root-last).
+        // Pending slots this token sees: itself and its chain of ancestors (collected leaf first).
         n_visible = 0;
-        for (int32_t p = batch.start + i; p >= 0 && n_visible < visible_cap; p = kv.pending_parent(p))
-          visible[n_visible++] = p;
+        for (int32_t p = batch.start + i; p >= 0; p = kv.pending_parent(p)) visible[n_visible++] = p;
         last_query = i;
       }
-      const float* qh = q + (size_t(i) * config_.n_head + h) * hd;
-      const int32_t kh = h / group;
-      auto sees = [&](int32_t slot) { return window == 0 || qpos - kv.position(slot) < window; };
-      float max_score = -std::numeric_limits<float>::infinity();
+      // q is rounded to half floats for the dot products with the half-float keys, as llama.cpp does.
+      to_f16(q + (size_t(i) * config_.n_head + h) * hd, q16, hd);
+      const int32_t koff = (h / group) * hd;
+      auto score = [&](int32_t slot) {
+        if (window != 0 && qpos - kv.position(slot) >= window) return kMasked;
+        return dot_f16(q16, kv.k(il, slot) + koff, hd) * config_.attn_scale;
+      };
+      float max_score = kMasked;
       int32_t n_keys = 0;
-      for (int32_t s = 0; s < n_past; ++s) {
-        float sc = -std::numeric_limits<float>::infinity();
-        if (sees(s)) sc = dot_f32(qh, kv.k(il, s) + size_t(kh) * hd, hd) * config_.attn_scale;
-        scores[n_keys++] = sc;
-        max_score = std::max(max_score, sc);
-      }
-      for (int32_t j = n_visible - 1; j >= 0; --j) {
-        const int32_t s = n_past + visible[j];
-        float sc = -std::numeric_limits<float>::infinity();
-        if (sees(s)) sc = dot_f32(qh, kv.k(il, s) + size_t(kh) * hd, hd) * config_.attn_scale;
-        scores[n_keys++] = sc;
-        max_score = std::max(max_score, sc);
-      }
+      for (int32_t s = 0; s < n_past; ++s) max_score = std::max(max_score, scores[n_keys++] = score(s));
+      for (int32_t j = n_visible - 1; j >= 0; --j) max_score = std::max(max_score, scores[n_keys++] = score(n_past + visible[j]));
       float sum = 0.0f;
       for (int32_t s = 0; s < n_keys; ++s) {
-        scores[s] = scores[s] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(scores[s] - max_score);
+        scores[s] = scores[s] == kMasked ? 0.0f : std::exp(scores[s] - max_score);
         sum += scores[s];
       }
       float* oh = out + (size_t(i) * config_.n_head + h) * hd;
       std::memset(oh, 0, sizeof(float) * hd);
       const float inv_sum = 1.0f / sum;  // the token always sees itself, so sum >= 1
+      // Probabilities are rounded to half floats before weighting the half-float values (llama.cpp's
+      // order of rounding), so both engines accumulate the same products.
       int32_t idx = 0;
       for (int32_t s = 0; s < n_past; ++s, ++idx)
-        if (scores[idx] != 0.0f) axpy_f32(scores[idx] * inv_sum, kv.v(il, s) + size_t(kh) * hd, oh, hd);
+        if (scores[idx] != 0.0f) axpy_f16(round_f16(scores[idx] * inv_sum), kv.v(il, s) + koff, oh, hd);
       for (int32_t j = n_visible - 1; j >= 0; --j, ++idx)
-        if (scores[idx] != 0.0f) axpy_f32(scores[idx] * inv_sum, kv.v(il, n_past + visible[j]) + size_t(kh) * hd, oh, hd);
+        if (scores[idx] != 0.0f) axpy_f16(round_f16(scores[idx] * inv_sum), kv.v(il, n_past + visible[j]) + koff, oh, hd);
     }
   });
 }
@@ -280,6 +285,9 @@ void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool wa
   // Attention scratch grows once to the largest cache seen (a cache is made once per session).
   const size_t need = size_t(pool_.size()) * (size_t(kv.n_ctx()) + n_batch_);
   if (scores_.size() < need) scores_.assign(need, 0.0f);
+  // A token's ancestors are all in the pending region, so a chain is at most this long.
+  const size_t need_visible = size_t(pool_.size()) * (kv.n_ctx() - kv.n_past());
+  if (visible_.size() < need_visible) visible_.assign(need_visible, 0);
 
   float* x = x_.data();
   for (int32_t i = 0; i < n; ++i) {

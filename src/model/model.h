@@ -112,7 +112,8 @@ class Model {
   std::vector<float> gate_, up_;  // [n_batch][n_ff]
   std::vector<float> out_rows_;   // [n_batch][n_embd] selected rows before the final norm
   std::vector<float> scores_;     // [n_threads][n_ctx_reserved] attention scores per thread
-  std::vector<int32_t> visible_;  // [n_threads][n_batch] visible pending indices per thread
+  std::vector<int32_t> visible_;  // [n_threads][n_ctx - n_past] visible pending indices per thread
+  std::vector<uint16_t> q16_;     // [n_threads][head_dim] query head in half floats
 };
 
 }  // namespace microspec

@@ -288,16 +288,6 @@ void VocabTokenizer::load_common(const GgufFile& file, const Defaults& defaults)
   auto add_eog = [&](int32_t id) {
     if (id >= 0 && !is_end_of_generation(id)) eog_ids_.push_back(id);
   };
-  auto first_present = [&](const char* key, std::span<const std::string_view> texts) -> int32_t {
-    const int32_t from_file = special_id(key, -1);
-    if (from_file >= 0) return from_file;
-    int32_t best = -1;
-    for (std::string_view t : texts) {
-      const int32_t id = find_token(t);
-      if (id >= 0 && (best < 0 || id < best)) best = id;
-    }
-    return best;
-  };
   struct FimKind {
     const char* key;
     std::span<const std::string_view> texts;
@@ -306,7 +296,16 @@ void VocabTokenizer::load_common(const GgufFile& file, const Defaults& defaults)
                                {"tokenizer.ggml.fim_rep_token_id", kFimRepTexts},
                                {"tokenizer.ggml.fim_sep_token_id", kFimSepTexts}};
   for (const FimKind& kind : fim_kinds) {
-    const int32_t id = first_present(kind.key, kind.texts);
+    if (const int32_t from_file = special_id(kind.key, -1); from_file >= 0) {
+      add_eog(from_file);
+      continue;
+    }
+    // Found by its text: the lowest matching id, made a control token.
+    int32_t id = -1;
+    for (std::string_view t : kind.texts) {
+      const int32_t candidate = find_token(t);
+      if (candidate >= 0 && (id < 0 || candidate < id)) id = candidate;
+    }
     if (id < 0) continue;
     add_eog(id);
     types_[id] = TokenType::Control;

@@ -1,0 +1,149 @@
+#include "spec/drafter.h"
+
+#include <algorithm>
+#include <string>
+
+#include "gguf/gguf.h"
+#include "util/error.h"
+
+namespace microspec {
+
+ModelTreeExpander::ModelTreeExpander(Model& model, KVCache& kv, int32_t n_layers, DraftVocabulary vocab)
+    : model_(model), kv_(kv), n_layers_(n_layers), vocab_(std::move(vocab)) {
+  if (n_layers < 1 || n_layers > model.config().n_layer)
+    throw Error("draft layers must be in [1, " + std::to_string(model.config().n_layer) + "], got " +
+                std::to_string(n_layers));
+}
+
+void ModelTreeExpander::start(std::span<const int32_t> prefix, int32_t root, int32_t position0) {
+  prefix_.assign(prefix.begin(), prefix.end());
+  root_ = root;
+  root_pos_ = position0 + static_cast<int32_t>(prefix.size());
+  root_slot_ = -1;  // not run yet
+  next_slot_ = 0;
+  slot_of_.clear();
+}
+
+void ModelTreeExpander::expand(std::span<const int32_t> frontier, std::span<const TreeNode> cand, int32_t k,
+                               Proposal* out) {
+  batch_.clear();
+  if (frontier.size() == 1 && frontier[0] < 0) {
+    // The root, after any tokens the draft cache has not seen yet, as one sequential run.
+    batch_.set_sequence(prefix_, root_pos_ - static_cast<int32_t>(prefix_.size()), false);
+    batch_.output_rows.clear();
+    batch_.tokens.push_back(root_);
+    batch_.positions.push_back(root_pos_);
+    batch_.parents.push_back(batch_.size() - 2);
+    batch_.output_rows.push_back(batch_.size() - 1);
+    root_slot_ = batch_.size() - 1;
+    next_slot_ = batch_.size();
+  } else {
+    if (root_slot_ < 0) throw Error("tree expander: the root must be expanded first");
+    batch_.start = next_slot_;
+    slot_of_.resize(cand.size(), -1);
+    for (size_t i = 0; i < frontier.size(); ++i) {
+      const TreeNode& c = cand[frontier[i]];
+      batch_.tokens.push_back(c.token);
+      batch_.positions.push_back(root_pos_ + c.depth);
+      batch_.parents.push_back(c.parent < 0 ? root_slot_ : slot_of_[c.parent]);
+      batch_.output_rows.push_back(static_cast<int32_t>(i));
+      slot_of_[frontier[i]] = next_slot_ + static_cast<int32_t>(i);
+    }
+    next_slot_ += batch_.size();
+  }
+  model_.forward(batch_, kv_, out_, false, n_layers_);
+  const int32_t rows = out_.n_rows, V = vocab_.size();
+  logits_.resize(size_t(rows) * V);
+  vocab_.logits(model_, out_.hidden.data(), rows, logits_.data());
+  for (int32_t r = 0; r < rows; ++r) {
+    Proposal* o = out + size_t(r) * k;
+    const int32_t got = top_k_logprobs(logits_.data() + size_t(r) * V, V, k, o);
+    for (int32_t j = 0; j < got; ++j) o[j].token = vocab_.token(o[j].token);
+    for (int32_t j = got; j < k; ++j) o[j] = {-1, 0.0f};
+  }
+}
+
+SelfDrafter::SelfDrafter(Model& target, KVCache& target_kv, int32_t n_layers, DraftVocabulary vocab)
+    : expander_(target, target_kv, n_layers, std::move(vocab)) {}
+
+void SelfDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) {
+  expander_.start({}, root, position);
+  builder_.build(params, expander_, tree);
+}
+
+ModelDrafter::ModelDrafter(Model& draft, int32_t n_ctx, DraftVocabulary vocab)
+    : model_(draft),
+      kv_(draft.make_cache(n_ctx)),
+      expander_(draft, kv_, draft.config().n_layer, std::move(vocab)) {}
+
+void ModelDrafter::begin(const std::vector<int32_t>& prompt) {
+  kv_.clear();
+  tokens_ = prompt;
+  expander_.start({}, 0, 0);
+  catch_up(0);
+}
+
+void ModelDrafter::catch_up(int32_t keep) {
+  while (static_cast<int32_t>(tokens_.size()) - kv_.n_past() > keep) {
+    const int32_t len =
+        std::min(model_.n_batch(), static_cast<int32_t>(tokens_.size()) - kv_.n_past() - keep);
+    batch_.set_sequence(std::span<const int32_t>(tokens_.data() + kv_.n_past(), len), kv_.n_past(), false);
+    model_.forward(batch_, kv_, out_, false);
+    kv_.commit_prefix(len);
+  }
+}
+
+bool ModelDrafter::fits(const TreeParams& params, int32_t room) const {
+  // The draft cache holds at most the target's committed tokens, so the same room suffices.
+  return params.max_draft_rows() <= room && params.top_k <= model_.n_batch();
+}
+
+void ModelDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) {
+  if (position != static_cast<int32_t>(tokens_.size()))
+    throw Error("draft model: out of step with the target (" + std::to_string(tokens_.size()) +
+                " tokens vs position " + std::to_string(position) + ")");
+  // Bring the cache up to the committed tokens it has not seen, leaving the last chunk (with room
+  // for the root) to the tree's first forward.
+  catch_up(model_.n_batch() - 1);
+  expander_.start(std::span<const int32_t>(tokens_.data() + kv_.n_past(), tokens_.size() - kv_.n_past()),
+                  root, kv_.n_past());
+  builder_.build(params, expander_, tree);
+}
+
+void ModelDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path) {
+  tokens_.push_back(root);
+  for (int32_t p : path) tokens_.push_back(tree.nodes[p].token);
+  // Keep what the draft already computed for the committed tokens: the catch-up run, the root and
+  // the accepted nodes it ran (a prefix of the path: a node is run only if its parent was).
+  commit_.clear();
+  if (expander_.root_slot() >= 0) {
+    for (int32_t s = 0; s <= expander_.root_slot(); ++s) commit_.push_back(s);
+    for (int32_t p : path) {
+      const int32_t s = expander_.slot_of(tree.nodes[p].candidate);
+      if (s < 0) break;
+      commit_.push_back(s);
+    }
+  }
+  kv_.commit(commit_);
+  expander_.start({}, 0, 0);  // slots are stale after the commit
+}
+
+void check_same_vocabulary(const GgufFile& target, const GgufFile& draft) {
+  const char* key = "tokenizer.ggml.tokens";
+  if (!target.has(key) || !draft.has(key))
+    throw Error("draft model: cannot compare vocabularies (" + std::string(key) + " missing in " +
+                (target.has(key) ? draft.name() : target.name()) + ")");
+  const auto& a = target.get_string_array(key);
+  const auto& b = draft.get_string_array(key);
+  if (a.size() != b.size())
+    throw Error("draft model " + draft.name() + " has a vocabulary of " + std::to_string(b.size()) +
+                " tokens; the target " + target.name() + " has " + std::to_string(a.size()) +
+                ": speculative decoding needs the same vocabulary");
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i])
+      throw Error("draft model " + draft.name() + " has a different vocabulary from the target " +
+                  target.name() + " (first difference at token id " + std::to_string(i) +
+                  "): speculative decoding needs the same vocabulary");
+}
+
+}  // namespace microspec

@@ -1,0 +1,120 @@
+#pragma once
+// Drafters propose a token tree after the last accepted token (the root); the target verifies it.
+//
+// The interface is small so that other drafters (an EAGLE-style head reading the target's hidden
+// states) fit it: begin() once the prompt is in the target's cache, propose() a tree for a root,
+// accepted() with the path the target kept.
+//   SelfDrafter:  the target's own first N layers, then its final norm and LM head. It shares the
+//                 target's weights and KV cache: draft nodes go into the target's pending region
+//                 with only N layers written, and the verification pass overwrites those slots
+//                 with all layers, so nothing needs undoing.
+//   ModelDrafter: a separate model with the same vocabulary and its own KV cache, kept in step
+//                 with the target's committed tokens.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "spec/draft_vocab.h"
+#include "spec/tree.h"
+
+namespace microspec {
+
+class GgufFile;
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // The prompt has just been committed to the target's cache.
+  virtual void begin(const std::vector<int32_t>& prompt) = 0;
+  // Builds the draft tree for `root`, the newest token (not yet in the target's cache), which goes
+  // at position `position`.
+  virtual void propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) = 0;
+  // The target committed root and then the nodes `path` of `tree` (root to leaf).
+  virtual void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path) = 0;
+  // Most slots of the target's pending region propose() writes (0 when it uses its own cache).
+  virtual int32_t target_pending_slots(const TreeParams& params) const = 0;
+  // Whether propose() can run with `room` free slots left in the context.
+  virtual bool fits(const TreeParams& params, int32_t room) const = 0;
+  // Time spent in the draft model's LM head since the drafter was made (a separate model's only;
+  // a self-drafter's shows in the target's timings).
+  virtual double own_lm_head_seconds() const { return 0.0; }
+};
+
+// Runs tree candidates through a model (or its first N layers) writing into a KV cache's pending
+// region, and scores their children with a DraftVocabulary. Shared by both drafters.
+class ModelTreeExpander : public TreeExpander {
+ public:
+  ModelTreeExpander(Model& model, KVCache& kv, int32_t n_layers, DraftVocabulary vocab);
+  // Starts a tree: `prefix` tokens (sequential, not yet in the cache, may be empty) then the root,
+  // written at pending slots 0.. from position `position0`.
+  void start(std::span<const int32_t> prefix, int32_t root, int32_t position0);
+  void expand(std::span<const int32_t> frontier, std::span<const TreeNode> cand, int32_t k,
+              Proposal* out) override;
+  // Pending slot where a candidate was run, -1 if it was not; the root's is root_slot().
+  int32_t slot_of(int32_t candidate) const {
+    return candidate < static_cast<int32_t>(slot_of_.size()) ? slot_of_[candidate] : -1;
+  }
+  int32_t root_slot() const { return root_slot_; }
+  Model& model() { return model_; }
+  int32_t n_layers() const { return n_layers_; }
+
+ private:
+  Model& model_;
+  KVCache& kv_;
+  int32_t n_layers_;
+  DraftVocabulary vocab_;
+  std::vector<int32_t> prefix_;  // tokens to run before the root at the next expand
+  int32_t root_ = 0, root_pos_ = 0, root_slot_ = 0;
+  int32_t next_slot_ = 0;         // next free pending slot
+  std::vector<int32_t> slot_of_;  // [candidates] pending slot, -1 = not run
+  Batch batch_;
+  ForwardOutput out_;
+  std::vector<float> logits_;  // [rows][vocab size] draft logits of one expansion
+};
+
+class SelfDrafter final : public Drafter {
+ public:
+  // n_layers: the target layers the draft runs (1..n_layer).
+  SelfDrafter(Model& target, KVCache& target_kv, int32_t n_layers, DraftVocabulary vocab);
+  void begin(const std::vector<int32_t>& prompt) override {}
+  void propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) override;
+  void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path) override {}
+  int32_t target_pending_slots(const TreeParams& params) const override { return params.max_draft_rows(); }
+  bool fits(const TreeParams& params, int32_t room) const override { return params.max_draft_rows() <= room; }
+
+ private:
+  ModelTreeExpander expander_;
+  TreeBuilder builder_;
+};
+
+class ModelDrafter final : public Drafter {
+ public:
+  // draft and target must share a vocabulary (check_same_vocabulary). n_ctx: as the target's.
+  ModelDrafter(Model& draft, int32_t n_ctx, DraftVocabulary vocab);
+  void begin(const std::vector<int32_t>& prompt) override;
+  void propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) override;
+  void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path) override;
+  int32_t target_pending_slots(const TreeParams& params) const override { return 0; }
+  bool fits(const TreeParams& params, int32_t room) const override;
+  double own_lm_head_seconds() const override { return model_.timings().lm_head_seconds; }
+
+ private:
+  Model& model_;
+  KVCache kv_;
+  ModelTreeExpander expander_;
+  TreeBuilder builder_;
+  std::vector<int32_t> tokens_;  // the target's committed sequence, as told by begin/accepted
+  std::vector<int32_t> commit_;  // scratch: pending slots to commit
+  Batch batch_;                  // catch-up runs
+  ForwardOutput out_;
+  // Runs committed tokens the cache has not seen until at most `keep` are left unseen.
+  void catch_up(int32_t keep);
+};
+
+// Throws Error unless the two files have identical token lists (and so identical ids).
+void check_same_vocabulary(const GgufFile& target, const GgufFile& draft);
+
+}  // namespace microspec

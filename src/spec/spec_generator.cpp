@@ -1,0 +1,120 @@
+#include "spec/spec_generator.h"
+
+#include <chrono>
+#include <string>
+
+#include "util/error.h"
+
+namespace microspec {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+}  // namespace
+
+SpeculativeGenerator::SpeculativeGenerator(Generator& gen, const Tokenizer& tokenizer, Drafter& drafter,
+                                           const TreeParams& tree)
+    : gen_(gen), tokenizer_(tokenizer), drafter_(drafter), params_(tree) {
+  params_.validate();
+  const int32_t n_batch = gen.model().n_batch();
+  if (params_.total_tokens + 1 > n_batch || params_.top_k > n_batch)
+    throw Error("speculative tree: " + std::to_string(params_.total_tokens + 1) +
+                " verified tokens and top-k " + std::to_string(params_.top_k) + " must fit the batch size " +
+                std::to_string(n_batch) + " (raise -b)");
+  const int32_t V = gen.model().config().n_vocab;
+  out_.logits.reserve(size_t(params_.total_tokens + 1) * V);
+  argmax_.reserve(params_.total_tokens + 1);
+}
+
+SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
+                                          const TextCallback& on_text) {
+  if (params.sampling.temperature > 0.0f)
+    throw Error("speculative decoding supports greedy decoding only (--temp 0)");
+  Model& model = gen_.model();
+  KVCache& kv = gen_.cache();
+  const int32_t V = model.config().n_vocab;
+  SpecResult res;
+  GenerateResult& r = res.gen;
+  SpecStats& st = res.stats;
+  r.prompt_tokens = static_cast<int32_t>(prompt.size());
+  TokenSink sink(tokenizer_, params, on_text, r);
+
+  const auto t0 = Clock::now();
+  const float* logits = gen_.prefill(prompt);
+  int32_t root = argmax(logits, V);
+  drafter_.begin(prompt);
+  const auto t1 = Clock::now();
+  r.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  model.timings().reset();
+  const double draft_head0 = drafter_.own_lm_head_seconds();
+
+  // The first token comes from the prefill, exactly as in plain decoding.
+  bool running = !sink.done() && sink.push(root);
+  if (running && kv.n_past() + 1 >= kv.n_ctx()) {
+    r.finish = FinishReason::ContextFull;
+    running = false;
+  }
+  while (running) {
+    const int32_t m = kv.n_past(), room = kv.n_ctx() - m;
+    // Near the end of the context the step degrades to a plain one (root only), so it never needs
+    // more room than plain decoding.
+    tree_.clear();
+    if (drafter_.fits(params_, room) && params_.total_tokens + 1 <= room) {
+      const auto td = Clock::now();
+      drafter_.propose(root, m, params_, tree_);
+      st.draft_seconds += since(td);
+    }
+
+    // Verification: root at pending slot 0, node i at slot i + 1.
+    const auto tv = Clock::now();
+    const int32_t n = tree_.size() + 1;
+    batch_.clear();
+    batch_.tokens.push_back(root);
+    batch_.positions.push_back(m);
+    batch_.parents.push_back(-1);
+    for (const TreeNode& node : tree_.nodes) {
+      batch_.tokens.push_back(node.token);
+      batch_.positions.push_back(m + node.depth);
+      batch_.parents.push_back(node.parent + 1);
+    }
+    for (int32_t i = 0; i < n; ++i) batch_.output_rows.push_back(i);
+    model.forward(batch_, kv, out_, true);
+    argmax_.resize(n);
+    for (int32_t i = 0; i < n; ++i) argmax_[i] = argmax(out_.logits.data() + size_t(i) * V, V);
+    accept_greedy(tree_, argmax_, path_, emitted_);
+    commit_.assign(1, 0);
+    for (int32_t p : path_) commit_.push_back(p + 1);
+    kv.commit(commit_);
+    st.verify_seconds += since(tv);
+
+    const auto ta = Clock::now();
+    drafter_.accepted(root, tree_, path_);
+    st.draft_seconds += since(ta);
+    ++st.steps;
+    st.drafted += tree_.size();
+    st.accepted_draft += static_cast<int64_t>(path_.size());
+    st.decode_tokens += static_cast<int64_t>(emitted_.size());
+
+    // Emit in order through the plain decoder's logic. Plain decoding would have m + 1 + j tokens
+    // in its cache when it produces emitted_[j], and stops there if one more does not fit.
+    for (size_t j = 0; j < emitted_.size() && running; ++j) {
+      if (!sink.push(emitted_[j])) {
+        running = false;
+      } else if (m + 1 + int32_t(j) + 1 >= kv.n_ctx()) {
+        r.finish = FinishReason::ContextFull;
+        running = false;
+      }
+    }
+    root = emitted_.back();
+  }
+  sink.finish();
+  r.decode_seconds = since(t1);
+  r.decode_forwards = st.steps;
+  st.lm_head_seconds = model.timings().lm_head_seconds + (drafter_.own_lm_head_seconds() - draft_head0);
+  r.decode_lm_head_seconds = st.lm_head_seconds;
+  return res;
+}
+
+}  // namespace microspec

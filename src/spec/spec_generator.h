@@ -1,0 +1,55 @@
+#pragma once
+// Speculative generation: each step a drafter proposes a token tree after the newest token (the
+// root), the target verifies root + tree in one forward pass, and the longest path the target
+// agrees with is committed, plus the target's own next token (the bonus). Every emitted token is
+// the target's greedy choice, and they go through the same TokenSink as plain decoding, so the
+// output (tokens, text, finish reason) equals Generator::generate's exactly.
+#include <cstdint>
+#include <vector>
+
+#include "engine/generator.h"
+#include "spec/drafter.h"
+#include "spec/tree.h"
+
+namespace microspec {
+
+struct SpecStats {
+  int32_t steps = 0;             // verification passes
+  int64_t accepted_draft = 0;    // draft tokens accepted over all steps
+  int64_t drafted = 0;           // draft tree nodes proposed over all steps
+  int64_t decode_tokens = 0;     // tokens produced by the steps (bonus tokens included)
+  double draft_seconds = 0.0;    // in Drafter::propose/accepted
+  double verify_seconds = 0.0;   // in the target's verification forward
+  double lm_head_seconds = 0.0;  // LM heads of target and draft (inside the two above)
+  // Accepted draft tokens + 1 per step: tokens per target pass.
+  double mean_acceptance_length() const { return steps ? double(accepted_draft + steps) / steps : 0.0; }
+};
+
+struct SpecResult {
+  GenerateResult gen;
+  SpecStats stats;
+};
+
+class SpeculativeGenerator {
+ public:
+  // gen provides the target, its cache (shared with a self-drafter) and prefill.
+  SpeculativeGenerator(Generator& gen, const Tokenizer& tokenizer, Drafter& drafter, const TreeParams& tree);
+  // Greedy only: throws Error for a temperature > 0.
+  SpecResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
+                      const TextCallback& on_text = nullptr);
+
+ private:
+  Generator& gen_;
+  const Tokenizer& tokenizer_;
+  Drafter& drafter_;
+  TreeParams params_;
+  DraftTree tree_;
+  Batch batch_;
+  ForwardOutput out_;
+  std::vector<int32_t> argmax_;   // [1 + tree nodes] target argmax per verified row
+  std::vector<int32_t> path_;     // accepted node indices
+  std::vector<int32_t> emitted_;  // tokens of one step
+  std::vector<int32_t> commit_;   // pending slots to commit
+};
+
+}  // namespace microspec
