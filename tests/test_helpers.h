@@ -13,12 +13,17 @@ inline std::string source_dir() {
   return env ? env : MICROSPEC_SOURCE_DIR;
 }
 
-inline std::string gemma_path() { return source_dir() + "/models/gemma-3-270m-q4_k_m.gguf"; }
-inline std::string smollm_path() { return source_dir() + "/models/smollm2-135m-instruct-q4_1.gguf"; }
+inline std::string gemma_path() {
+  return source_dir() + "/models/gemma-3-270m-q4_k_m.gguf";
+}
+inline std::string smollm_path() {
+  return source_dir() + "/models/smollm2-135m-instruct-q4_1.gguf";
+}
 
 // The real models are part of the setup (scripts/fetch_models.sh): a missing file is a failure.
 inline void require_file(const std::string& path) {
-  ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing: run scripts/setup.sh (or scripts/fetch_models.sh)";
+  ASSERT_TRUE(std::filesystem::exists(path))
+      << path << " is missing: run scripts/setup.sh (or scripts/fetch_models.sh)";
 }
 
 }  // namespace microspec::test

@@ -342,8 +342,13 @@ TEST(KernelTables, DispatchIsSafe) {
   EXPECT_TRUE(f.avx2 && f.fma && f.f16c);  // the binary is built for them
   const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni;
   EXPECT_EQ(avx512_kernels() != nullptr, avx512);
-  const char* env = std::getenv("MICROSPEC_KERNELS");
-  if (!env || !*env) EXPECT_STREQ(best_kernels().name, avx512 ? "avx512" : "avx2");
+  EXPECT_STREQ(best_kernels().name, avx512 ? "avx512" : "avx2");
+  EXPECT_STREQ(kernels_by_name("auto").name, best_kernels().name);
+  EXPECT_STREQ(kernels_by_name("reference").name, "reference");
+  EXPECT_STREQ(kernels_by_name("avx2").name, "avx2");
+  EXPECT_THROW(kernels_by_name("sse2"), Error);
+  if (avx512) EXPECT_STREQ(kernels_by_name("avx512").name, "avx512");
+  else EXPECT_THROW(kernels_by_name("avx512"), Error);
   for (const KernelTable* k : {&reference_kernels(), &avx2_kernels()}) {
     for (GgmlType t : kWeightTypes) {
       EXPECT_NE(k->vec_dot[int(t)], nullptr) << k->name << " " << tname(t);

@@ -22,7 +22,8 @@ struct Tiny {
   std::unique_ptr<Model> model;
   explicit Tiny(const test::TinyModelSpec& spec) {
     path = (std::filesystem::temp_directory_path() /
-            ("microspec_tiny_" + spec.arch + "_" + std::to_string(spec.n_layer) + "_" + std::to_string(::getpid()) + ".gguf"))
+            ("microspec_tiny_" + spec.arch + "_" + std::to_string(spec.n_layer) + "_" +
+             std::to_string(::getpid()) + ".gguf"))
                .string();
     test::write_tiny_model(spec, path);
     file = GgufFile::open(path);

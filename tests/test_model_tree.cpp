@@ -3,14 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <vector>
 
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "util/error.h"
-#include <cstring>
 #include "test_helpers.h"
+#include "util/error.h"
 
 namespace microspec {
 namespace {
@@ -79,7 +79,8 @@ void check_tree_equivalence(const std::string& path) {
     }
     model.forward(b, kv, out, true);
     for (int32_t i = first; i <= last; ++i)
-      tree_logits[i].assign(out.logits.begin() + size_t(i - first) * V, out.logits.begin() + size_t(i - first + 1) * V);
+      tree_logits[i].assign(out.logits.begin() + size_t(i - first) * V,
+                            out.logits.begin() + size_t(i - first + 1) * V);
   };
   run_nodes(0, 2);
   run_nodes(3, 6);
@@ -108,8 +109,12 @@ void check_tree_equivalence(const std::string& path) {
   EXPECT_LT(max_abs_diff(ref.data(), out.logits.data(), V), 2e-3f);
 }
 
-TEST(ModelTree, TreeForwardMatchesPathsSmolLM2) { check_tree_equivalence(test::smollm_path()); }
-TEST(ModelTree, TreeForwardMatchesPathsGemma3) { check_tree_equivalence(test::gemma_path()); }
+TEST(ModelTree, TreeForwardMatchesPathsSmolLM2) {
+  check_tree_equivalence(test::smollm_path());
+}
+TEST(ModelTree, TreeForwardMatchesPathsGemma3) {
+  check_tree_equivalence(test::gemma_path());
+}
 
 // The LM head on a subset of rows equals the same rows of the full head.
 TEST(ModelTree, LmHeadRowsMatchFullHead) {

@@ -51,14 +51,16 @@ inline void write_tiny_model(const TinyModelSpec& s, const std::string& path) {
     for (float& x : f) x = normal(rng) * scale;
     const size_t rb = row_bytes(s.weight_type, cols);
     std::vector<uint8_t> q(rb * rows);
-    for (int64_t r = 0; r < rows; ++r) quantize_row_reference(s.weight_type, f.data() + r * cols, q.data() + r * rb, cols);
+    for (int64_t r = 0; r < rows; ++r)
+      quantize_row_reference(s.weight_type, f.data() + r * cols, q.data() + r * rb, cols);
     w.add_tensor(name, s.weight_type, {cols, rows}, q);
   };
   auto add_vector = [&](const std::string& name, int64_t n, float base, float scale) {
     std::vector<float> f(n);
     for (float& x : f) x = base + normal(rng) * scale;
-    w.add_tensor(name, GgmlType::F32, {n},
-                 std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(f.data()), f.size() * sizeof(float)));
+    w.add_tensor(
+        name, GgmlType::F32, {n},
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(f.data()), f.size() * sizeof(float)));
   };
   const int32_t d = s.n_embd, qd = s.n_head * s.head_dim, kvd = s.n_head_kv * s.head_dim;
   const float ws = 1.0f / std::sqrt(float(d));

@@ -31,7 +31,9 @@ void run_eval(const EvalArgs& a) {
   LoadedModel m = load_model(a.model);
   Model& model = *m.model;
   const int32_t n = static_cast<int32_t>(ids.size()), V = model.config().n_vocab;
-  if (n > a.model.n_ctx) throw Error("sequence of " + std::to_string(n) + " tokens exceeds the context " + std::to_string(a.model.n_ctx));
+  if (n > a.model.n_ctx)
+    throw Error("sequence of " + std::to_string(n) + " tokens exceeds the context " +
+                std::to_string(a.model.n_ctx));
   for (int32_t p : dump)
     if (p >= n) throw Error("--positions: " + std::to_string(p) + " is past the sequence end");
   std::vector<char> want(n, 0);

@@ -12,18 +12,23 @@ void ModelArgs::add_to(CLI::App& cmd, int32_t default_batch) {
   n_batch = default_batch;
   cmd.add_option("-m,--model", model_path, "GGUF model file")->required();
   cmd.add_option("-t,--threads", threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
-  cmd.add_option("-c,--ctx-size", n_ctx, "context size in tokens")->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  cmd.add_option("-c,--ctx-size", n_ctx, "context size in tokens")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 24));
   cmd.add_option("-b,--batch-size", n_batch, "most tokens per forward pass (prefill chunk)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
+  cmd.add_option("--kernels", kernels, "kernel table: auto, reference, avx2, avx512")->capture_default_str();
 }
 
 LoadedModel load_model(const ModelArgs& args) {
   LoadedModel m;
   m.file = GgufFile::open(args.model_path);
   ModelOptions opt;
-  opt.n_threads = args.threads > 0 ? args.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  opt.n_threads =
+      args.threads > 0 ? args.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   opt.n_batch = args.n_batch;
+  opt.kernels = args.kernels;
   m.model = Model::load(*m.file, opt);
   m.tokenizer = Tokenizer::from_gguf(*m.file);
   return m;

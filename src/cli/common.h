@@ -13,9 +13,10 @@ namespace microspec::cli {
 
 struct ModelArgs {
   std::string model_path;
-  int threads = 0;      // 0: all cores
+  int threads = 0;  // 0: all cores
   int32_t n_ctx = 4096;
   int32_t n_batch = 512;
+  std::string kernels = "auto";
 
   void add_to(CLI::App& cmd, int32_t default_batch = 512);
 };

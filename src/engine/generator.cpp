@@ -11,10 +11,14 @@ namespace microspec {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::Length: return "length";
-    case FinishReason::EndOfGeneration: return "stop";
-    case FinishReason::StopString: return "stop";
-    case FinishReason::ContextFull: return "length";
+    case FinishReason::Length:
+      return "length";
+    case FinishReason::EndOfGeneration:
+      return "stop";
+    case FinishReason::StopString:
+      return "stop";
+    case FinishReason::ContextFull:
+      return "length";
   }
   return "?";
 }
@@ -67,8 +71,8 @@ std::string StopStringFilter::flush() {
 Generator::Generator(Model& model, const Tokenizer& tokenizer, int32_t n_ctx)
     : model_(model), tokenizer_(tokenizer), kv_(model.make_cache(n_ctx)) {
   if (tokenizer.n_vocab() != model.config().n_vocab)
-    throw Error("tokenizer vocabulary (" + std::to_string(tokenizer.n_vocab()) + ") does not match the model's (" +
-                std::to_string(model.config().n_vocab) + ")");
+    throw Error("tokenizer vocabulary (" + std::to_string(tokenizer.n_vocab()) +
+                ") does not match the model's (" + std::to_string(model.config().n_vocab) + ")");
   out_.logits.reserve(size_t(model.config().n_vocab));
   out_.hidden.reserve(size_t(model.n_batch()) * model.config().n_embd);
 }

@@ -30,8 +30,8 @@ struct GenerateResult {
   FinishReason finish = FinishReason::Length;
   int32_t prompt_tokens = 0;
   double prefill_seconds = 0.0;
-  double decode_seconds = 0.0;  // from the end of prefill to the last token
-  int32_t decode_forwards = 0;  // single-token forward passes after prefill
+  double decode_seconds = 0.0;          // from the end of prefill to the last token
+  int32_t decode_forwards = 0;          // single-token forward passes after prefill
   double decode_lm_head_seconds = 0.0;  // part of decode_seconds spent in the LM head
 };
 

@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "kernels/kernels.h"
 #include "kernels/kernels_internal.h"
@@ -51,16 +52,6 @@ bool has_avx512_table() {
 }
 
 const KernelTable& choose() {
-  if (const char* env = std::getenv("MICROSPEC_KERNELS"); env && *env) {
-    const std::string name = env;
-    if (name == "reference") return reference_kernels();
-    if (name == "avx2") return avx2_kernels();
-    if (name == "avx512") {
-      if (const KernelTable* t = avx512_kernels()) return *t;
-      throw Error("MICROSPEC_KERNELS=avx512, but this CPU lacks AVX-512 F/BW/VL/DQ/VNNI");
-    }
-    throw Error("MICROSPEC_KERNELS=" + name + ": expected reference, avx2 or avx512");
-  }
   if (const KernelTable* t = avx512_kernels()) return *t;
   // The whole binary is built for AVX2/FMA/F16C, so without them nothing runs anyway.
   return avx2_kernels();
@@ -81,6 +72,17 @@ const KernelTable* avx512_kernels() {
 const KernelTable& best_kernels() {
   static const KernelTable& table = choose();
   return table;
+}
+
+const KernelTable& kernels_by_name(std::string_view name) {
+  if (name == "auto") return best_kernels();
+  if (name == "reference") return reference_kernels();
+  if (name == "avx2") return avx2_kernels();
+  if (name == "avx512") {
+    if (const KernelTable* t = avx512_kernels()) return *t;
+    throw Error("kernels 'avx512': this CPU lacks AVX-512 F/BW/VL/DQ/VNNI");
+  }
+  throw Error("kernels '" + std::string(name) + "': expected auto, reference, avx2 or avx512");
 }
 
 }  // namespace microspec

@@ -6,6 +6,7 @@
 // type's integer dot product consumes (activation_type), then each weight row is dotted with it.
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "kernels/types.h"
 
@@ -43,10 +44,11 @@ GgmlType activation_type(GgmlType weight);
 const KernelTable& reference_kernels();
 const KernelTable& avx2_kernels();
 const KernelTable* avx512_kernels();  // nullptr when this CPU lacks AVX-512 F/BW/VL/VNNI
-// The fastest table this CPU runs, chosen once at run time. The environment variable
-// MICROSPEC_KERNELS=reference|avx2|avx512 overrides the choice (benchmarks, ruling kernels out when
-// debugging); an unknown name, or avx512 on a CPU without it, throws Error.
+// The fastest table this CPU runs, chosen once at run time.
 const KernelTable& best_kernels();
+// "auto" (best_kernels), "reference", "avx2" or "avx512": for benchmarks and for ruling kernels out
+// when debugging (the CLI's --kernels). Throws Error for other names or ISAs this CPU lacks.
+const KernelTable& kernels_by_name(std::string_view name);
 
 // Scalar reference dequantization of n elements of `type` (n a multiple of the block size): every
 // supported weight type and the activation types Q8_1 and Q8_K. Throws Error for other types.

@@ -121,7 +121,8 @@ void ThreadPool::run(int64_t n, int64_t grain, Thunk thunk, void* ctx) {
     thunk(ctx, 0, n, 0);
     return;
   }
-  const int64_t chunks = n_grains < n_threads_ * kChunksPerThread ? n_grains : n_threads_ * kChunksPerThread;
+  int64_t chunks = n_grains < n_threads_ * kChunksPerThread ? n_grains : n_threads_ * kChunksPerThread;
+  if (chunks > 0xFFFF) chunks = 0xFFFF;  // chunk indices are packed in 16 bits
   thunk_ = thunk;
   ctx_ = ctx;
   n_ = n;

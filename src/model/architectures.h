@@ -9,6 +9,7 @@ class Model;
 struct ModelOptions;
 
 std::unique_ptr<Model> make_gemma3(const GgufFile& file, const ModelOptions& options);  // gemma3.cpp
-std::unique_ptr<Model> make_llama(const GgufFile& file, const ModelOptions& options);   // llama.cpp: llama, qwen2
+std::unique_ptr<Model> make_llama(const GgufFile& file,
+                                  const ModelOptions& options);  // llama.cpp: llama, qwen2
 
 }  // namespace microspec

@@ -9,9 +9,12 @@ namespace microspec {
 
 const char* arch_name(Arch a) {
   switch (a) {
-    case Arch::Gemma3: return "gemma3";
-    case Arch::Llama: return "llama";
-    case Arch::Qwen2: return "qwen2";
+    case Arch::Gemma3:
+      return "gemma3";
+    case Arch::Llama:
+      return "llama";
+    case Arch::Qwen2:
+      return "qwen2";
   }
   return "?";
 }
@@ -21,7 +24,8 @@ namespace {
 int32_t positive_int(const GgufFile& f, const std::string& key, int64_t limit) {
   int64_t v = f.get_int(key);
   if (v <= 0 || v > limit)
-    throw Error(f.name() + ": " + key + " = " + std::to_string(v) + " is out of range (1.." + std::to_string(limit) + ")");
+    throw Error(f.name() + ": " + key + " = " + std::to_string(v) + " is out of range (1.." +
+                std::to_string(limit) + ")");
   return static_cast<int32_t>(v);
 }
 
@@ -30,28 +34,34 @@ int32_t positive_int(const GgufFile& f, const std::string& key, int64_t limit) {
 ModelConfig read_model_config(const GgufFile& f) {
   ModelConfig c;
   c.arch_name = std::string(f.get_string("general.architecture"));
-  if (c.arch_name == "gemma3") c.arch = Arch::Gemma3;
-  else if (c.arch_name == "llama") c.arch = Arch::Llama;
-  else if (c.arch_name == "qwen2") c.arch = Arch::Qwen2;
-  else throw Error(f.name() + ": unsupported architecture '" + c.arch_name + "' (supported: gemma3, llama, qwen2)");
+  if (c.arch_name == "gemma3")
+    c.arch = Arch::Gemma3;
+  else if (c.arch_name == "llama")
+    c.arch = Arch::Llama;
+  else if (c.arch_name == "qwen2")
+    c.arch = Arch::Qwen2;
+  else
+    throw Error(f.name() + ": unsupported architecture '" + c.arch_name +
+                "' (supported: gemma3, llama, qwen2)");
   const std::string p = c.arch_name + ".";
 
   constexpr int64_t kMaxDim = 1 << 20;
   c.n_embd = positive_int(f, p + "embedding_length", kMaxDim);
   c.n_layer = positive_int(f, p + "block_count", 4096);
   c.n_head = positive_int(f, p + "attention.head_count", 4096);
-  c.n_head_kv = f.has(p + "attention.head_count_kv") ? positive_int(f, p + "attention.head_count_kv", 4096) : c.n_head;
+  c.n_head_kv =
+      f.has(p + "attention.head_count_kv") ? positive_int(f, p + "attention.head_count_kv", 4096) : c.n_head;
   c.n_ff = positive_int(f, p + "feed_forward_length", kMaxDim);
   c.context_length = positive_int(f, p + "context_length", int64_t(1) << 30);
   if (c.n_head % c.n_head_kv != 0)
-    throw Error(f.name() + ": head_count " + std::to_string(c.n_head) + " is not a multiple of head_count_kv " +
-                std::to_string(c.n_head_kv));
+    throw Error(f.name() + ": head_count " + std::to_string(c.n_head) +
+                " is not a multiple of head_count_kv " + std::to_string(c.n_head_kv));
   if (f.has(p + "attention.key_length")) {
     c.head_dim = positive_int(f, p + "attention.key_length", 65536);
     int64_t vlen = f.get_int_opt(p + "attention.value_length").value_or(c.head_dim);
     if (vlen != c.head_dim)
-      throw Error(f.name() + ": key_length " + std::to_string(c.head_dim) + " != value_length " + std::to_string(vlen) +
-                  " (not supported)");
+      throw Error(f.name() + ": key_length " + std::to_string(c.head_dim) + " != value_length " +
+                  std::to_string(vlen) + " (not supported)");
   } else {
     if (c.n_embd % c.n_head != 0)
       throw Error(f.name() + ": embedding_length is not a multiple of head_count and key_length is absent");

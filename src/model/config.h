@@ -21,15 +21,15 @@ struct ModelConfig {
   int32_t n_head_kv = 0;
   int32_t head_dim = 0;
   int32_t n_ff = 0;
-  int32_t n_rot = 0;            // rotated dimensions per head (== head_dim for all supported models)
+  int32_t n_rot = 0;           // rotated dimensions per head (== head_dim for all supported models)
   int32_t context_length = 0;  // training context
   float rms_eps = 1e-5f;
   float rope_base = 10000.0f;        // global layers
   float rope_base_local = 10000.0f;  // sliding-window layers (Gemma 3: a constant, not in the file)
   RopeStyle rope_style = RopeStyle::Norm;
-  float embed_scale = 1.0f;   // Gemma multiplies embeddings by sqrt(n_embd)
-  float attn_scale = 1.0f;    // applied to q·k
-  int32_t sliding_window = 0;  // 0: no sliding-window layers
+  float embed_scale = 1.0f;               // Gemma multiplies embeddings by sqrt(n_embd)
+  float attn_scale = 1.0f;                // applied to q·k
+  int32_t sliding_window = 0;             // 0: no sliding-window layers
   std::vector<uint8_t> layer_is_sliding;  // [n_layer]
 
   int32_t q_dim() const { return n_head * head_dim; }

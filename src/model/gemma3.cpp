@@ -60,9 +60,7 @@ class Gemma3Model final : public Model {
       const Layer& L = layers_[il];
       // Attention block.
       rms_norm(x, L.attn_norm, n, d, xn_.data());
-      matmul(L.wq, xn_.data(), n, q_.data());
-      matmul(L.wk, xn_.data(), n, k_.data());
-      matmul(L.wv, xn_.data(), n, v_.data());
+      project_qkv(L.wq, L.wk, L.wv, n);
       rms_norm(q_.data(), L.q_norm, n * c.n_head, c.head_dim, q_.data());
       rms_norm(k_.data(), L.k_norm, n * c.n_head_kv, c.head_dim, k_.data());
       const float base = c.layer_is_sliding[il] ? c.rope_base_local : c.rope_base;
@@ -71,19 +69,13 @@ class Gemma3Model final : public Model {
       attention(il, batch, kv, q_.data(), k_.data(), v_.data(), attn_.data());
       matmul(L.wo, attn_.data(), n, o_.data());
       rms_norm(o_.data(), L.post_attn_norm, n, d, o_.data());
-      for (size_t i = 0; i < size_t(n) * d; ++i) x[i] += o_[i];
+      add_block_output(x, n);
 
       // Feed-forward block.
       rms_norm(x, L.ffn_norm, n, d, xn_.data());
-      matmul(L.w_gate, xn_.data(), n, gate_.data());
-      matmul(L.w_up, xn_.data(), n, up_.data());
-      for (size_t i = 0; i < size_t(n) * c.n_ff; ++i) {
-        const float g = gate_[i];
-        gate_[i] = 0.5f * g * (1.0f + std::tanh(0.7978845608f * (g + 0.044715f * g * g * g))) * up_[i];
-      }
-      matmul(L.w_down, gate_.data(), n, o_.data());
+      gated_ffn(L.w_gate, L.w_up, L.w_down, Activation::GeluTanh, n);
       rms_norm(o_.data(), L.post_ffw_norm, n, d, o_.data());
-      for (size_t i = 0; i < size_t(n) * d; ++i) x[i] += o_[i];
+      add_block_output(x, n);
     }
   }
 

@@ -25,7 +25,8 @@ void KVCache::set_slot_meta(int32_t slot, int32_t position, int32_t parent_pendi
 void KVCache::commit(std::span<const int32_t> pending_indices) {
   int32_t prev = -1;
   for (int32_t idx : pending_indices) {
-    if (idx <= prev || n_past_ + idx >= n_ctx_) throw Error("KV commit: pending indices must increase and fit the cache");
+    if (idx <= prev || n_past_ + idx >= n_ctx_)
+      throw Error("KV commit: pending indices must increase and fit the cache");
     prev = idx;
   }
   // Destinations never pass their sources (dst = n_past + j <= n_past + idx_j), so in-order copies are safe.
@@ -52,7 +53,8 @@ void KVCache::commit_prefix(int32_t n) {
 }
 
 void KVCache::truncate(int32_t n) {
-  if (n < 0 || n > n_past_) throw Error("KV truncate: " + std::to_string(n) + " is beyond " + std::to_string(n_past_));
+  if (n < 0 || n > n_past_)
+    throw Error("KV truncate: " + std::to_string(n) + " is beyond " + std::to_string(n_past_));
   n_past_ = n;
 }
 

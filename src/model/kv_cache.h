@@ -24,8 +24,12 @@ class KVCache {
   // Row of slot `slot` in layer `il`: kv_dim half floats.
   uint16_t* k(int32_t il, int32_t slot) { return k_.data() + (size_t(il) * n_ctx_ + slot) * kv_dim_; }
   uint16_t* v(int32_t il, int32_t slot) { return v_.data() + (size_t(il) * n_ctx_ + slot) * kv_dim_; }
-  const uint16_t* k(int32_t il, int32_t slot) const { return k_.data() + (size_t(il) * n_ctx_ + slot) * kv_dim_; }
-  const uint16_t* v(int32_t il, int32_t slot) const { return v_.data() + (size_t(il) * n_ctx_ + slot) * kv_dim_; }
+  const uint16_t* k(int32_t il, int32_t slot) const {
+    return k_.data() + (size_t(il) * n_ctx_ + slot) * kv_dim_;
+  }
+  const uint16_t* v(int32_t il, int32_t slot) const {
+    return v_.data() + (size_t(il) * n_ctx_ + slot) * kv_dim_;
+  }
   size_t row_bytes() const { return sizeof(uint16_t) * kv_dim_; }
   int32_t position(int32_t slot) const { return positions_[slot]; }
   int32_t pending_parent(int32_t pending_index) const { return parents_[n_past_ + pending_index]; }
@@ -46,9 +50,9 @@ class KVCache {
  private:
   int32_t n_layer_, n_ctx_, kv_dim_;
   int32_t n_past_ = 0;
-  std::vector<uint16_t> k_, v_;      // [n_layer][n_ctx][kv_dim] IEEE half
-  std::vector<int32_t> positions_;   // [n_ctx] position of the token in each slot
-  std::vector<int32_t> parents_;     // [n_ctx] parent pending index of each pending slot, -1 = none
+  std::vector<uint16_t> k_, v_;     // [n_layer][n_ctx][kv_dim] IEEE half
+  std::vector<int32_t> positions_;  // [n_ctx] position of the token in each slot
+  std::vector<int32_t> parents_;    // [n_ctx] parent pending index of each pending slot, -1 = none
 };
 
 }  // namespace microspec

@@ -38,16 +38,16 @@ class LlamaModel final : public Model {
 
  private:
   struct Layer {
-    const float* attn_norm;        // [n_embd]
-    QMatrix wq;                    // [n_head*head_dim rows][n_embd]
-    QMatrix wk, wv;                // [n_head_kv*head_dim rows][n_embd]
-    const float* bq;               // [n_head*head_dim] (Qwen2), else null
-    const float* bk;               // [n_head_kv*head_dim] (Qwen2), else null
-    const float* bv;               // [n_head_kv*head_dim] (Qwen2), else null
-    QMatrix wo;                    // [n_embd rows][n_head*head_dim]
-    const float* ffn_norm;         // [n_embd]
-    QMatrix w_gate, w_up;          // [n_ff rows][n_embd]
-    QMatrix w_down;                // [n_embd rows][n_ff]
+    const float* attn_norm;  // [n_embd]
+    QMatrix wq;              // [n_head*head_dim rows][n_embd]
+    QMatrix wk, wv;          // [n_head_kv*head_dim rows][n_embd]
+    const float* bq;         // [n_head*head_dim] (Qwen2), else null
+    const float* bk;         // [n_head_kv*head_dim] (Qwen2), else null
+    const float* bv;         // [n_head_kv*head_dim] (Qwen2), else null
+    QMatrix wo;              // [n_embd rows][n_head*head_dim]
+    const float* ffn_norm;   // [n_embd]
+    QMatrix w_gate, w_up;    // [n_ff rows][n_embd]
+    QMatrix w_down;          // [n_embd rows][n_ff]
   };
 
   static void add_bias(float* y, const float* bias, int32_t n, int32_t dim) {
@@ -63,9 +63,7 @@ class LlamaModel final : public Model {
       const Layer& L = layers_[il];
       // Attention block.
       rms_norm(x, L.attn_norm, n, d, xn_.data());
-      matmul(L.wq, xn_.data(), n, q_.data());
-      matmul(L.wk, xn_.data(), n, k_.data());
-      matmul(L.wv, xn_.data(), n, v_.data());
+      project_qkv(L.wq, L.wk, L.wv, n);
       add_bias(q_.data(), L.bq, n, c.q_dim());
       add_bias(k_.data(), L.bk, n, c.kv_dim());
       add_bias(v_.data(), L.bv, n, c.kv_dim());
@@ -73,18 +71,12 @@ class LlamaModel final : public Model {
       rope(k_.data(), n, c.n_head_kv, batch.positions.data(), c.rope_base);
       attention(il, batch, kv, q_.data(), k_.data(), v_.data(), attn_.data());
       matmul(L.wo, attn_.data(), n, o_.data());
-      for (size_t i = 0; i < size_t(n) * d; ++i) x[i] += o_[i];
+      add_block_output(x, n);
 
       // Feed-forward block.
       rms_norm(x, L.ffn_norm, n, d, xn_.data());
-      matmul(L.w_gate, xn_.data(), n, gate_.data());
-      matmul(L.w_up, xn_.data(), n, up_.data());
-      for (size_t i = 0; i < size_t(n) * c.n_ff; ++i) {
-        const float g = gate_[i];
-        gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];
-      }
-      matmul(L.w_down, gate_.data(), n, o_.data());
-      for (size_t i = 0; i < size_t(n) * d; ++i) x[i] += o_[i];
+      gated_ffn(L.w_gate, L.w_up, L.w_down, Activation::Silu, n);
+      add_block_output(x, n);
     }
   }
 

@@ -18,7 +18,9 @@ namespace microspec {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -31,7 +33,9 @@ inline float hsum(__m256 v) {
 inline float dot_f16(const uint16_t* a, const uint16_t* b, int32_t n) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   int32_t i = 0;
-  auto load = [](const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+  auto load = [](const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  };
   for (; i + 16 <= n; i += 16) {
     acc0 = _mm256_fmadd_ps(load(a + i), load(b + i), acc0);
     acc1 = _mm256_fmadd_ps(load(a + i + 8), load(b + i + 8), acc1);
@@ -51,10 +55,13 @@ inline void axpy_f16(float a, const uint16_t* x, float* y, int32_t n) {
 
 inline void to_f16(const float* x, uint16_t* y, int32_t n) {
   for (int32_t i = 0; i < n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
 }
 
-inline float round_f16(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
+inline float round_f16(float x) {
+  return fp16_to_fp32(fp32_to_fp16(x));
+}
 
 }  // namespace
 
@@ -73,9 +80,11 @@ void Batch::set_sequence(std::span<const int32_t> toks, int32_t pos0, bool outpu
 std::unique_ptr<Model> Model::load(const GgufFile& file, const ModelOptions& options) {
   ModelConfig config = read_model_config(file);
   switch (config.arch) {
-    case Arch::Gemma3: return make_gemma3(file, options);
+    case Arch::Gemma3:
+      return make_gemma3(file, options);
     case Arch::Llama:
-    case Arch::Qwen2: return make_llama(file, options);
+    case Arch::Qwen2:
+      return make_llama(file, options);
   }
   throw Error(file.name() + ": unsupported architecture");
 }
@@ -84,15 +93,15 @@ Model::Model(const GgufFile& file, const ModelOptions& options)
     : config_(read_model_config(file)),
       n_batch_(options.n_batch),
       pool_(options.n_threads),
-      mm_(pool_, best_kernels()) {
+      mm_(pool_, kernels_by_name(options.kernels)) {
   if (options.n_threads < 1) throw Error("thread count must be >= 1");
   if (n_batch_ < 1) throw Error("batch size must be >= 1");
   if (config_.head_dim % 8 != 0)
-    throw Error(file.name() + ": head dimension " + std::to_string(config_.head_dim) + " is not a multiple of 8");
+    throw Error(file.name() + ": head dimension " + std::to_string(config_.head_dim) +
+                " is not a multiple of 8");
   const GgufTensor* embd = file.find_tensor("token_embd.weight");
   if (!embd) throw Error(file.name() + ": missing tensor 'token_embd.weight'");
-  if (embd->ne.size() != 2)
-    throw Error(file.name() + ": tensor 'token_embd.weight' must be 2-D");
+  if (embd->ne.size() != 2) throw Error(file.name() + ": tensor 'token_embd.weight' must be 2-D");
   config_.n_vocab = static_cast<int32_t>(embd->ne[1]);
   if (file.has("tokenizer.ggml.tokens")) {
     const size_t n_tok = file.get_string_array("tokenizer.ggml.tokens").size();
@@ -102,7 +111,7 @@ Model::Model(const GgufFile& file, const ModelOptions& options)
   }
   token_embd_ = matrix(file, "token_embd.weight", config_.n_embd, config_.n_vocab);
   output_ = file.find_tensor("output.weight") ? matrix(file, "output.weight", config_.n_embd, config_.n_vocab)
-                                               : token_embd_;
+                                              : token_embd_;
   output_norm_ = vector(file, "output_norm.weight", config_.n_embd);
 
   const int32_t d = config_.n_embd;
@@ -133,8 +142,8 @@ QMatrix Model::matrix(const GgufFile& f, const std::string& name, int64_t cols, 
   if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows) {
     std::string actual;
     for (size_t i = 0; i < t->ne.size(); ++i) actual += (i ? ", " : "") + std::to_string(t->ne[i]);
-    throw Error(f.name() + ": tensor '" + name + "' has shape [" + actual + "], expected [" + std::to_string(cols) +
-                ", " + std::to_string(rows) + "]");
+    throw Error(f.name() + ": tensor '" + name + "' has shape [" + actual + "], expected [" +
+                std::to_string(cols) + ", " + std::to_string(rows) + "]");
   }
   if (!mm_.kernels().vec_dot[static_cast<uint32_t>(t->type)])
     throw Error(f.name() + ": tensor '" + name + "' has type " + type_name(static_cast<uint32_t>(t->type)) +
@@ -158,14 +167,44 @@ const float* Model::vector(const GgufFile& f, const std::string& name, int64_t n
     throw Error(f.name() + ": tensor '" + name + "' has type " + type_name(static_cast<uint32_t>(t->type)) +
                 ", expected F32");
   if (t->ne.size() != 1 || t->ne[0] != n)
-    throw Error(f.name() + ": tensor '" + name + "' has " + std::to_string(t->n_elements()) + " elements in " +
-                std::to_string(t->ne.size()) + " dims, expected [" + std::to_string(n) + "]");
+    throw Error(f.name() + ": tensor '" + name + "' has " + std::to_string(t->n_elements()) +
+                " elements in " + std::to_string(t->ne.size()) + " dims, expected [" + std::to_string(n) +
+                "]");
   // The data section is aligned (>= 32 bytes, checked by the reader), so f32 access is aligned.
   return reinterpret_cast<const float*>(t->data);
 }
 
 void Model::matmul(const QMatrix& w, const float* x, int32_t n, float* y) {
   microspec::matmul(mm_, w, x, n, y, w.rows);
+}
+
+void Model::project_qkv(const QMatrix& wq, const QMatrix& wk, const QMatrix& wv, int32_t n) {
+  matmul(wq, xn_.data(), n, q_.data());
+  matmul(wk, xn_.data(), n, k_.data());
+  matmul(wv, xn_.data(), n, v_.data());
+}
+
+void Model::gated_ffn(const QMatrix& w_gate, const QMatrix& w_up, const QMatrix& w_down, Activation act,
+                      int32_t n) {
+  matmul(w_gate, xn_.data(), n, gate_.data());
+  matmul(w_up, xn_.data(), n, up_.data());
+  const size_t count = size_t(n) * config_.n_ff;
+  float* g = gate_.data();
+  const float* u = up_.data();
+  if (act == Activation::GeluTanh) {
+    // GELU-tanh: 0.5 g (1 + tanh(c (g + 0.044715 g^3))) is exactly g * sigmoid(2c (...)); expf is
+    // several times cheaper than tanhf, which showed up in prefill profiles.
+    for (size_t i = 0; i < count; ++i)
+      g[i] = g[i] / (1.0f + std::exp(-1.5957691216f * (g[i] + 0.044715f * g[i] * g[i] * g[i]))) * u[i];
+  } else {
+    for (size_t i = 0; i < count; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+  matmul(w_down, gate_.data(), n, o_.data());
+}
+
+void Model::add_block_output(float* x, int32_t n) const {
+  const size_t count = size_t(n) * config_.n_embd;
+  for (size_t i = 0; i < count; ++i) x[i] += o_[i];
 }
 
 void Model::rms_norm(const float* x, const float* weight, int32_t n_rows, int32_t dim, float* y) const {
@@ -200,8 +239,8 @@ void Model::rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions,
   }
 }
 
-void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* q, const float* k, const float* v,
-                      float* out) {
+void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* q, const float* k,
+                      const float* v, float* out) {
   const int32_t n = batch.size(), hd = config_.head_dim, kvd = config_.kv_dim();
   const int32_t n_past = kv.n_past(), group = config_.n_head / config_.n_head_kv;
   for (int32_t i = 0; i < n; ++i) {
@@ -219,7 +258,8 @@ void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* 
     uint16_t* q16 = q16_.data() + size_t(thread) * hd;
     int32_t last_query = -1, n_visible = 0;
     for (int64_t task = begin; task < end; ++task) {
-      const int32_t i = static_cast<int32_t>(task / config_.n_head), h = static_cast<int32_t>(task % config_.n_head);
+      const int32_t i = static_cast<int32_t>(task / config_.n_head),
+                    h = static_cast<int32_t>(task % config_.n_head);
       const int32_t qpos = batch.positions[i];
       if (i != last_query) {
         // Pending slots this token sees: itself and its chain of ancestors (collected leaf first).
@@ -237,7 +277,8 @@ void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* 
       float max_score = kMasked;
       int32_t n_keys = 0;
       for (int32_t s = 0; s < n_past; ++s) max_score = std::max(max_score, scores[n_keys++] = score(s));
-      for (int32_t j = n_visible - 1; j >= 0; --j) max_score = std::max(max_score, scores[n_keys++] = score(n_past + visible[j]));
+      for (int32_t j = n_visible - 1; j >= 0; --j)
+        max_score = std::max(max_score, scores[n_keys++] = score(n_past + visible[j]));
       float sum = 0.0f;
       for (int32_t s = 0; s < n_keys; ++s) {
         scores[s] = scores[s] == kMasked ? 0.0f : std::exp(scores[s] - max_score);
@@ -252,7 +293,8 @@ void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* 
       for (int32_t s = 0; s < n_past; ++s, ++idx)
         if (scores[idx] != 0.0f) axpy_f16(round_f16(scores[idx] * inv_sum), kv.v(il, s) + koff, oh, hd);
       for (int32_t j = n_visible - 1; j >= 0; --j, ++idx)
-        if (scores[idx] != 0.0f) axpy_f16(round_f16(scores[idx] * inv_sum), kv.v(il, n_past + visible[j]) + koff, oh, hd);
+        if (scores[idx] != 0.0f)
+          axpy_f16(round_f16(scores[idx] * inv_sum), kv.v(il, n_past + visible[j]) + koff, oh, hd);
     }
   });
 }
@@ -262,12 +304,13 @@ void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool wa
   if (n_layers < 0 || n_layers > config_.n_layer) n_layers = config_.n_layer;
   if (n == 0) throw Error("forward: empty batch");
   if (n > n_batch_)
-    throw Error("forward: batch of " + std::to_string(n) + " tokens exceeds n_batch " + std::to_string(n_batch_));
+    throw Error("forward: batch of " + std::to_string(n) + " tokens exceeds n_batch " +
+                std::to_string(n_batch_));
   if (batch.positions.size() != size_t(n) || batch.parents.size() != size_t(n))
     throw Error("forward: batch positions/parents do not match its tokens");
   if (batch.start < 0 || kv.n_past() + batch.start + n > kv.n_ctx())
-    throw Error("context full: " + std::to_string(kv.n_past() + batch.start + n) + " tokens needed, context size is " +
-                std::to_string(kv.n_ctx()));
+    throw Error("context full: " + std::to_string(kv.n_past() + batch.start + n) +
+                " tokens needed, context size is " + std::to_string(kv.n_ctx()));
   if (kv.n_layer() != config_.n_layer || kv.kv_dim() != config_.kv_dim())
     throw Error("forward: KV cache was made for another model");
   for (int32_t i = 0; i < n; ++i) {
@@ -275,7 +318,8 @@ void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool wa
     if (t < 0 || t >= config_.n_vocab)
       throw Error("forward: token id " + std::to_string(t) + " is outside the vocabulary (0.." +
                   std::to_string(config_.n_vocab - 1) + ")");
-    if (p < -1 || p >= batch.start + i) throw Error("forward: parent of token " + std::to_string(i) + " is not written yet");
+    if (p < -1 || p >= batch.start + i)
+      throw Error("forward: parent of token " + std::to_string(i) + " is not written yet");
     if (batch.positions[i] < 0) throw Error("forward: negative position");
     kv.set_slot_meta(kv.n_past() + batch.start + i, batch.positions[i], p);
   }

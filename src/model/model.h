@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/matmul.h"
@@ -31,7 +32,13 @@ struct Batch {
   int32_t start = 0;                 // pending index of tokens[0]
 
   int32_t size() const { return static_cast<int32_t>(tokens.size()); }
-  void clear() { tokens.clear(); positions.clear(); parents.clear(); output_rows.clear(); start = 0; }
+  void clear() {
+    tokens.clear();
+    positions.clear();
+    parents.clear();
+    output_rows.clear();
+    start = 0;
+  }
   // A plain sequential run of tokens at positions pos0.., each the parent of the next.
   void set_sequence(std::span<const int32_t> toks, int32_t pos0, bool output_all);
 };
@@ -51,7 +58,8 @@ struct ModelTimings {
 
 struct ModelOptions {
   int n_threads = 2;
-  int32_t n_batch = 512;  // most tokens one forward call takes; scratch is sized for it at load
+  int32_t n_batch = 512;         // most tokens one forward call takes; scratch is sized for it at load
+  std::string kernels = "auto";  // kernel table, see kernels_by_name()
 };
 
 class Model {
@@ -88,6 +96,14 @@ class Model {
   void matmul(const QMatrix& w, const float* x, int32_t n, float* y);
   void rms_norm(const float* x, const float* weight, int32_t n_rows, int32_t dim, float* y) const;
   void rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions, float base) const;
+  enum class Activation { GeluTanh, Silu };
+  // q_, k_, v_ = Wq, Wk, Wv times xn_ (n tokens).
+  void project_qkv(const QMatrix& wq, const QMatrix& wk, const QMatrix& wv, int32_t n);
+  // o_ = Wdown (act(Wgate xn_) * Wup xn_) for n tokens.
+  void gated_ffn(const QMatrix& w_gate, const QMatrix& w_up, const QMatrix& w_down, Activation act,
+                 int32_t n);
+  // x += o_ for n tokens.
+  void add_block_output(float* x, int32_t n) const;
   // Writes k, v of the batch into the cache and computes attention of q against the committed
   // prefix plus each token's ancestors. q: [n][n_head*head_dim], out: same shape.
   void attention(int32_t il, const Batch& batch, KVCache& kv, const float* q, const float* k, const float* v,
@@ -98,8 +114,8 @@ class Model {
   int32_t n_batch_;
   ThreadPool pool_;
   MatmulContext mm_;
-  QMatrix token_embd_;  // [n_vocab rows][n_embd]
-  QMatrix output_;      // [n_vocab rows][n_embd]: token_embd_ when tied
+  QMatrix token_embd_;                  // [n_vocab rows][n_embd]
+  QMatrix output_;                      // [n_vocab rows][n_embd]: token_embd_ when tied
   const float* output_norm_ = nullptr;  // [n_embd]
 
   // Scratch, sized at load for n_batch tokens.
