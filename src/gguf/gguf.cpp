@@ -30,31 +30,6 @@ constexpr uint64_t kMinKvBytes = 8 + 1 + 4 + 1;  // key length, 1-byte key, type
 constexpr uint64_t kMinTensorInfoBytes =
     8 + 1 + 4 + 8 + 4 + 8;  // name length, name, n_dims, ne[0], type, offset
 
-// Size in bytes of one element of a fixed-size value type; 0 for STRING, ARRAY and unknown types.
-size_t fixed_size(GgufType t) {
-  switch (t) {
-    case GgufType::U8:
-    case GgufType::I8:
-    case GgufType::BOOL:
-      return 1;
-    case GgufType::U16:
-    case GgufType::I16:
-      return 2;
-    case GgufType::U32:
-    case GgufType::I32:
-    case GgufType::F32:
-      return 4;
-    case GgufType::U64:
-    case GgufType::I64:
-    case GgufType::F64:
-      return 8;
-    case GgufType::STRING:
-    case GgufType::ARRAY:
-      return 0;
-  }
-  return 0;
-}
-
 bool is_known_type(int32_t raw) {
   return raw >= 0 && raw <= static_cast<int32_t>(GgufType::F64);
 }
@@ -367,7 +342,7 @@ void GgufFile::parse(const uint8_t* data, size_t size) {
       v.elem_type = static_cast<GgufType>(raw_elem);
       const size_t count_at = c.pos();
       v.count = c.read<uint64_t>(ctx + " array count");
-      const size_t elem = fixed_size(v.elem_type);
+      const size_t elem = gguf_value_size(v.elem_type);
       // A string takes at least its 8-byte length; bound the count before walking.
       const size_t min_elem = elem ? elem : 8;
       if (v.count > c.remaining() / min_elem)
@@ -658,6 +633,30 @@ std::vector<std::string> GgufFile::keys() const {
 const GgufTensor* GgufFile::find_tensor(std::string_view name) const {
   auto it = tensor_index_.find(std::string(name));
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
+}
+
+size_t gguf_value_size(GgufType t) {
+  switch (t) {
+    case GgufType::U8:
+    case GgufType::I8:
+    case GgufType::BOOL:
+      return 1;
+    case GgufType::U16:
+    case GgufType::I16:
+      return 2;
+    case GgufType::U32:
+    case GgufType::I32:
+    case GgufType::F32:
+      return 4;
+    case GgufType::U64:
+    case GgufType::I64:
+    case GgufType::F64:
+      return 8;
+    case GgufType::STRING:
+    case GgufType::ARRAY:
+      return 0;
+  }
+  return 0;
 }
 
 }  // namespace microspec

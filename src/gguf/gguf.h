@@ -15,21 +15,34 @@
 namespace microspec {
 
 enum class GgufType : int32_t {
-  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7,
-  STRING = 8, ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
+  U8 = 0,
+  I8 = 1,
+  U16 = 2,
+  I16 = 3,
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  U64 = 10,
+  I64 = 11,
+  F64 = 12,
 };
 const char* gguf_type_name(GgufType t);
+// Bytes of one element of a fixed-size value type; 0 for STRING, ARRAY and unknown types.
+size_t gguf_value_size(GgufType t);
 
 // One metadata value. Scalars are widened on parse; arrays keep a view into the mapped file.
 struct GgufValue {
   GgufType type = GgufType::U8;
-  GgufType elem_type = GgufType::U8;  // for arrays
-  uint64_t count = 0;                 // for arrays
-  const uint8_t* array_data = nullptr;  // for arrays of fixed-size elements: raw little-endian elements
+  GgufType elem_type = GgufType::U8;      // for arrays
+  uint64_t count = 0;                     // for arrays
+  const uint8_t* array_data = nullptr;    // for arrays of fixed-size elements: raw little-endian elements
   std::vector<std::string_view> strings;  // for STRING (one entry) and arrays of STRING
-  int64_t i = 0;      // integer and bool scalars
-  uint64_t u = 0;     // U64 scalars (also mirrored into i when it fits)
-  double f = 0.0;     // F32/F64 scalars
+  int64_t i = 0;                          // integer and bool scalars
+  uint64_t u = 0;                         // U64 scalars (also mirrored into i when it fits)
+  double f = 0.0;                         // F32/F64 scalars
 };
 
 struct GgufTensor {

@@ -25,28 +25,6 @@ void put_string(std::vector<uint8_t>& out, std::string_view s) {
   out.insert(out.end(), s.begin(), s.end());
 }
 
-size_t elem_size(GgufType t) {
-  switch (t) {
-    case GgufType::U8:
-    case GgufType::I8:
-    case GgufType::BOOL:
-      return 1;
-    case GgufType::U16:
-    case GgufType::I16:
-      return 2;
-    case GgufType::U32:
-    case GgufType::I32:
-    case GgufType::F32:
-      return 4;
-    case GgufType::U64:
-    case GgufType::I64:
-    case GgufType::F64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 uint64_t align_up(uint64_t x, uint64_t a) {
   return (x + a - 1) / a * a;
 }
@@ -141,7 +119,7 @@ void GgufWriter::add_i32_array(std::string_view key, std::span<const int32_t> v)
 }
 
 void GgufWriter::add_array(std::string_view key, GgufType elem_type, const void* data, uint64_t count) {
-  const size_t es = elem_size(elem_type);
+  const size_t es = gguf_value_size(elem_type);
   if (es == 0)
     throw Error(std::string("GgufWriter: add_array needs a fixed-size element type, not ") +
                 gguf_type_name(elem_type));
