@@ -79,24 +79,6 @@ struct MatchDataDeleter {
 using CodePtr = std::unique_ptr<pcre2_code, CodeDeleter>;
 using MatchDataPtr = std::unique_ptr<pcre2_match_data, MatchDataDeleter>;
 
-struct Symbol {
-  int32_t prev, next;
-  uint32_t offset, length;  // bytes of the mapped word; length 0 once merged into the left neighbour
-};
-
-struct Bigram {
-  int32_t rank;
-  int32_t left, right;
-  uint32_t size;  // combined length when queued; a mismatch later means the entry is stale
-};
-
-// Max-heap order: lowest rank first, then the leftmost pair.
-struct BigramLess {
-  bool operator()(const Bigram& a, const Bigram& b) const {
-    return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
-  }
-};
-
 class BpeTokenizer final : public VocabTokenizer {
  public:
   explicit BpeTokenizer(const GgufFile& file);
@@ -247,43 +229,20 @@ void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out)
       return;
     }
   }
-  thread_local std::vector<Symbol> syms;  // [characters of the word]
-  thread_local std::vector<Bigram> heap;  // [pending pairs]
-  thread_local std::string key;           // scratch for merge lookups
+  thread_local std::vector<MergeSymbol> syms;  // [characters of the word]
+  thread_local std::vector<MergePair> heap;    // [pending pairs]
+  thread_local std::string key;                // scratch for merge lookups
   syms.clear();
   heap.clear();
-  const auto n = static_cast<uint32_t>(word.size());
-  for (uint32_t off = 0; off < n;) {
-    const auto len =
-        static_cast<uint32_t>(std::min<size_t>(utf8::lead_length(static_cast<uint8_t>(word[off])), n - off));
-    const auto index = static_cast<int32_t>(syms.size());
-    syms.push_back(Symbol{index - 1, off + len == n ? -1 : index + 1, off, len});
-    off += len;
-  }
-  auto text_of = [&](const Symbol& s) { return word.substr(s.offset, s.length); };
-  auto try_add = [&](int32_t left, int32_t right) {
-    if (left < 0 || right < 0) return;
-    const int32_t rank = merge_rank(text_of(syms[left]), text_of(syms[right]), key);
-    if (rank < 0) return;
-    heap.push_back(Bigram{rank, left, right, syms[left].length + syms[right].length});
-    std::push_heap(heap.begin(), heap.end(), BigramLess{});
-  };
-  for (int32_t i = 1; i < static_cast<int32_t>(syms.size()); ++i) try_add(i - 1, i);
-
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), BigramLess{});
-    const Bigram b = heap.back();
-    heap.pop_back();
-    Symbol& left = syms[b.left];
-    Symbol& right = syms[b.right];
-    if (left.length == 0 || right.length == 0 || left.length + right.length != b.size) continue;
-    left.length += right.length;
-    right.length = 0;
-    left.next = right.next;
-    if (right.next >= 0) syms[right.next].prev = b.left;
-    try_add(left.prev, b.left);
-    try_add(b.left, left.next);
-  }
+  split_utf8_symbols(word, syms);
+  auto text_of = [&](const MergeSymbol& sym) { return word.substr(sym.offset, sym.length); };
+  // Merge priority: the earlier a merge is listed, the sooner it applies.
+  merge_pairs(syms, heap, [&](const MergeSymbol& l, const MergeSymbol& r, double* priority) {
+    const int32_t rank = merge_rank(text_of(l), text_of(r), key);
+    if (rank < 0) return false;
+    *priority = -static_cast<double>(rank);
+    return true;
+  });
 
   for (int32_t i = 0; i != -1; i = syms[i].next) {
     const std::string_view piece = text_of(syms[i]);

@@ -61,29 +61,11 @@ SpmTokenizer::SpmTokenizer(const GgufFile& file) {
   }
 }
 
-struct Symbol {
-  int32_t prev, next;
-  uint32_t offset, length;  // bytes of the escaped text; length 0 once merged into the left neighbour
-};
-
-struct Bigram {
-  float score;
-  int32_t left, right;
-  uint32_t size;  // combined length when queued; a mismatch later means the entry is stale
-};
-
-// Max-heap order: higher score first, then the leftmost pair.
-struct BigramLess {
-  bool operator()(const Bigram& a, const Bigram& b) const {
-    return a.score < b.score || (a.score == b.score && a.left > b.left);
-  }
-};
-
 void SpmTokenizer::encode_fragment(std::string_view text, bool after_special,
                                    std::vector<int32_t>& out) const {
-  thread_local std::string buf;           // [bytes] escaped text
-  thread_local std::vector<Symbol> syms;  // [characters]
-  thread_local std::vector<Bigram> heap;  // [pending pairs]
+  thread_local std::string buf;                // [bytes] escaped text
+  thread_local std::vector<MergeSymbol> syms;  // [characters]
+  thread_local std::vector<MergePair> heap;    // [pending pairs]
   buf.clear();
   syms.clear();
   heap.clear();
@@ -101,44 +83,19 @@ void SpmTokenizer::encode_fragment(std::string_view text, bool after_special,
   if (buf.size() > static_cast<size_t>(INT32_MAX))
     throw Error("text too long to tokenize (over 2 GiB without a break)");
 
-  const uint32_t n = static_cast<uint32_t>(buf.size());
-  for (uint32_t off = 0; off < n;) {
-    const auto len =
-        static_cast<uint32_t>(std::min<size_t>(utf8::lead_length(static_cast<uint8_t>(buf[off])), n - off));
-    const auto index = static_cast<int32_t>(syms.size());
-    syms.push_back(Symbol{index - 1, off + len == n ? -1 : index + 1, off, len});
-    off += len;
-  }
-
-  auto try_add = [&](int32_t left, int32_t right) {
-    if (left < 0 || right < 0) return;
-    const uint32_t size = syms[left].length + syms[right].length;
-    const int32_t id = find_token(std::string_view(buf.data() + syms[left].offset, size));
-    if (id < 0) return;
-    heap.push_back(Bigram{scores_[id], left, right, size});
-    std::push_heap(heap.begin(), heap.end(), BigramLess{});
-  };
-  for (int32_t i = 1; i < static_cast<int32_t>(syms.size()); ++i) try_add(i - 1, i);
-
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), BigramLess{});
-    const Bigram b = heap.back();
-    heap.pop_back();
-    Symbol& left = syms[b.left];
-    Symbol& right = syms[b.right];
-    if (left.length == 0 || right.length == 0 || left.length + right.length != b.size) continue;
-    left.length += right.length;
-    right.length = 0;
-    left.next = right.next;
-    if (right.next >= 0) syms[right.next].prev = b.left;
-    try_add(left.prev, b.left);
-    try_add(b.left, left.next);
-  }
+  split_utf8_symbols(buf, syms);
+  // Merge priority: the score of the token the pair forms.
+  merge_pairs(syms, heap, [&](const MergeSymbol& l, const MergeSymbol& r, double* priority) {
+    const int32_t id = find_token(std::string_view(buf.data() + l.offset, l.length + r.length));
+    if (id < 0) return false;
+    *priority = scores_[id];
+    return true;
+  });
 
   // Every merged symbol is a token by construction; single characters may not be, and then
   // their bytes are emitted as byte tokens.
   for (int32_t i = 0; i != -1; i = syms[i].next) {
-    const Symbol& s = syms[i];
+    const MergeSymbol& s = syms[i];
     const int32_t id = find_token(std::string_view(buf.data() + s.offset, s.length));
     if (id >= 0) {
       out.push_back(id);

@@ -359,5 +359,17 @@ std::vector<int32_t> VocabTokenizer::encode(std::string_view text, bool add_bos,
   return out;
 }
 
+void split_utf8_symbols(std::string_view text, std::vector<MergeSymbol>& syms) {
+  syms.clear();
+  const auto n = static_cast<uint32_t>(text.size());
+  for (uint32_t off = 0; off < n;) {
+    const auto len =
+        static_cast<uint32_t>(std::min<size_t>(utf8::lead_length(static_cast<uint8_t>(text[off])), n - off));
+    const auto index = static_cast<int32_t>(syms.size());
+    syms.push_back(MergeSymbol{index - 1, off + len == n ? -1 : index + 1, off, len});
+    off += len;
+  }
+}
+
 }  // namespace tok
 }  // namespace microspec

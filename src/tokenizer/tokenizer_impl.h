@@ -1,6 +1,7 @@
 #pragma once
 // Internals shared by the SentencePiece-style and byte-level BPE tokenizers: the string index,
 // the special-token splitter and the common loader. Not part of the public interface.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -121,6 +122,56 @@ class VocabTokenizer : public Tokenizer {
 
 std::unique_ptr<Tokenizer> make_spm_tokenizer(const GgufFile& file);
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(const GgufFile& file);
+
+// --- Pair merging shared by the SentencePiece and BPE tokenizers ------------------------------
+// A symbol is a byte range of the text being merged, linked to its neighbours; length 0 once it
+// has been merged into its left neighbour.
+struct MergeSymbol {
+  int32_t prev, next;
+  uint32_t offset, length;
+};
+
+struct MergePair {
+  double priority;  // larger merges first
+  int32_t left, right;
+  uint32_t size;  // combined length when queued; a mismatch later means the entry is stale
+};
+
+// One symbol per UTF-8 character of text (a truncated sequence at the end stays one symbol).
+void split_utf8_symbols(std::string_view text, std::vector<MergeSymbol>& syms);
+
+// Repeatedly merges the adjacent pair with the highest priority (the leftmost on ties) until no
+// pair has one. priority(left, right, &p) returns false when the two symbols cannot merge.
+template <class Priority>
+void merge_pairs(std::vector<MergeSymbol>& syms, std::vector<MergePair>& heap, Priority&& priority) {
+  // Max-heap order: higher priority first, then the leftmost pair.
+  auto less = [](const MergePair& a, const MergePair& b) {
+    return a.priority < b.priority || (a.priority == b.priority && a.left > b.left);
+  };
+  heap.clear();
+  auto try_add = [&](int32_t left, int32_t right) {
+    if (left < 0 || right < 0) return;
+    double p;
+    if (!priority(syms[left], syms[right], &p)) return;
+    heap.push_back(MergePair{p, left, right, syms[left].length + syms[right].length});
+    std::push_heap(heap.begin(), heap.end(), less);
+  };
+  for (int32_t i = 1; i < static_cast<int32_t>(syms.size()); ++i) try_add(i - 1, i);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), less);
+    const MergePair b = heap.back();
+    heap.pop_back();
+    MergeSymbol& left = syms[b.left];
+    MergeSymbol& right = syms[b.right];
+    if (left.length == 0 || right.length == 0 || left.length + right.length != b.size) continue;
+    left.length += right.length;
+    right.length = 0;
+    left.next = right.next;
+    if (right.next >= 0) syms[right.next].prev = b.left;
+    try_add(left.prev, b.left);
+    try_add(b.left, left.next);
+  }
+}
 
 }  // namespace tok
 }  // namespace microspec
