@@ -295,10 +295,8 @@ std::string BpeTokenizer::token_to_piece(int32_t id, bool special) const {
       }
       return out;
     }
-    case TokenType::Byte: {
-      const std::string digits = text.size() >= 5 ? text.substr(3, 2) : std::string();
-      return std::string(1, static_cast<char>(std::strtol(digits.c_str(), nullptr, 16)));
-    }
+    case TokenType::Byte:
+      return byte_token_bytes(text);
     case TokenType::Undefined:
     case TokenType::Unused:
       break;

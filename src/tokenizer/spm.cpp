@@ -130,11 +130,8 @@ std::string SpmTokenizer::token_to_piece(int32_t id, bool special) const {
       }
       return out;
     }
-    case TokenType::Byte: {
-      // "<0xXX>": the two hex digits after "<0x" (parsed as far as they are hex, like strtol).
-      const std::string digits = text.size() >= 5 ? text.substr(3, 2) : std::string();
-      return std::string(1, static_cast<char>(std::strtol(digits.c_str(), nullptr, 16)));
-    }
+    case TokenType::Byte:
+      return byte_token_bytes(text);
     case TokenType::Undefined:
     case TokenType::Unused:
       break;

@@ -3,6 +3,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -357,6 +358,11 @@ std::vector<int32_t> VocabTokenizer::encode(std::string_view text, bool add_bos,
     }
   }
   return out;
+}
+
+std::string byte_token_bytes(std::string_view text) {
+  const std::string digits = text.size() >= 5 ? std::string(text.substr(3, 2)) : std::string();
+  return std::string(1, static_cast<char>(std::strtol(digits.c_str(), nullptr, 16)));
 }
 
 void split_utf8_symbols(std::string_view text, std::vector<MergeSymbol>& syms) {

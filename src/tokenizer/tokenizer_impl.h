@@ -137,6 +137,9 @@ struct MergePair {
   uint32_t size;  // combined length when queued; a mismatch later means the entry is stale
 };
 
+// The byte a "<0xXX>" byte token stands for (the hex digits parsed as far as they are hex, like strtol).
+std::string byte_token_bytes(std::string_view text);
+
 // One symbol per UTF-8 character of text (a truncated sequence at the end stays one symbol).
 void split_utf8_symbols(std::string_view text, std::vector<MergeSymbol>& syms);
 

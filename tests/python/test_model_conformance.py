@@ -22,9 +22,10 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
+import spec_bench  # noqa: E402
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
-SPEC_BENCH = REPO.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 MODELS = {
     "gemma": REPO / "models" / "gemma-3-270m-q4_k_m.gguf",
     "smollm2": REPO / "models" / "smollm2-135m-instruct-q4_1.gguf",
@@ -38,24 +39,6 @@ def llama_cpp_module():
     except ImportError as e:  # a missing peer is a failed setup, not a skipped test
         pytest.fail(f"llama_cpp (llama-cpp-python) is not importable: run scripts/setup.sh ({e})")
     return llama_cpp
-
-
-def spec_bench_texts():
-    if not SPEC_BENCH.exists():
-        pytest.fail(f"{SPEC_BENCH} is missing")
-    rows = [json.loads(line) for line in SPEC_BENCH.read_text(encoding="utf-8").splitlines() if line.strip()]
-    # Spread over the categories: take questions round-robin by category.
-    by_cat = {}
-    for r in rows:
-        by_cat.setdefault(r["category"], []).append(r["turns"][0])
-    texts, i = [], 0
-    cats = sorted(by_cat)
-    while len(texts) < len(rows):
-        for c in cats:
-            if i < len(by_cat[c]):
-                texts.append(by_cat[c][i])
-        i += 1
-    return texts
 
 
 def run_eval(model, ids, positions):
@@ -82,7 +65,7 @@ def peer(request):
 
 
 def long_prompts(llm):
-    texts = spec_bench_texts()
+    texts = spec_bench.first_turns()
     prompts, cur = [], []
     bos = [llm.token_bos()] if request_bos(llm) else []
     for t in texts:
@@ -186,7 +169,7 @@ def test_greedy_continuations_match_llama_cpp(peer):
     continuation that differs first differs where llama.cpp's own logits are a near-tie (its choice
     beats ours by less than 0.5 logits), and a fair share are identical throughout."""
     name, path, llm = peer
-    texts = spec_bench_texts()[:N_GREEDY]
+    texts = spec_bench.first_turns()[:N_GREEDY]
     same, prefix_lens, gaps = 0, [], []
     for t in texts:
         ids = llm.tokenize(t.encode("utf-8"), add_bos=request_bos(llm), special=False)

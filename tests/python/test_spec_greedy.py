@@ -17,9 +17,14 @@ import subprocess
 
 import pytest
 
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+import spec_bench  # noqa: E402
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
-SPEC_BENCH = REPO.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 MODELS = {
     "gemma": REPO / "models" / "gemma-3-270m-q4_k_m.gguf",
     "smollm2": REPO / "models" / "smollm2-135m-instruct-q4_1.gguf",
@@ -47,27 +52,11 @@ def configs(model):
     }
 
 
-def spec_bench_prompts(n):
-    if not SPEC_BENCH.exists():
-        pytest.fail(f"{SPEC_BENCH} is missing")
-    rows = [json.loads(line) for line in SPEC_BENCH.read_text(encoding="utf-8").splitlines() if line.strip()]
-    by_cat = {}
-    for r in rows:
-        by_cat.setdefault(r["category"], []).append(r["turns"][0])
-    cats, texts, i = sorted(by_cat), [], 0
-    while len(texts) < n:
-        for c in cats:
-            if i < len(by_cat[c]) and len(texts) < n:
-                texts.append(by_cat[c][i])
-        i += 1
-    return texts
-
-
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("spec") / "prompts.jsonl"
     with open(path, "w", encoding="utf-8") as f:
-        for text in spec_bench_prompts(N_PROMPTS):
+        for text in spec_bench.first_turns(N_PROMPTS):
             f.write(json.dumps({"prompt": text}) + "\n")
     return path
 
