@@ -33,66 +33,9 @@ struct GenerateArgs {
   bool ignore_eos = false;
   bool json = false;
   bool quiet = false;
-  // Speculative decoding (greedy only).
-  std::string spec = "none";  // none | self | draft
-  int32_t draft_layers = 0;   // self: target layers the draft runs; 0 = all but the last eighth
-  std::string draft_model;    // draft: GGUF file with the target's vocabulary
-  TreeParams tree;
+  SpecConfig spec;
   std::string prompts_jsonl;  // batch mode: one prompt per line ({"prompt": ...} or {"turns": [...]})
 };
-
-// The speculative side of a generate run: drafter and generator, built once per process.
-struct SpecSetup {
-  LoadedModel draft;  // --spec draft only
-  std::unique_ptr<Drafter> drafter;
-  std::unique_ptr<SpeculativeGenerator> gen;
-  std::string describe;
-};
-
-std::unique_ptr<SpecSetup> make_spec(const GenerateArgs& a, LoadedModel& m, Generator& gen) {
-  if (a.spec == "none") {
-    if (!a.draft_model.empty() || a.draft_layers != 0)
-      throw Error("--draft-model/--draft-layers need --spec");
-    return nullptr;
-  }
-  if (a.temperature > 0.0f) throw Error("--spec supports greedy decoding only (--temp 0)");
-  auto s = std::make_unique<SpecSetup>();
-  const int32_t n_layer = m.model->config().n_layer;
-  if (a.spec == "self") {
-    if (!a.draft_model.empty()) throw Error("--draft-model applies to --spec draft");
-    // Default measured: half the layers almost never agrees with the target (acceptance ~1.0 on
-    // Gemma 3 270M and SmolLM2 135M); dropping only the last eighth accepts 1.8 (SmolLM2) to 4.3
-    // (Gemma) tokens per step with a chain of 4.
-    const int32_t layers =
-        a.draft_layers > 0 ? a.draft_layers : std::max(1, n_layer - std::max(1, n_layer / 8));
-    if (layers > n_layer)
-      throw Error("--draft-layers " + std::to_string(layers) + ": the model has " + std::to_string(n_layer) +
-                  " layers");
-    s->drafter = std::make_unique<SelfDrafter>(*m.model, gen.cache(), layers,
-                                               DraftVocabulary::full(m.model->config().n_vocab));
-    s->describe = "self, " + std::to_string(layers) + "/" + std::to_string(n_layer) + " layers";
-  } else if (a.spec == "draft") {
-    if (a.draft_model.empty()) throw Error("--spec draft needs --draft-model FILE");
-    if (a.draft_layers != 0) throw Error("--draft-layers applies to --spec self");
-    ModelArgs dargs = a.model;
-    dargs.model_path = a.draft_model;
-    s->draft.file = GgufFile::open(dargs.model_path);
-    check_same_vocabulary(*m.file, *s->draft.file);
-    ModelOptions opt;
-    opt.n_threads = m.model->pool().size();
-    opt.n_batch = a.model.n_batch;
-    s->draft.model = Model::load(*s->draft.file, opt);
-    s->drafter = std::make_unique<ModelDrafter>(*s->draft.model, a.model.n_ctx,
-                                                DraftVocabulary::full(s->draft.model->config().n_vocab));
-    s->describe = "draft model " + a.draft_model;
-  } else {
-    throw Error("--spec must be none, self or draft");
-  }
-  s->gen = std::make_unique<SpeculativeGenerator>(gen, *m.tokenizer, *s->drafter, a.tree);
-  s->describe += ", tree depth " + std::to_string(a.tree.depth) + " top-k " + std::to_string(a.tree.top_k) +
-                 " tokens " + std::to_string(a.tree.total_tokens);
-  return s;
-}
 
 std::vector<int32_t> encode_prompt(const GenerateArgs& a, const LoadedModel& m, const std::string& text) {
   const Tokenizer& tok = *m.tokenizer;
@@ -132,7 +75,7 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Generator& gen, S
   };
   SpecResult sr;
   if (spec)
-    sr = spec->gen->generate(prompt_ids, params, on_text);
+    sr = spec->generate(prompt_ids, params, on_text);
   else
     sr.gen = gen.generate(prompt_ids, params, on_text);
   const GenerateResult& r = sr.gen;
@@ -154,7 +97,7 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Generator& gen, S
         stderr,
         "speculative (%s): decode %.1f tok/s | %d steps | mean acceptance length %.2f | time shares: "
         "draft %.0f%%, verify %.0f%%, LM head %.0f%%\n",
-        spec->describe.c_str(), decode_tps, st.steps, st.mean_acceptance_length(),
+        spec->describe().c_str(), decode_tps, st.steps, st.mean_acceptance_length(),
         100 * share(st.draft_seconds), 100 * share(st.verify_seconds), 100 * share(st.lm_head_seconds));
   if (json) {
     nlohmann::json j;
@@ -170,7 +113,7 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Generator& gen, S
     j["decode_lm_head_seconds"] = r.decode_lm_head_seconds;
     j["peak_memory_bytes"] = peak_memory_bytes();
     if (spec) {
-      j["spec"] = {{"mode", a.spec},
+      j["spec"] = {{"mode", a.spec.mode},
                    {"steps", st.steps},
                    {"drafted_tokens", st.drafted},
                    {"accepted_draft_tokens", st.accepted_draft},
@@ -195,7 +138,9 @@ void run_generate(const GenerateArgs& a) {
 
   LoadedModel m = load_model(a.model);
   Generator gen(*m.model, *m.tokenizer, a.model.n_ctx);
-  std::unique_ptr<SpecSetup> spec = make_spec(a, m, gen);
+  a.spec.validate();
+  std::unique_ptr<SpecSetup> spec;
+  if (a.spec.enabled()) spec = std::make_unique<SpecSetup>(a.spec, *m.file, *m.model, gen, *m.tokenizer);
 
   if (!a.prompts_jsonl.empty()) {
     // Batch mode: one model load, one JSON line per prompt.
@@ -256,24 +201,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--prompts-jsonl", args->prompts_jsonl,
                   "batch mode: a JSONL file of {\"prompt\": ...} or {\"turns\": [...]} objects (first turn); "
                   "prints one JSON line per prompt");
-  cmd->add_option("--spec", args->spec, "speculative decoding (greedy only): none, self or draft")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"none", "self", "draft"}));
-  cmd->add_option("--draft-layers", args->draft_layers,
-                  "--spec self: target layers the draft runs (0 = all but the last eighth)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 4096));
-  cmd->add_option("--draft-model", args->draft_model,
-                  "--spec draft: GGUF draft model with the same vocabulary");
-  cmd->add_option("--tree-depth", args->tree.depth, "draft tree expansion rounds after the root level")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 64));
-  cmd->add_option("--tree-topk", args->tree.top_k, "draft tree branching (1 = chain)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
-  cmd->add_option("--tree-tokens", args->tree.total_tokens, "draft tree nodes verified per step")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1024));
+  add_spec_options(*cmd, args->spec);
   cmd->callback([args] { run_generate(*args); });
 }
 

@@ -21,6 +21,26 @@ void ModelArgs::add_to(CLI::App& cmd, int32_t default_batch) {
   cmd.add_option("--kernels", kernels, "kernel table: auto, reference, avx2, avx512")->capture_default_str();
 }
 
+void add_spec_options(CLI::App& cmd, SpecConfig& c) {
+  cmd.add_option("--spec", c.mode, "speculative decoding: none, self or draft")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "self", "draft"}));
+  cmd.add_option("--draft-layers", c.draft_layers,
+                 "--spec self: target layers the draft runs (0 = all but the last eighth)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+  cmd.add_option("--draft-model", c.draft_model, "--spec draft: GGUF draft model with the same vocabulary");
+  cmd.add_option("--tree-depth", c.tree.depth, "draft tree expansion rounds after the root level")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  cmd.add_option("--tree-topk", c.tree.top_k, "draft tree branching (1 = chain)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd.add_option("--tree-tokens", c.tree.total_tokens, "draft tree nodes verified per step")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+}
+
 LoadedModel load_model(const ModelArgs& args) {
   LoadedModel m;
   m.file = GgufFile::open(args.model_path);

@@ -7,6 +7,7 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "spec/spec_setup.h"
 #include "tokenizer/tokenizer.h"
 
 namespace microspec::cli {
@@ -28,6 +29,10 @@ struct LoadedModel {
 };
 
 LoadedModel load_model(const ModelArgs& args);
+
+// The speculative-decoding flags (--spec, --draft-layers, --draft-model, --tree-*), shared by
+// generate, serve and bench.
+void add_spec_options(CLI::App& cmd, SpecConfig& config);
 
 // Reads a whole file as bytes (prompt files keep invalid UTF-8 as is). Throws Error.
 std::string read_file_bytes(const std::string& path);
