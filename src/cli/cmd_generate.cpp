@@ -95,10 +95,12 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Generator& gen, S
   if (spec)
     std::fprintf(
         stderr,
-        "speculative (%s): decode %.1f tok/s | %d steps | mean acceptance length %.2f | time shares: "
-        "draft %.0f%%, verify %.0f%%, LM head %.0f%%\n",
-        spec->describe().c_str(), decode_tps, st.steps, st.mean_acceptance_length(),
-        100 * share(st.draft_seconds), 100 * share(st.verify_seconds), 100 * share(st.lm_head_seconds));
+        "speculative (%s): decode %.1f tok/s | %d steps | mean acceptance length %.2f | draft vocabulary "
+        "%.0f | time shares: draft backbone %.0f%%, draft LM head %.0f%%, verify %.0f%% (LM head %.0f%%), "
+        "bookkeeping %.0f%%\n",
+        spec->describe().c_str(), decode_tps, st.steps, st.mean_acceptance_length(), st.mean_active_vocab(),
+        100 * share(st.draft_backbone_seconds()), 100 * share(st.draft_lm_head_seconds),
+        100 * share(st.verify_seconds), 100 * share(st.verify_lm_head_seconds), 100 * share(st.bookkeeping_seconds));
   if (json) {
     nlohmann::json j;
     j["prompt_tokens"] = r.prompt_tokens;
@@ -120,10 +122,15 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Generator& gen, S
                    {"mean_acceptance_length", st.mean_acceptance_length()},
                    {"draft_seconds", st.draft_seconds},
                    {"verify_seconds", st.verify_seconds},
-                   {"lm_head_seconds", st.lm_head_seconds},
+                   {"draft_lm_head_seconds", st.draft_lm_head_seconds},
+                   {"draft_backbone_seconds", st.draft_backbone_seconds()},
+                   {"verify_lm_head_seconds", st.verify_lm_head_seconds},
+                   {"bookkeeping_seconds", st.bookkeeping_seconds},
+                   {"mean_active_vocab", st.mean_active_vocab()},
+                   {"lm_head_seconds", st.lm_head_seconds()},
                    {"draft_share", share(st.draft_seconds)},
                    {"verify_share", share(st.verify_seconds)},
-                   {"lm_head_share", share(st.lm_head_seconds)}};
+                   {"lm_head_share", share(st.lm_head_seconds())}};
     }
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     std::fflush(stdout);

@@ -39,6 +39,29 @@ void add_spec_options(CLI::App& cmd, SpecConfig& c) {
   cmd.add_option("--tree-tokens", c.tree.total_tokens, "draft tree nodes verified per step")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
+  cmd.add_option("--draft-vocab", c.draft_vocab, "draft vocabulary: full, freq, dynamic or hybrid")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"full", "freq", "dynamic", "hybrid"}));
+  cmd.add_option("--freq-file", c.freq_file, "freq/hybrid: token ranking written by `microspec vocab-freq`");
+  cmd.add_option("--freq-top", c.freq_top, "freq: the K most frequent tokens")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  cmd.add_option("--hybrid-top", c.hybrid_top, "hybrid: most frequent tokens always kept")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
+  cmd.add_option("--vocab-window", c.vocab_window, "dynamic/hybrid: W_max, candidate-stream entries kept")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  cmd.add_option("--vocab-kpre", c.vocab_kpre, "dynamic/hybrid: target top-k per prompt position")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  cmd.add_option("--vocab-kver", c.vocab_kver, "dynamic/hybrid: target top-k per verification")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  cmd.add_option("--vocab-source", c.vocab_source, "dynamic/hybrid ablation: ctx, ext or both")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ctx", "ext", "both"}));
+  cmd.add_flag("!--no-async-gather", c.async_gather, "gather new draft LM-head rows on the calling thread");
 }
 
 LoadedModel load_model(const ModelArgs& args) {

@@ -1,6 +1,7 @@
 #include "spec/drafter.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "gguf/gguf.h"
@@ -54,7 +55,9 @@ void ModelTreeExpander::expand(std::span<const int32_t> frontier, std::span<cons
   model_.forward(batch_, kv_, out_, false, n_layers_);
   const int32_t rows = out_.n_rows, V = vocab_.size();
   logits_.resize(size_t(rows) * V);
+  const auto t0 = std::chrono::steady_clock::now();
   vocab_.logits(model_, out_.hidden.data(), rows, logits_.data());
+  lm_head_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int32_t r = 0; r < rows; ++r) {
     Proposal* o = out + size_t(r) * k;
     const int32_t got = top_k_logprobs(logits_.data() + size_t(r) * V, V, k, o);

@@ -38,9 +38,10 @@ class Drafter {
   virtual int32_t target_pending_slots(const TreeParams& params) const = 0;
   // Whether propose() can run with `room` free slots left in the context.
   virtual bool fits(const TreeParams& params, int32_t room) const = 0;
-  // Time spent in the draft model's LM head since the drafter was made (a separate model's only;
-  // a self-drafter's shows in the target's timings).
-  virtual double own_lm_head_seconds() const { return 0.0; }
+  // Time spent in the draft LM head (DraftVocabulary::logits) since the drafter was made.
+  virtual double lm_head_seconds() const = 0;
+  // Size of the draft vocabulary the last propose() scored.
+  virtual int32_t active_vocab_size() const = 0;
 };
 
 // Runs tree candidates through a model (or its first N layers) writing into a KV cache's pending
@@ -60,6 +61,8 @@ class ModelTreeExpander : public TreeExpander {
   int32_t root_slot() const { return root_slot_; }
   Model& model() { return model_; }
   int32_t n_layers() const { return n_layers_; }
+  double lm_head_seconds() const { return lm_head_seconds_; }
+  const DraftVocabulary& vocab() const { return vocab_; }
 
  private:
   Model& model_;
@@ -73,6 +76,7 @@ class ModelTreeExpander : public TreeExpander {
   Batch batch_;
   ForwardOutput out_;
   std::vector<float> logits_;  // [rows][vocab size] draft logits of one expansion
+  double lm_head_seconds_ = 0.0;
 };
 
 class SelfDrafter final : public Drafter {
@@ -84,6 +88,8 @@ class SelfDrafter final : public Drafter {
   void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path) override {}
   int32_t target_pending_slots(const TreeParams& params) const override { return params.max_draft_rows(); }
   bool fits(const TreeParams& params, int32_t room) const override { return params.max_draft_rows() <= room; }
+  double lm_head_seconds() const override { return expander_.lm_head_seconds(); }
+  int32_t active_vocab_size() const override { return expander_.vocab().size(); }
 
  private:
   ModelTreeExpander expander_;
@@ -99,7 +105,8 @@ class ModelDrafter final : public Drafter {
   void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path) override;
   int32_t target_pending_slots(const TreeParams& params) const override { return 0; }
   bool fits(const TreeParams& params, int32_t room) const override;
-  double own_lm_head_seconds() const override { return model_.timings().lm_head_seconds; }
+  double lm_head_seconds() const override { return expander_.lm_head_seconds(); }
+  int32_t active_vocab_size() const override { return expander_.vocab().size(); }
 
  private:
   Model& model_;

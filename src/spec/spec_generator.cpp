@@ -47,8 +47,7 @@ SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, co
   drafter_.begin(prompt);
   const auto t1 = Clock::now();
   r.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
-  model.timings().reset();
-  const double draft_head0 = drafter_.own_lm_head_seconds();
+  const double draft_head0 = drafter_.lm_head_seconds();
 
   // The first token comes from the prefill, exactly as in plain decoding.
   bool running = !sink.done() && sink.push(root);
@@ -65,6 +64,8 @@ SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, co
       const auto td = Clock::now();
       drafter_.propose(root, m, params_, tree_);
       st.draft_seconds += since(td);
+      st.active_vocab_sum += drafter_.active_vocab_size();
+      ++st.drafting_steps;
     }
 
     // Verification: root at pending slot 0, node i at slot i + 1.
@@ -80,14 +81,18 @@ SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, co
       batch_.parents.push_back(node.parent + 1);
     }
     for (int32_t i = 0; i < n; ++i) batch_.output_rows.push_back(i);
+    const double head0 = model.timings().lm_head_seconds;
     model.forward(batch_, kv, out_, true);
+    st.verify_lm_head_seconds += model.timings().lm_head_seconds - head0;
+    st.verify_seconds += since(tv);
+    const auto tb = Clock::now();
     argmax_.resize(n);
     for (int32_t i = 0; i < n; ++i) argmax_[i] = argmax(out_.logits.data() + size_t(i) * V, V);
     accept_greedy(tree_, argmax_, path_, emitted_);
     commit_.assign(1, 0);
     for (int32_t p : path_) commit_.push_back(p + 1);
     kv.commit(commit_);
-    st.verify_seconds += since(tv);
+    st.bookkeeping_seconds += since(tb);
 
     const auto ta = Clock::now();
     drafter_.accepted(root, tree_, path_);
@@ -97,6 +102,7 @@ SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, co
     st.accepted_draft += static_cast<int64_t>(path_.size());
     st.decode_tokens += static_cast<int64_t>(emitted_.size());
 
+    const auto te = Clock::now();
     // Emit in order through the plain decoder's logic. Plain decoding would have m + 1 + j tokens
     // in its cache when it produces emitted_[j], and stops there if one more does not fit.
     for (size_t j = 0; j < emitted_.size() && running; ++j) {
@@ -108,12 +114,13 @@ SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, co
       }
     }
     root = emitted_.back();
+    st.bookkeeping_seconds += since(te);
   }
   sink.finish();
   r.decode_seconds = since(t1);
   r.decode_forwards = st.steps;
-  st.lm_head_seconds = model.timings().lm_head_seconds + (drafter_.own_lm_head_seconds() - draft_head0);
-  r.decode_lm_head_seconds = st.lm_head_seconds;
+  st.draft_lm_head_seconds = drafter_.lm_head_seconds() - draft_head0;
+  r.decode_lm_head_seconds = st.lm_head_seconds();
   return res;
 }
 

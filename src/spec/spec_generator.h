@@ -18,9 +18,16 @@ struct SpecStats {
   int64_t accepted_draft = 0;    // draft tokens accepted over all steps
   int64_t drafted = 0;           // draft tree nodes proposed over all steps
   int64_t decode_tokens = 0;     // tokens produced by the steps (bonus tokens included)
-  double draft_seconds = 0.0;    // in Drafter::propose/accepted
-  double verify_seconds = 0.0;   // in the target's verification forward
-  double lm_head_seconds = 0.0;  // LM heads of target and draft (inside the two above)
+  double draft_seconds = 0.0;          // in Drafter::propose/accepted (backbone + draft LM head)
+  double draft_lm_head_seconds = 0.0;  // the draft LM head (part of draft_seconds)
+  double verify_seconds = 0.0;         // the target's verification forward (its LM head included)
+  double verify_lm_head_seconds = 0.0;  // the target's LM head (part of verify_seconds)
+  double bookkeeping_seconds = 0.0;    // acceptance, KV commit, draft-vocabulary updates, emitting
+  int64_t active_vocab_sum = 0;        // draft vocabulary size summed over steps that drafted
+  int32_t drafting_steps = 0;          // steps with a draft tree
+  double draft_backbone_seconds() const { return draft_seconds - draft_lm_head_seconds; }
+  double lm_head_seconds() const { return draft_lm_head_seconds + verify_lm_head_seconds; }
+  double mean_active_vocab() const { return drafting_steps ? double(active_vocab_sum) / drafting_steps : 0.0; }
   // Accepted draft tokens + 1 per step: tokens per target pass.
   double mean_acceptance_length() const { return steps ? double(accepted_draft + steps) / steps : 0.0; }
 };

@@ -15,7 +15,54 @@ void SpecConfig::validate() const {
   if (mode == "draft" && draft_model.empty()) throw Error("--spec draft needs --draft-model FILE");
   if (mode == "draft" && draft_layers != 0) throw Error("--draft-layers applies to --spec self");
   if (draft_layers < 0) throw Error("--draft-layers must be >= 0");
+  if (draft_vocab != "full" && draft_vocab != "freq" && draft_vocab != "dynamic" && draft_vocab != "hybrid")
+    throw Error("--draft-vocab must be full, freq, dynamic or hybrid, got '" + draft_vocab + "'");
+  if (vocab_source != "ctx" && vocab_source != "ext" && vocab_source != "both")
+    throw Error("--vocab-source must be ctx, ext or both, got '" + vocab_source + "'");
+  if (freq_top < 1) throw Error("--freq-top must be >= 1");
+  if (hybrid_top < 0) throw Error("--hybrid-top must be >= 0");
+  if (vocab_window < 1) throw Error("--vocab-window must be >= 1");
+  if (vocab_kpre < 0 || vocab_kver < 0) throw Error("--vocab-kpre/--vocab-kver must be >= 0");
   tree.validate();
+}
+
+namespace {
+int32_t parse_int(const std::string& key, const std::string& v) {
+  size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty() || x < INT32_MIN || x > INT32_MAX)
+    throw Error(key + ": expected an integer, got '" + v + "'");
+  return static_cast<int32_t>(x);
+}
+bool parse_bool(const std::string& key, const std::string& v) {
+  if (v == "1" || v == "true" || v == "on" || v == "yes") return true;
+  if (v == "0" || v == "false" || v == "off" || v == "no") return false;
+  throw Error(key + ": expected true or false, got '" + v + "'");
+}
+}  // namespace
+
+void apply_spec_setting(SpecConfig& c, const std::string& key, const std::string& v) {
+  if (key == "spec") c.mode = v;
+  else if (key == "draft-layers") c.draft_layers = parse_int(key, v);
+  else if (key == "draft-model") c.draft_model = v;
+  else if (key == "tree-depth") c.tree.depth = parse_int(key, v);
+  else if (key == "tree-topk") c.tree.top_k = parse_int(key, v);
+  else if (key == "tree-tokens") c.tree.total_tokens = parse_int(key, v);
+  else if (key == "draft-vocab") c.draft_vocab = v;
+  else if (key == "freq-file") c.freq_file = v;
+  else if (key == "freq-top") c.freq_top = parse_int(key, v);
+  else if (key == "hybrid-top") c.hybrid_top = parse_int(key, v);
+  else if (key == "vocab-window") c.vocab_window = parse_int(key, v);
+  else if (key == "vocab-kpre") c.vocab_kpre = parse_int(key, v);
+  else if (key == "vocab-kver") c.vocab_kver = parse_int(key, v);
+  else if (key == "vocab-source") c.vocab_source = v;
+  else if (key == "async-gather") c.async_gather = parse_bool(key, v);
+  else throw Error("unknown speculative setting '" + key + "'");
 }
 
 int32_t default_draft_layers(int32_t n_layer) {
@@ -30,6 +77,8 @@ SpecSetup::SpecSetup(const SpecConfig& config, const GgufFile& target_file, Mode
     : config_(config) {
   config_.validate();
   if (!config_.enabled()) throw Error("speculative setup: mode is none");
+  if (config_.draft_vocab != "full")
+    throw Error("--draft-vocab " + config_.draft_vocab + " is not available yet");  // issue 4 in progress
   const int32_t n_layer = target.config().n_layer;
   if (config_.mode == "self") {
     const int32_t layers = config_.draft_layers > 0 ? config_.draft_layers : default_draft_layers(n_layer);

@@ -19,11 +19,25 @@ struct SpecConfig {
   int32_t draft_layers = 0;   // self: target layers the draft runs; 0 = all but the last eighth
   std::string draft_model;    // draft: GGUF file with the target's vocabulary
   TreeParams tree;
+  // Draft vocabulary (see spec/draft_vocab.h).
+  std::string draft_vocab = "full";  // full | freq | dynamic | hybrid
+  std::string freq_file;             // freq / hybrid: token ranking written by `microspec vocab-freq`
+  int32_t freq_top = 32768;          // freq: the K most frequent tokens
+  int32_t hybrid_top = 512;          // hybrid: most frequent tokens always in the window's set
+  int32_t vocab_window = 3072;       // dynamic / hybrid: W_max, candidate-stream entries kept
+  int32_t vocab_kpre = 3;            // dynamic / hybrid: target top-k per prompt position
+  int32_t vocab_kver = 3;            // dynamic / hybrid: target top-k per verification
+  std::string vocab_source = "both";  // ctx (prompt part only) | ext (per-step only) | both
+  bool async_gather = true;          // gather new LM-head rows on a helper thread
 
   bool enabled() const { return mode != "none"; }
   // Throws Error for inconsistent settings (e.g. --draft-model without --spec draft).
   void validate() const;
 };
+
+// Sets one field by its command-line name without dashes ("draft-vocab", "vocab-window",
+// "tree-tokens", ...), for benchmark sweeps. Throws Error for an unknown key or a bad value.
+void apply_spec_setting(SpecConfig& config, const std::string& key, const std::string& value);
 
 // Self-draft layers the default (draft_layers = 0) picks for a model of n_layer layers.
 int32_t default_draft_layers(int32_t n_layer);
