@@ -468,3 +468,29 @@ TEST(Sampler, NothingSamplableThrows) {
 
 }  // namespace
 }  // namespace microspec
+
+namespace microspec {
+namespace {
+
+TEST(TopKIndices, MatchesFullSortWithTiesAndNaN) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 1 + int(rng() % 300);
+    std::vector<float> x(n);
+    for (float& v : x) v = float(int(rng() % 40)) * 0.5f;  // many ties
+    if (trial % 3 == 0) x[rng() % n] = std::nanf("");
+    const int32_t k = 1 + int32_t(rng() % 6);
+    std::vector<int32_t> want;
+    for (int i = 0; i < n; ++i)
+      if (!std::isnan(x[i])) want.push_back(i);
+    std::stable_sort(want.begin(), want.end(), [&](int a, int b) { return x[a] > x[b]; });
+    want.resize(std::min<size_t>(want.size(), size_t(k)));
+    want.resize(k, -1);
+    std::vector<int32_t> got(k, 99);
+    top_k_indices(x.data(), n, k, got.data());
+    EXPECT_EQ(got, want) << "trial " << trial;
+  }
+}
+
+}  // namespace
+}  // namespace microspec

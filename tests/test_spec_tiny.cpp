@@ -217,6 +217,30 @@ TEST_F(SpecTiny, StopsExactlyWherePlainStops) {
   }
 }
 
+TEST_F(SpecTiny, PrefillTopKMatchesTeacherForcedLogits) {
+  Tiny t = load_tiny(spec("gemma3", 5), (dir_ / "m.gguf").string());
+  std::vector<int32_t> prompt;
+  for (int32_t i = 0; i < 150; ++i) prompt.push_back(3 + (i * 37) % (kVocab - 3));  // > n_batch 64
+  Generator plain(*t.model, *tok_, 256);
+  const float* plain_logits = plain.prefill(prompt);
+  const std::vector<float> last(plain_logits, plain_logits + kVocab);
+  Generator g(*t.model, *tok_, 256);
+  std::vector<int32_t> top;
+  const float* logits = g.prefill(prompt, 3, top);
+  ASSERT_EQ(top.size(), prompt.size() * 3);
+  EXPECT_EQ(std::vector<float>(logits, logits + kVocab), last);
+  // Each position's top-3 equals the top-3 of that position's logits from a plain prefix run.
+  for (int32_t pos : {0, 1, 63, 64, 100, 149}) {
+    Generator p(*t.model, *tok_, 256);
+    const float* l = p.prefill(std::vector<int32_t>(prompt.begin(), prompt.begin() + pos + 1));
+    int32_t want[3];
+    top_k_indices(l, kVocab, 3, want);
+    EXPECT_EQ(std::vector<int32_t>(top.begin() + pos * 3, top.begin() + pos * 3 + 3),
+              std::vector<int32_t>(want, want + 3))
+        << "position " << pos;
+  }
+}
+
 TEST_F(SpecTiny, RejectsSamplingAndBadSetups) {
   Tiny t = load_tiny(spec("gemma3", 5), (dir_ / "m.gguf").string());
   Generator g(*t.model, *tok_, 64);

@@ -78,6 +78,13 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, int32_t n_ctx)
 }
 
 const float* Generator::prefill(const std::vector<int32_t>& prompt) {
+  static std::vector<int32_t> unused;
+  return prefill(prompt, 0, unused);
+}
+
+const float* Generator::prefill(const std::vector<int32_t>& prompt, int32_t top_k,
+                                std::vector<int32_t>& top_ids) {
+  if (top_k < 0) throw Error("prefill: negative top-k");
   if (prompt.empty()) throw Error("the prompt is empty");
   if (int64_t(prompt.size()) >= kv_.n_ctx())
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
@@ -86,10 +93,31 @@ const float* Generator::prefill(const std::vector<int32_t>& prompt) {
   const int32_t n = static_cast<int32_t>(prompt.size());
   for (int32_t at = 0; at < n; at += model_.n_batch()) {
     const int32_t len = std::min(model_.n_batch(), n - at);
-    batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, false);
     const bool last = at + len == n;
-    model_.forward(batch_, kv_, out_, last);
+    if (top_k == 0) {
+      batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, false);
+      model_.forward(batch_, kv_, out_, last);
+      kv_.commit_prefix(len);
+      continue;
+    }
+    // Hidden states of every position, then the LM head a few rows at a time: the whole chunk's
+    // logits would take n_batch * n_vocab floats (512 MiB for Gemma's 262k vocabulary).
+    batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, true);
+    model_.forward(batch_, kv_, out_, false);
     kv_.commit_prefix(len);
+    constexpr int32_t kHeadRows = 16;
+    const int32_t V = model_.config().n_vocab, E = model_.config().n_embd;
+    head_rows_.resize(size_t(kHeadRows) * V);
+    top_ids.resize(size_t(n) * top_k);
+    for (int32_t r = 0; r < len; r += kHeadRows) {
+      const int32_t rows = std::min(kHeadRows, len - r);
+      model_.lm_head(out_.hidden.data() + size_t(r) * E, rows, head_rows_.data());
+      for (int32_t i = 0; i < rows; ++i)
+        top_k_indices(head_rows_.data() + size_t(i) * V, V, top_k, top_ids.data() + size_t(at + r + i) * top_k);
+      if (last && r + rows == len) {
+        out_.logits.assign(head_rows_.data() + size_t(rows - 1) * V, head_rows_.data() + size_t(rows) * V);
+      }
+    }
   }
   return out_.logits.data();
 }

@@ -44,6 +44,9 @@ class Generator {
 
   // Runs the prompt through the model and returns the logits of its last token.
   const float* prefill(const std::vector<int32_t>& prompt);
+  // The same, and also writes the target's top_k token ids (best first) at every prompt position to
+  // top_ids ([prompt.size()][top_k]); the LM head runs on every position, a few rows at a time.
+  const float* prefill(const std::vector<int32_t>& prompt, int32_t top_k, std::vector<int32_t>& top_ids);
   GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                           const TextCallback& on_text = nullptr);
 
@@ -56,6 +59,7 @@ class Generator {
   KVCache kv_;
   Batch batch_;
   ForwardOutput out_;
+  std::vector<float> head_rows_;  // [kHeadRows][n_vocab] logits of prompt positions (prefill with top-k)
 };
 
 // Watches generated text for stop strings and releases only text that cannot be part of one.

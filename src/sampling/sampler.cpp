@@ -69,6 +69,26 @@ int32_t argmax(const float* x, int64_t n) {
   return -1;  // every element is NaN: best stayed -inf and no element equals it
 }
 
+void top_k_indices(const float* x, int64_t n, int32_t k, int32_t* out) {
+  if (k <= 0) return;
+  for (int32_t j = 0; j < k; ++j) out[j] = -1;
+  int32_t count = 0;
+  float worst = 0.0f;  // value of out[count - 1] once count == k
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    if (v != v) continue;  // NaN
+    if (count == k && !(v > worst)) continue;
+    int32_t at = count < k ? count++ : k - 1;
+    // Shift worse entries down; an equal value keeps its earlier (lower) index ahead.
+    while (at > 0 && v > x[out[at - 1]]) {
+      out[at] = out[at - 1];
+      --at;
+    }
+    out[at] = static_cast<int32_t>(i);
+    worst = x[out[count - 1]];
+  }
+}
+
 Sampler::Sampler(const SamplingParams& params, int64_t n_vocab) : params_(params), n_vocab_(n_vocab) {
   if (n_vocab <= 0 || n_vocab > std::numeric_limits<int32_t>::max())
     throw Error("sampler: invalid vocabulary size " + std::to_string(n_vocab));

@@ -79,7 +79,7 @@ ModelDrafter::ModelDrafter(Model& draft, int32_t n_ctx, DraftVocabulary vocab)
       kv_(draft.make_cache(n_ctx)),
       expander_(draft, kv_, draft.config().n_layer, std::move(vocab)) {}
 
-void ModelDrafter::begin(const std::vector<int32_t>& prompt) {
+void ModelDrafter::begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) {
   kv_.clear();
   tokens_ = prompt;
   expander_.start({}, 0, 0);
@@ -113,7 +113,8 @@ void ModelDrafter::propose(int32_t root, int32_t position, const TreeParams& par
   builder_.build(params, expander_, tree);
 }
 
-void ModelDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path) {
+void ModelDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
+                            const float* verify_logits) {
   tokens_.push_back(root);
   for (int32_t p : path) tokens_.push_back(tree.nodes[p].token);
   // Keep what the draft already computed for the committed tokens: the catch-up run, the root and

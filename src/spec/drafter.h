@@ -27,13 +27,21 @@ class GgufFile;
 class Drafter {
  public:
   virtual ~Drafter() = default;
-  // The prompt has just been committed to the target's cache.
-  virtual void begin(const std::vector<int32_t>& prompt) = 0;
+  // Target top tokens per prompt position the drafter wants at begin() (0 = none): the
+  // context-aware draft vocabulary seeds itself from them (K_pre).
+  virtual int32_t prompt_top_k() const { return 0; }
+  // The prompt has just been committed to the target's cache. prompt_top holds the target's
+  // prompt_top_k() best token ids at each prompt position, best first ([prompt.size()][k]; empty
+  // when prompt_top_k() is 0).
+  virtual void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) = 0;
   // Builds the draft tree for `root`, the newest token (not yet in the target's cache), which goes
   // at position `position`.
   virtual void propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) = 0;
   // The target committed root and then the nodes `path` of `tree` (root to leaf).
-  virtual void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path) = 0;
+  // verify_logits: the verification pass's target logits, [1 + tree.size()][n_vocab], row 0 at
+  // the root and row i + 1 at node i (raw logits, before any sampling filter).
+  virtual void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
+                        const float* verify_logits) = 0;
   // Most slots of the target's pending region propose() writes (0 when it uses its own cache).
   virtual int32_t target_pending_slots(const TreeParams& params) const = 0;
   // Whether propose() can run with `room` free slots left in the context.
@@ -83,9 +91,10 @@ class SelfDrafter final : public Drafter {
  public:
   // n_layers: the target layers the draft runs (1..n_layer).
   SelfDrafter(Model& target, KVCache& target_kv, int32_t n_layers, DraftVocabulary vocab);
-  void begin(const std::vector<int32_t>& prompt) override {}
+  void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override {}
   void propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) override;
-  void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path) override {}
+  void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
+                const float* verify_logits) override {}
   int32_t target_pending_slots(const TreeParams& params) const override { return params.max_draft_rows(); }
   bool fits(const TreeParams& params, int32_t room) const override { return params.max_draft_rows() <= room; }
   double lm_head_seconds() const override { return expander_.lm_head_seconds(); }
@@ -100,9 +109,10 @@ class ModelDrafter final : public Drafter {
  public:
   // draft and target must share a vocabulary (check_same_vocabulary). n_ctx: as the target's.
   ModelDrafter(Model& draft, int32_t n_ctx, DraftVocabulary vocab);
-  void begin(const std::vector<int32_t>& prompt) override;
+  void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override;
   void propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) override;
-  void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path) override;
+  void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
+                const float* verify_logits) override;
   int32_t target_pending_slots(const TreeParams& params) const override { return 0; }
   bool fits(const TreeParams& params, int32_t room) const override;
   double lm_head_seconds() const override { return expander_.lm_head_seconds(); }

@@ -42,9 +42,10 @@ SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, co
   TokenSink sink(tokenizer_, params, on_text, r);
 
   const auto t0 = Clock::now();
-  const float* logits = gen_.prefill(prompt);
+  const int32_t k_pre = drafter_.prompt_top_k();
+  const float* logits = gen_.prefill(prompt, k_pre, prompt_top_);
   int32_t root = argmax(logits, V);
-  drafter_.begin(prompt);
+  drafter_.begin(prompt, std::span<const int32_t>(prompt_top_.data(), k_pre ? prompt_top_.size() : 0));
   const auto t1 = Clock::now();
   r.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   const double draft_head0 = drafter_.lm_head_seconds();
@@ -95,7 +96,7 @@ SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, co
     st.bookkeeping_seconds += since(tb);
 
     const auto ta = Clock::now();
-    drafter_.accepted(root, tree_, path_);
+    drafter_.accepted(root, tree_, path_, out_.logits.data());
     st.draft_seconds += since(ta);
     ++st.steps;
     st.drafted += tree_.size();

@@ -57,6 +57,7 @@ class SpeculativeGenerator {
   std::vector<int32_t> path_;     // accepted node indices
   std::vector<int32_t> emitted_;  // tokens of one step
   std::vector<int32_t> commit_;   // pending slots to commit
+  std::vector<int32_t> prompt_top_;  // [prompt][drafter's K_pre] target top ids per prompt position
 };
 
 }  // namespace microspec
