@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential cmake pkg-config libcli11-dev nlohmann-json3-dev libpcre2-dev
-              libgtest-dev libgmock-dev clang libclang-rt-14-dev python3-pip)
+              libgtest-dev libgmock-dev clang libclang-rt-14-dev python3-pip
+              fortunes fortunes-de fortunes-es fortunes-zh
+              libcpp-httplib-dev chromium)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -22,4 +24,6 @@ bash scripts/install_llama_cpp.sh
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
+# Token frequency files for --draft-vocab freq/hybrid (a few seconds; corpus: see the script).
+bash scripts/make_freq.sh build/microspec
 echo "setup done: build/microspec"

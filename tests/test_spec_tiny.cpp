@@ -4,7 +4,12 @@
 // prompt + output, stop strings, token limits and a full context.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +18,7 @@
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
 #include "model/model.h"
+#include "sampling/sampler.h"
 #include "spec/drafter.h"
 #include "spec/spec_generator.h"
 #include "tiny_model.h"
@@ -241,18 +247,233 @@ TEST_F(SpecTiny, PrefillTopKMatchesTeacherForcedLogits) {
   }
 }
 
-TEST_F(SpecTiny, RejectsSamplingAndBadSetups) {
+TEST_F(SpecTiny, RejectsBadSetups) {
   Tiny t = load_tiny(spec("gemma3", 5), (dir_ / "m.gguf").string());
   Generator g(*t.model, *tok_, 64);
   SelfDrafter d(*t.model, g.cache(), 2, DraftVocabulary::full(kVocab));
   SpeculativeGenerator sg(g, *tok_, d, {3, 2, 6});
-  GenerateParams params;
-  params.sampling.temperature = 0.7f;
-  EXPECT_THROW(sg.generate(kPrompt, params), Error);
   EXPECT_THROW(SelfDrafter(*t.model, g.cache(), 4, DraftVocabulary::full(kVocab)), Error);
   EXPECT_THROW(SpeculativeGenerator(g, *tok_, d, {3, 2, 64}), Error);  // 65 verified rows > n_batch 64
   EXPECT_THROW(DraftVocabulary::subset({1, 1}, kVocab), Error);
   EXPECT_THROW(DraftVocabulary::subset({kVocab}, kVocab), Error);
+}
+
+// --- Speculative sampling: the distribution of the output equals plain sampling's ------------
+
+// Chi-square goodness of fit of observed counts against exact probabilities, pooling categories
+// whose expected count is below 5. Returns (statistic, critical value at significance 1e-4),
+// the critical value from the Wilson-Hilferty approximation of the chi-square quantile.
+std::pair<double, double> chi_square(const std::map<std::vector<int32_t>, double>& exact,
+                                     const std::map<std::vector<int32_t>, int>& observed, int n) {
+  double stat = 0.0, pooled_expected = 0.0;
+  int pooled_observed = 0, bins = 0;
+  int seen = 0;
+  for (const auto& [seq, prob] : exact) {
+    const double e = prob * n;
+    auto it = observed.find(seq);
+    const int o = it == observed.end() ? 0 : it->second;
+    seen += o;
+    if (e < 5.0) {
+      pooled_expected += e;
+      pooled_observed += o;
+      continue;
+    }
+    stat += (o - e) * (o - e) / e;
+    ++bins;
+  }
+  // Sequences the exact distribution gives no mass at all are impossible: count them as a huge
+  // deviation in the pooled bin.
+  pooled_observed += n - seen;
+  if (pooled_expected > 0.0 || pooled_observed > 0) {
+    const double e = std::max(pooled_expected, 1e-9);
+    stat += (pooled_observed - e) * (pooled_observed - e) / e;
+    ++bins;
+  }
+  const double df = std::max(1, bins - 1);
+  const double z = 3.719;  // standard normal quantile of 1 - 1e-4
+  const double a = 2.0 / (9.0 * df);
+  return {stat, df * std::pow(1.0 - a + z * std::sqrt(a), 3.0)};
+}
+
+class SpecSampling : public SpecTiny {
+ protected:
+  static constexpr int32_t kTokens = 4;  // tokens per sample: 1 from the prefill, 3 from steps
+  // Exact probability of every kTokens-token continuation under plain sampling.
+  std::map<std::vector<int32_t>, double> exact_sequences(Model& model, const SamplingParams& sp) {
+    std::map<std::vector<int32_t>, double> out;
+    Generator g(model, *tok_, 64);
+    Sampler s(sp, kVocab);
+    std::vector<std::pair<std::vector<int32_t>, double>> frontier = {{{}, 1.0}};
+    std::vector<std::pair<int32_t, float>> dist;
+    for (int32_t depth = 0; depth < kTokens; ++depth) {
+      std::vector<std::pair<std::vector<int32_t>, double>> next;
+      for (const auto& [seq, prob] : frontier) {
+        std::vector<int32_t> prompt = kPrompt;
+        prompt.insert(prompt.end(), seq.begin(), seq.end());
+        s.distribution(g.prefill(prompt), dist);
+        for (const auto& [id, p] : dist) {
+          std::vector<int32_t> longer = seq;
+          longer.push_back(id);
+          next.emplace_back(longer, prob * p);
+        }
+      }
+      frontier.swap(next);
+    }
+    for (const auto& [seq, prob] : frontier) out[seq] += prob;
+    return out;
+  }
+};
+
+TEST_F(SpecSampling, OutputDistributionEqualsPlainSampling) {
+  Tiny t = load_tiny(spec("gemma3", 9), (dir_ / "target.gguf").string());
+  Tiny other = load_tiny(spec("llama", 4), (dir_ / "other.gguf").string());
+  SamplingParams sp;
+  sp.temperature = 1.5f;
+  sp.top_k = 3;
+  sp.top_p = 1.0f;
+  const auto exact = exact_sequences(*t.model, sp);
+  constexpr int kSamples = 6000;
+  GenerateParams params;
+  params.max_new_tokens = kTokens;
+  params.ignore_eos = true;
+  params.sampling = sp;
+
+  std::vector<int32_t> odd;  // a pruned draft vocabulary: q lacks half of p's support
+  for (int32_t i = 1; i < kVocab; i += 2) odd.push_back(i);
+  struct Case {
+    std::string name;
+    std::function<std::unique_ptr<Drafter>(Generator&)> make;
+    TreeParams tree;
+    double min_accept_rate;  // accepted / drafted
+  };
+  const std::vector<Case> cases = {
+      // All layers: q == p bit for bit (verification reproduces the draft's logits), so every
+      // draft token must be accepted.
+      {"self all layers, chain",
+       [&](Generator& g) {
+         return std::make_unique<SelfDrafter>(*t.model, g.cache(), 3, DraftVocabulary::full(kVocab));
+       },
+       {3, 1, 4},
+       1.0},
+      {"self 1 layer, chain",
+       [&](Generator& g) {
+         return std::make_unique<SelfDrafter>(*t.model, g.cache(), 1, DraftVocabulary::full(kVocab));
+       },
+       {3, 1, 4},
+       0.02},
+      {"self 2 layers, tree k2",
+       [&](Generator& g) {
+         return std::make_unique<SelfDrafter>(*t.model, g.cache(), 2, DraftVocabulary::full(kVocab));
+       },
+       {2, 2, 6},
+       0.05},
+      {"other model, tree k3",
+       [&](Generator&) { return std::make_unique<ModelDrafter>(*other.model, 64, DraftVocabulary::full(kVocab)); },
+       {2, 3, 8},
+       0.0005},
+      {"self 2 layers, pruned vocabulary, tree k2",
+       [&](Generator& g) {
+         return std::make_unique<SelfDrafter>(*t.model, g.cache(), 2, DraftVocabulary::subset(odd, kVocab));
+       },
+       {2, 2, 5},
+       0.02},
+  };
+  for (const Case& c : cases) {
+    Generator gen(*t.model, *tok_, 64);
+    std::unique_ptr<Drafter> d = c.make(gen);
+    SpeculativeGenerator sg(gen, *tok_, *d, c.tree);
+    std::map<std::vector<int32_t>, int> observed;
+    int64_t accepted = 0, drafted = 0;
+    for (int i = 0; i < kSamples; ++i) {
+      params.sampling.seed = 1000 + i;
+      const SpecResult r = sg.generate(kPrompt, params);
+      ASSERT_EQ(r.gen.tokens.size(), size_t(kTokens)) << c.name;
+      ++observed[r.gen.tokens];
+      accepted += r.stats.accepted_draft;
+      drafted += r.stats.drafted;
+    }
+    const auto [stat, crit] = chi_square(exact, observed, kSamples);
+    EXPECT_LT(stat, crit) << c.name << ": chi-square " << stat << " >= " << crit;
+    // Both branches of the rejection sampler ran: some drafts were accepted, some rejected (none
+    // when the draft is the target itself).
+    EXPECT_GE(double(accepted), c.min_accept_rate * double(drafted)) << c.name;
+    if (c.min_accept_rate < 1.0) EXPECT_LT(accepted, drafted) << c.name;
+    std::printf("%s: chi-square %.1f (critical %.1f), accepted %lld of %lld drafted\n", c.name.c_str(), stat,
+                crit, (long long)accepted, (long long)drafted);
+  }
+
+  // The test has power: plain sampling passes it, and taking the draft's own samples (what
+  // accepting every draft token would emit) fails it.
+  {
+    Generator plain(*t.model, *tok_, 64);
+    std::map<std::vector<int32_t>, int> observed;
+    for (int i = 0; i < kSamples; ++i) {
+      params.sampling.seed = 50000 + i;
+      ++observed[plain.generate(kPrompt, params).tokens];
+    }
+    const auto [stat, crit] = chi_square(exact, observed, kSamples);
+    EXPECT_LT(stat, crit) << "plain sampling: chi-square " << stat;
+    Generator draft_gen(*other.model, *tok_, 64);
+    std::map<std::vector<int32_t>, int> wrong;
+    for (int i = 0; i < kSamples; ++i) {
+      params.sampling.seed = 90000 + i;
+      ++wrong[draft_gen.generate(kPrompt, params).tokens];
+    }
+    const auto [wstat, wcrit] = chi_square(exact, wrong, kSamples);
+    EXPECT_GT(wstat, wcrit) << "the draft's own distribution should fail the test";
+  }
+}
+
+TEST(TreeSamplingVerifier, AcceptsRejectsAndDrawsFromTheResidual) {
+  // One root with children a (0) then b (1), drawn from q = {0: .5, 1: .5}; target p over 3 tokens.
+  constexpr int32_t V = 3;
+  DraftTree tree;
+  tree.nodes = {{0, -1, 1, 0.0f, 0}, {1, -1, 1, 0.0f, 1}};
+  tree.q = {{{0, 0.5f}, {1, 0.5f}}, {}, {}};
+  // Target logits rows: root, node 0, node 1. Temperature 1, no filters: p = softmax(row).
+  auto logits_for = [](std::vector<float> p) {
+    std::vector<float> l;
+    for (float x : p) l.push_back(x > 0 ? std::log(x) : -std::numeric_limits<float>::infinity());
+    return l;
+  };
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 0;
+  sp.top_p = 1.0f;
+  TreeSamplingVerifier v(V);
+  std::vector<int32_t> path, emitted;
+  // p = (0.2, 0.2, 0.6): P(accept a) = 0.4; after rejecting a, p' = norm(max(0, p - q)) = (0, 0, 1)
+  // and q' = (0, 1, 0): P(accept b | a rejected) = 0, so the bonus is token 2 with prob 0.6.
+  std::vector<float> rows = logits_for({0.2f, 0.2f, 0.6f});
+  const std::vector<float> child = logits_for({1.0f, 0.0f, 0.0f});  // node rows: next token is 0
+  rows.insert(rows.end(), child.begin(), child.end());
+  rows.insert(rows.end(), child.begin(), child.end());
+  Sampler s(sp, V);
+  int accept_a = 0, accept_b = 0, bonus2 = 0, other = 0;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    v.accept(tree, rows.data(), V, s, path, emitted);
+    if (path == std::vector<int32_t>{0} && emitted == std::vector<int32_t>{0, 0}) ++accept_a;
+    else if (path == std::vector<int32_t>{1}) ++accept_b;
+    else if (path.empty() && emitted == std::vector<int32_t>{2}) ++bonus2;
+    else ++other;
+  }
+  EXPECT_EQ(other, 0);
+  EXPECT_EQ(accept_b, 0);
+  EXPECT_NEAR(accept_a / double(n), 0.4, 0.015);
+  EXPECT_NEAR(bonus2 / double(n), 0.6, 0.015);
+  // p == q on the children's tokens: the first child is always accepted.
+  std::vector<float> same = logits_for({0.5f, 0.5f, 0.0f});
+  same.insert(same.end(), child.begin(), child.end());
+  same.insert(same.end(), child.begin(), child.end());
+  for (int i = 0; i < 200; ++i) {
+    v.accept(tree, same.data(), V, s, path, emitted);
+    EXPECT_EQ(path, std::vector<int32_t>{0});
+  }
+  // A tree built without sampling is refused.
+  DraftTree greedy_tree;
+  greedy_tree.nodes = tree.nodes;
+  EXPECT_THROW(v.accept(greedy_tree, rows.data(), V, s, path, emitted), Error);
 }
 
 }  // namespace

@@ -15,6 +15,10 @@ int main(int argc, char** argv) {
   microspec::cli::add_dump_tensor_command(app);
   microspec::cli::add_tokenize_command(app);
   microspec::cli::add_eval_command(app);
+  microspec::cli::add_vocab_freq_command(app);
+  microspec::cli::add_coverage_command(app);
+  microspec::cli::add_bench_command(app);
+  microspec::cli::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -369,4 +369,12 @@ void Model::lm_head_rows(const float* hidden, int32_t n, const int32_t* rows, in
   timings_.lm_head_seconds += seconds_since(t0);
 }
 
+void Model::lm_head_packed(const float* hidden, int32_t n, const QMatrix& packed, float* logits) {
+  if (packed.type != output_.type || packed.cols != output_.cols || packed.row_stride != output_.row_stride)
+    throw Error("lm_head_packed: rows are not in the LM head's format");
+  const auto t0 = Clock::now();
+  microspec::matmul(mm_, packed, hidden, n, logits, packed.rows);
+  timings_.lm_head_seconds += seconds_since(t0);
+}
+
 }  // namespace microspec

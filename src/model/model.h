@@ -82,6 +82,9 @@ class Model {
   void lm_head(const float* hidden, int32_t n, float* logits);
   // logits[i][j] for vocabulary rows rows[j] only: logits is [n][n_rows].
   void lm_head_rows(const float* hidden, int32_t n, const int32_t* rows, int32_t n_rows, float* logits);
+  // logits[i][j] for the rows of `packed`: head rows in the head's own format and width (a draft
+  // vocabulary's packed copy of some vocabulary rows); logits is [n][packed.rows].
+  void lm_head_packed(const float* hidden, int32_t n, const QMatrix& packed, float* logits);
   const QMatrix& output_matrix() const { return output_; }
   ModelTimings& timings() { return timings_; }
 

@@ -111,8 +111,7 @@ float Sampler::uniform() {
   return static_cast<float>(rng_() >> 40) * 0x1.0p-24f;
 }
 
-int64_t Sampler::select_candidates(const float* logits) {
-  const int64_t n = n_vocab_;
+int64_t Sampler::select_candidates(const float* logits, int64_t n) {
   int64_t count = 0;
   if (top_k_ == 0) {
     // Every samplable token, in id order. Branchless: write always, advance only when kept.
@@ -225,15 +224,18 @@ int64_t Sampler::apply_top_p(int64_t n) {
   return end - c;  // rounding left the sum a hair short of the target: keep the whole bucket
 }
 
-void Sampler::distribution(const float* logits, std::vector<std::pair<int32_t, float>>& out) {
+void Sampler::distribution(const float* logits, int64_t n_logits, std::vector<std::pair<int32_t, float>>& out) {
+  if (n_logits <= 0 || n_logits > n_vocab_)
+    throw Error("sampler: row of " + std::to_string(n_logits) + " logits for a vocabulary of " +
+                std::to_string(n_vocab_));
   out.clear();
   if (greedy_) {
-    const int32_t id = argmax(logits, n_vocab_);
+    const int32_t id = argmax(logits, n_logits);
     if (id < 0 || logits[id] == kNegInf) throw_nothing_samplable();
     out.emplace_back(id, 1.0f);
     return;
   }
-  const int64_t n = apply_top_p(select_candidates(logits));
+  const int64_t n = apply_top_p(select_candidates(logits, n_logits));
   const float mx = max_logit_;  // the best token always survives top-p
   if (mx == kPosInf) {
     // The limit of softmax: +inf tokens share the mass equally, everything else gets none.

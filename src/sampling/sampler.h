@@ -53,7 +53,11 @@ class Sampler {
   // The order is deterministic: best first when top-k is on (a top-k=0/top-p run is only
   // partially ordered, to avoid sorting the vocabulary); ascending id when both are off.
   // `out` is cleared and refilled; its capacity is reused between calls.
-  void distribution(const float* logits, std::vector<std::pair<int32_t, float>>& out);
+  void distribution(const float* logits, std::vector<std::pair<int32_t, float>>& out) {
+    distribution(logits, n_vocab_, out);
+  }
+  // The same over a row of n <= n_vocab logits (a pruned draft vocabulary); ids are positions.
+  void distribution(const float* logits, int64_t n, std::vector<std::pair<int32_t, float>>& out);
 
   // Draws one token id from a distribution (as produced by distribution(); probabilities need
   // not sum exactly to 1) with this sampler's RNG. Zero-probability entries are never drawn.
@@ -77,7 +81,7 @@ class Sampler {
   }
   // Fills cand_ with the top-k tokens (sorted, best first) or, with top-k off, every samplable
   // token in id order; returns how many and sets max_logit_. Throws if no token is samplable.
-  int64_t select_candidates(const float* logits);
+  int64_t select_candidates(const float* logits, int64_t n);
   // Applies top-p to cand_[0, n), reordering it so the kept tokens come first; returns how many.
   int64_t apply_top_p(int64_t n);
 

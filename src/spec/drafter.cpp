@@ -58,12 +58,8 @@ void ModelTreeExpander::expand(std::span<const int32_t> frontier, std::span<cons
   const auto t0 = std::chrono::steady_clock::now();
   vocab_.logits(model_, out_.hidden.data(), rows, logits_.data());
   lm_head_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (int32_t r = 0; r < rows; ++r) {
-    Proposal* o = out + size_t(r) * k;
-    const int32_t got = top_k_logprobs(logits_.data() + size_t(r) * V, V, k, o);
-    for (int32_t j = 0; j < got; ++j) o[j].token = vocab_.token(o[j].token);
-    for (int32_t j = got; j < k; ++j) o[j] = {-1, 0.0f};
-  }
+  for (int32_t r = 0; r < rows; ++r)
+    pick_children(logits_.data() + size_t(r) * V, V, vocab_.ids(), k, sampling_, r, out + size_t(r) * k);
 }
 
 SelfDrafter::SelfDrafter(Model& target, KVCache& target_kv, int32_t n_layers, DraftVocabulary vocab)
@@ -71,7 +67,10 @@ SelfDrafter::SelfDrafter(Model& target, KVCache& target_kv, int32_t n_layers, Dr
 
 void SelfDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) {
   expander_.start({}, root, position);
-  builder_.build(params, expander_, tree);
+  // An empty draft vocabulary (a window fed only by verifications, before the first one) has
+  // nothing to propose: the step verifies the root alone.
+  if (expander_.vocab().size() == 0) return;
+  builder_.build(params, expander_, tree, sampling_);
 }
 
 ModelDrafter::ModelDrafter(Model& draft, int32_t n_ctx, DraftVocabulary vocab)
@@ -84,6 +83,7 @@ void ModelDrafter::begin(const std::vector<int32_t>& prompt, std::span<const int
   tokens_ = prompt;
   expander_.start({}, 0, 0);
   catch_up(0);
+  expander_.vocab().begin(prompt, prompt_top);
 }
 
 void ModelDrafter::catch_up(int32_t keep) {
@@ -110,7 +110,8 @@ void ModelDrafter::propose(int32_t root, int32_t position, const TreeParams& par
   catch_up(model_.n_batch() - 1);
   expander_.start(std::span<const int32_t>(tokens_.data() + kv_.n_past(), tokens_.size() - kv_.n_past()),
                   root, kv_.n_past());
-  builder_.build(params, expander_, tree);
+  if (expander_.vocab().size() == 0) return;  // nothing to propose (see SelfDrafter::propose)
+  builder_.build(params, expander_, tree, sampling_);
 }
 
 void ModelDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
@@ -130,6 +131,7 @@ void ModelDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const
   }
   kv_.commit(commit_);
   expander_.start({}, 0, 0);  // slots are stale after the commit
+  expander_.vocab().accepted(root, tree, path, verify_logits);
 }
 
 void check_same_vocabulary(const GgufFile& target, const GgufFile& draft) {

@@ -48,6 +48,9 @@ class Drafter {
   virtual bool fits(const TreeParams& params, int32_t room) const = 0;
   // Time spent in the draft LM head (DraftVocabulary::logits) since the drafter was made.
   virtual double lm_head_seconds() const = 0;
+  // Speculative sampling: propose() draws children from the draft distribution and records it in
+  // the tree (see DraftSampling). nullptr returns to greedy trees. The object must outlive its use.
+  virtual void set_sampling(DraftSampling* sampling) = 0;
   // Size of the draft vocabulary the last propose() scored.
   virtual int32_t active_vocab_size() const = 0;
 };
@@ -71,6 +74,8 @@ class ModelTreeExpander : public TreeExpander {
   int32_t n_layers() const { return n_layers_; }
   double lm_head_seconds() const { return lm_head_seconds_; }
   const DraftVocabulary& vocab() const { return vocab_; }
+  DraftVocabulary& vocab() { return vocab_; }
+  void set_sampling(DraftSampling* sampling) { sampling_ = sampling; }
 
  private:
   Model& model_;
@@ -85,30 +90,42 @@ class ModelTreeExpander : public TreeExpander {
   ForwardOutput out_;
   std::vector<float> logits_;  // [rows][vocab size] draft logits of one expansion
   double lm_head_seconds_ = 0.0;
+  DraftSampling* sampling_ = nullptr;  // non-null: children are drawn, not taken best-first
 };
 
 class SelfDrafter final : public Drafter {
  public:
   // n_layers: the target layers the draft runs (1..n_layer).
   SelfDrafter(Model& target, KVCache& target_kv, int32_t n_layers, DraftVocabulary vocab);
-  void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override {}
+  int32_t prompt_top_k() const override { return expander_.vocab().prompt_top_k(); }
+  void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override {
+    expander_.vocab().begin(prompt, prompt_top);
+  }
   void propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) override;
   void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
-                const float* verify_logits) override {}
+                const float* verify_logits) override {
+    expander_.vocab().accepted(root, tree, path, verify_logits);
+  }
   int32_t target_pending_slots(const TreeParams& params) const override { return params.max_draft_rows(); }
   bool fits(const TreeParams& params, int32_t room) const override { return params.max_draft_rows() <= room; }
   double lm_head_seconds() const override { return expander_.lm_head_seconds(); }
   int32_t active_vocab_size() const override { return expander_.vocab().size(); }
+  void set_sampling(DraftSampling* sampling) override {
+    sampling_ = sampling;
+    expander_.set_sampling(sampling);
+  }
 
  private:
   ModelTreeExpander expander_;
   TreeBuilder builder_;
+  DraftSampling* sampling_ = nullptr;
 };
 
 class ModelDrafter final : public Drafter {
  public:
   // draft and target must share a vocabulary (check_same_vocabulary). n_ctx: as the target's.
   ModelDrafter(Model& draft, int32_t n_ctx, DraftVocabulary vocab);
+  int32_t prompt_top_k() const override { return expander_.vocab().prompt_top_k(); }
   void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override;
   void propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) override;
   void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
@@ -117,9 +134,14 @@ class ModelDrafter final : public Drafter {
   bool fits(const TreeParams& params, int32_t room) const override;
   double lm_head_seconds() const override { return expander_.lm_head_seconds(); }
   int32_t active_vocab_size() const override { return expander_.vocab().size(); }
+  void set_sampling(DraftSampling* sampling) override {
+    sampling_ = sampling;
+    expander_.set_sampling(sampling);
+  }
 
  private:
   Model& model_;
+  DraftSampling* sampling_ = nullptr;
   KVCache kv_;
   ModelTreeExpander expander_;
   TreeBuilder builder_;

@@ -1,6 +1,7 @@
 #include "spec/spec_generator.h"
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "util/error.h"
@@ -16,7 +17,11 @@ double since(Clock::time_point t) {
 
 SpeculativeGenerator::SpeculativeGenerator(Generator& gen, const Tokenizer& tokenizer, Drafter& drafter,
                                            const TreeParams& tree)
-    : gen_(gen), tokenizer_(tokenizer), drafter_(drafter), params_(tree) {
+    : gen_(gen),
+      tokenizer_(tokenizer),
+      drafter_(drafter),
+      params_(tree),
+      verifier_(gen.model().config().n_vocab) {
   params_.validate();
   const int32_t n_batch = gen.model().n_batch();
   if (params_.total_tokens + 1 > n_batch || params_.top_k > n_batch)
@@ -30,8 +35,6 @@ SpeculativeGenerator::SpeculativeGenerator(Generator& gen, const Tokenizer& toke
 
 SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                                           const TextCallback& on_text) {
-  if (params.sampling.temperature > 0.0f)
-    throw Error("speculative decoding supports greedy decoding only (--temp 0)");
   Model& model = gen_.model();
   KVCache& kv = gen_.cache();
   const int32_t V = model.config().n_vocab;
@@ -42,9 +45,29 @@ SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, co
   TokenSink sink(tokenizer_, params, on_text, r);
 
   const auto t0 = Clock::now();
+  // Sampling (temperature > 0): the target's tokens come from its sampler (request's filters and
+  // seed), the draft's from a second sampler with the same filters and a derived seed, and each
+  // step is verified by recursive rejection sampling (TreeSamplingVerifier). Greedy keeps the
+  // argmax path, which needs no sampler at all.
+  const bool sampling = params.sampling.temperature > 0.0f;
+  std::optional<Sampler> target_sampler, draft_sampler;
+  if (sampling) {
+    target_sampler.emplace(params.sampling, V);
+    SamplingParams dp = params.sampling;
+    dp.seed = params.sampling.seed ^ 0x9e3779b97f4a7c15ull;
+    draft_sampler.emplace(dp, V);
+    draft_sampling_.sampler = &*draft_sampler;
+  }
+  // The drafter holds a pointer to draft_sampling_ only for this call, exceptions included.
+  struct SamplingScope {
+    Drafter& d;
+    ~SamplingScope() { d.set_sampling(nullptr); }
+  } scope{drafter_};
+  drafter_.set_sampling(sampling ? &draft_sampling_ : nullptr);
+
   const int32_t k_pre = drafter_.prompt_top_k();
   const float* logits = gen_.prefill(prompt, k_pre, prompt_top_);
-  int32_t root = argmax(logits, V);
+  int32_t root = sampling ? target_sampler->sample(logits) : argmax(logits, V);
   drafter_.begin(prompt, std::span<const int32_t>(prompt_top_.data(), k_pre ? prompt_top_.size() : 0));
   const auto t1 = Clock::now();
   r.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -87,9 +110,13 @@ SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, co
     st.verify_lm_head_seconds += model.timings().lm_head_seconds - head0;
     st.verify_seconds += since(tv);
     const auto tb = Clock::now();
-    argmax_.resize(n);
-    for (int32_t i = 0; i < n; ++i) argmax_[i] = argmax(out_.logits.data() + size_t(i) * V, V);
-    accept_greedy(tree_, argmax_, path_, emitted_);
+    if (sampling) {
+      verifier_.accept(tree_, out_.logits.data(), V, *target_sampler, path_, emitted_);
+    } else {
+      argmax_.resize(n);
+      for (int32_t i = 0; i < n; ++i) argmax_[i] = argmax(out_.logits.data() + size_t(i) * V, V);
+      accept_greedy(tree_, argmax_, path_, emitted_);
+    }
     commit_.assign(1, 0);
     for (int32_t p : path_) commit_.push_back(p + 1);
     kv.commit(commit_);

@@ -4,6 +4,9 @@
 // agrees with is committed, plus the target's own next token (the bonus). Every emitted token is
 // the target's greedy choice, and they go through the same TokenSink as plain decoding, so the
 // output (tokens, text, finish reason) equals Generator::generate's exactly.
+// With temperature > 0 the draft tree is sampled and verified by recursive rejection sampling
+// (tree.h, TreeSamplingVerifier): the output has exactly plain sampling's distribution, though
+// not the same tokens for a seed.
 #include <cstdint>
 #include <vector>
 
@@ -41,7 +44,6 @@ class SpeculativeGenerator {
  public:
   // gen provides the target, its cache (shared with a self-drafter) and prefill.
   SpeculativeGenerator(Generator& gen, const Tokenizer& tokenizer, Drafter& drafter, const TreeParams& tree);
-  // Greedy only: throws Error for a temperature > 0.
   SpecResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                       const TextCallback& on_text = nullptr);
 
@@ -57,6 +59,8 @@ class SpeculativeGenerator {
   std::vector<int32_t> path_;     // accepted node indices
   std::vector<int32_t> emitted_;  // tokens of one step
   std::vector<int32_t> commit_;   // pending slots to commit
+  TreeSamplingVerifier verifier_;
+  DraftSampling draft_sampling_;
   std::vector<int32_t> prompt_top_;  // [prompt][drafter's K_pre] target top ids per prompt position
 };
 

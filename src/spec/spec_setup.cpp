@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "util/error.h"
+#include "vocab/freq_file.h"
 
 namespace microspec {
 
@@ -72,21 +73,66 @@ int32_t default_draft_layers(int32_t n_layer) {
   return std::max(1, n_layer - std::max(1, n_layer / 8));
 }
 
+DraftVocabulary SpecSetup::make_vocabulary(const Model& model, const Tokenizer& tokenizer) {
+  const SpecConfig& c = config_;
+  const int32_t n_vocab = model.config().n_vocab;
+  if (c.draft_vocab == "full") {
+    vocab_describe_ = "full vocabulary";
+    return DraftVocabulary::full(n_vocab);
+  }
+  // The frequent tokens of `freq` and `hybrid`, with every end-of-generation token added: a draft
+  // that cannot propose the end of a reply would lose the step that ends it.
+  auto frequent = [&](int32_t k) {
+    if (c.freq_file.empty())
+      throw Error("--draft-vocab " + c.draft_vocab +
+                  " needs --freq-file FILE (written by `microspec vocab-freq`; scripts/make_freq.sh makes "
+                  "models/<model>.freq.bin)");
+    const TokenFrequencies freq = read_freq_file(c.freq_file, n_vocab);
+    std::vector<int32_t> ids = freq.top(k);
+    std::vector<uint8_t> in(size_t(n_vocab), 0);
+    for (int32_t id : ids) in[id] = 1;
+    std::vector<int32_t> eog = tokenizer.end_of_generation_ids();
+    if (tokenizer.eos_id() >= 0) eog.push_back(tokenizer.eos_id());
+    for (int32_t id : eog)
+      if (id >= 0 && id < n_vocab && !in[id]) {
+        in[id] = 1;
+        ids.push_back(id);
+      }
+    return ids;
+  };
+  if (c.draft_vocab == "freq") {
+    std::vector<int32_t> ids = frequent(c.freq_top);
+    vocab_describe_ = "freq vocabulary " + std::to_string(ids.size());
+    return DraftVocabulary::packed(model, std::move(ids));
+  }
+  DynamicVocabParams p;
+  p.stream.w_max = c.vocab_window;
+  p.stream.k_pre = c.vocab_kpre;
+  p.stream.k_ver = c.vocab_kver;
+  p.stream.source = CandidateStreamParams::parse_source(c.vocab_source);
+  p.async_gather = c.async_gather;
+  std::vector<int32_t> pinned;
+  if (c.draft_vocab == "hybrid" && c.hybrid_top > 0) pinned = frequent(c.hybrid_top);
+  vocab_describe_ = c.draft_vocab + " vocabulary W " + std::to_string(c.vocab_window) + " kpre " +
+                    std::to_string(c.vocab_kpre) + " kver " + std::to_string(c.vocab_kver) +
+                    (c.vocab_source != "both" ? " source " + c.vocab_source : std::string()) +
+                    (pinned.empty() ? std::string() : " + " + std::to_string(pinned.size()) + " frequent") +
+                    (c.async_gather ? "" : ", sync gather");
+  return DraftVocabulary::dynamic(model, p, std::move(pinned));
+}
+
 SpecSetup::SpecSetup(const SpecConfig& config, const GgufFile& target_file, Model& target, Generator& gen,
                      const Tokenizer& tokenizer)
     : config_(config) {
   config_.validate();
   if (!config_.enabled()) throw Error("speculative setup: mode is none");
-  if (config_.draft_vocab != "full")
-    throw Error("--draft-vocab " + config_.draft_vocab + " is not available yet");  // issue 4 in progress
   const int32_t n_layer = target.config().n_layer;
   if (config_.mode == "self") {
     const int32_t layers = config_.draft_layers > 0 ? config_.draft_layers : default_draft_layers(n_layer);
     if (layers > n_layer)
       throw Error("--draft-layers " + std::to_string(layers) + ": the model has " + std::to_string(n_layer) +
                   " layers");
-    drafter_ = std::make_unique<SelfDrafter>(target, gen.cache(), layers,
-                                             DraftVocabulary::full(target.config().n_vocab));
+    drafter_ = std::make_unique<SelfDrafter>(target, gen.cache(), layers, make_vocabulary(target, tokenizer));
     describe_ = "self, " + std::to_string(layers) + "/" + std::to_string(n_layer) + " layers";
   } else {
     draft_file_ = GgufFile::open(config_.draft_model);
@@ -96,9 +142,10 @@ SpecSetup::SpecSetup(const SpecConfig& config, const GgufFile& target_file, Mode
     opt.n_batch = target.n_batch();
     draft_model_ = Model::load(*draft_file_, opt);
     drafter_ = std::make_unique<ModelDrafter>(*draft_model_, gen.cache().n_ctx(),
-                                              DraftVocabulary::full(draft_model_->config().n_vocab));
+                                              make_vocabulary(*draft_model_, tokenizer));
     describe_ = "draft model " + config_.draft_model;
   }
+  describe_ += ", " + vocab_describe_;
   gen_ = std::make_unique<SpeculativeGenerator>(gen, tokenizer, *drafter_, config_.tree);
   describe_ += ", tree depth " + std::to_string(config_.tree.depth) + " top-k " +
                std::to_string(config_.tree.top_k) + " tokens " + std::to_string(config_.tree.total_tokens);

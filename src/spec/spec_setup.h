@@ -56,7 +56,11 @@ class SpecSetup {
   const std::string& describe() const { return describe_; }
 
  private:
+  // The draft vocabulary config_ asks for, over model's LM head (sets vocab_describe_).
+  DraftVocabulary make_vocabulary(const Model& model, const Tokenizer& tokenizer);
+
   SpecConfig config_;
+  std::string vocab_describe_;
   std::unique_ptr<GgufFile> draft_file_;  // draft only
   std::unique_ptr<Model> draft_model_;    // draft only
   std::unique_ptr<Drafter> drafter_;

@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 
+#include "sampling/sampler.h"
 #include "util/error.h"
 
 namespace microspec {
@@ -27,11 +28,50 @@ struct RanksBefore {
 };
 }  // namespace
 
-void TreeBuilder::build(const TreeParams& params, TreeExpander& expander, DraftTree& tree) {
+int32_t pick_children(const float* logits, int32_t n, const int32_t* ids, int32_t k, DraftSampling* sampling,
+                      int32_t row, Proposal* out) {
+  int32_t got = 0;
+  if (!sampling) {
+    got = top_k_logprobs(logits, n, k, out);
+    if (ids)
+      for (int32_t j = 0; j < got; ++j) out[j].token = ids[out[j].token];
+  } else {
+    if (sampling->row_q.size() <= size_t(row)) sampling->row_q.resize(size_t(row) + 1);
+    TokenDistribution& q = sampling->row_q[row];
+    sampling->sampler->distribution(logits, n, q);
+    if (ids)
+      for (auto& e : q) e.first = ids[e.first];
+    // Without replacement: each draw comes from q restricted to the tokens not drawn yet
+    // (sample_from normalises by the remaining mass).
+    TokenDistribution& left = sampling->scratch;
+    left.assign(q.begin(), q.end());
+    while (got < k && !left.empty()) {
+      const int32_t token = sampling->sampler->sample_from(left);
+      size_t at = 0;
+      while (left[at].first != token) ++at;
+      out[got++] = {token, std::log(left[at].second)};
+      left[at] = left.back();
+      left.pop_back();
+    }
+  }
+  for (int32_t j = got; j < k; ++j) out[j] = {-1, 0.0f};
+  return got;
+}
+
+void TreeBuilder::build(const TreeParams& params, TreeExpander& expander, DraftTree& tree,
+                        DraftSampling* sampling) {
   params.validate();
   tree.clear();
   cand_.clear();
   if (params.total_tokens == 0) return;
+  // Moves the q of the frontier rows just expanded to their candidates (swaps keep capacity).
+  auto take_q = [&](std::span<const int32_t> frontier) {
+    if (!sampling) return;
+    for (size_t i = 0; i < frontier.size(); ++i) {
+      TokenDistribution& dst = frontier[i] < 0 ? root_q_ : cand_q_[frontier[i]];
+      dst.swap(sampling->row_q[i]);
+    }
+  };
   const int32_t k = params.top_k;
   proposals_.resize(size_t(k) * k);
   const RanksBefore ranks{&cand_};
@@ -39,6 +79,7 @@ void TreeBuilder::build(const TreeParams& params, TreeExpander& expander, DraftT
   // Root level: the root's top-k tokens.
   const int32_t root = -1;
   expander.expand(std::span<const int32_t>(&root, 1), cand_, k, proposals_.data());
+  take_q(std::span<const int32_t>(&root, 1));
   frontier_.clear();
   for (int32_t j = 0; j < k; ++j) {
     const Proposal& p = proposals_[j];
@@ -49,6 +90,8 @@ void TreeBuilder::build(const TreeParams& params, TreeExpander& expander, DraftT
 
   for (int32_t round = 0; round < params.depth && !frontier_.empty(); ++round) {
     expander.expand(frontier_, cand_, k, proposals_.data());
+    if (sampling && cand_q_.size() < cand_.size()) cand_q_.resize(cand_.size());
+    take_q(frontier_);
     const int32_t first_child = static_cast<int32_t>(cand_.size());
     for (size_t i = 0; i < frontier_.size(); ++i) {
       const TreeNode parent = cand_[frontier_[i]];
@@ -67,21 +110,26 @@ void TreeBuilder::build(const TreeParams& params, TreeExpander& expander, DraftT
     frontier_.assign(order_.begin(), order_.begin() + keep);
   }
 
-  // Keep the total_tokens best candidates. A parent ranks before its children (score order, ties
-  // to the earlier candidate), so taking candidates in rank order whose parent is already kept
-  // loses nothing and yields a connected tree.
   const int32_t n_cand = static_cast<int32_t>(cand_.size());
-  order_.resize(n_cand);
-  for (int32_t c = 0; c < n_cand; ++c) order_[c] = c;
-  std::sort(order_.begin(), order_.end(), ranks);
   node_of_.assign(n_cand, -1);
-  int32_t kept = 0;
-  for (int32_t c : order_) {
-    if (kept == params.total_tokens) break;
-    const int32_t parent = cand_[c].parent;
-    if (parent >= 0 && node_of_[parent] < 0) continue;
-    node_of_[c] = 0;  // marked kept; real indices are assigned in candidate order below
-    ++kept;
+  if (sampling) {
+    // The first total_tokens candidates in creation order (see the class comment).
+    for (int32_t c = 0; c < std::min(n_cand, params.total_tokens); ++c) node_of_[c] = 0;
+  } else {
+    // Keep the total_tokens best candidates. A parent ranks before its children (score order,
+    // ties to the earlier candidate), so taking candidates in rank order whose parent is already
+    // kept loses nothing and yields a connected tree.
+    order_.resize(n_cand);
+    for (int32_t c = 0; c < n_cand; ++c) order_[c] = c;
+    std::sort(order_.begin(), order_.end(), ranks);
+    int32_t kept = 0;
+    for (int32_t c : order_) {
+      if (kept == params.total_tokens) break;
+      const int32_t parent = cand_[c].parent;
+      if (parent >= 0 && node_of_[parent] < 0) continue;
+      node_of_[c] = 0;  // marked kept; real indices are assigned in candidate order below
+      ++kept;
+    }
   }
   for (int32_t c = 0; c < n_cand; ++c) {
     if (node_of_[c] < 0) continue;
@@ -89,6 +137,18 @@ void TreeBuilder::build(const TreeParams& params, TreeExpander& expander, DraftT
     TreeNode node = cand_[c];
     node.parent = node.parent < 0 ? -1 : node_of_[node.parent];
     tree.nodes.push_back(node);
+  }
+  if (sampling) {
+    tree.q.resize(size_t(tree.size()) + 1);
+    tree.q[0].swap(root_q_);
+    for (int32_t c = 0; c < n_cand; ++c)
+      if (node_of_[c] >= 0) {
+        if (size_t(c) < cand_q_.size())
+          tree.q[size_t(node_of_[c]) + 1].swap(cand_q_[c]);
+        else
+          tree.q[size_t(node_of_[c]) + 1].clear();
+      }
+    for (auto& q : cand_q_) q.clear();  // stale rows of dropped candidates
   }
 }
 
@@ -112,6 +172,95 @@ void accept_greedy(const DraftTree& tree, std::span<const int32_t> target_argmax
     if (next < 0) return;
     path.push_back(next);
     cur = next;
+  }
+}
+
+// Why TreeSamplingVerifier::accept is lossless (recursive rejection sampling; Chen et al. 2023 for
+// one draft, SpecInfer / Jeon et al. 2024 for several drafts drawn without replacement).
+//
+// Claim: at a node whose kept children x_1..x_m were drawn in that order without replacement from
+// q, with m decided without looking at the children's own tokens, the token this procedure emits
+// at that position is distributed exactly as p, the target's sampling distribution there.
+// Procedure, with p_1 = p and q_1 = q: for i = 1..m, accept x_i with probability
+// min(1, p_i(x_i) / q_i(x_i)); on rejection set p_{i+1} = norm(max(0, p_i - q_i)) and q_{i+1} =
+// q_i with x_i removed, renormalised. If all are rejected, draw from p_{m+1}.
+// Proof by induction from the last sibling: suppose that given the history up to sibling i
+// rejected, the rest emits y with probability p_{i+1}(y). Note p_{i+1} depends on p_i and q_i
+// only, not on which token x_i was, and x_i given the history is a draw from q_i (that is what
+// drawing without replacement means). Then
+//   P(emit y) = q_i(y) min(1, p_i(y)/q_i(y)) + P(reject) p_{i+1}(y)
+//             = min(p_i, q_i)(y) + (1 - sum_z min(p_i, q_i)(z)) p_{i+1}(y)
+//             = min(p_i, q_i)(y) + sum_z max(0, p_i - q_i)(z) * norm(max(0, p_i - q_i))(y)
+//             = min(p_i, q_i)(y) + max(0, p_i - q_i)(y) = p_i(y).
+// The base case (no sibling left, draw from p_{m+1}) holds trivially; at i = 1 it gives p.
+// An accepted x_i moves to its child node, where the same holds with the target's distribution
+// after the longer prefix, because that node's children were drawn from the draft's distribution
+// after the same prefix. So every emitted token has the plain sampler's distribution given the
+// tokens before it, and the whole output has the distribution of plain sampling.
+// (The q = 1 shortcut, treating a best-first draft as certain, is only right for greedy drafts;
+// here the draft tokens are real draws from q, so the accepted-token rate benefits from q ~ p.)
+TreeSamplingVerifier::TreeSamplingVerifier(int32_t n_vocab) : p_(size_t(n_vocab), 0.0f), q_(size_t(n_vocab), 0.0f) {}
+
+void TreeSamplingVerifier::accept(const DraftTree& tree, const float* target_logits, int32_t n_vocab,
+                                  Sampler& target_sampler, std::vector<int32_t>& path,
+                                  std::vector<int32_t>& emitted) {
+  if (size_t(n_vocab) != p_.size()) throw Error("tree sampling: vocabulary size mismatch");
+  if (!tree.nodes.empty() && tree.q.size() != size_t(tree.size()) + 1)
+    throw Error("tree sampling: the draft tree has no draft distributions (built without sampling)");
+  path.clear();
+  emitted.clear();
+  int32_t cur = -1;
+  for (;;) {
+    target_sampler.distribution(target_logits + size_t(cur + 1) * n_vocab, p_list_);
+    for (const auto& [id, prob] : p_list_) p_[id] = prob;
+    children_.clear();
+    for (int32_t i = cur + 1; i < tree.size(); ++i)
+      if (tree.nodes[i].parent == cur) children_.push_back(i);
+    int32_t next = -1;
+    if (!children_.empty()) {
+      q_list_ = tree.q[size_t(cur + 1)];
+      for (const auto& [id, prob] : q_list_) q_[id] = prob;
+      for (int32_t c : children_) {
+        const int32_t x = tree.nodes[c].token;
+        const float px = p_[x], qx = q_[x];
+        // Accept with probability min(1, px / qx).
+        if (qx > 0.0f && target_sampler.uniform() * qx < px) {
+          next = c;
+          break;
+        }
+        // Rejected: p <- norm(max(0, p - q)), which lives on p's support.
+        double residual = 0.0;
+        for (const auto& e : p_list_) residual += std::max(0.0f, p_[e.first] - q_[e.first]);
+        // residual == 0 means p == q, where a rejection can only come from rounding: keep p.
+        if (residual > 0.0) {
+          const double inv = 1.0 / residual;
+          for (const auto& e : p_list_) p_[e.first] = float(std::max(0.0f, p_[e.first] - q_[e.first]) * inv);
+        }
+        // q <- q without x, renormalised.
+        const double rest = 1.0 - double(qx);
+        q_[x] = 0.0f;
+        if (rest > 0.0) {
+          const double inv = 1.0 / rest;
+          for (const auto& e : q_list_) q_[e.first] = float(q_[e.first] * inv);
+        }
+      }
+      for (const auto& e : q_list_) q_[e.first] = 0.0f;
+    }
+    if (next >= 0) {
+      for (const auto& e : p_list_) p_[e.first] = 0.0f;
+      path.push_back(next);
+      emitted.push_back(tree.nodes[next].token);
+      cur = next;
+      continue;
+    }
+    // The bonus token: a draw from the (residual) target distribution at this node.
+    bonus_.clear();
+    for (const auto& e : p_list_) {
+      if (p_[e.first] > 0.0f) bonus_.emplace_back(e.first, p_[e.first]);
+      p_[e.first] = 0.0f;
+    }
+    emitted.push_back(target_sampler.sample_from(bonus_));
+    return;
   }
 }
 

@@ -10,9 +10,15 @@
 // before its children and the kept set is a connected tree. top_k = 1 gives a chain.
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace microspec {
+
+class Sampler;
+
+// A sparse probability distribution over token ids: (id, probability) pairs.
+using TokenDistribution = std::vector<std::pair<int32_t, float>>;
 
 // Defaults measured on 2 cores (5 SpecBench chat prompts, 128 tokens, self-drafting with
 // n_layer - n_layer/8 layers): a chain of 4 beat every tree tried. A tree's extra frontier rows
@@ -37,11 +43,27 @@ struct TreeNode {
   int32_t candidate = -1;  // the builder's candidate id (drafters map it to their cache slots)
 };
 
-// Nodes in candidate order: parents come before their children.
+// Nodes in candidate order: parents come before their children, and siblings come in the order
+// they were proposed (best first for greedy trees, draw order for sampled ones).
 struct DraftTree {
   std::vector<TreeNode> nodes;
+  // Sampled trees only: q[0] is the draft distribution the root's children were drawn from,
+  // q[i + 1] node i's (empty when the node was not expanded). [1 + nodes] while sampling, else empty.
+  std::vector<TokenDistribution> q;
   int32_t size() const { return static_cast<int32_t>(nodes.size()); }
-  void clear() { nodes.clear(); }
+  void clear() {
+    nodes.clear();
+    q.clear();
+  }
+};
+
+// Speculative sampling's draft side. Children are drawn without replacement from the draft's own
+// sampling distribution q (the request's temperature / top-k / top-p applied to the draft logits)
+// instead of taken best-first, and every expanded row keeps its q for verification.
+struct DraftSampling {
+  Sampler* sampler = nullptr;            // draft-side filters and RNG; n_vocab >= any draft row
+  std::vector<TokenDistribution> row_q;  // [frontier rows] q of the last expand(), token ids
+  TokenDistribution scratch;             // draws without replacement
 };
 
 struct Proposal {
@@ -61,12 +83,33 @@ class TreeExpander {
                       Proposal* out) = 0;
 };
 
+// Chooses one frontier row's k children from its draft logits over draft-vocabulary positions
+// [0, n) (ids maps a position to its token id; nullptr = the identity). Greedy (sampling ==
+// nullptr): the k best by log-probability. Sampling: k draws without replacement from the row's
+// q, which is stored in sampling->row_q[row]; Proposal::logprob is then log q(token). Unused
+// entries of out get token -1. Returns how many children were written.
+int32_t pick_children(const float* logits, int32_t n, const int32_t* ids, int32_t k, DraftSampling* sampling,
+                      int32_t row, Proposal* out);
+
 // Builds the EAGLE-2 tree. Allocates only on growth: keep one builder per generation.
+//
+// With sampling the tree keeps the first total_tokens candidates in the order they were made
+// (level by level, children in draw order) instead of the best by score. Speculative sampling is
+// lossless only if, given everything outside a node's subtree, the node's children are a plain
+// draw from its q; ranking by score would keep or drop a child depending on its own value and
+// bias the output. The creation order depends only on the frontier structure, never on a child's
+// own token, and still yields a connected tree with each node's kept children a prefix of its
+// draws. (Choosing the frontier by score is fine: it decides whether a node gets children from
+// that node's own value and its relatives', never from the children's.)
 class TreeBuilder {
  public:
-  void build(const TreeParams& params, TreeExpander& expander, DraftTree& tree);
+  // sampling: nullptr for greedy trees; otherwise the same object the expander was given.
+  void build(const TreeParams& params, TreeExpander& expander, DraftTree& tree,
+             DraftSampling* sampling = nullptr);
 
  private:
+  std::vector<TokenDistribution> cand_q_;  // [candidates] q of each expanded candidate (sampling)
+  TokenDistribution root_q_;               // q of the root (sampling)
   std::vector<TreeNode> cand_;       // all candidates; .parent is a candidate id here
   std::vector<int32_t> frontier_;    // [top_k] candidate ids to expand next
   std::vector<Proposal> proposals_;  // [top_k * top_k]
@@ -81,6 +124,25 @@ class TreeBuilder {
 // the bonus token (the argmax at the last accepted node, or at the root).
 void accept_greedy(const DraftTree& tree, std::span<const int32_t> target_argmax, std::vector<int32_t>& path,
                    std::vector<int32_t>& emitted);
+
+// Lossless tree speculative sampling: recursive rejection sampling over each node's children.
+// target_logits holds the target's raw logits, [1 + tree.size()][n_vocab] (row 0 at the root),
+// and target_sampler the request's filters and RNG; p at a node is target_sampler's distribution
+// of that row. Fills path and emitted as accept_greedy does. The argument is in tree.cpp.
+class TreeSamplingVerifier {
+ public:
+  explicit TreeSamplingVerifier(int32_t n_vocab);
+  void accept(const DraftTree& tree, const float* target_logits, int32_t n_vocab, Sampler& target_sampler,
+              std::vector<int32_t>& path, std::vector<int32_t>& emitted);
+
+ private:
+  std::vector<float> p_;     // [n_vocab] current (residual) target distribution, dense
+  std::vector<float> q_;     // [n_vocab] current draft distribution with drawn siblings removed, dense
+  TokenDistribution p_list_;  // support of p_
+  TokenDistribution q_list_;  // support of q_
+  TokenDistribution bonus_;   // residual distribution to draw the bonus token from
+  std::vector<int32_t> children_;
+};
 
 // The k best entries of logits[0, n) as (index, log-softmax value), best first; ties go to the
 // lower index. Non-finite logits other than +inf are never chosen; fewer than k entries are

@@ -4,7 +4,9 @@
 process per configuration, --prompts-jsonl batch mode), with and without --spec:
 - self-drafting with two draft-layer counts, as a chain (top-k 1), a small tree and the default
   tree (the default layer count too);
-- a separate draft model: the same file (the only model with the same vocabulary), chain and tree.
+- a separate draft model: the same file (the only model with the same vocabulary), chain and tree;
+- each with one of the draft vocabularies: full, freq (FR-Spec), dynamic (MicroSpec; once with a
+  window small enough to evict mid-reply and the gather on the calling thread), hybrid.
 Every prompt's tokens, text and finish reason must be identical to plain decoding, and the
 speculative runs must report their statistics.
 
@@ -40,16 +42,26 @@ SMALL_TREE = ["--tree-topk", "2", "--tree-depth", "2", "--tree-tokens", "5"]
 
 
 def configs(model):
+    # Every drafter, every tree shape and every draft vocabulary, each on all the prompts; the
+    # vocabularies are spread over the drafter / tree configurations to keep the suite's time.
     good, poor = LAYERS[model]
     path = str(MODELS[model])
+    freq = ["--freq-file", freq_file(model)]
     return {
-        "self-chain": ["--spec", "self", "--draft-layers", str(good)] + CHAIN,
-        "self-tree-poor-draft": ["--spec", "self", "--draft-layers", str(poor)] + SMALL_TREE,
-        "self-default": ["--spec", "self"],
-        "draft-chain": ["--spec", "draft", "--draft-model", path] + CHAIN,
-        "draft-tree": ["--spec", "draft", "--draft-model", path, "--tree-topk", "3", "--tree-depth", "3",
-                       "--tree-tokens", "10"],
+        "self-chain-dynamic": ["--spec", "self", "--draft-layers", str(good), "--draft-vocab", "dynamic"] + CHAIN,
+        "self-tree-poor-draft-freq": ["--spec", "self", "--draft-layers", str(poor), "--draft-vocab", "freq"]
+                                     + freq + SMALL_TREE,
+        "self-default-full": ["--spec", "self"],
+        # A window small enough to evict within a reply, and the gather on the calling thread.
+        "draft-chain-dynamic-evicting": ["--spec", "draft", "--draft-model", path, "--draft-vocab", "dynamic",
+                                         "--vocab-window", "256", "--no-async-gather"] + CHAIN,
+        "draft-tree-hybrid": ["--spec", "draft", "--draft-model", path, "--draft-vocab", "hybrid"] + freq
+                             + ["--hybrid-top", "512", "--tree-topk", "3", "--tree-depth", "3", "--tree-tokens", "10"],
     }
+
+
+def freq_file(model):
+    return str(MODELS[model].with_suffix(".freq.bin"))  # written by scripts/make_freq.sh
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +99,8 @@ def plain(model, prompts):
 @pytest.mark.parametrize("model", ["smollm2", "gemma"])
 @pytest.mark.parametrize("config", list(configs("smollm2")))
 def test_spec_greedy_equals_plain(model, config, prompts_file):
+    if not pathlib.Path(freq_file(model)).exists():
+        pytest.fail(f"{freq_file(model)} is missing: run scripts/make_freq.sh")
     base = plain(model, prompts_file)
     rows = run_batch(model, prompts_file, configs(model)[config])
     mismatches = []

@@ -1,0 +1,541 @@
+#include "server/api.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "util/error.h"
+
+namespace microspec::server {
+
+using nlohmann::json;
+
+namespace {
+
+// Deeper JSON than any real request needs; bounds the parser's work on hostile bodies.
+constexpr int kMaxJsonDepth = 64;
+
+const char* json_type_name(const json& j) {
+  switch (j.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "a decimal number";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return "an integer";
+    default:
+      return "an unsupported value";
+  }
+}
+
+[[noreturn]] void wrong_type(const std::string& param, const char* expected, const json& got) {
+  throw ApiError(400,
+                 "Invalid type for '" + param + "': expected " + expected + ", but got " +
+                     json_type_name(got) + " instead.",
+                 param, "invalid_type");
+}
+
+std::string number_text(double x) {
+  std::string s = json(x).dump();
+  if (s.size() > 2 && s.compare(s.size() - 2, 2, ".0") == 0) s.resize(s.size() - 2);
+  return s;
+}
+
+// The field's value, or nullptr when it is absent or null (null means "default" in OpenAI's API).
+const json* field(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+double number_field(const json& obj, const char* key, double lo, double hi, double fallback) {
+  const json* v = field(obj, key);
+  if (!v) return fallback;
+  if (!v->is_number()) wrong_type(key, "a number", *v);
+  const double x = v->get<double>();
+  if (!(x >= lo))
+    throw ApiError(400,
+                   std::string("Invalid '") + key + "': number below minimum value. Expected a value >= " +
+                       number_text(lo) + ", but got " + number_text(x) + " instead.",
+                   key, "below_minimum");
+  if (!(x <= hi))
+    throw ApiError(400,
+                   std::string("Invalid '") + key + "': number above maximum value. Expected a value <= " +
+                       number_text(hi) + ", but got " + number_text(x) + " instead.",
+                   key, "above_maximum");
+  return x;
+}
+
+// An integer field; values past int64 (JSON allows any size) count as out of range.
+int64_t integer_field(const json& obj, const char* key, int64_t lo, int64_t hi, int64_t fallback) {
+  const json* v = field(obj, key);
+  if (!v) return fallback;
+  if (!v->is_number_integer()) wrong_type(key, "an integer", *v);
+  const bool huge =
+      v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max());
+  const int64_t x = huge ? std::numeric_limits<int64_t>::max() : v->get<int64_t>();
+  if (x < lo)
+    throw ApiError(400,
+                   std::string("Invalid '") + key + "': integer below minimum value. Expected a value >= " +
+                       std::to_string(lo) + ", but got " + std::to_string(x) + " instead.",
+                   key, "below_minimum");
+  if (huge || x > hi)
+    throw ApiError(400,
+                   std::string("Invalid '") + key + "': integer above maximum value. Expected a value <= " +
+                       std::to_string(hi) + ", but got " + v->dump() + " instead.",
+                   key, "above_maximum");
+  return x;
+}
+
+bool bool_field(const json& obj, const char* key, bool fallback) {
+  const json* v = field(obj, key);
+  if (!v) return fallback;
+  if (!v->is_boolean()) wrong_type(key, "a boolean", *v);
+  return v->get<bool>();
+}
+
+[[noreturn]] void unsupported(const std::string& param, const std::string& what) {
+  throw ApiError(400, what + " is not supported by this server.", param, "unsupported_parameter");
+}
+
+// The text of a message's content: a string, or an array of {"type": "text", "text": ...} parts.
+std::string message_content(const json& content, const std::string& param) {
+  if (content.is_null()) return "";
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) wrong_type(param, "a string or an array of content parts", content);
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string p = param + "[" + std::to_string(i) + "]";
+    if (!part.is_object()) wrong_type(p, "an object", part);
+    const json* type = field(part, "type");
+    if (!type || !type->is_string())
+      throw ApiError(400, "Missing required parameter: '" + p + ".type'.", p + ".type",
+                     "missing_required_parameter");
+    if (type->get<std::string>() != "text")
+      throw ApiError(
+          400, "Content parts of type '" + type->get<std::string>() + "' are not supported (text only).",
+          p + ".type", "unsupported_content_type");
+    const json* t = field(part, "text");
+    if (!t || !t->is_string()) wrong_type(p + ".text", "a string", t ? *t : json());
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+std::vector<ChatMessage> parse_messages(const json& body) {
+  const json* msgs = field(body, "messages");
+  if (!msgs)
+    throw ApiError(400, "Missing required parameter: 'messages'.", "messages", "missing_required_parameter");
+  if (!msgs->is_array()) wrong_type("messages", "an array", *msgs);
+  if (msgs->empty())
+    throw ApiError(400, "Invalid 'messages': empty array. Expected an array with minimum length 1.",
+                   "messages", "empty_array");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const json& m = (*msgs)[i];
+    const std::string p = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) wrong_type(p, "an object", m);
+    const json* role = field(m, "role");
+    if (!role)
+      throw ApiError(400, "Missing required parameter: '" + p + ".role'.", p + ".role",
+                     "missing_required_parameter");
+    if (!role->is_string()) wrong_type(p + ".role", "a string", *role);
+    std::string r = role->get<std::string>();
+    if (r == "developer") r = "system";  // OpenAI's newer name for the system role
+    if (r != "system" && r != "user" && r != "assistant")
+      throw ApiError(400,
+                     "Invalid value for '" + p + ".role': '" + role->get<std::string>() +
+                         "'. Supported values are: 'system', 'developer', 'user' and 'assistant'.",
+                     p + ".role", "invalid_value");
+    if (field(m, "tool_calls")) unsupported(p + ".tool_calls", "Tool calls are");
+    auto content = m.find("content");
+    if (content == m.end())
+      throw ApiError(400, "Missing required parameter: '" + p + ".content'.", p + ".content",
+                     "missing_required_parameter");
+    out.push_back({r, message_content(*content, p + ".content")});
+  }
+  return out;
+}
+
+std::vector<int32_t> parse_prompt(const json& body, const Tokenizer& tok) {
+  const json* prompt = field(body, "prompt");
+  if (!prompt)
+    throw ApiError(400, "Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter");
+  auto token_ids = [&](const json& arr, const std::string& param) {
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < arr.size(); ++i) {
+      const json& v = arr[i];
+      if (!v.is_number_integer())
+        wrong_type(param + "[" + std::to_string(i) + "]", "a token id (integer)", v);
+      const bool huge = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT32_MAX);
+      const int64_t id = huge ? int64_t(INT32_MAX) + 1 : v.get<int64_t>();
+      if (id < 0 || id >= tok.n_vocab())
+        throw ApiError(400,
+                       "Invalid '" + param + "[" + std::to_string(i) + "]': token id " + v.dump() +
+                           " is outside the vocabulary (0.." + std::to_string(tok.n_vocab() - 1) + ").",
+                       param, "invalid_token_id");
+      ids.push_back(static_cast<int32_t>(id));
+    }
+    return ids;
+  };
+  if (prompt->is_string()) return tok.encode(prompt->get<std::string>(), tok.add_bos_default(), false);
+  if (!prompt->is_array())
+    wrong_type("prompt", "a string, an array of strings or an array of token ids", *prompt);
+  if (prompt->empty()) return {};
+  const json& first = (*prompt)[0];
+  if (first.is_number()) return token_ids(*prompt, "prompt");  // one prompt as token ids
+  if (prompt->size() > 1)
+    throw ApiError(400,
+                   "Batched prompts (" + std::to_string(prompt->size()) +
+                       ") are not supported: send one prompt per request.",
+                   "prompt", "unsupported_parameter");
+  if (first.is_string()) return tok.encode(first.get<std::string>(), tok.add_bos_default(), false);
+  if (first.is_array()) return token_ids(first, "prompt[0]");
+  wrong_type("prompt[0]", "a string or an array of token ids", first);
+}
+
+std::vector<std::string> parse_stop(const json& body) {
+  const json* stop = field(body, "stop");
+  if (!stop) return {};
+  std::vector<std::string> out;
+  auto add = [&](const json& s, const std::string& param) {
+    if (!s.is_string()) wrong_type(param, "a string", s);
+    if (s.get<std::string>().empty())
+      throw ApiError(400, "Invalid '" + param + "': empty string. Stop sequences must not be empty.", param,
+                     "invalid_value");
+    out.push_back(s.get<std::string>());
+  };
+  if (stop->is_string()) {
+    add(*stop, "stop");
+  } else if (stop->is_array()) {
+    for (size_t i = 0; i < stop->size(); ++i) add((*stop)[i], "stop[" + std::to_string(i) + "]");
+  } else {
+    wrong_type("stop", "a string or an array of strings", *stop);
+  }
+  return out;
+}
+
+// Options OpenAI defines that this server does not implement: refused unless left at their defaults,
+// so a client never silently gets something other than what it asked for.
+void reject_unsupported(Endpoint endpoint, const json& body) {
+  const int64_t n = integer_field(body, "n", 1, std::numeric_limits<int64_t>::max(), 1);
+  if (n != 1) unsupported("n", "n > 1 (several choices per request)");
+  if (endpoint == Endpoint::Chat) {
+    if (bool_field(body, "logprobs", false)) unsupported("logprobs", "logprobs");
+  } else {
+    if (const json* lp = field(body, "logprobs")) {
+      if (!lp->is_number_integer()) wrong_type("logprobs", "an integer", *lp);
+      if (lp->get<int64_t>() != 0) unsupported("logprobs", "logprobs");
+    }
+    if (bool_field(body, "echo", false)) unsupported("echo", "echo");
+    if (integer_field(body, "best_of", 1, std::numeric_limits<int64_t>::max(), 1) != 1)
+      unsupported("best_of", "best_of > 1");
+    if (const json* suffix = field(body, "suffix")) {
+      if (!suffix->is_string()) wrong_type("suffix", "a string", *suffix);
+      if (!suffix->get<std::string>().empty()) unsupported("suffix", "suffix");
+    }
+  }
+  if (field(body, "top_logprobs")) unsupported("top_logprobs", "top_logprobs");
+  for (const char* key : {"presence_penalty", "frequency_penalty"})
+    if (number_field(body, key, -2.0, 2.0, 0.0) != 0.0) unsupported(key, std::string(key) + " other than 0");
+  if (const json* bias = field(body, "logit_bias")) {
+    if (!bias->is_object()) wrong_type("logit_bias", "an object", *bias);
+    if (!bias->empty()) unsupported("logit_bias", "logit_bias");
+  }
+  for (const char* key : {"tools", "functions"})
+    if (const json* t = field(body, key)) {
+      if (!t->is_array()) wrong_type(key, "an array", *t);
+      if (!t->empty()) unsupported(key, "Tool and function calling");
+    }
+  if (const json* choice = field(body, "tool_choice"))
+    if (!(choice->is_string() && choice->get<std::string>() == "none"))
+      unsupported("tool_choice", "Tool and function calling");
+  if (const json* fmt = field(body, "response_format")) {
+    if (!fmt->is_object()) wrong_type("response_format", "an object", *fmt);
+    const json* type = field(*fmt, "type");
+    if (!type || !type->is_string() || type->get<std::string>() != "text")
+      unsupported("response_format", "A response_format other than {\"type\": \"text\"}");
+  }
+}
+
+// The microspec extension object: per-request speculative settings, within what the slots were built with.
+void parse_spec_extension(const json& body, const SpecConfig& server, CompletionRequest& r) {
+  r.speculative = server.enabled();
+  const json* ext = field(body, "microspec");
+  if (ext) {
+    if (!ext->is_object()) wrong_type("microspec", "an object", *ext);
+    for (auto it = ext->begin(); it != ext->end(); ++it)
+      if (it.key() != "spec" && it.key() != "draft_vocab")
+        throw ApiError(400, "Unknown parameter: 'microspec." + it.key() + "' (known: spec, draft_vocab).",
+                       "microspec." + it.key(), "unknown_parameter");
+    if (const json* spec = field(*ext, "spec")) {
+      if (!spec->is_string()) wrong_type("microspec.spec", "a string", *spec);
+      const std::string mode = spec->get<std::string>();
+      if (mode == "none") {
+        r.speculative = false;
+        if (server.enabled()) r.spec_note = "speculative decoding turned off by the request";
+      } else if (mode == "self" || mode == "draft") {
+        if (!server.enabled())
+          throw ApiError(400,
+                         "Invalid 'microspec.spec': '" + mode +
+                             "': this server runs without speculative decoding (start it with --spec " +
+                             mode + ").",
+                         "microspec.spec", "spec_unavailable");
+        if (mode != server.mode)
+          throw ApiError(400,
+                         "Invalid 'microspec.spec': '" + mode +
+                             "': this server's slots are built for --spec " + server.mode + " (or 'none').",
+                         "microspec.spec", "spec_unavailable");
+      } else {
+        throw ApiError(400,
+                       "Invalid value for 'microspec.spec': '" + mode +
+                           "'. Supported values are 'none', 'self' and 'draft'.",
+                       "microspec.spec", "invalid_value");
+      }
+    }
+    if (const json* dv = field(*ext, "draft_vocab")) {
+      if (!dv->is_string()) wrong_type("microspec.draft_vocab", "a string", *dv);
+      // The draft vocabulary is part of each slot's drafter, built at start; a request can only ask
+      // for the one the slots have (or turn speculation off).
+      if (r.speculative && dv->get<std::string>() != server.draft_vocab)
+        throw ApiError(400,
+                       "Invalid 'microspec.draft_vocab': '" + dv->get<std::string>() +
+                           "': this server's drafters use --draft-vocab " + server.draft_vocab + ".",
+                       "microspec.draft_vocab", "spec_unavailable");
+    }
+  }
+}
+
+}  // namespace
+
+const char* error_type_for_status(int status) {
+  switch (status) {
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 429:
+      return "rate_limit_error";
+    default:
+      return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+ApiError::ApiError(int status_, const std::string& message, std::string param_, std::string code_,
+                   std::string type_)
+    : std::runtime_error(message),
+      status(status_),
+      type(type_.empty() ? error_type_for_status(status_) : std::move(type_)),
+      param(std::move(param_)),
+      code(std::move(code_)) {}
+
+json error_body(int status, const std::string& message, const std::string& param, const std::string& code,
+                const std::string& type) {
+  json e;
+  e["message"] = message;
+  e["type"] = type.empty() ? error_type_for_status(status) : type;
+  e["param"] = param.empty() ? json() : json(param);
+  e["code"] = code.empty() ? json() : json(code);
+  return json{{"error", e}};
+}
+
+CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body_text,
+                                           const RequestContext& ctx) {
+  json body;
+  try {
+    body = json::parse(body_text, [](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth)
+        throw ApiError(400,
+                       "Invalid JSON body: nested deeper than " + std::to_string(kMaxJsonDepth) + " levels.",
+                       "", "invalid_json");
+      return true;
+    });
+  } catch (const json::exception& e) {
+    // nlohmann's lexer rejects ill-formed UTF-8 in strings too, so invalid UTF-8 lands here.
+    throw ApiError(400, std::string("Invalid JSON body: ") + e.what(), "", "invalid_json");
+  }
+  if (!body.is_object()) wrong_type("body", "a JSON object", body);
+  if (const json* model = field(body, "model"))
+    if (!model->is_string()) wrong_type("model", "a string", *model);
+  reject_unsupported(endpoint, body);
+
+  CompletionRequest r;
+  r.endpoint = endpoint;
+  const Tokenizer& tok = *ctx.tokenizer;
+  if (endpoint == Endpoint::Chat) {
+    std::vector<ChatMessage> messages = parse_messages(body);
+    if (!ctx.chat_format)
+      throw ApiError(400, "This model has no chat template: use /v1/completions.", "messages",
+                     "no_chat_template");
+    std::string text;
+    try {
+      text = apply_chat_template(*ctx.chat_format, messages, true, ctx.default_system);
+    } catch (const Error& e) {
+      throw ApiError(400, std::string("Invalid 'messages': ") + e.what(), "messages", "invalid_value");
+    }
+    r.prompt_ids = tok.encode(text, tok.add_bos_default(), true);
+  } else {
+    r.prompt_ids = parse_prompt(body, tok);
+  }
+  const int64_t n_prompt = int64_t(r.prompt_ids.size());
+  if (n_prompt == 0) throw ApiError(400, "The prompt is empty.", "prompt", "empty_prompt");
+  if (n_prompt >= ctx.n_ctx)
+    throw ApiError(400,
+                   "This model's maximum context length is " + std::to_string(ctx.n_ctx) +
+                       " tokens. However, your prompt has " + std::to_string(n_prompt) +
+                       " tokens, which leaves no room for the completion.",
+                   endpoint == Endpoint::Chat ? "messages" : "prompt", "context_length_exceeded");
+
+  // max_completion_tokens is the newer name of max_tokens in the chat API.
+  const char* max_key = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  const int64_t room = ctx.n_ctx - n_prompt;
+  const int64_t max_tokens = integer_field(body, max_key, 1, std::numeric_limits<int64_t>::max(), room);
+  if (max_tokens > room)
+    throw ApiError(400,
+                   "This model's maximum context length is " + std::to_string(ctx.n_ctx) +
+                       " tokens. However, you requested " + std::to_string(n_prompt + max_tokens) +
+                       " tokens (" + std::to_string(n_prompt) + " in the prompt, " +
+                       std::to_string(max_tokens) +
+                       " for the completion). Please reduce the prompt or the completion length.",
+                   max_key, "context_length_exceeded");
+  r.params.max_new_tokens = static_cast<int32_t>(max_tokens);
+
+  // Sampling defaults are the CLI's (`microspec generate`), so a setting means the same in both.
+  r.params.sampling.temperature = static_cast<float>(number_field(body, "temperature", 0.0, 2.0, 0.0));
+  r.params.sampling.top_p = static_cast<float>(number_field(body, "top_p", 0.0, 1.0, 0.95));
+  r.params.sampling.top_k = static_cast<int>(integer_field(body, "top_k", 0, INT32_MAX, 40));
+  if (const json* seed = field(body, "seed")) {
+    if (!seed->is_number_integer()) wrong_type("seed", "an integer", *seed);
+    r.params.sampling.seed =
+        seed->is_number_unsigned() ? seed->get<uint64_t>() : uint64_t(seed->get<int64_t>());
+  } else {
+    r.params.sampling.seed = std::random_device{}();
+  }
+  r.params.stop_strings = parse_stop(body);
+
+  r.stream = bool_field(body, "stream", false);
+  if (const json* opts = field(body, "stream_options")) {
+    if (!opts->is_object()) wrong_type("stream_options", "an object", *opts);
+    r.include_usage = bool_field(*opts, "include_usage", false);
+  }
+  parse_spec_extension(body, *ctx.spec, r);
+  return r;
+}
+
+double GenerationReport::decode_tokens_per_second() const {
+  const GenerateResult& g = result.gen;
+  if (g.decode_seconds <= 0) return 0.0;
+  // Tokens produced after the prefill (as the CLI counts them): one per forward for plain decoding.
+  const double tokens = speculative ? double(result.stats.decode_tokens) : double(g.decode_forwards);
+  return tokens / g.decode_seconds;
+}
+
+double GenerationReport::prefill_tokens_per_second() const {
+  const GenerateResult& g = result.gen;
+  return g.prefill_seconds > 0 ? g.prompt_tokens / g.prefill_seconds : 0.0;
+}
+
+json usage_json(const GenerationReport& r) {
+  const GenerateResult& g = r.result.gen;
+  json ext;
+  ext["speculative"] = r.speculative;
+  ext["spec_mode"] = r.speculative ? r.spec_mode : "none";
+  if (r.speculative) {
+    const SpecStats& st = r.result.stats;
+    ext["draft_vocab"] = r.draft_vocab;
+    ext["steps"] = st.steps;
+    ext["drafted_tokens"] = st.drafted;
+    ext["accepted_draft_tokens"] = st.accepted_draft;
+    ext["mean_acceptance_length"] = st.mean_acceptance_length();
+    ext["mean_active_vocab"] = st.mean_active_vocab();
+    ext["draft_seconds"] = st.draft_seconds;
+    ext["verify_seconds"] = st.verify_seconds;
+  }
+  if (!r.spec_note.empty()) ext["note"] = r.spec_note;
+  ext["prefill_seconds"] = g.prefill_seconds;
+  ext["decode_seconds"] = g.decode_seconds;
+  ext["prefill_tokens_per_second"] = r.prefill_tokens_per_second();
+  ext["decode_tokens_per_second"] = r.decode_tokens_per_second();
+  ext["queue_seconds"] = r.queue_seconds;
+  const int64_t completion = int64_t(g.tokens.size());
+  return json{{"prompt_tokens", g.prompt_tokens},
+              {"completion_tokens", completion},
+              {"total_tokens", g.prompt_tokens + completion},
+              {"microspec", ext}};
+}
+
+const char* finish_reason(const GenerateResult& r) {
+  return finish_reason_name(r.finish);
+}
+
+json answer_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport& r) {
+  const GenerateResult& g = r.result.gen;
+  json choice = {{"index", 0}, {"finish_reason", finish_reason(g)}, {"logprobs", nullptr}};
+  if (endpoint == Endpoint::Chat)
+    choice["message"] = {{"role", "assistant"}, {"content", g.text}};
+  else
+    choice["text"] = g.text;
+  return json{{"id", ids.id},
+              {"object", endpoint == Endpoint::Chat ? "chat.completion" : "text_completion"},
+              {"created", ids.created},
+              {"model", ids.model},
+              {"choices", json::array({choice})},
+              {"usage", usage_json(r)}};
+}
+
+json chunk_json(Endpoint endpoint, const AnswerIds& ids, const std::string& text, bool first,
+                const char* finish, bool include_usage_null) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish ? json(finish) : json()}};
+  if (endpoint == Endpoint::Chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (first || !finish) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  json j = {{"id", ids.id},
+            {"object", endpoint == Endpoint::Chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", ids.created},
+            {"model", ids.model},
+            {"choices", json::array({choice})}};
+  if (include_usage_null) j["usage"] = nullptr;
+  return j;
+}
+
+json usage_chunk_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport& r) {
+  return json{{"id", ids.id},
+              {"object", endpoint == Endpoint::Chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", ids.created},
+              {"model", ids.model},
+              {"choices", json::array()},
+              {"usage", usage_json(r)}};
+}
+
+bool secrets_equal(const std::string& a, const std::string& b) {
+  // Walks the longer length and accumulates differences without branching on the content.
+  const size_t n = std::max(a.size(), b.size());
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= unsigned(x ^ y);
+  }
+  return diff == 0;
+}
+
+std::string dump_json(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace microspec::server

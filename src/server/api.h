@@ -1,0 +1,103 @@
+#pragma once
+// The OpenAI-compatible request and response shapes of `microspec serve`: parsing and validating
+// /v1/chat/completions and /v1/completions bodies into what the engine takes, OpenAI-style error
+// bodies, and the JSON of answers and stream chunks. No HTTP and no model here, so every rule about
+// what a request may contain lives in one place.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/generator.h"
+#include "spec/spec_generator.h"
+#include "spec/spec_setup.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+namespace microspec::server {
+
+// A request the server answers with an error: HTTP status and OpenAI's error fields.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, const std::string& message, std::string param = "", std::string code = "",
+           std::string type = "");
+  int status;
+  std::string type;   // "invalid_request_error", "authentication_error", ... (from status if not given)
+  std::string param;  // offending field ("" when none)
+  std::string code;   // machine-readable reason ("" when none)
+};
+
+// {"error": {"message", "type", "param", "code"}}; param and code are null when empty.
+nlohmann::json error_body(int status, const std::string& message, const std::string& param = "",
+                          const std::string& code = "", const std::string& type = "");
+// OpenAI's error type for an HTTP status.
+const char* error_type_for_status(int status);
+
+enum class Endpoint { Chat, Completion };
+
+// What the server knows that request validation needs.
+struct RequestContext {
+  const Tokenizer* tokenizer = nullptr;
+  std::optional<ChatFormat> chat_format;  // none: the model has no chat template
+  std::string default_system;             // the chat template's own system message, "" if none
+  int32_t n_ctx = 0;                      // tokens per slot
+  const SpecConfig* spec = nullptr;       // the slots' speculative setup (mode "none": off)
+};
+
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::Chat;
+  std::vector<int32_t> prompt_ids;
+  GenerateParams params;  // max_new_tokens: the request's max_tokens, else the rest of the context
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk carrying usage
+  bool speculative = false;    // run through the slot's SpecSetup
+  std::string spec_note;       // why speculation is off although the server has it ("" if on or never)
+};
+
+// Parses and validates a request body. Throws ApiError (400, with the offending param) for invalid
+// JSON or UTF-8, wrong types, out-of-range numbers, unsupported options (n > 1, logprobs, tools,
+// penalties ...) and prompts that do not fit the context; unknown top-level fields are ignored as
+// OpenAI clients send many optional ones.
+CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body,
+                                           const RequestContext& ctx);
+
+// Everything one generation reports back, for usage fields, metrics and logs.
+struct GenerationReport {
+  SpecResult result;  // result.stats is all zero when the request ran without speculation
+  bool speculative = false;
+  std::string spec_mode;    // "none", "self", "draft"
+  std::string draft_vocab;  // the slot's draft vocabulary when speculative
+  std::string spec_note;
+  double queue_seconds = 0.0;  // waiting for a free slot
+  double decode_tokens_per_second() const;
+  double prefill_tokens_per_second() const;
+};
+
+// "usage" with the microspec extension (speculative statistics, timings).
+nlohmann::json usage_json(const GenerationReport& r);
+// finish_reason of an answer whose generation ran to its end.
+const char* finish_reason(const GenerateResult& r);
+
+struct AnswerIds {
+  std::string id;       // "chatcmpl-..." / "cmpl-..."
+  int64_t created = 0;  // unix seconds
+  std::string model;
+};
+
+// Non-streamed answer: chat.completion or text_completion.
+nlohmann::json answer_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport& r);
+// Stream chunks. `text` chunk; the first chat chunk carries the role; the last carries finish_reason.
+nlohmann::json chunk_json(Endpoint endpoint, const AnswerIds& ids, const std::string& text, bool first,
+                          const char* finish, bool include_usage_null);
+// The extra last chunk of stream_options.include_usage: no choices, usage filled.
+nlohmann::json usage_chunk_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport& r);
+
+// Constant-time comparison (time depends on the lengths only), for API keys.
+bool secrets_equal(const std::string& a, const std::string& b);
+
+// Serializes JSON for the wire: compact, invalid UTF-8 in generated text replaced by U+FFFD.
+std::string dump_json(const nlohmann::json& j);
+
+}  // namespace microspec::server

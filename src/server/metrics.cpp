@@ -1,0 +1,137 @@
+#include "server/metrics.h"
+
+#include <cstdarg>
+#include <cstdio>
+
+namespace microspec::server {
+
+const char* outcome_name(Outcome o) {
+  switch (o) {
+    case Outcome::Completed:
+      return "completed";
+    case Outcome::Cancelled:
+      return "cancelled";
+    case Outcome::Shutdown:
+      return "shutdown";
+    case Outcome::Failed:
+      return "failed";
+  }
+  return "?";
+}
+
+Metrics::Metrics() {
+  for (Outcome o : {Outcome::Completed, Outcome::Cancelled, Outcome::Shutdown, Outcome::Failed})
+    generations_[outcome_name(o)] = 0;
+}
+
+void Metrics::count_request(const std::string& endpoint, int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++requests_[{endpoint, status}];
+}
+
+void Metrics::record_generation(const GenerationReport& r, Outcome outcome) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++generations_[outcome_name(outcome)];
+  const GenerateResult& g = r.result.gen;
+  prompt_tokens_ += uint64_t(g.prompt_tokens);
+  completion_tokens_ += g.tokens.size();
+  prefill_seconds_ += g.prefill_seconds;
+  decode_seconds_ += g.decode_seconds;
+  decode_tokens_ += r.speculative ? uint64_t(r.result.stats.decode_tokens) : uint64_t(g.decode_forwards);
+  if (g.decode_seconds > 0) last_decode_tps_ = r.decode_tokens_per_second();
+  if (r.speculative && r.result.stats.steps > 0) {
+    const SpecStats& st = r.result.stats;
+    ++spec_generations_;
+    spec_steps_ += uint64_t(st.steps);
+    drafted_tokens_ += uint64_t(st.drafted);
+    accepted_draft_tokens_ += uint64_t(st.accepted_draft);
+    const double a = st.mean_acceptance_length();
+    size_t b = 0;
+    while (b < kAcceptanceBounds.size() && a > kAcceptanceBounds[b]) ++b;
+    ++acceptance_buckets_[b];
+    acceptance_sum_ += a;
+    last_active_vocab_ = st.mean_active_vocab();
+  }
+}
+
+namespace {
+
+void line(std::string& out, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+void line(std::string& out, const char* fmt, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, fmt);
+  const int n = std::vsnprintf(buf, sizeof buf, fmt, args);
+  va_end(args);
+  if (n > 0) out.append(buf, std::min<size_t>(size_t(n), sizeof buf - 1));
+  out.push_back('\n');
+}
+
+void header(std::string& out, const char* name, const char* type, const char* help) {
+  line(out, "# HELP %s %s", name, help);
+  line(out, "# TYPE %s %s", name, type);
+}
+
+}  // namespace
+
+std::string Metrics::render(const GaugeSnapshot& gauges) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  header(out, "microspec_requests_total", "counter", "HTTP requests answered, by route and status code.");
+  for (const auto& [key, count] : requests_)
+    line(out, "microspec_requests_total{endpoint=\"%s\",status=\"%d\"} %llu", key.first.c_str(), key.second,
+         static_cast<unsigned long long>(count));
+  header(out, "microspec_generations_total", "counter",
+         "Generations by outcome: completed, cancelled (client went away), shutdown, failed.");
+  for (const auto& [name, count] : generations_)
+    line(out, "microspec_generations_total{outcome=\"%s\"} %llu", name.c_str(),
+         static_cast<unsigned long long>(count));
+  header(out, "microspec_prompt_tokens_total", "counter", "Prompt tokens processed.");
+  line(out, "microspec_prompt_tokens_total %llu", static_cast<unsigned long long>(prompt_tokens_));
+  header(out, "microspec_completion_tokens_total", "counter", "Tokens generated.");
+  line(out, "microspec_completion_tokens_total %llu", static_cast<unsigned long long>(completion_tokens_));
+  header(out, "microspec_prefill_seconds_total", "counter", "Time spent in prompt processing.");
+  line(out, "microspec_prefill_seconds_total %.6f", prefill_seconds_);
+  header(out, "microspec_decode_tokens_total", "counter", "Tokens produced after prompt processing.");
+  line(out, "microspec_decode_tokens_total %llu", static_cast<unsigned long long>(decode_tokens_));
+  header(out, "microspec_decode_seconds_total", "counter", "Time spent producing them.");
+  line(out, "microspec_decode_seconds_total %.6f", decode_seconds_);
+  header(out, "microspec_decode_tokens_per_second", "gauge", "Decode speed of the most recent generation.");
+  line(out, "microspec_decode_tokens_per_second %.3f", last_decode_tps_);
+  header(out, "microspec_spec_generations_total", "counter", "Generations that ran speculatively.");
+  line(out, "microspec_spec_generations_total %llu", static_cast<unsigned long long>(spec_generations_));
+  header(out, "microspec_spec_steps_total", "counter", "Speculative verification passes.");
+  line(out, "microspec_spec_steps_total %llu", static_cast<unsigned long long>(spec_steps_));
+  header(out, "microspec_spec_drafted_tokens_total", "counter", "Draft tokens proposed.");
+  line(out, "microspec_spec_drafted_tokens_total %llu", static_cast<unsigned long long>(drafted_tokens_));
+  header(out, "microspec_spec_accepted_tokens_total", "counter", "Draft tokens accepted by the target.");
+  line(out, "microspec_spec_accepted_tokens_total %llu",
+       static_cast<unsigned long long>(accepted_draft_tokens_));
+  header(out, "microspec_acceptance_length", "histogram",
+         "Mean acceptance length (tokens per target pass) of each speculative generation.");
+  uint64_t cumulative = 0;
+  for (size_t b = 0; b < kAcceptanceBounds.size(); ++b) {
+    cumulative += acceptance_buckets_[b];
+    line(out, "microspec_acceptance_length_bucket{le=\"%g\"} %llu", kAcceptanceBounds[b],
+         static_cast<unsigned long long>(cumulative));
+  }
+  cumulative += acceptance_buckets_.back();
+  line(out, "microspec_acceptance_length_bucket{le=\"+Inf\"} %llu",
+       static_cast<unsigned long long>(cumulative));
+  line(out, "microspec_acceptance_length_sum %.6f", acceptance_sum_);
+  line(out, "microspec_acceptance_length_count %llu", static_cast<unsigned long long>(cumulative));
+  header(out, "microspec_draft_vocab_active", "gauge",
+         "Mean active draft vocabulary size (rows of the draft LM head) of the last speculative generation.");
+  line(out, "microspec_draft_vocab_active %.1f", last_active_vocab_);
+  header(out, "microspec_slots", "gauge", "Generation slots.");
+  line(out, "microspec_slots %d", gauges.slots_total);
+  header(out, "microspec_slots_busy", "gauge", "Slots generating now.");
+  line(out, "microspec_slots_busy %d", gauges.slots_busy);
+  header(out, "microspec_queue_depth", "gauge", "Requests waiting for a slot.");
+  line(out, "microspec_queue_depth %d", gauges.queue_depth);
+  header(out, "microspec_queue_limit", "gauge", "Most requests that may wait; more are answered 429.");
+  line(out, "microspec_queue_limit %d", gauges.queue_limit);
+  return out;
+}
+
+}  // namespace microspec::server
