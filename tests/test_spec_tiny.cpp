@@ -247,6 +247,54 @@ TEST_F(SpecTiny, PrefillTopKMatchesTeacherForcedLogits) {
   }
 }
 
+TEST_F(SpecTiny, ForwardSplitAcrossLayersIsBitwiseTheSame) {
+  for (const char* arch : {"gemma3", "llama"}) {
+    Tiny t = load_tiny(spec(arch, 13), (dir_ / (std::string(arch) + ".gguf")).string());
+    Model& m = *t.model;
+    // A committed prefix, then a small tree run whole vs. split at each layer.
+    Batch prefix;
+    prefix.set_sequence(kPrompt, 0, false);
+    Batch tree;
+    tree.tokens = {40, 41, 42, 43};
+    tree.positions = {6, 7, 7, 8};
+    tree.parents = {-1, 0, 0, 1};
+    tree.output_rows = {0, 1, 2, 3};
+    ForwardOutput whole, part, rest;
+    KVCache kv0 = m.make_cache(64);
+    m.forward(prefix, kv0, whole, false);
+    kv0.commit_prefix(int32_t(kPrompt.size()));
+    m.forward(tree, kv0, whole, true);
+    for (int32_t split = 0; split <= 3; ++split) {
+      KVCache kv = m.make_cache(64);
+      m.forward(prefix, kv, part, false);
+      kv.commit_prefix(int32_t(kPrompt.size()));
+      // The first two rows through layers [0, split), the other two joining for the rest.
+      Batch head = tree;
+      head.tokens.resize(2);
+      head.positions.resize(2);
+      head.parents.resize(2);
+      head.output_rows = {0, 1};
+      m.forward(head, kv, part, false, split);
+      std::vector<float> x(part.residual);
+      Batch tail;
+      tail.start = 2;
+      tail.tokens = {42, 43};
+      tail.positions = {7, 8};
+      tail.parents = {0, 1};
+      tail.output_rows = {0, 1};
+      m.forward(tail, kv, rest, false, split);
+      x.insert(x.end(), rest.residual.begin(), rest.residual.end());
+      if (split == 0) x.clear();  // start from the embeddings
+      m.forward(tree, kv, rest, true, -1, split, split ? x.data() : nullptr);
+      EXPECT_EQ(rest.logits, whole.logits) << arch << " split at layer " << split;
+      EXPECT_EQ(rest.hidden, whole.hidden) << arch << " split at layer " << split;
+    }
+    KVCache kv = m.make_cache(64);
+    EXPECT_THROW(m.forward(tree, kv, rest, false, -1, 2, nullptr), Error);
+    EXPECT_THROW(m.forward(tree, kv, rest, false, 1, 2, whole.residual.data()), Error);
+  }
+}
+
 TEST_F(SpecTiny, RejectsBadSetups) {
   Tiny t = load_tiny(spec("gemma3", 5), (dir_ / "m.gguf").string());
   Generator g(*t.model, *tok_, 64);

@@ -53,10 +53,10 @@ class Gemma3Model final : public Model {
     const float* post_ffw_norm;   // [n_embd]
   };
 
-  void run_layers(const Batch& batch, KVCache& kv, int32_t n_layers, float* x) override {
+  void run_layers(const Batch& batch, KVCache& kv, int32_t first, int32_t end, float* x) override {
     const ModelConfig& c = config_;
     const int32_t n = batch.size(), d = c.n_embd;
-    for (int32_t il = 0; il < n_layers; ++il) {
+    for (int32_t il = first; il < end; ++il) {
       const Layer& L = layers_[il];
       // Attention block.
       rms_norm(x, L.attn_norm, n, d, xn_.data());

@@ -56,10 +56,10 @@ class LlamaModel final : public Model {
       for (int32_t i = 0; i < dim; ++i) y[size_t(t) * dim + i] += bias[i];
   }
 
-  void run_layers(const Batch& batch, KVCache& kv, int32_t n_layers, float* x) override {
+  void run_layers(const Batch& batch, KVCache& kv, int32_t first, int32_t end, float* x) override {
     const ModelConfig& c = config_;
     const int32_t n = batch.size(), d = c.n_embd;
-    for (int32_t il = 0; il < n_layers; ++il) {
+    for (int32_t il = first; il < end; ++il) {
       const Layer& L = layers_[il];
       // Attention block.
       rms_norm(x, L.attn_norm, n, d, xn_.data());

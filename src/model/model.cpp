@@ -116,7 +116,6 @@ Model::Model(const GgufFile& file, const ModelOptions& options)
 
   const int32_t d = config_.n_embd;
   x_.assign(size_t(n_batch_) * d, 0.0f);
-  out_rows_.assign(size_t(n_batch_) * d, 0.0f);
   const size_t B = n_batch_;
   xn_.assign(B * d, 0.0f);
   q_.assign(B * config_.q_dim(), 0.0f);
@@ -299,9 +298,14 @@ void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* 
   });
 }
 
-void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool want_logits, int32_t n_layers) {
+void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool want_logits, int32_t n_layers,
+                    int32_t first_layer, const float* x_in) {
   const int32_t n = batch.size(), d = config_.n_embd;
   if (n_layers < 0 || n_layers > config_.n_layer) n_layers = config_.n_layer;
+  if (first_layer < 0 || first_layer > n_layers)
+    throw Error("forward: first layer " + std::to_string(first_layer) + " outside [0, " +
+                std::to_string(n_layers) + "]");
+  if (first_layer > 0 && !x_in) throw Error("forward: starting at a later layer needs the residual streams");
   if (n == 0) throw Error("forward: empty batch");
   if (n > n_batch_)
     throw Error("forward: batch of " + std::to_string(n) + " tokens exceeds n_batch " +
@@ -334,20 +338,25 @@ void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool wa
   if (visible_.size() < need_visible) visible_.assign(need_visible, 0);
 
   float* x = x_.data();
-  for (int32_t i = 0; i < n; ++i) {
-    const QMatrix& e = token_embd_;
-    dequantize_row(e.type, e.data + size_t(batch.tokens[i]) * e.row_stride, x + size_t(i) * d, d);
-    if (config_.embed_scale != 1.0f)
-      for (int32_t j = 0; j < d; ++j) x[size_t(i) * d + j] *= config_.embed_scale;
+  if (first_layer > 0) {
+    std::memcpy(x, x_in, sizeof(float) * size_t(n) * d);
+  } else {
+    for (int32_t i = 0; i < n; ++i) {
+      const QMatrix& e = token_embd_;
+      dequantize_row(e.type, e.data + size_t(batch.tokens[i]) * e.row_stride, x + size_t(i) * d, d);
+      if (config_.embed_scale != 1.0f)
+        for (int32_t j = 0; j < d; ++j) x[size_t(i) * d + j] *= config_.embed_scale;
+    }
   }
-  run_layers(batch, kv, n_layers, x);
+  run_layers(batch, kv, first_layer, n_layers, x);
 
   const int32_t n_out = static_cast<int32_t>(batch.output_rows.size());
   out.n_rows = n_out;
+  out.residual.resize(size_t(n_out) * d);
   out.hidden.resize(size_t(n_out) * d);
   for (int32_t j = 0; j < n_out; ++j)
-    std::memcpy(out_rows_.data() + size_t(j) * d, x + size_t(batch.output_rows[j]) * d, sizeof(float) * d);
-  rms_norm(out_rows_.data(), output_norm_, n_out, d, out.hidden.data());
+    std::memcpy(out.residual.data() + size_t(j) * d, x + size_t(batch.output_rows[j]) * d, sizeof(float) * d);
+  rms_norm(out.residual.data(), output_norm_, n_out, d, out.hidden.data());
   if (want_logits) {
     out.logits.resize(size_t(n_out) * config_.n_vocab);
     lm_head(out.hidden.data(), n_out, out.logits.data());

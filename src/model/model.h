@@ -45,7 +45,8 @@ struct Batch {
 
 struct ForwardOutput {
   int32_t n_rows = 0;
-  std::vector<float> hidden;  // [n_rows][n_embd] after the final norm
+  std::vector<float> residual;  // [n_rows][n_embd] residual stream after the last layer run
+  std::vector<float> hidden;    // [n_rows][n_embd] after the final norm
   std::vector<float> logits;  // [n_rows][n_vocab] when requested
 };
 
@@ -73,10 +74,15 @@ class Model {
   ThreadPool& pool() { return pool_; }
   KVCache make_cache(int32_t n_ctx) const;
 
-  // Runs the batch through layers [0, n_layers) (all when n_layers < 0), writing its keys and
-  // values into the pending slots of kv. Fills out.hidden for batch.output_rows, and out.logits
-  // too when want_logits. Throws Error when the batch does not fit the cache or n_batch.
-  void forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool want_logits, int32_t n_layers = -1);
+  // Runs the batch through layers [first_layer, n_layers) (n_layers < 0: to the last layer),
+  // writing its keys and values of those layers into the pending slots of kv. The input is the
+  // token embeddings, or with first_layer > 0 the residual streams x_in ([n][n_embd]) after layer
+  // first_layer - 1 (from an earlier forward's ForwardOutput::residual). Fills out.residual and
+  // out.hidden for batch.output_rows, and out.logits too when want_logits. A token's result is
+  // bitwise the same whether its layers run in one call or are split across calls. Throws Error
+  // when the batch does not fit the cache or n_batch.
+  void forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool want_logits, int32_t n_layers = -1,
+               int32_t first_layer = 0, const float* x_in = nullptr);
 
   // logits[i][v] for all vocabulary rows: hidden is [n][n_embd], logits [n][n_vocab].
   void lm_head(const float* hidden, int32_t n, float* logits);
@@ -91,7 +97,8 @@ class Model {
  protected:
   Model(const GgufFile& file, const ModelOptions& options);
   // The architecture's layers: transforms x ([n][n_embd] embeddings in, residual stream out).
-  virtual void run_layers(const Batch& batch, KVCache& kv, int32_t n_layers, float* x) = 0;
+  // Layers [first, end) of the architecture on x in place.
+  virtual void run_layers(const Batch& batch, KVCache& kv, int32_t first, int32_t end, float* x) = 0;
 
   // --- shared blocks -------------------------------------------------------------------------
   QMatrix matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) const;
@@ -129,7 +136,6 @@ class Model {
   std::vector<float> attn_;       // [n_batch][n_head*head_dim]
   std::vector<float> o_;          // [n_batch][n_embd] block output
   std::vector<float> gate_, up_;  // [n_batch][n_ff]
-  std::vector<float> out_rows_;   // [n_batch][n_embd] selected rows before the final norm
   std::vector<float> scores_;     // [n_threads][n_ctx_reserved] attention scores per thread
   std::vector<int32_t> visible_;  // [n_threads][n_ctx - n_past] visible pending indices per thread
   std::vector<uint16_t> q16_;     // [n_threads][head_dim] query head in half floats

@@ -53,6 +53,14 @@ void ModelTreeExpander::expand(std::span<const int32_t> frontier, std::span<cons
     next_slot_ += batch_.size();
   }
   model_.forward(batch_, kv_, out_, false, n_layers_);
+  // Keep each run row's residual stream by pending slot: a self-drafter's verification resumes
+  // those rows at layer n_layers_ instead of recomputing the layers the draft shares.
+  const size_t d = size_t(model_.config().n_embd);
+  if (slot_residual_.size() < size_t(next_slot_) * d) slot_residual_.resize(size_t(next_slot_) * d);
+  for (int32_t r = 0; r < out_.n_rows; ++r) {
+    const int32_t slot = batch_.start + batch_.output_rows[r];
+    std::copy_n(out_.residual.data() + size_t(r) * d, d, slot_residual_.data() + size_t(slot) * d);
+  }
   const int32_t rows = out_.n_rows, V = vocab_.size();
   logits_.resize(size_t(rows) * V);
   const auto t0 = std::chrono::steady_clock::now();
@@ -64,6 +72,21 @@ void ModelTreeExpander::expand(std::span<const int32_t> frontier, std::span<cons
 
 SelfDrafter::SelfDrafter(Model& target, KVCache& target_kv, int32_t n_layers, DraftVocabulary vocab)
     : expander_(target, target_kv, n_layers, std::move(vocab)) {}
+
+int32_t SelfDrafter::reusable_rows(const DraftTree& tree, float* x) const {
+  // Verification puts the root at pending slot 0 and node i at slot i + 1; a row qualifies when
+  // the draft ran that very token there, and so do all rows before it.
+  if (expander_.root_slot() != 0) return 0;
+  const size_t d = size_t(expander_.model().config().n_embd);
+  std::copy_n(expander_.residual_of(0), d, x);
+  int32_t rows = 1;
+  for (const TreeNode& node : tree.nodes) {
+    if (expander_.slot_of(node.candidate) != rows) break;
+    std::copy_n(expander_.residual_of(rows), d, x + size_t(rows) * d);
+    ++rows;
+  }
+  return rows;
+}
 
 void SelfDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) {
   expander_.start({}, root, position);

@@ -51,6 +51,13 @@ class Drafter {
   // Speculative sampling: propose() draws children from the draft distribution and records it in
   // the tree (see DraftSampling). nullptr returns to greedy trees. The object must outlive its use.
   virtual void set_sampling(DraftSampling* sampling) = 0;
+  // Self-drafters: the draft's layers are the target's first layers, so verification can resume
+  // the rows the draft already ran. Returns how many leading verification rows (the root, then
+  // tree nodes in order) the last propose() ran at the pending slots verification gives them
+  // (root at 0, node i at i + 1), and writes their residual streams after reuse_layers() layers
+  // to x ([rows][n_embd], room for 1 + tree.size() rows). 0: verify every row from the start.
+  virtual int32_t reusable_rows(const DraftTree& tree, float* x) const { return 0; }
+  virtual int32_t reuse_layers() const { return 0; }
   // Size of the draft vocabulary the last propose() scored.
   virtual int32_t active_vocab_size() const = 0;
 };
@@ -71,8 +78,14 @@ class ModelTreeExpander : public TreeExpander {
   }
   int32_t root_slot() const { return root_slot_; }
   Model& model() { return model_; }
+  const Model& model() const { return model_; }
   int32_t n_layers() const { return n_layers_; }
   double lm_head_seconds() const { return lm_head_seconds_; }
+  // Residual stream after n_layers() layers of the row run at pending slot `slot` (slot < slots
+  // run since start()).
+  const float* residual_of(int32_t slot) const {
+    return slot_residual_.data() + size_t(slot) * size_t(model_.config().n_embd);
+  }
   const DraftVocabulary& vocab() const { return vocab_; }
   DraftVocabulary& vocab() { return vocab_; }
   void set_sampling(DraftSampling* sampling) { sampling_ = sampling; }
@@ -91,6 +104,7 @@ class ModelTreeExpander : public TreeExpander {
   std::vector<float> logits_;  // [rows][vocab size] draft logits of one expansion
   double lm_head_seconds_ = 0.0;
   DraftSampling* sampling_ = nullptr;  // non-null: children are drawn, not taken best-first
+  std::vector<float> slot_residual_;   // [slots run][n_embd] residual stream per pending slot
 };
 
 class SelfDrafter final : public Drafter {
@@ -107,6 +121,8 @@ class SelfDrafter final : public Drafter {
     expander_.vocab().accepted(root, tree, path, verify_logits);
   }
   int32_t target_pending_slots(const TreeParams& params) const override { return params.max_draft_rows(); }
+  int32_t reusable_rows(const DraftTree& tree, float* x) const override;
+  int32_t reuse_layers() const override { return expander_.n_layers(); }
   bool fits(const TreeParams& params, int32_t room) const override { return params.max_draft_rows() <= room; }
   double lm_head_seconds() const override { return expander_.lm_head_seconds(); }
   int32_t active_vocab_size() const override { return expander_.vocab().size(); }

@@ -1,5 +1,6 @@
 #include "spec/spec_generator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -30,6 +31,7 @@ SpeculativeGenerator::SpeculativeGenerator(Generator& gen, const Tokenizer& toke
                 std::to_string(n_batch) + " (raise -b)");
   const int32_t V = gen.model().config().n_vocab;
   out_.logits.reserve(size_t(params_.total_tokens + 1) * V);
+  resume_x_.resize(size_t(params_.total_tokens + 1) * gen.model().config().n_embd);
   argmax_.reserve(params_.total_tokens + 1);
 }
 
@@ -84,7 +86,9 @@ SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, co
     // Near the end of the context the step degrades to a plain one (root only), so it never needs
     // more room than plain decoding.
     tree_.clear();
+    bool drafted = false;
     if (drafter_.fits(params_, room) && params_.total_tokens + 1 <= room) {
+      drafted = true;
       const auto td = Clock::now();
       drafter_.propose(root, m, params_, tree_);
       st.draft_seconds += since(td);
@@ -106,7 +110,29 @@ SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, co
     }
     for (int32_t i = 0; i < n; ++i) batch_.output_rows.push_back(i);
     const double head0 = model.timings().lm_head_seconds;
-    model.forward(batch_, kv, out_, true);
+    // A self-drafter already ran the leading rows through the target's first layers at these very
+    // slots: resume them there (bitwise the same result, layers are per token) and run only the
+    // rest from the embeddings.
+    const int32_t d = model.config().n_embd;
+    const int32_t reuse = drafted ? drafter_.reusable_rows(tree_, resume_x_.data()) : 0;
+    const int32_t reuse_layers = drafter_.reuse_layers();
+    if (reuse > 0 && reuse_layers > 0) {
+      if (reuse < n) {
+        tail_.clear();
+        tail_.start = reuse;
+        for (int32_t i = reuse; i < n; ++i) {
+          tail_.tokens.push_back(batch_.tokens[i]);
+          tail_.positions.push_back(batch_.positions[i]);
+          tail_.parents.push_back(batch_.parents[i]);
+          tail_.output_rows.push_back(i - reuse);
+        }
+        model.forward(tail_, kv, tail_out_, false, reuse_layers);
+        std::copy(tail_out_.residual.begin(), tail_out_.residual.end(), resume_x_.begin() + size_t(reuse) * d);
+      }
+      model.forward(batch_, kv, out_, true, -1, reuse_layers, resume_x_.data());
+    } else {
+      model.forward(batch_, kv, out_, true);
+    }
     st.verify_lm_head_seconds += model.timings().lm_head_seconds - head0;
     st.verify_seconds += since(tv);
     const auto tb = Clock::now();

@@ -59,6 +59,9 @@ class SpeculativeGenerator {
   std::vector<int32_t> path_;     // accepted node indices
   std::vector<int32_t> emitted_;  // tokens of one step
   std::vector<int32_t> commit_;   // pending slots to commit
+  std::vector<float> resume_x_;  // [1 + tree nodes][n_embd] residuals verification resumes from
+  Batch tail_;                   // verification rows the draft did not run
+  ForwardOutput tail_out_;
   TreeSamplingVerifier verifier_;
   DraftSampling draft_sampling_;
   std::vector<int32_t> prompt_top_;  // [prompt][drafter's K_pre] target top ids per prompt position
