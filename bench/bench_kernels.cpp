@@ -2,6 +2,10 @@
 // weights streamed, per kernel table and thread count.
 //
 //   bench_kernels [--quick] [--tokens N]... [--only SHAPE] [--table NAME] [--threads N] [--hot]
+//                 [--rows N]
+//
+// --rows N replaces every shape's row count: with --hot and a matrix that fits in L2 (e.g. --rows
+// 1024), the figure is the kernel's compute rate alone.
 //
 // Each figure is the best of many timings (the machine is shared with other work).
 // Weights are random blocks (valid f16 scales). A matrix that fits in the caches would measure cache
@@ -152,6 +156,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> tokens;
   std::string only, table_name;  // filters: shape name substring, table name
   int only_threads = 0;
+  int64_t rows_override = 0;  // --rows: 0 keeps each shape's own
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick"))
       quick = true;
@@ -165,19 +170,24 @@ int main(int argc, char** argv) {
       table_name = argv[++i];
     else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
       only_threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--rows") && i + 1 < argc && std::atoll(argv[i + 1]) > 0)
+      rows_override = std::atoll(argv[++i]);
     else {
-      std::fprintf(
-          stderr, "usage: %s [--quick] [--tokens N]... [--only SHAPE] [--table NAME] [--threads N] [--hot]\n",
-          argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--tokens N]... [--only SHAPE] [--table NAME] [--threads N] [--hot] "
+                   "[--rows N]\n",
+                   argv[0]);
       return 2;
     }
   }
   if (tokens.empty()) tokens = {1};
-  static const Shape shapes[] = {
+  static Shape shapes[] = {
       {"gemma lm_head", GgmlType::Q8_0, 262144, 640},    {"gemma ffn_up/gate", GgmlType::Q5_0, 2048, 640},
       {"gemma attn_output", GgmlType::Q4_K, 640, 1024},  {"gemma ffn_down", GgmlType::Q6_K, 640, 2048},
       {"smollm ffn_up/gate", GgmlType::Q4_1, 1536, 576}, {"smollm lm_head", GgmlType::Q8_0, 49152, 576},
   };
+  if (rows_override > 0)
+    for (Shape& s : shapes) s.rows = rows_override;
   std::vector<const KernelTable*> tables = {&avx2_kernels()};
   if (const KernelTable* t = avx512_kernels()) tables.push_back(t);
   if (only.empty()) {

@@ -8,4 +8,4 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" >/dev/null
 bash scripts/fuzz.sh 60
 ctest --test-dir build --output-on-failure -j1
-MICROSPEC_BIN="$PWD/build/microspec" python3 -m pytest -q tests/python
+MICROSPEC_BIN="$PWD/build/microspec" python3 -m pytest -q --durations=12 tests/python

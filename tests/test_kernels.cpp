@@ -570,11 +570,14 @@ TEST(Matmul, RowsSubsetAndStridedOutput) {
 // A token's result must not depend on the other tokens in the call, the thread count, or whether
 // its row goes through matmul or matmul_rows: speculative decoding verifies a batch of drafted
 // tokens and must reproduce one-token decoding exactly. So: bitwise equality, no tolerance.
-TEST(Matmul, BatchInvariantBitForBit) {
-  std::mt19937 rng(10);
+namespace {
+
+// cols32 / colsK: the column count for the 32-element formats / the K-quants.
+void expect_batch_invariant(int64_t cols32, int64_t colsK, uint32_t seed) {
+  std::mt19937 rng(seed);
   for (GgmlType type : kWeightTypes) {
-    const int64_t cols = type_traits(type).block_elems == kQKK ? 512 : 160;  // 5 blocks: odd
-    const int64_t rows = 37;
+    const int64_t cols = type_traits(type).block_elems == kQKK ? colsK : cols32;
+    const int64_t rows = 37;  // two full tiles of 16 rows and a short one
     const Matrix w = random_matrix(type, rows, cols, rng);
     const int64_t max_tokens = 67;
     const std::vector<float> x = random_floats(rng, max_tokens * cols);
@@ -588,12 +591,13 @@ TEST(Matmul, BatchInvariantBitForBit) {
       for (int threads : {1, 2, 3}) {
         ThreadPool pool(threads);
         MatmulContext ctx(pool, *k);
-        for (int64_t nt : {2, 3, 4, 5, 7, 8, 9, 17, 67}) {
+        for (int64_t nt : {2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 67}) {
           std::vector<float> y(size_t(nt * rows));
           matmul(ctx, w.q(), x.data(), nt, y.data(), rows);
           for (size_t i = 0; i < y.size(); ++i)
-            ASSERT_EQ(y[i], alone[i]) << k->name << " " << tname(type) << " tokens " << nt << " threads "
-                                      << threads << " token " << i / rows << " row " << i % rows;
+            ASSERT_EQ(y[i], alone[i])
+                << k->name << " " << tname(type) << " cols " << cols << " tokens " << nt << " threads "
+                << threads << " token " << i / rows << " row " << i % rows;
         }
         std::vector<int32_t> ids = {36, 0, 5, 6, 7, 20};
         std::vector<float> y(size_t(9) * ids.size());
@@ -605,6 +609,13 @@ TEST(Matmul, BatchInvariantBitForBit) {
       }
     }
   }
+}
+
+}  // namespace
+
+TEST(Matmul, BatchInvariantBitForBit) {
+  expect_batch_invariant(160, 768, 10);  // odd block counts (5 and 3): a lone last block
+  expect_batch_invariant(640, 512, 11);  // even ones (Gemma's 640 columns)
 }
 
 TEST(Matmul, RejectsBadInput) {

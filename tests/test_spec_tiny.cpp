@@ -30,27 +30,6 @@ namespace {
 
 constexpr int32_t kVocab = 320;
 
-// An SPM vocabulary for the tiny models: <unk>, <s>, </s>, then words "▁w3".."▁w319", so every
-// token prints as text and </s> (2) ends generation.
-std::string write_tokenizer(const std::string& path) {
-  GgufWriter w;
-  w.add_string("general.architecture", "llama");
-  w.add_string("tokenizer.ggml.model", "llama");
-  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
-  std::vector<int32_t> types = {2, 3, 3};
-  for (int32_t i = 3; i < kVocab; ++i) {
-    tokens.push_back("\xe2\x96\x81w" + std::to_string(i));
-    types.push_back(1);
-  }
-  std::vector<float> scores(kVocab, 0.0f);
-  w.add_string_array("tokenizer.ggml.tokens", tokens);
-  w.add_i32_array("tokenizer.ggml.token_type", types);
-  w.add_f32_array("tokenizer.ggml.scores", scores);
-  w.add_u32("tokenizer.ggml.bos_token_id", 1);
-  w.add_u32("tokenizer.ggml.eos_token_id", 2);
-  w.write_file(path);
-  return path;
-}
 
 struct Tiny {
   std::unique_ptr<GgufFile> file;
@@ -75,7 +54,7 @@ class SpecTiny : public ::testing::Test {
            ("microspec_spec_tiny_" + std::to_string(::getpid()) + "_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir_);
-    tok_file_ = GgufFile::open(write_tokenizer((dir_ / "tok.gguf").string()));
+    tok_file_ = GgufFile::open(test::write_tiny_tokenizer((dir_ / "tok.gguf").string(), kVocab));
     tok_ = Tokenizer::from_gguf(*tok_file_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }

@@ -93,4 +93,25 @@ inline void write_tiny_model(const TinyModelSpec& s, const std::string& path) {
   w.write_file(path);
 }
 
+// An SPM vocabulary for the tiny models: <unk>, <s>, </s>, then words "▁w3".."▁w{n-1}", so every
+// token prints as text and </s> (2) ends generation. Returns path.
+inline std::string write_tiny_tokenizer(const std::string& path, int32_t n_vocab = 320) {
+  GgufWriter w;
+  w.add_string("general.architecture", "llama");
+  w.add_string("tokenizer.ggml.model", "llama");
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<int32_t> types = {2, 3, 3};
+  for (int32_t i = 3; i < n_vocab; ++i) {
+    tokens.push_back("\xe2\x96\x81w" + std::to_string(i));
+    types.push_back(1);
+  }
+  w.add_string_array("tokenizer.ggml.tokens", tokens);
+  w.add_i32_array("tokenizer.ggml.token_type", types);
+  w.add_f32_array("tokenizer.ggml.scores", std::vector<float>(size_t(n_vocab), 0.0f));
+  w.add_u32("tokenizer.ggml.bos_token_id", 1);
+  w.add_u32("tokenizer.ggml.eos_token_id", 2);
+  w.write_file(path);
+  return path;
+}
+
 }  // namespace microspec::test

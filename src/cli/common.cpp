@@ -42,7 +42,7 @@ void add_spec_options(CLI::App& cmd, SpecConfig& c) {
   cmd.add_option("--draft-vocab", c.draft_vocab, "draft vocabulary: full, freq, dynamic or hybrid")
       ->capture_default_str()
       ->check(CLI::IsMember({"full", "freq", "dynamic", "hybrid"}));
-  cmd.add_option("--freq-file", c.freq_file, "freq/hybrid: token ranking written by `microspec vocab-freq`");
+  cmd.add_option("--freq-file", c.freq_file, "freq/hybrid: token ranking written by `microspec vocab-freq` (default: MODEL with .freq.bin for .gguf)");
   cmd.add_option("--freq-top", c.freq_top, "freq: the K most frequent tokens")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 30));

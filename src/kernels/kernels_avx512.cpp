@@ -10,9 +10,12 @@
 // - few tokens (decode): each row's block pair (or K-quant superblock) is decoded and multiplied
 //   with the activation with vpdpbusd (vpmaddubsw + vpdpwssd for K-quants), and the integer lanes
 //   are then summed across the 16 rows into one integer per row and block;
-// - many tokens (prefill, verification of a draft tree): the 16 rows are decoded once and
-//   transposed so that each register holds 4 consecutive quants of every row; each token then
-//   takes its 4 activation quants as a 32-bit broadcast, so one vpdpbusd advances 16 rows.
+// - more tokens (verification of a draft, prefill): the 16 rows are decoded once and transposed
+//   so that each register holds 4 consecutive quants of every row; each token then takes its 4
+//   activation quants as a 32-bit broadcast, so one vpdpbusd advances 16 rows. For the 32-element
+//   formats and up to 8 tokens each block pair is transposed in registers and used at once
+//   (rows16_lanes); otherwise the whole tile is transposed into scratch first and reused by every
+//   group of 8 tokens.
 // Both paths compute the exact integer dot product of each (row, block) and then apply the same
 // float operations in the same order, so a token's result does not depend on how many tokens
 // share the call: batched verification reproduces one-token decoding bit for bit.
@@ -31,8 +34,10 @@
 #include "kernels/kernels_internal.h"
 
 // GCC 12's AVX-512 intrinsic headers build "undefined" registers from self-initialised variables,
-// which -Wmaybe-uninitialized reports at every inlined use (a known false positive).
+// which -Wmaybe-uninitialized (or -Wuninitialized, once inlined) reports at every use (a known
+// false positive).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace microspec {
 
@@ -97,7 +102,7 @@ inline __m512i nibbles64(__m128i q0, __m128i q1) {
 }
 
 // In-register transpose of a 16x16 matrix of dwords: r[i] dword j <-> r[j] dword i.
-inline void transpose16(__m512i* r) {
+[[gnu::always_inline]] inline void transpose16(__m512i* r) {
   __m512i t[16];
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
@@ -408,16 +413,21 @@ void act_info(const uint8_t* act, size_t act_stride, int64_t n_tokens, int64_t n
   }
 }
 
+// Symmetric types: the integer start of block b (-bias * sum of its activation quants) in every lane.
+template <class W>
+inline __m512i block_start(const float* x, int64_t b) {
+  int32_t start;
+  std::memcpy(&start, &x[b], 4);
+  return _mm512_set1_epi32(start);
+}
+
 // The float steps shared by both paths, for block b of 16 rows and one token: i = the exact
 // integer dot products (bias not yet removed), dw/mw = the rows' scales and mins.
-template <class W>
+// kStarted: i already includes the integer start (exact either way).
+template <class W, bool kStarted = false>
 inline __m512 accumulate_block(__m512 acc, __m512i i, __m512 dw, __m512 mw, const float* d, const float* x,
                                int64_t b) {
-  if constexpr (!W::kAsym) {
-    int32_t start;
-    std::memcpy(&start, &x[b], 4);
-    i = _mm512_add_epi32(i, _mm512_set1_epi32(start));
-  }
+  if constexpr (!W::kAsym && !kStarted) i = _mm512_add_epi32(i, block_start<W>(x, b));
   acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(d[b])), dw, acc);
   if constexpr (W::kAsym) acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(x[b]), acc);
   return acc;
@@ -525,79 +535,140 @@ void tile_tokens(const TilePair* tile, int64_t nb, const uint8_t* act, size_t ac
       for (int k = 0; k < 8; ++k) u[k] = _mm512_load_si512(&tp.u[8 * h + k]);
       for (int t = 0; t < NT; ++t) {
         const int8_t* q = reinterpret_cast<const Act*>(act + size_t(t) * act_stride)[b].qs;
-        __m512i i = _mm512_setzero_si512();
+        const float* x = ax + t * info_stride;
+        __m512i i = W::kAsym ? _mm512_setzero_si512() : block_start<W>(x, b);
         for (int k = 0; k < 8; ++k) i = _mm512_dpbusd_epi32(i, u[k], _mm512_set1_epi32(load_i32(q + 4 * k)));
-        acc[t] =
-            accumulate_block<W>(acc[t], i, tp.d[h], tp.m[h], ad + t * info_stride, ax + t * info_stride, b);
+        acc[t] = accumulate_block<W, true>(acc[t], i, tp.d[h], tp.m[h], ad + t * info_stride, x, b);
       }
     }
   }
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
 }
 
+// A few tokens (up to kGroupTokens): each pair of the 16 rows is decoded and transposed in
+// registers and used at once by every token, so nothing goes through a stored tile and the
+// prefetches of the next tile spread evenly over the compute. Same integer products and float steps
+// as tile_tokens, so the results are bitwise those of every other path.
+template <class W, int NT>
+void rows16_lanes(const uint8_t* const* rows, const NextTile& next, int64_t nb, const uint8_t* act,
+                  size_t act_stride, const float* ad, const float* ax, int64_t info_stride, float* out,
+                  int64_t ldo, __mmask16 valid) {
+  using Block = typename W::Block;
+  using Act = typename W::Act;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < (nb + 1) / 2; ++p) {
+    const bool second = 2 * p + 1 < nb;
+    prefetch_next(next, p, size_t(2 * p) * sizeof(Block), 2 * sizeof(Block));
+    __m512i u[16];
+    for (int r = 0; r < 16; ++r) {
+      const Block* b = reinterpret_cast<const Block*>(rows[r]) + 2 * p;
+      u[r] = second ? W::pair(b) : W::single(b);
+    }
+    transpose16(u);
+    __m512 dw[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()},
+           mw[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    if (second)
+      pair_scales<W>(rows, p, dw, mw);
+    else
+      block_scales<W>(rows, 2 * p, &dw[0], &mw[0]);
+    // Block b against every token, its dwords in v[0..7]. (Called with constant offsets into u so
+    // that u and acc stay in registers.)
+    auto block = [&](const __m512i* v, __m512 d, __m512 m, int64_t b) __attribute__((always_inline)) {
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* q = reinterpret_cast<const Act*>(act + size_t(t) * act_stride)[b].qs;
+        const float* x = ax + t * info_stride;
+        // The products accumulate onto the integer start directly (one add less per block).
+        __m512i i = W::kAsym ? _mm512_setzero_si512() : block_start<W>(x, b);
+        for (int k = 0; k < 8; ++k) i = _mm512_dpbusd_epi32(i, v[k], _mm512_set1_epi32(load_i32(q + 4 * k)));
+        acc[t] = accumulate_block<W, true>(acc[t], i, d, m, ad + t * info_stride, x, b);
+      }
+    };
+    block(u, dw[0], mw[0], 2 * p);
+    if (second) block(u + 8, dw[1], mw[1], 2 * p + 1);
+  }
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
+}
+
 constexpr int kGroupTokens = 8;  // tokens per pass over a tile: 8 accumulators + the weight registers
 
-// Token counts from which decoding a tile once beats decoding per token (measured on Zen 5).
+// Token counts from which transposing rows into lanes beats per-row products summed across rows
+// (measured on Zen 5: at 2 tokens rows16_lanes is ~10% slower than rows16_few).
 constexpr int64_t kRowLanesMinTokens = 3;
+
+// Calls f.template operator()<NT>() with NT = n (1..kGroupTokens) as a compile-time constant.
+template <class F>
+inline void with_token_count(int64_t n, F&& f) {
+  switch (n) {
+    case 8:
+      f.template operator()<8>();
+      break;
+    case 7:
+      f.template operator()<7>();
+      break;
+    case 6:
+      f.template operator()<6>();
+      break;
+    case 5:
+      f.template operator()<5>();
+      break;
+    case 4:
+      f.template operator()<4>();
+      break;
+    case 3:
+      f.template operator()<3>();
+      break;
+    case 2:
+      f.template operator()<2>();
+      break;
+    default:
+      f.template operator()<1>();
+      break;
+  }
+}
 
 template <class W>
 void gemm32(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, const void* act,
             size_t act_stride, int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
   if (n_rows <= 0 || n_tokens <= 0) return;
   const int64_t nb = n / kQK, np = (nb + 1) / 2;
+  // Three paths: per-row dot products summed across rows (fewer than kRowLanesMinTokens tokens),
+  // rows transposed in registers and used at once (up to kGroupTokens), or a stored tile reused
+  // by every group of kGroupTokens tokens.
   const bool row_lanes = n_tokens >= kRowLanesMinTokens;
+  const bool stored_tile = n_tokens > kGroupTokens;
   // Scratch: the activation summaries, then (many tokens) the tile.
   const size_t info_bytes = (size_t(n_tokens * nb) * 2 * sizeof(float) + 63) & ~size_t(63);
-  auto* base = static_cast<uint8_t*>(scratch(info_bytes + (row_lanes ? size_t(np) * sizeof(TilePair) : 0)));
+  auto* base = static_cast<uint8_t*>(scratch(info_bytes + (stored_tile ? size_t(np) * sizeof(TilePair) : 0)));
   const ActInfo info{reinterpret_cast<float*>(base), reinterpret_cast<float*>(base) + n_tokens * nb};
   auto* tile = reinterpret_cast<TilePair*>(base + info_bytes);
   const auto* ab = static_cast<const uint8_t*>(act);
   act_info<W>(ab, act_stride, n_tokens, nb, info);
   const RowTiles tiles{static_cast<const uint8_t*>(w), w_stride, row_ids, n_rows};
-  for_each_tile(tiles, np,
-                [&](const uint8_t* const* rows, const NextTile& next, int64_t r0, __mmask16 valid) {
-                  if (row_lanes) build_tile<W>(rows, next, nb, tile);
-                  for (int64_t t0 = 0; t0 < n_tokens; t0 += kGroupTokens) {
-                    const uint8_t* a = ab + size_t(t0) * act_stride;
-                    const float *d = info.d + t0 * nb, *x = info.x + t0 * nb;
-                    float* o = out + t0 * ldo + r0;
-                    const int64_t g = min64(kGroupTokens, n_tokens - t0);
-                    if (!row_lanes) {
-                      // Fewer than kRowLanesMinTokens (3) tokens.
-                      if (g == 2)
-                        rows16_few<W, 2>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
-                      else
-                        rows16_few<W, 1>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
-                      continue;
-                    }
-                    switch (g) {
-                      case 8:
-                        tile_tokens<W, 8>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
-                        break;
-                      case 7:
-                        tile_tokens<W, 7>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
-                        break;
-                      case 6:
-                        tile_tokens<W, 6>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
-                        break;
-                      case 5:
-                        tile_tokens<W, 5>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
-                        break;
-                      case 4:
-                        tile_tokens<W, 4>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
-                        break;
-                      case 3:
-                        tile_tokens<W, 3>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
-                        break;
-                      case 2:
-                        tile_tokens<W, 2>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
-                        break;
-                      default:
-                        tile_tokens<W, 1>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid);
-                        break;
-                    }
-                  }
-                });
+  for_each_tile(
+      tiles, np, [&](const uint8_t* const* rows, const NextTile& next, int64_t r0, __mmask16 valid) {
+        if (stored_tile) build_tile<W>(rows, next, nb, tile);
+        for (int64_t t0 = 0; t0 < n_tokens; t0 += kGroupTokens) {
+          const uint8_t* a = ab + size_t(t0) * act_stride;
+          const float *d = info.d + t0 * nb, *x = info.x + t0 * nb;
+          float* o = out + t0 * ldo + r0;
+          const int64_t g = min64(kGroupTokens, n_tokens - t0);
+          if (!row_lanes) {
+            // Fewer than kRowLanesMinTokens (3) tokens.
+            if (g == 2)
+              rows16_few<W, 2>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
+            else
+              rows16_few<W, 1>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
+          } else if (!stored_tile) {
+            with_token_count(g, [&]<int NT>() {
+              rows16_lanes<W, NT>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
+            });
+          } else {
+            with_token_count(
+                g, [&]<int NT>() { tile_tokens<W, NT>(tile, nb, a, act_stride, d, x, nb, o, ldo, valid); });
+          }
+        }
+      });
 }
 
 template <class W>
@@ -670,7 +741,7 @@ template <bool kHigh>
 struct Q45KW {
   using Block = typename std::conditional<kHigh, BlockQ5_K, BlockQ4_K>::type;
   static constexpr bool kSixBit = false;
-  static constexpr int64_t kRowLanesMinTokens = 3;
+  static constexpr int64_t kRowLanesMinTokens = 5;  // per-row products win up to 4 tokens (Zen 5)
   static void decode(const uint8_t* blk, __m512i* u) { decode_q45k<kHigh>(blk, u); }
   static __m256i scales16(const uint8_t* blk) {
     return k4_scales_mins(reinterpret_cast<const Block*>(blk)->scales);
@@ -688,7 +759,7 @@ using Q5KW = Q45KW<true>;
 struct Q6KW {
   using Block = BlockQ6_K;
   static constexpr bool kSixBit = true;
-  static constexpr int64_t kRowLanesMinTokens = 4;
+  static constexpr int64_t kRowLanesMinTokens = 6;  // per-row products win up to 5 tokens (Zen 5)
   static void decode(const uint8_t* blk, __m512i* u) { decode_q6k(blk, u); }
   static __m256i scales16(const uint8_t* blk) {
     return _mm256_cvtepi8_epi16(loadu128(reinterpret_cast<const BlockQ6_K*>(blk)->scales));
@@ -874,8 +945,14 @@ void gemm_k(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_ro
                     float* o = out + t0 * ldo + r0;
                     const int64_t g = min64(kGroupTokens, n_tokens - t0);
                     if (!row_lanes) {
-                      // Fewer than K::kRowLanesMinTokens (3 or 4) tokens.
+                      // Fewer than K::kRowLanesMinTokens (5 or 6) tokens.
                       switch (g) {
+                        case 5:
+                          rows16_k_few<K, 5>(rows, next, nsb, a, act_stride, o, ldo, valid);
+                          break;
+                        case 4:
+                          rows16_k_few<K, 4>(rows, next, nsb, a, act_stride, o, ldo, valid);
+                          break;
                         case 3:
                           rows16_k_few<K, 3>(rows, next, nsb, a, act_stride, o, ldo, valid);
                           break;

@@ -259,8 +259,10 @@ class Server {
         send_json(res, 200, model_json());
       });
     });
-    for (auto [path, endpoint] : {std::pair{"/v1/chat/completions", Endpoint::Chat},
-                                  std::pair{"/v1/completions", Endpoint::Completion}}) {
+    for (const auto& route : {std::pair{"/v1/chat/completions", Endpoint::Chat},
+                              std::pair{"/v1/completions", Endpoint::Completion}}) {
+      const char* path = route.first;
+      const Endpoint endpoint = route.second;  // not a structured binding: clang 14 cannot capture one
       // Bodies go through a content reader so the size limit holds for chunked and compressed
       // bodies too (cpp-httplib checks only Content-Length against its payload limit).
       http_.Post(path, [this, endpoint](const httplib::Request& req, httplib::Response& res,

@@ -1,6 +1,7 @@
 #include "spec/spec_setup.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "util/error.h"
 #include "vocab/freq_file.h"
@@ -83,11 +84,18 @@ DraftVocabulary SpecSetup::make_vocabulary(const Model& model, const Tokenizer& 
   // The frequent tokens of `freq` and `hybrid`, with every end-of-generation token added: a draft
   // that cannot propose the end of a reply would lose the step that ends it.
   auto frequent = [&](int32_t k) {
-    if (c.freq_file.empty())
-      throw Error("--draft-vocab " + c.draft_vocab +
-                  " needs --freq-file FILE (written by `microspec vocab-freq`; scripts/make_freq.sh makes "
-                  "models/<model>.freq.bin)");
-    const TokenFrequencies freq = read_freq_file(c.freq_file, n_vocab);
+    // Without --freq-file: the ranking scripts/make_freq.sh writes next to the target's file.
+    std::string path = c.freq_file;
+    if (path.empty()) {
+      const std::string& target = target_file_name_;
+      const bool gguf = target.size() > 5 && target.compare(target.size() - 5, 5, ".gguf") == 0;
+      const std::string beside = (gguf ? target.substr(0, target.size() - 5) : target) + ".freq.bin";
+      if (!std::filesystem::exists(beside))
+        throw Error("--draft-vocab " + c.draft_vocab + " needs --freq-file FILE (written by `microspec vocab-freq`; " +
+                    "scripts/make_freq.sh makes " + beside + ")");
+      path = beside;
+    }
+    const TokenFrequencies freq = read_freq_file(path, n_vocab);
     std::vector<int32_t> ids = freq.top(k);
     std::vector<uint8_t> in(size_t(n_vocab), 0);
     for (int32_t id : ids) in[id] = 1;
@@ -123,7 +131,7 @@ DraftVocabulary SpecSetup::make_vocabulary(const Model& model, const Tokenizer& 
 
 SpecSetup::SpecSetup(const SpecConfig& config, const GgufFile& target_file, Model& target, Generator& gen,
                      const Tokenizer& tokenizer)
-    : config_(config) {
+    : config_(config), target_file_name_(target_file.name()) {
   config_.validate();
   if (!config_.enabled()) throw Error("speculative setup: mode is none");
   const int32_t n_layer = target.config().n_layer;

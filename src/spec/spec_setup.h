@@ -20,8 +20,9 @@ struct SpecConfig {
   std::string draft_model;    // draft: GGUF file with the target's vocabulary
   TreeParams tree;
   // Draft vocabulary (see spec/draft_vocab.h).
-  std::string draft_vocab = "full";  // full | freq | dynamic | hybrid
-  std::string freq_file;             // freq / hybrid: token ranking written by `microspec vocab-freq`
+  std::string draft_vocab = "dynamic";  // full | freq | dynamic | hybrid (MicroSpec by default)
+  std::string freq_file;             // freq / hybrid: ranking from `microspec vocab-freq`; empty =
+                                     // the target's path with .freq.bin for .gguf, if it exists
   int32_t freq_top = 32768;          // freq: the K most frequent tokens
   int32_t hybrid_top = 512;          // hybrid: most frequent tokens always in the window's set
   int32_t vocab_window = 3072;       // dynamic / hybrid: W_max, candidate-stream entries kept
@@ -60,6 +61,7 @@ class SpecSetup {
   DraftVocabulary make_vocabulary(const Model& model, const Tokenizer& tokenizer);
 
   SpecConfig config_;
+  std::string target_file_name_;  // the target's GGUF path: the default frequency file sits beside it
   std::string vocab_describe_;
   std::unique_ptr<GgufFile> draft_file_;  // draft only
   std::unique_ptr<Model> draft_model_;    // draft only

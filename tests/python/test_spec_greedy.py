@@ -51,7 +51,7 @@ def configs(model):
         "self-chain-dynamic": ["--spec", "self", "--draft-layers", str(good), "--draft-vocab", "dynamic"] + CHAIN,
         "self-tree-poor-draft-freq": ["--spec", "self", "--draft-layers", str(poor), "--draft-vocab", "freq"]
                                      + freq + SMALL_TREE,
-        "self-default-full": ["--spec", "self"],
+        "self-default-full": ["--spec", "self", "--draft-vocab", "full"],
         # A window small enough to evict within a reply, and the gather on the calling thread.
         "draft-chain-dynamic-evicting": ["--spec", "draft", "--draft-model", path, "--draft-vocab", "dynamic",
                                          "--vocab-window", "256", "--no-async-gather"] + CHAIN,

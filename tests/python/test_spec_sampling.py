@@ -54,12 +54,13 @@ def test_sampling_runs_and_is_reproducible(model, spec):
 
 
 def test_sampling_accepts_drafts_on_a_strong_draft():
-    # Drafting with all the target's layers gives q == p, so every draft token is accepted: the
+    # Drafting with all the target's layers and the full vocabulary gives q == p, so every draft
+    # token is accepted: the
     # acceptance length is the chain's length + 1 on every step that drafted a full chain.
     n_layer = 18
     out = run("gemma", "-n", "40", "--temp", "1.0", "--top-k", "0", "--top-p", "1.0", "--seed", "11",
               "--spec", "self", "--draft-layers", str(n_layer), "--tree-topk", "1", "--tree-depth", "3",
-              "--tree-tokens", "4", "--ignore-eos")
+              "--tree-tokens", "4", "--ignore-eos", "--draft-vocab", "full")
     s = out["spec"]
     assert s["accepted_draft_tokens"] == s["drafted_tokens"]
     assert s["mean_acceptance_length"] > 4.5
