@@ -101,7 +101,7 @@ int run(const Args& a) {
   const std::vector<int32_t> prompt = tok->encode(text, tok->add_bos_default(), false);
   Generator gen(*model, *tok, 1024);
   std::vector<int32_t> prompt_top;
-  gen.prefill(prompt, 3, prompt_top);
+  gen.prefill(prompt, 3, &prompt_top);
   constexpr int32_t kRows = 4;
   std::vector<float> verify(size_t(kRows) * V, 0.0f);  // [kRows][V] synthetic verification logits
   uint64_t rng = 88172645463325252ull;

@@ -473,12 +473,16 @@ namespace microspec {
 namespace {
 
 TEST(TopKIndices, MatchesFullSortWithTiesAndNaN) {
+  // Lengths from below one 32-logit block to many blocks (the block-skipping filter), ties,
+  // NaN, +inf and an all-NaN row.
   std::mt19937 rng(5);
-  for (int trial = 0; trial < 200; ++trial) {
-    const int n = 1 + int(rng() % 300);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = trial < 200 ? 1 + int(rng() % 300) : 1 + int(rng() % 5000);
     std::vector<float> x(n);
     for (float& v : x) v = float(int(rng() % 40)) * 0.5f;  // many ties
     if (trial % 3 == 0) x[rng() % n] = std::nanf("");
+    if (trial % 5 == 2) x[rng() % n] = std::numeric_limits<float>::infinity();
+    if (trial == 257) std::fill(x.begin(), x.end(), std::nanf(""));
     const int32_t k = 1 + int32_t(rng() % 6);
     std::vector<int32_t> want;
     for (int i = 0; i < n; ++i)

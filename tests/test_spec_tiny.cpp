@@ -211,7 +211,7 @@ TEST_F(SpecTiny, PrefillTopKMatchesTeacherForcedLogits) {
   const std::vector<float> last(plain_logits, plain_logits + kVocab);
   Generator g(*t.model, *tok_, 256);
   std::vector<int32_t> top;
-  const float* logits = g.prefill(prompt, 3, top);
+  const float* logits = g.prefill(prompt, 3, &top);
   ASSERT_EQ(top.size(), prompt.size() * 3);
   EXPECT_EQ(std::vector<float>(logits, logits + kVocab), last);
   // Each position's top-3 equals the top-3 of that position's logits from a plain prefix run.

@@ -287,26 +287,6 @@ TEST(CandidateStream, BeginRestartsAndChecksItsInput) {
   EXPECT_THROW(s.begin(Ids{16}, Ids{}, 0), Error);
 }
 
-TEST(CandidateStream, FilteredTopKEqualsTheSamplersTopK) {
-  std::mt19937 rng(9);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int32_t n : {1, 3, 31, 32, 33, 100, 1000, 4099}) {
-    std::vector<float> x(static_cast<size_t>(n));
-    for (int trial = 0; trial < 20; ++trial) {
-      for (float& v : x) v = trial % 3 == 0 ? float(int(normal(rng) * 2)) : normal(rng);  // ties when rounded
-      if (trial % 4 == 1) x[rng() % n] = std::numeric_limits<float>::quiet_NaN();
-      if (trial % 5 == 2) x[rng() % n] = std::numeric_limits<float>::infinity();
-      if (trial == 7) std::fill(x.begin(), x.end(), std::numeric_limits<float>::quiet_NaN());
-      for (int32_t k : {1, 3, 5}) {
-        std::vector<int32_t> want(static_cast<size_t>(k)), got(static_cast<size_t>(k));
-        top_k_indices(x.data(), n, k, want.data());
-        top_k_of_row(x.data(), n, k, got.data());
-        ASSERT_EQ(got, want) << "n " << n << " k " << k << " trial " << trial;
-      }
-    }
-  }
-}
-
 // --- packed LM head ----------------------------------------------------------------------------
 
 struct HeadWeights {

@@ -195,7 +195,7 @@ void run_coverage(const CoverageArgs& a) {
                   std::to_string(a.max_new_tokens) + " new ones does not fit the context (raise -c)");
     std::vector<Tally>& tally = tallies[p.category];
     tally.resize(n_static + n_dyn);
-    const float* logits = gen.prefill(p.ids, std::max(a.kpre, 1), prompt_top);
+    const float* logits = gen.prefill(p.ids, std::max(a.kpre, 1), &prompt_top);
     for (CandidateStream& s : streams) s.begin(p.ids, prompt_top, std::max(a.kpre, 1));
     for (int32_t step = 0; step < a.max_new_tokens; ++step) {
       const int32_t x = argmax(logits, V);

@@ -77,14 +77,10 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, int32_t n_ctx)
   out_.hidden.reserve(size_t(model.n_batch()) * model.config().n_embd);
 }
 
-const float* Generator::prefill(const std::vector<int32_t>& prompt) {
-  static std::vector<int32_t> unused;
-  return prefill(prompt, 0, unused);
-}
-
 const float* Generator::prefill(const std::vector<int32_t>& prompt, int32_t top_k,
-                                std::vector<int32_t>& top_ids) {
+                                std::vector<int32_t>* top_ids) {
   if (top_k < 0) throw Error("prefill: negative top-k");
+  if (top_k > 0 && !top_ids) throw Error("prefill: top-k ids requested without an output vector");
   if (prompt.empty()) throw Error("the prompt is empty");
   if (int64_t(prompt.size()) >= kv_.n_ctx())
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
@@ -108,12 +104,12 @@ const float* Generator::prefill(const std::vector<int32_t>& prompt, int32_t top_
     constexpr int32_t kHeadRows = 16;
     const int32_t V = model_.config().n_vocab, E = model_.config().n_embd;
     head_rows_.resize(size_t(kHeadRows) * V);
-    top_ids.resize(size_t(n) * top_k);
+    top_ids->resize(size_t(n) * top_k);
     for (int32_t r = 0; r < len; r += kHeadRows) {
       const int32_t rows = std::min(kHeadRows, len - r);
       model_.lm_head(out_.hidden.data() + size_t(r) * E, rows, head_rows_.data());
       for (int32_t i = 0; i < rows; ++i)
-        top_k_indices(head_rows_.data() + size_t(i) * V, V, top_k, top_ids.data() + size_t(at + r + i) * top_k);
+        top_k_indices(head_rows_.data() + size_t(i) * V, V, top_k, top_ids->data() + size_t(at + r + i) * top_k);
       if (last && r + rows == len) {
         out_.logits.assign(head_rows_.data() + size_t(rows - 1) * V, head_rows_.data() + size_t(rows) * V);
       }

@@ -43,10 +43,11 @@ class Generator {
   Generator(Model& model, const Tokenizer& tokenizer, int32_t n_ctx);
 
   // Runs the prompt through the model and returns the logits of its last token.
-  const float* prefill(const std::vector<int32_t>& prompt);
-  // The same, and also writes the target's top_k token ids (best first) at every prompt position to
-  // top_ids ([prompt.size()][top_k]); the LM head runs on every position, a few rows at a time.
-  const float* prefill(const std::vector<int32_t>& prompt, int32_t top_k, std::vector<int32_t>& top_ids);
+  // With top_k > 0 it also writes the target's top_k token ids (best first) at every prompt
+  // position to *top_ids ([prompt.size()][top_k]); the LM head then runs on every position, a few
+  // rows at a time.
+  const float* prefill(const std::vector<int32_t>& prompt, int32_t top_k = 0,
+                       std::vector<int32_t>* top_ids = nullptr);
   GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                           const TextCallback& on_text = nullptr);
 

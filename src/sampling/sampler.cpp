@@ -73,11 +73,11 @@ void top_k_indices(const float* x, int64_t n, int32_t k, int32_t* out) {
   if (k <= 0) return;
   for (int32_t j = 0; j < k; ++j) out[j] = -1;
   int32_t count = 0;
-  float worst = 0.0f;  // value of out[count - 1] once count == k
-  for (int64_t i = 0; i < n; ++i) {
+  float worst = kNegInf;  // value of out[k - 1] once count == k
+  auto consider = [&](int64_t i) {
     const float v = x[i];
-    if (v != v) continue;  // NaN
-    if (count == k && !(v > worst)) continue;
+    if (v != v) return;  // NaN
+    if (count == k && !(v > worst)) return;
     int32_t at = count < k ? count++ : k - 1;
     // Shift worse entries down; an equal value keeps its earlier (lower) index ahead.
     while (at > 0 && v > x[out[at - 1]]) {
@@ -85,8 +85,25 @@ void top_k_indices(const float* x, int64_t n, int32_t k, int32_t* out) {
       --at;
     }
     out[at] = static_cast<int32_t>(i);
-    worst = x[out[count - 1]];
+    if (count == k) worst = x[out[k - 1]];
+  };
+  int64_t i = 0;
+  for (; i < n && count < k; ++i) consider(i);
+  // Once k are held, a 32-element block matters only if some element is > worst (NaN compares
+  // false, and an element equal to worst loses the tie to the earlier index): most blocks of a
+  // logits row are skipped with four vector compares.
+  for (; i + 32 <= n; i += 32) {
+    const __m256 w = _mm256_set1_ps(worst);
+    const __m256 m0 = _mm256_cmp_ps(_mm256_loadu_ps(x + i), w, _CMP_GT_OQ);
+    const __m256 m1 = _mm256_cmp_ps(_mm256_loadu_ps(x + i + 8), w, _CMP_GT_OQ);
+    const __m256 m2 = _mm256_cmp_ps(_mm256_loadu_ps(x + i + 16), w, _CMP_GT_OQ);
+    const __m256 m3 = _mm256_cmp_ps(_mm256_loadu_ps(x + i + 24), w, _CMP_GT_OQ);
+    if (_mm256_testz_ps(_mm256_or_ps(_mm256_or_ps(m0, m1), _mm256_or_ps(m2, m3)),
+                        _mm256_castsi256_ps(_mm256_set1_epi32(-1))))
+      continue;
+    for (int64_t j = i; j < i + 32; ++j) consider(j);
   }
+  for (; i < n; ++i) consider(i);
 }
 
 Sampler::Sampler(const SamplingParams& params, int64_t n_vocab) : params_(params), n_vocab_(n_vocab) {

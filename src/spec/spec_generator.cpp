@@ -68,7 +68,7 @@ SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, co
   drafter_.set_sampling(sampling ? &draft_sampling_ : nullptr);
 
   const int32_t k_pre = drafter_.prompt_top_k();
-  const float* logits = gen_.prefill(prompt, k_pre, prompt_top_);
+  const float* logits = gen_.prefill(prompt, k_pre, &prompt_top_);
   int32_t root = sampling ? target_sampler->sample(logits) : argmax(logits, V);
   drafter_.begin(prompt, std::span<const int32_t>(prompt_top_.data(), k_pre ? prompt_top_.size() : 0));
   const auto t1 = Clock::now();

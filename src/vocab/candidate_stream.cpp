@@ -1,52 +1,13 @@
 #include "vocab/candidate_stream.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <limits>
 #include <string>
 
+#include "sampling/sampler.h"
 #include "util/error.h"
 
 namespace microspec {
-
-// top_k_indices (best first, ties to the lower index, NaN never chosen) for small k over a long
-// row, as a filter: blocks of 32 logits whose maximum does not beat the current k-th best are
-// skipped with a few vector compares, so the scan runs near memory speed instead of one branchy
-// comparison per logit (a Gemma row is 262,144 logits, and a step scans one per accepted token).
-void top_k_of_row(const float* x, int32_t n, int32_t k, int32_t* out) {
-  for (int32_t j = 0; j < k; ++j) out[j] = -1;
-  int32_t count = 0;
-  float worst = -std::numeric_limits<float>::infinity();
-  auto consider = [&](int32_t i) {
-    const float v = x[i];
-    if (v != v) return;
-    if (count == k && !(v > worst)) return;
-    int32_t at = count < k ? count++ : k - 1;
-    while (at > 0 && v > x[out[at - 1]]) {
-      out[at] = out[at - 1];
-      --at;
-    }
-    out[at] = i;
-    worst = count == k ? x[out[k - 1]] : -std::numeric_limits<float>::infinity();
-  };
-  int32_t i = 0;
-  for (; i < n && count < k; ++i) consider(i);
-  for (; i + 32 <= n; i += 32) {
-    // A block can matter only if some element is > worst (NaN compares false and is skipped,
-    // and an element equal to worst loses the tie to the earlier index).
-    const __m256 w = _mm256_set1_ps(worst);
-    const __m256 m0 = _mm256_cmp_ps(_mm256_loadu_ps(x + i), w, _CMP_GT_OQ);
-    const __m256 m1 = _mm256_cmp_ps(_mm256_loadu_ps(x + i + 8), w, _CMP_GT_OQ);
-    const __m256 m2 = _mm256_cmp_ps(_mm256_loadu_ps(x + i + 16), w, _CMP_GT_OQ);
-    const __m256 m3 = _mm256_cmp_ps(_mm256_loadu_ps(x + i + 24), w, _CMP_GT_OQ);
-    if (_mm256_testz_ps(_mm256_or_ps(_mm256_or_ps(m0, m1), _mm256_or_ps(m2, m3)),
-                        _mm256_castsi256_ps(_mm256_set1_epi32(-1))))
-      continue;
-    for (int32_t j = i; j < i + 32; ++j) consider(j);
-  }
-  for (; i < n; ++i) consider(i);
-}
 
 CandidateStreamParams::Source CandidateStreamParams::parse_source(const std::string& name) {
   if (name == "both") return Source::Both;
@@ -105,7 +66,7 @@ void CandidateStream::step(std::span<const int32_t> tree_tokens, const float* ve
     if (t >= 0 && t < n_vocab) push_once(t);
   if (params_.k_ver == 0) return;
   for (int32_t r : rows) {
-    top_k_of_row(verify_logits + size_t(r) * n_vocab, n_vocab, params_.k_ver, top_.data());
+    top_k_indices(verify_logits + size_t(r) * n_vocab, n_vocab, params_.k_ver, top_.data());
     for (int32_t t : top_)
       if (t >= 0) push_once(t);
   }

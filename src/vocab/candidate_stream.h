@@ -70,9 +70,4 @@ class CandidateStream {
   std::vector<int32_t> top_;     // [k_ver] scratch
 };
 
-// The k best entries of x[0, n) as in sampling's top_k_indices (best first, ties to the lower
-// index, NaN never chosen, -1 padding), for small k over long rows: skips 32-logit blocks that
-// cannot enter the top k with vector compares.
-void top_k_of_row(const float* x, int32_t n, int32_t k, int32_t* out);
-
 }  // namespace microspec
