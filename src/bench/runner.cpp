@@ -277,8 +277,7 @@ std::vector<int32_t> BenchRunner::encode_turn(const BenchQuestion& q, size_t tur
     messages.push_back({"user", q.turns[i]});
     if (i < turn) messages.push_back({"assistant", answers.at(i)});
   }
-  return tokenizer_.encode(apply_chat_template(chat_format_, messages, true, default_system_),
-                           tokenizer_.add_bos_default(), true);
+  return encode_chat(tokenizer_, chat_format_, messages, default_system_);
 }
 
 PromptRecord BenchRunner::run_one(Method& m, const BenchQuestion& q, int32_t index,
@@ -307,8 +306,8 @@ PromptRecord BenchRunner::run_one(Method& m, const BenchQuestion& q, int32_t ind
     r.wall_seconds += wall;
     r.prefill_seconds += g.prefill_seconds;
     r.decode_seconds += g.decode_seconds;
+    r.decode_tokens += sr.decode_tokens();
     if (m.setup) {
-      r.decode_tokens += st.decode_tokens;
       r.steps += st.steps;
       r.accepted_draft += st.accepted_draft;
       r.drafted += st.drafted;
@@ -320,7 +319,6 @@ PromptRecord BenchRunner::run_one(Method& m, const BenchQuestion& q, int32_t ind
       r.target_lm_head_seconds += st.verify_lm_head_seconds;
       r.bookkeeping_seconds += st.bookkeeping_seconds;
     } else {
-      r.decode_tokens += g.decode_forwards;
       r.target_seconds += g.decode_seconds;
       r.target_lm_head_seconds += g.decode_lm_head_seconds;
     }

@@ -131,8 +131,7 @@ std::vector<Prompt> load_prompts(const CoverageArgs& a, const LoadedModel& m) {
     if (taken[category] >= a.per_category) continue;
     ++taken[category];
     const std::vector<ChatMessage> messages = {{"user", text}};
-    out.push_back({category, m.tokenizer->encode(apply_chat_template(fmt, messages, true, system),
-                                                 m.tokenizer->add_bos_default(), true)});
+    out.push_back({category, encode_chat(*m.tokenizer, fmt, messages, system)});
   }
   if (out.empty()) throw Error(a.dataset + ": no prompts");
   return out;
@@ -148,9 +147,6 @@ void progress(bool quiet, int64_t done, int64_t total, size_t prompt, size_t pro
 }
 
 void run_coverage(const CoverageArgs& a) {
-  if (a.freq_file.empty() && a.static_sizes.size())
-    throw Error(
-        "coverage: --freq-file is needed for the static top-K sets (scripts/make_freq.sh writes them)");
   LoadedModel m = load_model(a.model);
   const int32_t V = m.model->config().n_vocab;
   const std::vector<Prompt> prompts = load_prompts(a, m);
@@ -159,10 +155,8 @@ void run_coverage(const CoverageArgs& a) {
   std::vector<int32_t> rank(size_t(V), V);
   const TokenFrequencies freq = read_freq_file(a.freq_file, V);
   for (size_t i = 0; i < freq.ids.size(); ++i) rank[size_t(freq.ids[i])] = int32_t(i);
-  std::vector<int32_t> eog = m.tokenizer->end_of_generation_ids();
-  if (m.tokenizer->eos_id() >= 0) eog.push_back(m.tokenizer->eos_id());
-  std::sort(eog.begin(), eog.end());
-  eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
+  // The ids --draft-vocab freq adds to its set (sorted; EOS is among them).
+  const std::vector<int32_t>& eog = m.tokenizer->end_of_generation_ids();
   std::vector<int32_t> static_size;
   for (int32_t k : a.static_sizes) {
     int32_t extra = 0;

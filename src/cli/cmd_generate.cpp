@@ -37,16 +37,26 @@ struct GenerateArgs {
   std::string prompts_jsonl;  // batch mode: one prompt per line ({"prompt": ...} or {"turns": [...]})
 };
 
-std::vector<int32_t> encode_prompt(const GenerateArgs& a, const LoadedModel& m, const std::string& text) {
-  const Tokenizer& tok = *m.tokenizer;
-  if (!a.chat) return tok.encode(text, tok.add_bos_default(), false);
-  std::vector<ChatMessage> messages;
-  if (!a.system.empty()) messages.push_back({"system", a.system});
-  messages.push_back({"user", text});
-  const ChatFormat fmt = detect_chat_format(*m.file, tok);
-  return tok.encode(apply_chat_template(fmt, messages, true, default_system_prompt(*m.file)),
-                    tok.add_bos_default(), true);
-}
+// How text prompts become ids: plain, or (--chat) as one user turn in the file's chat format,
+// which is detected once per run.
+struct PromptEncoder {
+  const GenerateArgs& a;
+  const Tokenizer& tok;
+  ChatFormat format = ChatFormat::ChatML;
+  std::string default_system;
+  PromptEncoder(const GenerateArgs& args, const LoadedModel& m) : a(args), tok(*m.tokenizer) {
+    if (!a.chat) return;
+    format = detect_chat_format(*m.file, tok);
+    default_system = default_system_prompt(*m.file);
+  }
+  std::vector<int32_t> operator()(const std::string& text) const {
+    if (!a.chat) return tok.encode(text, tok.add_bos_default(), false);
+    std::vector<ChatMessage> messages;
+    if (!a.system.empty()) messages.push_back({"system", a.system});
+    messages.push_back({"user", text});
+    return encode_chat(tok, format, messages, default_system);
+  }
+};
 
 // Generates from one prompt and prints the statistics line (stderr) and, with json, one JSON line.
 void generate_one(const GenerateArgs& a, const LoadedModel& m, Generator& gen, SpecSetup* spec,
@@ -82,10 +92,8 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Generator& gen, S
   const SpecStats& st = sr.stats;
   if (stream) std::fputc('\n', stdout);
 
-  const double prefill_tps = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0.0;
-  // Tokens produced after the prefill per second: one per forward for plain decoding.
-  const double decode_tokens = spec ? double(st.decode_tokens) : double(r.decode_forwards);
-  const double decode_tps = r.decode_seconds > 0 ? decode_tokens / r.decode_seconds : 0.0;
+  const double prefill_tps = sr.prefill_tokens_per_second();
+  const double decode_tps = sr.decode_tokens_per_second();
   const double peak_mib = peak_memory_bytes() / (1024.0 * 1024.0);
   std::fprintf(
       stderr,
@@ -145,6 +153,7 @@ void run_generate(const GenerateArgs& a) {
 
   LoadedModel m = load_model(a.model);
   Generator gen(*m.model, *m.tokenizer, a.model.n_ctx);
+  const PromptEncoder encode(a, m);
   a.spec.validate();
   std::unique_ptr<SpecSetup> spec;
   if (a.spec.enabled()) spec = std::make_unique<SpecSetup>(a.spec, *m.file, *m.model, gen, *m.tokenizer);
@@ -167,7 +176,7 @@ void run_generate(const GenerateArgs& a) {
       else
         throw Error(a.prompts_jsonl + ":" + std::to_string(line_no) +
                     ": expected a JSON object with \"prompt\" (string) or \"turns\" (strings)");
-      generate_one(a, m, gen, spec.get(), encode_prompt(a, m, text), true);
+      generate_one(a, m, gen, spec.get(), encode(text), true);
     }
     return;
   }
@@ -175,7 +184,7 @@ void run_generate(const GenerateArgs& a) {
   if (!a.prompt_ids.empty())
     prompt_ids = parse_token_ids(a.prompt_ids);
   else
-    prompt_ids = encode_prompt(a, m, a.prompt_file.empty() ? a.prompt : read_file_bytes(a.prompt_file));
+    prompt_ids = encode(a.prompt_file.empty() ? a.prompt : read_file_bytes(a.prompt_file));
   generate_one(a, m, gen, spec.get(), prompt_ids, a.json);
 }
 

@@ -432,19 +432,6 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   return r;
 }
 
-double GenerationReport::decode_tokens_per_second() const {
-  const GenerateResult& g = result.gen;
-  if (g.decode_seconds <= 0) return 0.0;
-  // Tokens produced after the prefill (as the CLI counts them): one per forward for plain decoding.
-  const double tokens = speculative ? double(result.stats.decode_tokens) : double(g.decode_forwards);
-  return tokens / g.decode_seconds;
-}
-
-double GenerationReport::prefill_tokens_per_second() const {
-  const GenerateResult& g = result.gen;
-  return g.prefill_seconds > 0 ? g.prompt_tokens / g.prefill_seconds : 0.0;
-}
-
 json usage_json(const GenerationReport& r) {
   const GenerateResult& g = r.result.gen;
   json ext;
@@ -464,8 +451,8 @@ json usage_json(const GenerationReport& r) {
   if (!r.spec_note.empty()) ext["note"] = r.spec_note;
   ext["prefill_seconds"] = g.prefill_seconds;
   ext["decode_seconds"] = g.decode_seconds;
-  ext["prefill_tokens_per_second"] = r.prefill_tokens_per_second();
-  ext["decode_tokens_per_second"] = r.decode_tokens_per_second();
+  ext["prefill_tokens_per_second"] = r.result.prefill_tokens_per_second();
+  ext["decode_tokens_per_second"] = r.result.decode_tokens_per_second();
   ext["queue_seconds"] = r.queue_seconds;
   const int64_t completion = int64_t(g.tokens.size());
   return json{{"prompt_tokens", g.prompt_tokens},

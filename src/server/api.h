@@ -71,8 +71,6 @@ struct GenerationReport {
   std::string draft_vocab;  // the slot's draft vocabulary when speculative
   std::string spec_note;
   double queue_seconds = 0.0;  // waiting for a free slot
-  double decode_tokens_per_second() const;
-  double prefill_tokens_per_second() const;
 };
 
 // "usage" with the microspec extension (speculative statistics, timings).

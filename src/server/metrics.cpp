@@ -37,8 +37,8 @@ void Metrics::record_generation(const GenerationReport& r, Outcome outcome) {
   completion_tokens_ += g.tokens.size();
   prefill_seconds_ += g.prefill_seconds;
   decode_seconds_ += g.decode_seconds;
-  decode_tokens_ += r.speculative ? uint64_t(r.result.stats.decode_tokens) : uint64_t(g.decode_forwards);
-  if (g.decode_seconds > 0) last_decode_tps_ = r.decode_tokens_per_second();
+  decode_tokens_ += uint64_t(r.result.decode_tokens());
+  if (g.decode_seconds > 0) last_decode_tps_ = r.result.decode_tokens_per_second();
   if (r.speculative && r.result.stats.steps > 0) {
     const SpecStats& st = r.result.stats;
     ++spec_generations_;

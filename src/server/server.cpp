@@ -397,14 +397,12 @@ class Server {
                                                        : Outcome::Completed;
     metrics_.record_generation(report, outcome);
     const GenerateResult& g = report.result.gen;
-    std::fprintf(
-        stderr, "serve: %s %s | prompt %d | generated %zu | %.1f tok/s%s | %s\n", job.ids.id.c_str(),
-        r.stream ? "stream" : "json", g.prompt_tokens, g.tokens.size(), report.decode_tokens_per_second(),
-        report.speculative
-            ? (" | acceptance " + std::to_string(report.result.stats.mean_acceptance_length()).substr(0, 4))
-                  .c_str()
-            : "",
-        outcome == Outcome::Completed ? finish_reason(g) : outcome_name(outcome));
+    char acceptance[48] = "";
+    if (report.speculative)
+      std::snprintf(acceptance, sizeof acceptance, " | acceptance %.2f", report.result.stats.mean_acceptance_length());
+    std::fprintf(stderr, "serve: %s %s | prompt %d | generated %zu | %.1f tok/s%s | %s\n", job.ids.id.c_str(),
+                 r.stream ? "stream" : "json", g.prompt_tokens, g.tokens.size(), report.result.decode_tokens_per_second(),
+                 acceptance, outcome == Outcome::Completed ? finish_reason(g) : outcome_name(outcome));
     return report;
   }
 

@@ -35,9 +35,20 @@ struct SpecStats {
   double mean_acceptance_length() const { return steps ? double(accepted_draft + steps) / steps : 0.0; }
 };
 
+// The result of a generation, plain (stats left empty) or speculative, and the speeds every front
+// end reports from it.
 struct SpecResult {
   GenerateResult gen;
   SpecStats stats;
+  // Tokens produced after the prefill: one per forward for plain decoding, the steps' tokens
+  // (accepted drafts and bonus tokens) for speculative decoding.
+  int64_t decode_tokens() const { return stats.steps > 0 ? stats.decode_tokens : gen.decode_forwards; }
+  double decode_tokens_per_second() const {
+    return gen.decode_seconds > 0 ? double(decode_tokens()) / gen.decode_seconds : 0.0;
+  }
+  double prefill_tokens_per_second() const {
+    return gen.prefill_seconds > 0 ? gen.prompt_tokens / gen.prefill_seconds : 0.0;
+  }
 };
 
 class SpeculativeGenerator {

@@ -99,9 +99,7 @@ DraftVocabulary SpecSetup::make_vocabulary(const Model& model, const Tokenizer& 
     std::vector<int32_t> ids = freq.top(k);
     std::vector<uint8_t> in(size_t(n_vocab), 0);
     for (int32_t id : ids) in[id] = 1;
-    std::vector<int32_t> eog = tokenizer.end_of_generation_ids();
-    if (tokenizer.eos_id() >= 0) eog.push_back(tokenizer.eos_id());
-    for (int32_t id : eog)
+    for (int32_t id : tokenizer.end_of_generation_ids())  // EOS is among them
       if (id >= 0 && id < n_vocab && !in[id]) {
         in[id] = 1;
         ids.push_back(id);

@@ -153,4 +153,9 @@ std::string apply_chat_template(ChatFormat f, std::span<const ChatMessage> messa
   return out;
 }
 
+std::vector<int32_t> encode_chat(const Tokenizer& tok, ChatFormat f, std::span<const ChatMessage> messages,
+                                 const std::string& default_system) {
+  return tok.encode(apply_chat_template(f, messages, true, default_system), tok.add_bos_default(), true);
+}
+
 }  // namespace microspec

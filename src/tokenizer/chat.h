@@ -1,5 +1,6 @@
 #pragma once
 // Built-in chat formats, chosen from the model file.
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -34,5 +35,10 @@ std::string default_system_prompt(const GgufFile& file);
 // is inserted when its template does so and no system message is given.
 std::string apply_chat_template(ChatFormat f, std::span<const ChatMessage> messages, bool add_generation_prompt,
                                 const std::string& default_system = "");
+
+// The prompt's token ids: apply_chat_template with a generation prompt, encoded with BOS as the
+// tokenizer adds it and special tokens parsed. The one way every front end turns messages into ids.
+std::vector<int32_t> encode_chat(const Tokenizer& tok, ChatFormat f, std::span<const ChatMessage> messages,
+                                 const std::string& default_system = "");
 
 }  // namespace microspec
