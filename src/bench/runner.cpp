@@ -222,8 +222,7 @@ struct BenchRunner::Method {
 
 BenchRunner::BenchRunner(const GgufFile& file, Model& model, const Tokenizer& tokenizer, int32_t n_ctx,
                          const std::vector<MethodSpec>& methods)
-    : file_(file),
-      tokenizer_(tokenizer),
+    : tokenizer_(tokenizer),
       gen_(model, tokenizer, n_ctx),
       chat_format_(detect_chat_format(file, tokenizer)),
       default_system_(default_system_prompt(file)) {

@@ -86,7 +86,6 @@ class BenchRunner {
   struct Method;
   PromptRecord run_one(Method& m, const BenchQuestion& q, int32_t index, const GenerateParams& params);
 
-  const GgufFile& file_;
   const Tokenizer& tokenizer_;
   Generator gen_;
   std::vector<Method> methods_;
