@@ -172,7 +172,7 @@ int run(const Args& a) {
       b.positions = {kv.n_past()};
       b.parents = {-1};
       b.output_rows = {0};
-      model->forward(b, kv, out, false, a.layers);
+      model->forward(b, kv, out, {.end_layer = a.layers});
       const auto t2 = Clock::now();
       logits.resize(size_t(v.vocab.size()));
       v.vocab.logits(*model, out.hidden.data(), 1, logits.data());

@@ -40,7 +40,7 @@ std::vector<float> last_logits(Model& m, const std::vector<int32_t>& seq) {
   Batch b;
   ForwardOutput out;
   b.set_sequence(seq, 0, false);
-  m.forward(b, kv, out, true);
+  m.forward(b, kv, out, {.logits = true});
   return out.logits;
 }
 
@@ -100,7 +100,7 @@ void check_tree(const test::TinyModelSpec& spec) {
   Batch b;
   ForwardOutput out;
   b.set_sequence(prefix, 0, false);
-  m.forward(b, kv, out, false);
+  m.forward(b, kv, out);
   kv.commit_prefix(static_cast<int32_t>(prefix.size()));
   b.clear();
   for (size_t i = 0; i < tok.size(); ++i) {
@@ -109,7 +109,7 @@ void check_tree(const test::TinyModelSpec& spec) {
     b.parents.push_back(parent[i]);
     b.output_rows.push_back(static_cast<int32_t>(i));
   }
-  m.forward(b, kv, out, true);
+  m.forward(b, kv, out, {.logits = true});
   for (size_t i = 0; i < tok.size(); ++i) {
     std::vector<int32_t> seq = prefix, path;
     for (int32_t p = static_cast<int32_t>(i); p >= 0; p = parent[p]) path.insert(path.begin(), tok[p]);
@@ -121,7 +121,7 @@ void check_tree(const test::TinyModelSpec& spec) {
   const std::vector<int32_t> keep = {0, 1, 3, 5};
   kv.commit(keep);
   b.set_sequence(std::vector<int32_t>{42, 43}, kv.n_past(), false);
-  m.forward(b, kv, out, true);
+  m.forward(b, kv, out, {.logits = true});
   std::vector<int32_t> seq = prefix;
   for (int32_t k : keep) seq.push_back(tok[k]);
   seq.push_back(42);

@@ -36,7 +36,7 @@ std::vector<float> sequential_last_logits(Model& model, const std::vector<int32_
   Batch b;
   ForwardOutput out;
   b.set_sequence(seq, 0, false);
-  model.forward(b, kv, out, true);
+  model.forward(b, kv, out, {.logits = true});
   return out.logits;
 }
 
@@ -64,7 +64,7 @@ void check_tree_equivalence(const std::string& path) {
   Batch b;
   ForwardOutput out;
   b.set_sequence(prefix, 0, false);
-  model.forward(b, kv, out, false);
+  model.forward(b, kv, out);
   kv.commit_prefix(P);
 
   std::vector<std::vector<float>> tree_logits(node_tok.size());
@@ -77,7 +77,7 @@ void check_tree_equivalence(const std::string& path) {
       b.parents.push_back(parent[i]);
       b.output_rows.push_back(i - first);
     }
-    model.forward(b, kv, out, true);
+    model.forward(b, kv, out, {.logits = true});
     for (int32_t i = first; i <= last; ++i)
       tree_logits[i].assign(out.logits.begin() + size_t(i - first) * V,
                             out.logits.begin() + size_t(i - first + 1) * V);
@@ -101,7 +101,7 @@ void check_tree_equivalence(const std::string& path) {
   ASSERT_EQ(kv.n_past(), P + 3);
   const int32_t next = 321;
   b.set_sequence(std::vector<int32_t>{next}, kv.n_past(), false);
-  model.forward(b, kv, out, true);
+  model.forward(b, kv, out, {.logits = true});
   std::vector<int32_t> seq = prefix;
   for (int32_t k : keep) seq.push_back(node_tok[k]);
   seq.push_back(next);
@@ -126,7 +126,7 @@ TEST(ModelTree, LmHeadRowsMatchFullHead) {
   Batch b;
   ForwardOutput out;
   b.set_sequence(std::vector<int32_t>{1, 2, 3, 4, 5}, 0, true);
-  model.forward(b, kv, out, true);
+  model.forward(b, kv, out, {.logits = true});
   const std::vector<int32_t> rows = {0, 7, 49151, 1234, 42, 42};
   std::vector<float> sub(rows.size() * 5);
   model.lm_head_rows(out.hidden.data(), 5, rows.data(), static_cast<int32_t>(rows.size()), sub.data());
@@ -146,11 +146,11 @@ TEST(ModelTree, LayerLimitRunsOnlyFirstLayers) {
   Batch b;
   ForwardOutput full, partial;
   b.set_sequence(std::vector<int32_t>{10, 20, 30}, 0, false);
-  model.forward(b, kv, full, true, -1);
+  model.forward(b, kv, full, {.logits = true, .end_layer = ForwardOptions::kAllLayers});
   const int32_t last = model.config().n_layer - 1;
   std::vector<uint16_t> k_last(kv.k(last, 2), kv.k(last, 2) + kv.kv_dim());
   b.set_sequence(std::vector<int32_t>{11, 21, 31}, 0, false);
-  model.forward(b, kv, partial, true, 4);
+  model.forward(b, kv, partial, {.logits = true, .end_layer = 4});
   EXPECT_EQ(0, std::memcmp(k_last.data(), kv.k(last, 2), kv.row_bytes()));
   EXPECT_GT(max_abs_diff(full.logits.data(), partial.logits.data(), full.logits.size()), 1e-2f);
 }
@@ -163,12 +163,12 @@ TEST(ModelTree, RejectsBadBatches) {
   Batch b;
   ForwardOutput out;
   b.set_sequence(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9}, 0, false);
-  EXPECT_THROW(model.forward(b, kv, out, false), Error);  // does not fit the cache
+  EXPECT_THROW(model.forward(b, kv, out), Error);  // does not fit the cache
   b.set_sequence(std::vector<int32_t>{1, 49152}, 0, false);
-  EXPECT_THROW(model.forward(b, kv, out, false), Error);  // token outside the vocabulary
+  EXPECT_THROW(model.forward(b, kv, out), Error);  // token outside the vocabulary
   b.set_sequence(std::vector<int32_t>{1, 2}, 0, false);
   b.parents[0] = 1;  // parent not written yet
-  EXPECT_THROW(model.forward(b, kv, out, false), Error);
+  EXPECT_THROW(model.forward(b, kv, out), Error);
 }
 
 }  // namespace

@@ -240,12 +240,12 @@ TEST_F(SpecTiny, ForwardSplitAcrossLayersIsBitwiseTheSame) {
     tree.output_rows = {0, 1, 2, 3};
     ForwardOutput whole, part, rest;
     KVCache kv0 = m.make_cache(64);
-    m.forward(prefix, kv0, whole, false);
+    m.forward(prefix, kv0, whole);
     kv0.commit_prefix(int32_t(kPrompt.size()));
-    m.forward(tree, kv0, whole, true);
+    m.forward(tree, kv0, whole, {.logits = true});
     for (int32_t split = 0; split <= 3; ++split) {
       KVCache kv = m.make_cache(64);
-      m.forward(prefix, kv, part, false);
+      m.forward(prefix, kv, part);
       kv.commit_prefix(int32_t(kPrompt.size()));
       // The first two rows through layers [0, split), the other two joining for the rest.
       Batch head = tree;
@@ -253,7 +253,7 @@ TEST_F(SpecTiny, ForwardSplitAcrossLayersIsBitwiseTheSame) {
       head.positions.resize(2);
       head.parents.resize(2);
       head.output_rows = {0, 1};
-      m.forward(head, kv, part, false, split);
+      m.forward(head, kv, part, {.end_layer = split});
       std::vector<float> x(part.residual);
       Batch tail;
       tail.start = 2;
@@ -261,16 +261,19 @@ TEST_F(SpecTiny, ForwardSplitAcrossLayersIsBitwiseTheSame) {
       tail.positions = {7, 8};
       tail.parents = {0, 1};
       tail.output_rows = {0, 1};
-      m.forward(tail, kv, rest, false, split);
+      m.forward(tail, kv, rest, {.end_layer = split});
       x.insert(x.end(), rest.residual.begin(), rest.residual.end());
       if (split == 0) x.clear();  // start from the embeddings
-      m.forward(tree, kv, rest, true, -1, split, split ? x.data() : nullptr);
+      m.forward(tree, kv, rest,
+                {.logits = true, .first_layer = split, .resume_residual = split ? x.data() : nullptr});
       EXPECT_EQ(rest.logits, whole.logits) << arch << " split at layer " << split;
       EXPECT_EQ(rest.hidden, whole.hidden) << arch << " split at layer " << split;
     }
     KVCache kv = m.make_cache(64);
-    EXPECT_THROW(m.forward(tree, kv, rest, false, -1, 2, nullptr), Error);
-    EXPECT_THROW(m.forward(tree, kv, rest, false, 1, 2, whole.residual.data()), Error);
+    EXPECT_THROW(m.forward(tree, kv, rest, {.first_layer = 2, .resume_residual = nullptr}), Error);
+    EXPECT_THROW(
+        m.forward(tree, kv, rest, {.first_layer = 2, .end_layer = 1, .resume_residual = whole.residual.data()}),
+        Error);
   }
 }
 

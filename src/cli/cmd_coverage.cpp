@@ -211,7 +211,7 @@ void run_coverage(const CoverageArgs& a) {
       if (step % 8 == 0) progress(a.quiet, done, total, pi + 1, prompts.size());
       if (m.tokenizer->is_end_of_generation(x)) break;
       batch.set_sequence(std::span<const int32_t>(&x, 1), gen.cache().n_past(), false);
-      m.model->forward(batch, gen.cache(), out, true);
+      m.model->forward(batch, gen.cache(), out, {.logits = true});
       gen.cache().commit_prefix(1);
       logits = out.logits.data();
     }

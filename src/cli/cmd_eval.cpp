@@ -51,7 +51,7 @@ void run_eval(const EvalArgs& a) {
   for (int32_t at = 0; at < n; at += model.n_batch()) {
     const int32_t len = std::min(model.n_batch(), n - at);
     batch.set_sequence(std::span<const int32_t>(ids.data() + at, len), at, true);
-    model.forward(batch, kv, fo, true);
+    model.forward(batch, kv, fo, {.logits = true});
     kv.commit_prefix(len);
     for (int32_t i = 0; i < len; ++i) {
       const float* row = fo.logits.data() + size_t(i) * V;

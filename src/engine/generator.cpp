@@ -92,14 +92,14 @@ const float* Generator::prefill(const std::vector<int32_t>& prompt, int32_t top_
     const bool last = at + len == n;
     if (top_k == 0) {
       batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, false);
-      model_.forward(batch_, kv_, out_, last);
+      model_.forward(batch_, kv_, out_, {.logits = last});
       kv_.commit_prefix(len);
       continue;
     }
     // Hidden states of every position, then the LM head a few rows at a time: the whole chunk's
     // logits would take n_batch * n_vocab floats (512 MiB for Gemma's 262k vocabulary).
     batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, true);
-    model_.forward(batch_, kv_, out_, false);
+    model_.forward(batch_, kv_, out_);
     kv_.commit_prefix(len);
     constexpr int32_t kHeadRows = 16;
     const int32_t V = model_.config().n_vocab, E = model_.config().n_embd;
@@ -180,7 +180,7 @@ GenerateResult Generator::generate(const std::vector<int32_t>& prompt, const Gen
       break;
     }
     batch_.set_sequence(std::span<const int32_t>(&token, 1), kv_.n_past(), false);
-    model_.forward(batch_, kv_, out_, true);
+    model_.forward(batch_, kv_, out_, {.logits = true});
     kv_.commit_prefix(1);
     ++r.decode_forwards;
     logits = out_.logits.data();

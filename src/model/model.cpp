@@ -298,14 +298,16 @@ void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* 
   });
 }
 
-void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool want_logits, int32_t n_layers,
-                    int32_t first_layer, const float* x_in) {
+void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, const ForwardOptions& options) {
   const int32_t n = batch.size(), d = config_.n_embd;
-  if (n_layers < 0 || n_layers > config_.n_layer) n_layers = config_.n_layer;
-  if (first_layer < 0 || first_layer > n_layers)
+  const int32_t first_layer = options.first_layer;
+  const int32_t end_layer = options.end_layer < 0 || options.end_layer > config_.n_layer ? config_.n_layer
+                                                                                           : options.end_layer;
+  if (first_layer < 0 || first_layer > end_layer)
     throw Error("forward: first layer " + std::to_string(first_layer) + " outside [0, " +
-                std::to_string(n_layers) + "]");
-  if (first_layer > 0 && !x_in) throw Error("forward: starting at a later layer needs the residual streams");
+                std::to_string(end_layer) + "]");
+  if (first_layer > 0 && !options.resume_residual)
+    throw Error("forward: starting at a later layer needs the residual streams");
   if (n == 0) throw Error("forward: empty batch");
   if (n > n_batch_)
     throw Error("forward: batch of " + std::to_string(n) + " tokens exceeds n_batch " +
@@ -339,7 +341,7 @@ void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool wa
 
   float* x = x_.data();
   if (first_layer > 0) {
-    std::memcpy(x, x_in, sizeof(float) * size_t(n) * d);
+    std::memcpy(x, options.resume_residual, sizeof(float) * size_t(n) * d);
   } else {
     for (int32_t i = 0; i < n; ++i) {
       const QMatrix& e = token_embd_;
@@ -348,7 +350,7 @@ void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool wa
         for (int32_t j = 0; j < d; ++j) x[size_t(i) * d + j] *= config_.embed_scale;
     }
   }
-  run_layers(batch, kv, first_layer, n_layers, x);
+  run_layers(batch, kv, first_layer, end_layer, x);
 
   const int32_t n_out = static_cast<int32_t>(batch.output_rows.size());
   out.n_rows = n_out;
@@ -357,7 +359,7 @@ void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool wa
   for (int32_t j = 0; j < n_out; ++j)
     std::memcpy(out.residual.data() + size_t(j) * d, x + size_t(batch.output_rows[j]) * d, sizeof(float) * d);
   rms_norm(out.residual.data(), output_norm_, n_out, d, out.hidden.data());
-  if (want_logits) {
+  if (options.logits) {
     out.logits.resize(size_t(n_out) * config_.n_vocab);
     lm_head(out.hidden.data(), n_out, out.logits.data());
   }

@@ -57,6 +57,17 @@ struct ModelTimings {
   void reset() { *this = ModelTimings{}; }
 };
 
+// Which part of the model one forward() call runs. Layers [first_layer, end_layer) run; the input
+// of first_layer is the token embeddings when first_layer == 0, else resume_residual: the residual
+// streams ([n][n_embd]) after layer first_layer - 1 of an earlier forward (ForwardOutput::residual).
+struct ForwardOptions {
+  static constexpr int32_t kAllLayers = -1;
+  bool logits = false;                     // also fill ForwardOutput::logits (the full LM head)
+  int32_t first_layer = 0;                 // first layer to run
+  int32_t end_layer = kAllLayers;          // one past the last layer to run; kAllLayers: to the last
+  const float* resume_residual = nullptr;  // [n][n_embd] input of first_layer when it is > 0
+};
+
 struct ModelOptions {
   int n_threads = 2;
   int32_t n_batch = 512;         // most tokens one forward call takes; scratch is sized for it at load
@@ -74,15 +85,12 @@ class Model {
   ThreadPool& pool() { return pool_; }
   KVCache make_cache(int32_t n_ctx) const;
 
-  // Runs the batch through layers [first_layer, n_layers) (n_layers < 0: to the last layer),
-  // writing its keys and values of those layers into the pending slots of kv. The input is the
-  // token embeddings, or with first_layer > 0 the residual streams x_in ([n][n_embd]) after layer
-  // first_layer - 1 (from an earlier forward's ForwardOutput::residual). Fills out.residual and
-  // out.hidden for batch.output_rows, and out.logits too when want_logits. A token's result is
-  // bitwise the same whether its layers run in one call or are split across calls. Throws Error
-  // when the batch does not fit the cache or n_batch.
-  void forward(const Batch& batch, KVCache& kv, ForwardOutput& out, bool want_logits, int32_t n_layers = -1,
-               int32_t first_layer = 0, const float* x_in = nullptr);
+  // Runs the batch through the layers options names (see ForwardOptions), writing its keys and
+  // values of those layers into the pending slots of kv. Fills out.residual and out.hidden for
+  // batch.output_rows, and out.logits too when options.logits. A token's result is bitwise the same
+  // whether its layers run in one call or are split across calls. Throws Error when the batch does
+  // not fit the cache or n_batch, or the layer range is invalid.
+  void forward(const Batch& batch, KVCache& kv, ForwardOutput& out, const ForwardOptions& options = {});
 
   // logits[i][v] for all vocabulary rows: hidden is [n][n_embd], logits [n][n_vocab].
   void lm_head(const float* hidden, int32_t n, float* logits);

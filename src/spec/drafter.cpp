@@ -52,7 +52,7 @@ void ModelTreeExpander::expand(std::span<const int32_t> frontier, std::span<cons
     }
     next_slot_ += batch_.size();
   }
-  model_.forward(batch_, kv_, out_, false, n_layers_);
+  model_.forward(batch_, kv_, out_, {.end_layer = n_layers_});
   // Keep each run row's residual stream by pending slot: a self-drafter's verification resumes
   // those rows at layer n_layers_ instead of recomputing the layers the draft shares.
   const size_t d = size_t(model_.config().n_embd);
@@ -114,7 +114,7 @@ void ModelDrafter::catch_up(int32_t keep) {
     const int32_t len =
         std::min(model_.n_batch(), static_cast<int32_t>(tokens_.size()) - kv_.n_past() - keep);
     batch_.set_sequence(std::span<const int32_t>(tokens_.data() + kv_.n_past(), len), kv_.n_past(), false);
-    model_.forward(batch_, kv_, out_, false);
+    model_.forward(batch_, kv_, out_);
     kv_.commit_prefix(len);
   }
 }

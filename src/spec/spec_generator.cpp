@@ -126,12 +126,13 @@ SpecResult SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, co
           tail_.parents.push_back(batch_.parents[i]);
           tail_.output_rows.push_back(i - reuse);
         }
-        model.forward(tail_, kv, tail_out_, false, reuse_layers);
+        model.forward(tail_, kv, tail_out_, {.end_layer = reuse_layers});
         std::copy(tail_out_.residual.begin(), tail_out_.residual.end(), resume_x_.begin() + size_t(reuse) * d);
       }
-      model.forward(batch_, kv, out_, true, -1, reuse_layers, resume_x_.data());
+      model.forward(batch_, kv, out_,
+                    {.logits = true, .first_layer = reuse_layers, .resume_residual = resume_x_.data()});
     } else {
-      model.forward(batch_, kv, out_, true);
+      model.forward(batch_, kv, out_, {.logits = true});
     }
     st.verify_lm_head_seconds += model.timings().lm_head_seconds - head0;
     st.verify_seconds += since(tv);
