@@ -460,6 +460,20 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     }
 }
 
+// The exact product the matmul tests measure against: each weight row dequantized by the scalar
+// reference, dotted in double. y[t * ldy + r] for t < n_tokens, r < w.rows.
+void matmul_reference(const QMatrix& w, const float* x, int64_t n_tokens, float* y, int64_t ldy) {
+  std::vector<float> row(size_t(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    dequantize_row(w.type, w.data + size_t(r) * w.row_stride, row.data(), w.cols);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < w.cols; ++i) sum += double(row[size_t(i)]) * double(x[t * w.cols + i]);
+      y[t * ldy + r] = float(sum);
+    }
+  }
+}
+
 TEST(Matmul, TablesThreadsAndShapesAgreeWithReference) {
   std::mt19937 rng(5);
   struct Shape {

@@ -42,7 +42,4 @@ void matmul(MatmulContext& ctx, const QMatrix& w, const float* x, int64_t n_toke
 void matmul_rows(MatmulContext& ctx, const QMatrix& w, const int32_t* rows, int64_t n_rows, const float* x,
                  int64_t n_tokens, float* y, int64_t ldy);
 
-// Reference used by tests: dequantize each row (scalar) and accumulate in double.
-void matmul_reference(const QMatrix& w, const float* x, int64_t n_tokens, float* y, int64_t ldy);
-
 }  // namespace microspec

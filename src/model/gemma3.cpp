@@ -53,29 +53,41 @@ class Gemma3Model final : public Model {
     const float* post_ffw_norm;   // [n_embd]
   };
 
+  // One layer: x += post_norm(attention(x)), then x += post_norm(ffn(x)), each block reading its
+  // pre-normed input xn.
   void run_layers(const Batch& batch, KVCache& kv, int32_t first, int32_t end, float* x) override {
     const ModelConfig& c = config_;
     const int32_t n = batch.size(), d = c.n_embd;
+    const int32_t* positions = batch.positions.data();
+    float* xn = act_.xn.data();      // [n][n_embd]
+    float* q = act_.q.data();        // [n][n_head][head_dim]
+    float* k = act_.k.data();        // [n][n_head_kv][head_dim]
+    float* v = act_.v.data();        // [n][n_head_kv][head_dim]
+    float* attn = act_.attn.data();  // [n][n_head*head_dim]
+    float* o = act_.o.data();        // [n][n_embd]
+    float* gate = act_.gate.data();  // [n][n_ff]
+    float* up = act_.up.data();      // [n][n_ff]
     for (int32_t il = first; il < end; ++il) {
       const Layer& L = layers_[il];
+      const float rope_base = c.layer_is_sliding[il] ? c.rope_base_local : c.rope_base;
+
       // Attention block.
-      rms_norm(x, L.attn_norm, n, d, xn_.data());
-      project_qkv(L.wq, L.wk, L.wv, n);
-      rms_norm(q_.data(), L.q_norm, n * c.n_head, c.head_dim, q_.data());
-      rms_norm(k_.data(), L.k_norm, n * c.n_head_kv, c.head_dim, k_.data());
-      const float base = c.layer_is_sliding[il] ? c.rope_base_local : c.rope_base;
-      rope(q_.data(), n, c.n_head, batch.positions.data(), base);
-      rope(k_.data(), n, c.n_head_kv, batch.positions.data(), base);
-      attention(il, batch, kv, q_.data(), k_.data(), v_.data(), attn_.data());
-      matmul(L.wo, attn_.data(), n, o_.data());
-      rms_norm(o_.data(), L.post_attn_norm, n, d, o_.data());
-      add_block_output(x, n);
+      rms_norm(x, L.attn_norm, n, d, xn);
+      project_qkv(L.wq, L.wk, L.wv, xn, n, q, k, v);
+      rms_norm(q, L.q_norm, n * c.n_head, c.head_dim, q);
+      rms_norm(k, L.k_norm, n * c.n_head_kv, c.head_dim, k);
+      rope(q, n, c.n_head, positions, rope_base);
+      rope(k, n, c.n_head_kv, positions, rope_base);
+      attention(il, batch, kv, q, k, v, attn);
+      matmul(L.wo, attn, n, o);
+      rms_norm(o, L.post_attn_norm, n, d, o);
+      add_block_output(o, n, x);
 
       // Feed-forward block.
-      rms_norm(x, L.ffn_norm, n, d, xn_.data());
-      gated_ffn(L.w_gate, L.w_up, L.w_down, Activation::GeluTanh, n);
-      rms_norm(o_.data(), L.post_ffw_norm, n, d, o_.data());
-      add_block_output(x, n);
+      rms_norm(x, L.ffn_norm, n, d, xn);
+      gated_ffn(L.w_gate, L.w_up, L.w_down, Activation::GeluTanh, xn, n, gate, up, o);
+      rms_norm(o, L.post_ffw_norm, n, d, o);
+      add_block_output(o, n, x);
     }
   }
 

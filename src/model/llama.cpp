@@ -50,33 +50,45 @@ class LlamaModel final : public Model {
     QMatrix w_down;          // [n_embd rows][n_ff]
   };
 
+  // y ([n][dim]) += bias ([dim]) on every row; no-op without a bias.
   static void add_bias(float* y, const float* bias, int32_t n, int32_t dim) {
     if (!bias) return;
     for (int32_t t = 0; t < n; ++t)
       for (int32_t i = 0; i < dim; ++i) y[size_t(t) * dim + i] += bias[i];
   }
 
+  // One layer: x += attention(norm(x)), then x += ffn(norm(x)).
   void run_layers(const Batch& batch, KVCache& kv, int32_t first, int32_t end, float* x) override {
     const ModelConfig& c = config_;
     const int32_t n = batch.size(), d = c.n_embd;
+    const int32_t* positions = batch.positions.data();
+    float* xn = act_.xn.data();      // [n][n_embd]
+    float* q = act_.q.data();        // [n][n_head][head_dim]
+    float* k = act_.k.data();        // [n][n_head_kv][head_dim]
+    float* v = act_.v.data();        // [n][n_head_kv][head_dim]
+    float* attn = act_.attn.data();  // [n][n_head*head_dim]
+    float* o = act_.o.data();        // [n][n_embd]
+    float* gate = act_.gate.data();  // [n][n_ff]
+    float* up = act_.up.data();      // [n][n_ff]
     for (int32_t il = first; il < end; ++il) {
       const Layer& L = layers_[il];
+
       // Attention block.
-      rms_norm(x, L.attn_norm, n, d, xn_.data());
-      project_qkv(L.wq, L.wk, L.wv, n);
-      add_bias(q_.data(), L.bq, n, c.q_dim());
-      add_bias(k_.data(), L.bk, n, c.kv_dim());
-      add_bias(v_.data(), L.bv, n, c.kv_dim());
-      rope(q_.data(), n, c.n_head, batch.positions.data(), c.rope_base);
-      rope(k_.data(), n, c.n_head_kv, batch.positions.data(), c.rope_base);
-      attention(il, batch, kv, q_.data(), k_.data(), v_.data(), attn_.data());
-      matmul(L.wo, attn_.data(), n, o_.data());
-      add_block_output(x, n);
+      rms_norm(x, L.attn_norm, n, d, xn);
+      project_qkv(L.wq, L.wk, L.wv, xn, n, q, k, v);
+      add_bias(q, L.bq, n, c.q_dim());
+      add_bias(k, L.bk, n, c.kv_dim());
+      add_bias(v, L.bv, n, c.kv_dim());
+      rope(q, n, c.n_head, positions, c.rope_base);
+      rope(k, n, c.n_head_kv, positions, c.rope_base);
+      attention(il, batch, kv, q, k, v, attn);
+      matmul(L.wo, attn, n, o);
+      add_block_output(o, n, x);
 
       // Feed-forward block.
-      rms_norm(x, L.ffn_norm, n, d, xn_.data());
-      gated_ffn(L.w_gate, L.w_up, L.w_down, Activation::Silu, n);
-      add_block_output(x, n);
+      rms_norm(x, L.ffn_norm, n, d, xn);
+      gated_ffn(L.w_gate, L.w_up, L.w_down, Activation::Silu, xn, n, gate, up, o);
+      add_block_output(o, n, x);
     }
   }
 

@@ -115,16 +115,16 @@ Model::Model(const GgufFile& file, const ModelOptions& options)
   output_norm_ = vector(file, "output_norm.weight", config_.n_embd);
 
   const int32_t d = config_.n_embd;
-  x_.assign(size_t(n_batch_) * d, 0.0f);
   const size_t B = n_batch_;
-  xn_.assign(B * d, 0.0f);
-  q_.assign(B * config_.q_dim(), 0.0f);
-  k_.assign(B * config_.kv_dim(), 0.0f);
-  v_.assign(B * config_.kv_dim(), 0.0f);
-  attn_.assign(B * config_.q_dim(), 0.0f);
-  o_.assign(B * d, 0.0f);
-  gate_.assign(B * config_.n_ff, 0.0f);
-  up_.assign(B * config_.n_ff, 0.0f);
+  act_.x.assign(B * d, 0.0f);
+  act_.xn.assign(B * d, 0.0f);
+  act_.q.assign(B * config_.q_dim(), 0.0f);
+  act_.k.assign(B * config_.kv_dim(), 0.0f);
+  act_.v.assign(B * config_.kv_dim(), 0.0f);
+  act_.attn.assign(B * config_.q_dim(), 0.0f);
+  act_.o.assign(B * d, 0.0f);
+  act_.gate.assign(B * config_.n_ff, 0.0f);
+  act_.up.assign(B * config_.n_ff, 0.0f);
   q16_.assign(size_t(pool_.size()) * config_.head_dim, 0);
   mm_.reserve(n_batch_, std::max(config_.n_ff, std::max(config_.q_dim(), d)));
 }
@@ -177,19 +177,20 @@ void Model::matmul(const QMatrix& w, const float* x, int32_t n, float* y) {
   microspec::matmul(mm_, w, x, n, y, w.rows);
 }
 
-void Model::project_qkv(const QMatrix& wq, const QMatrix& wk, const QMatrix& wv, int32_t n) {
-  matmul(wq, xn_.data(), n, q_.data());
-  matmul(wk, xn_.data(), n, k_.data());
-  matmul(wv, xn_.data(), n, v_.data());
+void Model::project_qkv(const QMatrix& wq, const QMatrix& wk, const QMatrix& wv, const float* xn, int32_t n,
+                        float* q, float* k, float* v) {
+  matmul(wq, xn, n, q);
+  matmul(wk, xn, n, k);
+  matmul(wv, xn, n, v);
 }
 
 void Model::gated_ffn(const QMatrix& w_gate, const QMatrix& w_up, const QMatrix& w_down, Activation act,
-                      int32_t n) {
-  matmul(w_gate, xn_.data(), n, gate_.data());
-  matmul(w_up, xn_.data(), n, up_.data());
+                      const float* xn, int32_t n, float* gate, float* up, float* out) {
+  matmul(w_gate, xn, n, gate);
+  matmul(w_up, xn, n, up);
   const size_t count = size_t(n) * config_.n_ff;
-  float* g = gate_.data();
-  const float* u = up_.data();
+  float* g = gate;
+  const float* u = up;
   if (act == Activation::GeluTanh) {
     // GELU-tanh: 0.5 g (1 + tanh(c (g + 0.044715 g^3))) is exactly g * sigmoid(2c (...)); expf is
     // several times cheaper than tanhf, which showed up in prefill profiles.
@@ -198,12 +199,12 @@ void Model::gated_ffn(const QMatrix& w_gate, const QMatrix& w_up, const QMatrix&
   } else {
     for (size_t i = 0; i < count; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
   }
-  matmul(w_down, gate_.data(), n, o_.data());
+  matmul(w_down, gate, n, out);
 }
 
-void Model::add_block_output(float* x, int32_t n) const {
+void Model::add_block_output(const float* block_out, int32_t n, float* x) const {
   const size_t count = size_t(n) * config_.n_embd;
-  for (size_t i = 0; i < count; ++i) x[i] += o_[i];
+  for (size_t i = 0; i < count; ++i) x[i] += block_out[i];
 }
 
 void Model::rms_norm(const float* x, const float* weight, int32_t n_rows, int32_t dim, float* y) const {
@@ -331,7 +332,6 @@ void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, const F
   }
   for (int32_t r : batch.output_rows)
     if (r < 0 || r >= n) throw Error("forward: output row out of range");
-  const auto t0 = Clock::now();
   // Attention scratch grows once to the largest cache seen (a cache is made once per session).
   const size_t need = size_t(pool_.size()) * (size_t(kv.n_ctx()) + n_batch_);
   if (scores_.size() < need) scores_.assign(need, 0.0f);
@@ -339,7 +339,7 @@ void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, const F
   const size_t need_visible = size_t(pool_.size()) * (kv.n_ctx() - kv.n_past());
   if (visible_.size() < need_visible) visible_.assign(need_visible, 0);
 
-  float* x = x_.data();
+  float* x = act_.x.data();
   if (first_layer > 0) {
     std::memcpy(x, options.resume_residual, sizeof(float) * size_t(n) * d);
   } else {
@@ -363,7 +363,6 @@ void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, const F
     out.logits.resize(size_t(n_out) * config_.n_vocab);
     lm_head(out.hidden.data(), n_out, out.logits.data());
   }
-  timings_.forward_seconds += seconds_since(t0);
 }
 
 void Model::lm_head(const float* hidden, int32_t n, float* logits) {

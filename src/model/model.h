@@ -50,10 +50,9 @@ struct ForwardOutput {
   std::vector<float> logits;  // [n_rows][n_vocab] when requested
 };
 
-// Wall time spent in the model since the last reset, for the statistics lines and benchmarks.
+// Wall time spent in the LM head since the last reset, for the statistics lines and benchmarks.
 struct ModelTimings {
-  double forward_seconds = 0.0;  // whole forward() calls, LM head included
-  double lm_head_seconds = 0.0;  // lm_head() and lm_head_rows() calls
+  double lm_head_seconds = 0.0;  // lm_head(), lm_head_rows() and lm_head_packed() calls
   void reset() { *this = ModelTimings{}; }
 };
 
@@ -108,24 +107,42 @@ class Model {
   // Layers [first, end) of the architecture on x in place.
   virtual void run_layers(const Batch& batch, KVCache& kv, int32_t first, int32_t end, float* x) = 0;
 
-  // --- shared blocks -------------------------------------------------------------------------
+  // --- shared blocks: each reads its inputs and writes its outputs through its arguments --------
+  // Rows of activations are [n][dim] row-major; every pointer is a view into Activations below.
   QMatrix matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) const;
   const float* vector(const GgufFile& f, const std::string& name, int64_t n, bool required = true) const;
+  // y ([n][w.rows]) = W x for x [n][w.cols].
   void matmul(const QMatrix& w, const float* x, int32_t n, float* y);
+  // y = x / rms(x) * weight for each of n_rows rows of dim elements (y may be x).
   void rms_norm(const float* x, const float* weight, int32_t n_rows, int32_t dim, float* y) const;
+  // Rotates x ([n][n_heads][head_dim]) in place by each token's position.
   void rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions, float base) const;
   enum class Activation { GeluTanh, Silu };
-  // q_, k_, v_ = Wq, Wk, Wv times xn_ (n tokens).
-  void project_qkv(const QMatrix& wq, const QMatrix& wk, const QMatrix& wv, int32_t n);
-  // o_ = Wdown (act(Wgate xn_) * Wup xn_) for n tokens.
+  // q ([n][q_dim]), k, v ([n][kv_dim]) = Wq, Wk, Wv times xn ([n][n_embd]).
+  void project_qkv(const QMatrix& wq, const QMatrix& wk, const QMatrix& wv, const float* xn, int32_t n, float* q,
+                   float* k, float* v);
+  // out ([n][n_embd]) = Wdown (act(Wgate xn) * Wup xn) for xn [n][n_embd]; gate and up ([n][n_ff])
+  // are its working rows.
   void gated_ffn(const QMatrix& w_gate, const QMatrix& w_up, const QMatrix& w_down, Activation act,
-                 int32_t n);
-  // x += o_ for n tokens.
-  void add_block_output(float* x, int32_t n) const;
-  // Writes k, v of the batch into the cache and computes attention of q against the committed
-  // prefix plus each token's ancestors. q: [n][n_head*head_dim], out: same shape.
+                 const float* xn, int32_t n, float* gate, float* up, float* out);
+  // x += block_out, both [n][n_embd].
+  void add_block_output(const float* block_out, int32_t n, float* x) const;
+  // Writes k, v ([n][kv_dim]) of the batch into layer il of the cache and computes attention of q
+  // ([n][q_dim]) against the committed prefix plus each token's ancestors into out ([n][q_dim]).
   void attention(int32_t il, const Batch& batch, KVCache& kv, const float* q, const float* k, const float* v,
                  float* out);
+
+  // The activations of one forward call, sized at load for n_batch tokens; the architectures pass
+  // views of them to the blocks, nothing is allocated per token.
+  struct Activations {
+    std::vector<float> x;         // [n_batch][n_embd] residual stream
+    std::vector<float> xn;        // [n_batch][n_embd] normed input of a block
+    std::vector<float> q;         // [n_batch][n_head*head_dim]
+    std::vector<float> k, v;      // [n_batch][n_head_kv*head_dim]
+    std::vector<float> attn;      // [n_batch][n_head*head_dim] attention output, heads side by side
+    std::vector<float> o;         // [n_batch][n_embd] block output
+    std::vector<float> gate, up;  // [n_batch][n_ff]
+  };
 
   ModelConfig config_;
   ModelTimings timings_;
@@ -135,17 +152,12 @@ class Model {
   QMatrix token_embd_;                  // [n_vocab rows][n_embd]
   QMatrix output_;                      // [n_vocab rows][n_embd]: token_embd_ when tied
   const float* output_norm_ = nullptr;  // [n_embd]
+  Activations act_;
 
-  // Scratch, sized at load for n_batch tokens.
-  std::vector<float> x_;          // [n_batch][n_embd] residual stream
-  std::vector<float> xn_;         // [n_batch][n_embd] normed input of a block
-  std::vector<float> q_;          // [n_batch][n_head*head_dim]
-  std::vector<float> k_, v_;      // [n_batch][n_head_kv*head_dim]
-  std::vector<float> attn_;       // [n_batch][n_head*head_dim]
-  std::vector<float> o_;          // [n_batch][n_embd] block output
-  std::vector<float> gate_, up_;  // [n_batch][n_ff]
-  std::vector<float> scores_;     // [n_threads][n_ctx_reserved] attention scores per thread
-  std::vector<int32_t> visible_;  // [n_threads][n_ctx - n_past] visible pending indices per thread
+ private:
+  // attention()'s own working memory, one region per pool thread.
+  std::vector<float> scores_;     // [n_threads][n_ctx + n_batch] attention scores
+  std::vector<int32_t> visible_;  // [n_threads][n_ctx - n_past] visible pending indices
   std::vector<uint16_t> q16_;     // [n_threads][head_dim] query head in half floats
 };
 
