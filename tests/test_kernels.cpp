@@ -1,5 +1,6 @@
 // Kernels: dequantization against hand-built blocks, SIMD tables against the scalar reference
-// (dot products, activation quantizers, matmul tiling and threading), the thread pool, and dot
+// (dot products, activation quantizers, matmul tiling and threading, the half-float attention
+// arithmetic bit for bit), the thread pool, and dot
 // products on tensors of the two real models against their dequantized f32 values.
 #include <gtest/gtest.h>
 
@@ -399,6 +400,113 @@ TEST(KernelTables, VecDotMatchesReference) {
           const float got = k->vec_dot[int(type)](w.data(), a.data(), n);
           ASSERT_NEAR(got, want, rounding_bound(type, w.data(), a_deq.data(), n))
               << k->name << " " << tname(type) << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention on half floats
+
+std::vector<fp16_t> random_halves(std::mt19937& rng, int64_t n, float scale) {
+  const std::vector<float> x = random_floats(rng, n, scale);
+  std::vector<fp16_t> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = fp32_to_fp16(x[i]);
+  return h;
+}
+
+bool same_bits(float a, float b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+// Head sizes: multiples of 8 with and without a 16-element remainder (64: SmolLM2, 256: Gemma 3).
+const int64_t kHeadSizes[] = {8, 16, 24, 40, 64, 128, 136, 256};
+
+TEST(F16Attention, ReferenceIsTheRoundedDotProduct) {
+  std::mt19937 rng(21);
+  const F16AttentionKernels& ref = reference_kernels().f16;
+  for (int64_t n : kHeadSizes) {
+    const std::vector<fp16_t> a = random_halves(rng, n, 1.0f), b = random_halves(rng, n, 1.0f);
+    double exact = 0.0, magnitude = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      exact += double(fp16_to_fp32(a[size_t(i)])) * fp16_to_fp32(b[size_t(i)]);
+      magnitude += std::abs(double(fp16_to_fp32(a[size_t(i)])) * fp16_to_fp32(b[size_t(i)]));
+    }
+    // f32 accumulation over at most n / 16 + 4 roundings of partial sums bounded by magnitude.
+    EXPECT_NEAR(ref.dot(a.data(), b.data(), n), exact, magnitude * 1e-6 * double(n / 16 + 4)) << "n=" << n;
+
+    std::vector<float> y = random_floats(rng, n), want(y);
+    ref.axpy(0.375f, a.data(), y.data(), n);
+    for (int64_t i = 0; i < n; ++i)
+      EXPECT_TRUE(same_bits(y[size_t(i)], std::fma(0.375f, fp16_to_fp32(a[size_t(i)]), want[size_t(i)])));
+
+    const std::vector<float> x = random_floats(rng, n, 100.0f);
+    std::vector<fp16_t> h(static_cast<size_t>(n));
+    ref.round(x.data(), h.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(h[size_t(i)], fp32_to_fp16(x[size_t(i)]));
+      EXPECT_LE(std::abs(fp16_to_fp32(h[size_t(i)]) - x[size_t(i)]), std::abs(x[size_t(i)]) * 0x1p-11f);
+    }
+  }
+}
+
+TEST(F16Attention, SimdTablesMatchReferenceBitForBit) {
+  std::mt19937 rng(22);
+  const F16AttentionKernels& ref = reference_kernels().f16;
+  for (const KernelTable* k : simd_tables()) {
+    ASSERT_TRUE(k->f16.dot && k->f16.axpy && k->f16.round) << k->name;
+    for (int64_t n : kHeadSizes) {
+      for (int rep = 0; rep < 20; ++rep) {
+        const std::vector<fp16_t> a = random_halves(rng, n, 2.0f), b = random_halves(rng, n, 2.0f);
+        const float want = ref.dot(a.data(), b.data(), n), got = k->f16.dot(a.data(), b.data(), n);
+        ASSERT_TRUE(same_bits(want, got)) << k->name << " dot n=" << n << ": " << got << " vs " << want;
+
+        const float alpha = std::ldexp(float(rng() % 1024) / 1024.0f, -int(rng() % 8));
+        const std::vector<float> y0 = random_floats(rng, n);
+        std::vector<float> y_ref(y0), y_got(y0);
+        ref.axpy(alpha, a.data(), y_ref.data(), n);
+        k->f16.axpy(alpha, a.data(), y_got.data(), n);
+        ASSERT_EQ(0, std::memcmp(y_ref.data(), y_got.data(), sizeof(float) * size_t(n))) << k->name << " axpy";
+
+        const std::vector<float> x = random_floats(rng, n, 30.0f);
+        std::vector<fp16_t> h_ref(static_cast<size_t>(n)), h_got(static_cast<size_t>(n), 0xFFFF);
+        ref.round(x.data(), h_ref.data(), n);
+        k->f16.round(x.data(), h_got.data(), n);
+        ASSERT_EQ(h_ref, h_got) << k->name << " round n=" << n;
+      }
+    }
+  }
+}
+
+// What batched verification relies on: a row's result depends only on its operands, not on where
+// the row lies (another cache slot, another row of a batch, any alignment) nor on its neighbours.
+TEST(F16Attention, ResultDoesNotDependOnWhereTheRowLies) {
+  std::mt19937 rng(23);
+  std::vector<const KernelTable*> tables = simd_tables();
+  tables.push_back(&reference_kernels());
+  for (const KernelTable* k : tables) {
+    for (int64_t n : {int64_t(64), int64_t(256), int64_t(24)}) {
+      const std::vector<fp16_t> q = random_halves(rng, n, 1.0f), key = random_halves(rng, n, 1.0f);
+      const float alone = k->f16.dot(q.data(), key.data(), n);
+      std::vector<float> y_alone = random_floats(rng, n);
+      const std::vector<float> y0(y_alone);
+      k->f16.axpy(0.25f, key.data(), y_alone.data(), n);
+      // The key as row r of a batch of rows with other contents, at every offset mod 16 elements.
+      for (int64_t offset = 0; offset < 16; ++offset) {
+        const int64_t rows = 5;
+        std::vector<fp16_t> batch = random_halves(rng, offset + rows * n + 16, 1.0f);
+        for (int64_t r = 0; r < rows; ++r) {
+          fp16_t* row = batch.data() + offset + r * n;
+          std::copy(key.begin(), key.end(), row);
+          ASSERT_TRUE(same_bits(alone, k->f16.dot(q.data(), row, n)))
+              << k->name << " n=" << n << " offset " << offset << " row " << r;
+          std::vector<float> ys(size_t(offset + n + 16), 7.0f);
+          std::copy(y0.begin(), y0.end(), ys.begin() + offset);
+          k->f16.axpy(0.25f, row, ys.data() + offset, n);
+          ASSERT_EQ(0, std::memcmp(ys.data() + offset, y_alone.data(), sizeof(float) * size_t(n)))
+              << k->name << " axpy n=" << n << " offset " << offset;
+          ASSERT_EQ(ys[size_t(offset + n)], 7.0f) << k->name << " axpy wrote past the row";
         }
       }
     }

@@ -28,6 +28,25 @@ using GemmFn = void (*)(const void* w, size_t w_stride, const int32_t* row_ids, 
                         const void* act, size_t act_stride, int64_t n_tokens, int64_t n, float* out,
                         int64_t ldo);
 
+// Attention arithmetic on half-float (IEEE binary16) rows of the KV cache; n is a multiple of 8.
+// Every table computes bitwise the same results (the reference fixes the order: 16 lanes of fused
+// multiply-adds, an 8-element tail into lanes 0..7, then a fixed pairwise reduction), and a result
+// depends only on its own operands: not on where the rows lie in memory, nor on the other rows of a
+// batch. So attention gives the same bits whatever the table, and batched verification of drafted
+// tokens reproduces one-token decoding exactly.
+// dot(a, b) over n half floats, accumulated in f32.
+using F16DotFn = float (*)(const fp16_t* a, const fp16_t* b, int64_t n);
+// y[i] += alpha * x[i] (x half floats, y f32), one fused multiply-add per element.
+using F16AxpyFn = void (*)(float alpha, const fp16_t* x, float* y, int64_t n);
+// y[i] = x[i] rounded to the nearest half float (ties to even).
+using F16RoundFn = void (*)(const float* x, fp16_t* y, int64_t n);
+
+struct F16AttentionKernels {
+  F16DotFn dot;
+  F16AxpyFn axpy;
+  F16RoundFn round;
+};
+
 constexpr int kMaxTypeId = 40;
 
 struct KernelTable {
@@ -35,6 +54,7 @@ struct KernelTable {
   VecDotFn vec_dot[kMaxTypeId];        // indexed by weight type id; nullptr where unsupported
   QuantizeRowFn quantize[kMaxTypeId];  // indexed by activation type id (F32, Q8_0, Q8_1, Q8_K)
   GemmFn gemm[kMaxTypeId];             // indexed by weight type id; set wherever vec_dot is
+  F16AttentionKernels f16;             // attention on the half-float KV cache
 };
 
 // Activation format consumed by the dot product of weights of type `weight`:

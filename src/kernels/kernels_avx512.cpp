@@ -995,6 +995,50 @@ void gemm_k(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_ro
                 });
 }
 
+// --- attention on half floats, in the reference's order (kernels.h) ---------------------------
+// One 16-lane accumulator holds the AVX2 version's two 8-lane ones side by side, so the results
+// are bitwise the same with half the instructions.
+
+inline __m512 load_f16x16(const fp16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m256 load_f16x8(const fp16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+float f16_dot(const fp16_t* a, const fp16_t* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(load_f16x16(a + i), load_f16x16(b + i), acc);
+  __m256 lo = _mm512_castps512_ps256(acc);
+  const __m256 hi = _mm512_extractf32x8_ps(acc, 1);
+  if (i < n) lo = _mm256_fmadd_ps(load_f16x8(a + i), load_f16x8(b + i), lo);
+  const __m256 v = _mm256_add_ps(lo, hi);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+void f16_axpy(float alpha, const fp16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  const __m512 va = _mm512_set1_ps(alpha);
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load_f16x16(x + i), _mm512_loadu_ps(y + i)));
+  if (i < n)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm512_castps512_ps256(va), load_f16x8(x + i), _mm256_loadu_ps(y + i)));
+}
+
+void f16_round(const float* x, fp16_t* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  if (i < n)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+}
+
 template <class K>
 float vec_dot_k(const void* w, const void* a, int64_t n) {
   float s;
@@ -1022,6 +1066,7 @@ const KernelTable& avx512_table_unchecked() {
     set(GgmlType::Q4_K, vec_dot_k<Q4KW>, gemm_k<Q4KW>);
     set(GgmlType::Q5_K, vec_dot_k<Q5KW>, gemm_k<Q5KW>);
     set(GgmlType::Q6_K, vec_dot_k<Q6KW>, gemm_k<Q6KW>);
+    t.f16 = {f16_dot, f16_axpy, f16_round};
     return t;
   }();
   return table;

@@ -698,6 +698,35 @@ void quantize_row_reference(GgmlType type, const float* src, void* dst, int64_t 
   }
 }
 
+namespace {
+
+// --- attention on half floats: the order of operations every table reproduces -----------------
+
+float f16_dot(const fp16_t* a, const fp16_t* b, int64_t n) {
+  // Element i goes to lane i % 16 (an 8-element tail to lanes 0..7), each lane a chain of fused
+  // multiply-adds; then lanes l + 8 onto l, l + 4 onto l, and (0 + 2) + (1 + 3).
+  float lane[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) lane[l] = std::fma(fp16_to_fp32(a[i + l]), fp16_to_fp32(b[i + l]), lane[l]);
+  for (; i < n; i += 8)
+    for (int l = 0; l < 8; ++l) lane[l] = std::fma(fp16_to_fp32(a[i + l]), fp16_to_fp32(b[i + l]), lane[l]);
+  float half[8], quarter[4];
+  for (int l = 0; l < 8; ++l) half[l] = lane[l] + lane[l + 8];
+  for (int l = 0; l < 4; ++l) quarter[l] = half[l] + half[l + 4];
+  return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+}
+
+void f16_axpy(float alpha, const fp16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(alpha, fp16_to_fp32(x[i]), y[i]);
+}
+
+void f16_round(const float* x, fp16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+}
+
+}  // namespace
+
 const KernelTable& reference_kernels() {
   static const KernelTable table = [] {
     KernelTable t{};
@@ -717,6 +746,7 @@ const KernelTable& reference_kernels() {
     t.quantize[int(GgmlType::Q8_0)] = quant_q8_0;
     t.quantize[int(GgmlType::Q8_1)] = quant_q8_1;
     t.quantize[int(GgmlType::Q8_K)] = quant_q8_k;
+    t.f16 = {f16_dot, f16_axpy, f16_round};
     return t;
   }();
   return table;

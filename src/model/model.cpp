@@ -1,7 +1,5 @@
 #include "model/model.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,43 +18,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// Attention arithmetic on half-float cache rows. n is a multiple of 8 (head sizes are checked at load).
-inline float dot_f16(const uint16_t* a, const uint16_t* b, int32_t n) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int32_t i = 0;
-  auto load = [](const uint16_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  };
-  for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(load(a + i), load(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(load(a + i + 8), load(b + i + 8), acc1);
-  }
-  for (; i < n; i += 8) acc0 = _mm256_fmadd_ps(load(a + i), load(b + i), acc0);
-  return hsum(_mm256_add_ps(acc0, acc1));
-}
-
-// y += a * x, x in half floats
-inline void axpy_f16(float a, const uint16_t* x, float* y, int32_t n) {
-  const __m256 va = _mm256_set1_ps(a);
-  for (int32_t i = 0; i < n; i += 8) {
-    const __m256 vx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, vx, _mm256_loadu_ps(y + i)));
-  }
-}
-
-inline void to_f16(const float* x, uint16_t* y, int32_t n) {
-  for (int32_t i = 0; i < n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
 }
 
 inline float round_f16(float x) {
@@ -243,10 +204,11 @@ void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* 
                       const float* v, float* out) {
   const int32_t n = batch.size(), hd = config_.head_dim, kvd = config_.kv_dim();
   const int32_t n_past = kv.n_past(), group = config_.n_head / config_.n_head_kv;
+  const F16AttentionKernels f16 = mm_.kernels().f16;
   for (int32_t i = 0; i < n; ++i) {
     const int32_t slot = n_past + batch.start + i;
-    to_f16(k + size_t(i) * kvd, kv.k(il, slot), kvd);
-    to_f16(v + size_t(i) * kvd, kv.v(il, slot), kvd);
+    f16.round(k + size_t(i) * kvd, kv.k(il, slot), kvd);
+    f16.round(v + size_t(i) * kvd, kv.v(il, slot), kvd);
   }
   const int32_t window = config_.layer_is_sliding[il] ? config_.sliding_window : 0;
   const size_t scores_per_thread = scores_.size() / pool_.size();
@@ -268,11 +230,11 @@ void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* 
         last_query = i;
       }
       // q is rounded to half floats for the dot products with the half-float keys, as llama.cpp does.
-      to_f16(q + (size_t(i) * config_.n_head + h) * hd, q16, hd);
+      f16.round(q + (size_t(i) * config_.n_head + h) * hd, q16, hd);
       const int32_t koff = (h / group) * hd;
       auto score = [&](int32_t slot) {
         if (window != 0 && qpos - kv.position(slot) >= window) return kMasked;
-        return dot_f16(q16, kv.k(il, slot) + koff, hd) * config_.attn_scale;
+        return f16.dot(q16, kv.k(il, slot) + koff, hd) * config_.attn_scale;
       };
       float max_score = kMasked;
       int32_t n_keys = 0;
@@ -291,10 +253,10 @@ void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* 
       // order of rounding), so both engines accumulate the same products.
       int32_t idx = 0;
       for (int32_t s = 0; s < n_past; ++s, ++idx)
-        if (scores[idx] != 0.0f) axpy_f16(round_f16(scores[idx] * inv_sum), kv.v(il, s) + koff, oh, hd);
+        if (scores[idx] != 0.0f) f16.axpy(round_f16(scores[idx] * inv_sum), kv.v(il, s) + koff, oh, hd);
       for (int32_t j = n_visible - 1; j >= 0; --j, ++idx)
         if (scores[idx] != 0.0f)
-          axpy_f16(round_f16(scores[idx] * inv_sum), kv.v(il, n_past + visible[j]) + koff, oh, hd);
+          f16.axpy(round_f16(scores[idx] * inv_sum), kv.v(il, n_past + visible[j]) + koff, oh, hd);
     }
   });
 }
