@@ -1,7 +1,7 @@
 // Kernels: dequantization against hand-built blocks, SIMD tables against the scalar reference
 // (dot products, activation quantizers, matmul tiling and threading, the half-float attention
-// arithmetic bit for bit), the thread pool, and dot
-// products on tensors of the two real models against their dequantized f32 values.
+// arithmetic bit for bit), the thread pool (also two pools sharing the cores), and dot products on
+// tensors of the two real models against their dequantized f32 values.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -811,6 +811,37 @@ TEST(ThreadPool, UsesAllThreadsAndSurvivesIdleSleep) {
   seen_mask = 0;
   pool.parallel_for(64, 1, slow(seen_mask));
   EXPECT_EQ(seen_mask.load(), 3);
+}
+
+// Two pools sharing the cores (a target and a separate draft model, two server slots): once the
+// other pool has started a call, this pool's idle worker must stop polling and sleep rather than
+// burn a core the other pool needs. The pools poll for an hour when idle, so only the hand-over
+// can put the worker to sleep; before it existed, this test waited in vain.
+TEST(ThreadPool, IdleWorkersSleepOnceAnotherPoolRuns) {
+  const auto hour = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::hours(1));
+  ThreadPool target(2, hour), draft(2, hour);
+  std::atomic<int> seen_mask{0};
+  auto slow = [&seen_mask](int64_t, int64_t, int t) {
+    seen_mask.fetch_or(1 << t);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  };
+  target.parallel_for(16, 1, slow);
+  EXPECT_EQ(seen_mask.load(), 3);
+  EXPECT_EQ(target.sleeping_workers(), 0);  // polling for the next call
+  draft.parallel_for(16, 1, [](int64_t, int64_t, int) {});
+  // A liveness wait, not a speed check: the worker sees the hand-over within microseconds.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (target.sleeping_workers() != 1 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(target.sleeping_workers(), 1) << "the target pool's idle worker kept polling";
+  // The target wakes for its next call and takes the polling over from the draft pool.
+  seen_mask = 0;
+  target.parallel_for(16, 1, slow);
+  EXPECT_EQ(seen_mask.load(), 3);
+  const auto give_up2 = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (draft.sleeping_workers() != 1 && std::chrono::steady_clock::now() < give_up2)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(draft.sleeping_workers(), 1) << "the draft pool's idle worker kept polling";
 }
 
 // A worker that makes no progress (here: stuck in its first chunk until a timer releases it) must

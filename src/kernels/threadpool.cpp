@@ -1,7 +1,10 @@
 // Persistent thread pool. A decode step issues hundreds of parallel_for calls, each a few
 // microseconds of work, so a call must not cost a futex round trip when the workers are busy:
 // workers spin on the generation counter for a while after each call and only then block on the
-// condition variable.
+// condition variable. Only the pool that started a call most recently (g_spinning_pool) keeps its
+// idle workers spinning; another pool's idle workers go to sleep as soon as they see it change, so
+// two pools taking turns on two cores (draft model and target) or running side by side (server
+// slots) never have an idle worker competing for the core a running one needs.
 //
 // Work is split into up to kChunksPerThread chunks per thread; each thread claims its own chunks
 // in order, then the chunks other threads have not claimed yet. The caller returns once every
@@ -19,10 +22,13 @@ namespace microspec {
 
 namespace {
 
-// How long an idle worker polls before blocking. Long enough to bridge the serial work between
-// two matmuls of a decode step (norms, attention, sampling: up to a few hundred microseconds),
-// short enough that an idle pool stops burning its cores quickly.
-constexpr auto kSpinTime = std::chrono::microseconds(2000);
+// The default idle spin (ThreadPool::kDefaultIdleSpin) is long enough to bridge the serial work
+// between two matmuls of a decode step (norms, attention, sampling: up to a few hundred
+// microseconds), short enough that an idle pool stops burning its cores quickly.
+
+// The pool whose idle workers may spin: the one that started a call most recently. Only compared,
+// never dereferenced.
+std::atomic<const ThreadPool*> g_spinning_pool{nullptr};
 // Polls with pause alone before also yielding the core on each poll. Pure spinning answers within
 // nanoseconds; yielding keeps a pool with more threads than free cores (other processes, tests
 // running in parallel) from starving the very thread it waits for.
@@ -54,8 +60,10 @@ thread_local std::exception_ptr t_error;
 
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads)
-    : n_threads_(n_threads < 1 ? 1 : n_threads), slots_(new Slot[size_t(n_threads < 1 ? 1 : n_threads)]) {
+ThreadPool::ThreadPool(int n_threads, std::chrono::microseconds idle_spin)
+    : n_threads_(n_threads < 1 ? 1 : n_threads),
+      idle_spin_(idle_spin),
+      slots_(new Slot[size_t(n_threads < 1 ? 1 : n_threads)]) {
   workers_.reserve(size_t(n_threads_ - 1));
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
@@ -68,6 +76,8 @@ ThreadPool::~ThreadPool() {
   }
   wake_.notify_all();
   for (std::thread& t : workers_) t.join();
+  const ThreadPool* self = this;
+  g_spinning_pool.compare_exchange_strong(self, nullptr);
 }
 
 bool ThreadPool::claim(int owner, uint32_t generation, int64_t* chunk) {
@@ -130,6 +140,10 @@ void ThreadPool::run(int64_t n, int64_t grain, Thunk thunk, void* ctx) {
   n_grains_ = n_grains;
   n_chunks_ = chunks;
   done_.store(0, std::memory_order_relaxed);
+  // This pool's idle workers may spin from now on, every other pool's go to sleep. Checked first
+  // so that a pool running alone does not write the shared word on every call.
+  if (g_spinning_pool.load(std::memory_order_relaxed) != this)
+    g_spinning_pool.store(this, std::memory_order_relaxed);
   const uint64_t generation = generation_.load(std::memory_order_relaxed) + 1;
   const uint32_t tag = uint32_t(generation);
   for (int t = 0; t < n_threads_; ++t)
@@ -164,14 +178,16 @@ void ThreadPool::worker(int index) {
   // The generation before any call: run() may publish the first call before this thread starts.
   uint64_t seen = 0;
   for (;;) {
-    // Spin, then sleep, until the generation moves on.
+    // Spin, then sleep, until the generation moves on. Stop spinning early once another pool
+    // has started a call: its threads need the cores.
     uint64_t g = generation_.load(std::memory_order_acquire);
     if (g == seen) {
-      const auto deadline = std::chrono::steady_clock::now() + kSpinTime;
+      const auto deadline = std::chrono::steady_clock::now() + idle_spin_;
       for (int i = 0, spins = 0;; ++i) {
         backoff(spins);
         g = generation_.load(std::memory_order_acquire);
         if (g != seen) break;
+        if (g_spinning_pool.load(std::memory_order_relaxed) != this) break;
         if ((i & 255) == 255 && std::chrono::steady_clock::now() > deadline) break;
       }
     }

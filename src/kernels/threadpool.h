@@ -5,7 +5,13 @@
 // Each thread owns a few consecutive chunks and, when done with them, takes over chunks another
 // thread has not started yet. So a worker that the OS has not scheduled (a busy machine) does not
 // stall the call: the others do its share.
+//
+// Idle workers poll for the next call for a while (idle_spin) before sleeping, but only while
+// their pool is the one that started a call most recently in this process: when several pools
+// share the cores (a target and a separate draft model, several server slots), the idle workers of
+// the others sleep at once instead of burning a core the running pool needs.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -18,12 +24,17 @@ namespace microspec {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int n_threads);  // n_threads >= 1; 1 means run on the caller only
+  static constexpr std::chrono::microseconds kDefaultIdleSpin{2000};
+  // n_threads >= 1; 1 means run on the caller only. idle_spin: how long an idle worker polls for
+  // the next call (while this pool is the most recent caller) before it sleeps.
+  explicit ThreadPool(int n_threads, std::chrono::microseconds idle_spin = kDefaultIdleSpin);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
+  // Workers blocked (or about to block) waiting for the next call: for tests and diagnostics.
+  int sleeping_workers() const { return sleeping_.load(std::memory_order_relaxed); }
 
   // fn(begin, end, thread_index) for disjoint chunks covering [0, n); a thread may get several
   // chunks, one call each, so per-thread scratch must be indexed by thread_index (< size()).
@@ -56,6 +67,7 @@ class ThreadPool {
   void participate(int index, uint32_t generation);
 
   int n_threads_;
+  std::chrono::microseconds idle_spin_;
   std::vector<std::thread> workers_;
   std::unique_ptr<Slot[]> slots_;  // [n_threads_]
   std::mutex mutex_;
