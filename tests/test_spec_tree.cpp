@@ -7,8 +7,9 @@
 #include <map>
 #include <vector>
 
+#include "math/select.h"
 #include "sampling/sampler.h"
-#include "spec/tree.h"
+#include "speculative/tree.h"
 #include "util/error.h"
 
 namespace microspec {

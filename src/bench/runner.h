@@ -13,7 +13,7 @@
 #include "engine/generator.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "spec/spec_setup.h"
+#include "speculative/spec_setup.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 

@@ -1,8 +1,8 @@
 // `microspec bench`: the benchmark harness. Runs plain decoding and speculative methods over
 // SpecBench / HumanEval prompts with one model load, methods interleaved per prompt, checks every
 // method's output against plain decoding, and writes per-prompt records, a summary (JSON and
-// Markdown, also printed) and plots (bench/plot_report.py). Optional peer rows from llama.cpp
-// (bench/peer_llama_cpp.py).
+// Markdown, also printed) and plots (benchmarks/plot_report.py). Optional peer rows from llama.cpp
+// (benchmarks/peer_llama_cpp.py).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -93,15 +93,15 @@ std::string now_utc() {
   return buf;
 }
 
-// Where bench/*.py live: --scripts-dir, else bench/ next to the build folder holding this binary.
+// Where benchmarks/*.py live: --scripts-dir, else benchmarks/ next to the build folder holding this binary.
 fs::path scripts_dir(const BenchArgs& a) {
   if (!a.scripts_dir.empty()) return a.scripts_dir;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec)
     for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path())
-      if (fs::exists(dir / "bench" / "plot_report.py")) return dir / "bench";
-  throw Error("cannot find bench/plot_report.py above " + exe.string() +
+      if (fs::exists(dir / "benchmarks" / "plot_report.py")) return dir / "benchmarks";
+  throw Error("cannot find benchmarks/plot_report.py above " + exe.string() +
               ": pass --scripts-dir DIR (or --no-plots without --peers)");
 }
 
@@ -193,7 +193,7 @@ void print_progress(const Progress& p) {
   std::fflush(stderr);
 }
 
-// Writes the job for bench/peer_llama_cpp.py: the same questions, rendered through our chat format
+// Writes the job for benchmarks/peer_llama_cpp.py: the same questions, rendered through our chat format
 // with placeholders where the peer puts its own earlier answers.
 nlohmann::json peer_job(const BenchArgs& a, const BenchRunner& runner, const std::vector<BenchQuestion>& qs,
                         int n_threads) {
@@ -313,7 +313,7 @@ void run_bench(BenchArgs a) {
     (void)peer;  // llama.cpp, the only one
     const fs::path job = out_dir / "peer_job.json", peer_out = out_dir / "peer_records.jsonl";
     write_text(job, peer_job(a, runner, questions, n_threads).dump(1));
-    std::fprintf(stderr, "[bench] peer llama.cpp (bench/peer_llama_cpp.py) on the same prompts\n");
+    std::fprintf(stderr, "[bench] peer llama.cpp (benchmarks/peer_llama_cpp.py) on the same prompts\n");
     const int rc = run_process({a.python, (scripts / "peer_llama_cpp.py").string(), "--job", job.string(),
                                 "--out", peer_out.string()});
     // A failed peer leaves microspec's own results intact: the report is written without its rows
@@ -323,7 +323,7 @@ void run_bench(BenchArgs a) {
       continue;
     }
     if (rc != 0) {
-      peer_error = "bench/peer_llama_cpp.py failed (exit status " + std::to_string(rc) +
+      peer_error = "benchmarks/peer_llama_cpp.py failed (exit status " + std::to_string(rc) +
                    "); the report has no peer rows";
       continue;
     }
@@ -414,7 +414,7 @@ void run_bench(BenchArgs a) {
     if (rc == 127)
       throw Error(a.python + " could not be started: install Python 3 with matplotlib, or pass --no-plots");
     if (rc != 0)
-      throw Error("bench/plot_report.py failed (exit status " + std::to_string(rc) +
+      throw Error("benchmarks/plot_report.py failed (exit status " + std::to_string(rc) +
                   "): the tables are written; pass --no-plots to skip the plots");
   }
   std::string failure = peer_error;
@@ -481,7 +481,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--no-plots", args->no_plots, "skip the PNG plots (no Python needed)");
   cmd->add_option("--python", args->python, "Python interpreter for plots and peers")->capture_default_str();
   cmd->add_option("--scripts-dir", args->scripts_dir,
-                  "folder with plot_report.py and peer_llama_cpp.py (default: bench/ of this source tree)");
+                  "folder with plot_report.py and peer_llama_cpp.py (default: benchmarks/ of this source tree)");
   cmd->callback([args] { run_bench(*args); });
 }
 

@@ -28,7 +28,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/generator.h"
-#include "sampling/sampler.h"
+#include "math/select.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
 #include "vocab/candidate_stream.h"

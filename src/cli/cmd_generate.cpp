@@ -8,8 +8,8 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/generator.h"
-#include "spec/drafter.h"
-#include "spec/spec_generator.h"
+#include "speculative/drafter.h"
+#include "speculative/spec_generator.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
 

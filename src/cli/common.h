@@ -7,7 +7,7 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "spec/spec_setup.h"
+#include "speculative/spec_setup.h"
 #include "tokenizer/tokenizer.h"
 
 namespace microspec::cli {

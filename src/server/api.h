@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "engine/generator.h"
-#include "spec/spec_generator.h"
-#include "spec/spec_setup.h"
+#include "speculative/spec_generator.h"
+#include "speculative/spec_setup.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 

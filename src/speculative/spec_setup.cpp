@@ -1,4 +1,4 @@
-#include "spec/spec_setup.h"
+#include "speculative/spec_setup.h"
 
 #include <algorithm>
 #include <filesystem>

@@ -17,8 +17,8 @@
 
 #include "model/kv_cache.h"
 #include "model/model.h"
-#include "spec/draft_vocab.h"
-#include "spec/tree.h"
+#include "vocab/draft_vocab.h"
+#include "speculative/tree.h"
 
 namespace microspec {
 

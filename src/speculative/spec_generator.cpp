@@ -1,10 +1,11 @@
-#include "spec/spec_generator.h"
+#include "speculative/spec_generator.h"
 
 #include <algorithm>
 #include <chrono>
 #include <optional>
 #include <string>
 
+#include "math/select.h"
 #include "util/error.h"
 
 namespace microspec {

@@ -1,4 +1,4 @@
-#include "spec/tree.h"
+#include "speculative/tree.h"
 
 #include <algorithm>
 #include <cmath>

@@ -8,9 +8,9 @@
 
 #include "engine/generator.h"
 #include "gguf/gguf.h"
-#include "spec/drafter.h"
-#include "spec/spec_generator.h"
-#include "spec/tree.h"
+#include "speculative/drafter.h"
+#include "speculative/spec_generator.h"
+#include "speculative/tree.h"
 
 namespace microspec {
 

@@ -1,4 +1,4 @@
-#include "spec/drafter.h"
+#include "speculative/drafter.h"
 
 #include <algorithm>
 #include <chrono>

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "engine/generator.h"
-#include "spec/drafter.h"
-#include "spec/tree.h"
+#include "speculative/drafter.h"
+#include "speculative/tree.h"
 
 namespace microspec {
 
