@@ -263,6 +263,24 @@ TEST(BenchMetrics, RecordJsonRoundTripAndBadRecords) {
       std::string::npos);
 }
 
+// One rule for every JSONL prompt reader (bench, coverage, generate --prompts-jsonl): "turns"
+// wins over "prompt" when a row has both.
+TEST(BenchDataset, OneRuleForPromptRows) {
+  using nlohmann::json;
+  const std::vector<std::string> both = row_turns(json::parse(R"({"prompt": "p", "turns": ["t1", "t2"]})"));
+  EXPECT_EQ(both, (std::vector<std::string>{"t1", "t2"}));
+  EXPECT_EQ(row_turns(json::parse(R"({"prompt": "p"})")), std::vector<std::string>{"p"});
+  EXPECT_TRUE(row_turns(json::parse(R"({"hello": 1})")).empty());
+  EXPECT_TRUE(row_turns(json::parse("[1]")).empty());
+  EXPECT_NE(error_of([] { row_turns(json::parse(R"({"turns": "x", "prompt": "p"})")); }).find("non-empty array"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { row_turns(json::parse(R"({"prompt": 3})")); }).find("must be a string"),
+            std::string::npos);
+  const auto qs = parse_questions(R"({"question_id": 1, "category": "a", "turns": ["t"], "prompt": "p"})", "q", {});
+  ASSERT_EQ(qs.size(), 1u);
+  EXPECT_EQ(qs[0].turns, std::vector<std::string>{"t"});
+}
+
 TEST(BenchMethods, ParseSettingsSweepAndAblation) {
   SpecConfig shared;
   shared.tree.depth = 3;
@@ -270,11 +288,11 @@ TEST(BenchMethods, ParseSettingsSweepAndAblation) {
   ASSERT_EQ(ms.size(), 3u);
   EXPECT_FALSE(ms[0].info.speculative);
   EXPECT_EQ(ms[1].info.label, "full:draft-layers=12,tree-topk=2,tree-tokens=6");
-  EXPECT_EQ(ms[1].config.mode, "self");
+  EXPECT_EQ(ms[1].config.mode, SpecMode::Self);
   EXPECT_EQ(ms[1].config.draft_layers, 12);
   EXPECT_EQ(ms[1].config.tree.top_k, 2);
   EXPECT_EQ(ms[1].config.tree.depth, 3);  // from the shared flags
-  EXPECT_EQ(ms[2].config.draft_vocab, "dynamic");
+  EXPECT_EQ(ms[2].config.draft_vocab, DraftVocabKind::Dynamic);
   EXPECT_EQ(ms[2].config.draft_layers, 0);
 
   auto swept = sweep_methods(ms, "vocab-window", {"1024", "2048"});
@@ -286,9 +304,9 @@ TEST(BenchMethods, ParseSettingsSweepAndAblation) {
 
   auto ab = ablation_methods(parse_methods("ar,dynamic", shared));
   ASSERT_EQ(ab.size(), 5u);
-  EXPECT_EQ(ab[1].config.vocab_source, "ctx");
-  EXPECT_EQ(ab[2].config.vocab_source, "ext");
-  EXPECT_EQ(ab[3].config.vocab_source, "both");
+  EXPECT_EQ(ab[1].config.vocab_source, VocabSource::Ctx);
+  EXPECT_EQ(ab[2].config.vocab_source, VocabSource::Ext);
+  EXPECT_EQ(ab[3].config.vocab_source, VocabSource::Both);
   EXPECT_FALSE(ab[3].config.async_gather);
   EXPECT_TRUE(ab[4].config.async_gather);
   EXPECT_EQ(ab[4].info.study_value, "both, async gather");

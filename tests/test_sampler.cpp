@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "math/select.h"
 #include "sampling/sampler.h"
 #include "util/error.h"
 

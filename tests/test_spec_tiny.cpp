@@ -17,10 +17,11 @@
 #include "engine/generator.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
+#include "math/select.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
-#include "spec/drafter.h"
-#include "spec/spec_generator.h"
+#include "speculative/drafter.h"
+#include "speculative/decoder.h"
 #include "tiny_model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -80,7 +81,7 @@ class SpecTiny : public ::testing::Test {
     const GenerateResult plain = plain_gen.generate(prompt, params);
     Generator gen(target, *tok_, n_ctx);
     std::unique_ptr<Drafter> drafter = make_drafter(gen);
-    SpeculativeGenerator sg(gen, *tok_, *drafter, tree);
+    Decoder sg(gen, *tok_, drafter.get(), tree);
     std::string streamed;
     const SpecResult spec = sg.generate(prompt, params, [&](std::string_view t) {
       streamed.append(t);
@@ -202,6 +203,66 @@ TEST_F(SpecTiny, StopsExactlyWherePlainStops) {
   }
 }
 
+// Plain decoding is the Decoder without a drafter: the same tokens, text, finish and counters as
+// the reference Generator, greedy and sampled (same seed, same draws).
+TEST_F(SpecTiny, DecoderWithoutDrafterIsPlainDecoding) {
+  Tiny t = load_tiny(spec("llama", 3), (dir_ / "m.gguf").string());
+  GenerateParams params;
+  params.max_new_tokens = 30;
+  params.ignore_eos = true;
+  for (float temperature : {0.0f, 1.2f}) {
+    params.sampling.temperature = temperature;
+    params.sampling.seed = 11;
+    Generator plain_gen(*t.model, *tok_, 128);
+    const GenerateResult plain = plain_gen.generate(kPrompt, params);
+    Generator gen(*t.model, *tok_, 128);
+    Decoder decoder(gen, *tok_, nullptr, TreeParams{});
+    EXPECT_FALSE(decoder.speculative());
+    const SpecResult r = decoder.generate(kPrompt, params);
+    EXPECT_EQ(r.gen.tokens, plain.tokens) << "T=" << temperature;
+    EXPECT_EQ(r.gen.text, plain.text);
+    EXPECT_EQ(r.gen.finish, plain.finish);
+    EXPECT_EQ(r.gen.decode_forwards, plain.decode_forwards);
+    EXPECT_EQ(r.decode_tokens(), plain.decode_forwards);
+    EXPECT_EQ(r.stats.drafted, 0);
+  }
+}
+
+// decode_tokens (and so every tok/s) counts only what the sink took: the tokens a step accepted
+// past the token limit, a stop string or the end of generation are not decoded output.
+TEST_F(SpecTiny, DecodeTokensCountOnlyWhatTheSinkTook) {
+  Tiny t = load_tiny(spec("gemma3", 5), (dir_ / "m.gguf").string());
+  GenerateParams params;
+  params.ignore_eos = true;
+  for (int32_t n : {1, 2, 3, 7, 13}) {
+    params.max_new_tokens = n;
+    Generator plain_gen(*t.model, *tok_, 128);
+    const GenerateResult plain = plain_gen.generate(kPrompt, params);
+    Generator gen(*t.model, *tok_, 128);
+    // All layers: every draft token is accepted, so each step yields 5 tokens.
+    SelfDrafter d(*t.model, gen.cache(), 3, DraftVocabulary::full(kVocab));
+    Decoder decoder(gen, *tok_, &d, {3, 1, 4});
+    const SpecResult r = decoder.generate(kPrompt, params);
+    ASSERT_EQ(r.gen.tokens, plain.tokens) << n;
+    EXPECT_EQ(r.decode_tokens(), plain.decode_forwards) << "max tokens " << n;
+    EXPECT_EQ(r.decode_tokens(), int64_t(r.gen.tokens.size()) - 1) << "max tokens " << n;
+  }
+  // Ended by a stop string inside a step.
+  params.max_new_tokens = 40;
+  Generator g(*t.model, *tok_, 128);
+  const GenerateResult full = g.generate(kPrompt, params);
+  ASSERT_GE(full.tokens.size(), 12u);
+  params.stop_strings = {tok_->token_to_piece(full.tokens[9]).substr(1)};
+  Generator plain_gen(*t.model, *tok_, 128);
+  const GenerateResult plain = plain_gen.generate(kPrompt, params);
+  ASSERT_EQ(plain.finish, FinishReason::StopString);
+  Generator gen(*t.model, *tok_, 128);
+  SelfDrafter d(*t.model, gen.cache(), 3, DraftVocabulary::full(kVocab));
+  const SpecResult r = Decoder(gen, *tok_, &d, {3, 1, 4}).generate(kPrompt, params);
+  EXPECT_EQ(r.gen.tokens, plain.tokens);
+  EXPECT_EQ(r.decode_tokens(), plain.decode_forwards) << "stop string";
+}
+
 TEST_F(SpecTiny, PrefillTopKMatchesTeacherForcedLogits) {
   Tiny t = load_tiny(spec("gemma3", 5), (dir_ / "m.gguf").string());
   std::vector<int32_t> prompt;
@@ -281,9 +342,9 @@ TEST_F(SpecTiny, RejectsBadSetups) {
   Tiny t = load_tiny(spec("gemma3", 5), (dir_ / "m.gguf").string());
   Generator g(*t.model, *tok_, 64);
   SelfDrafter d(*t.model, g.cache(), 2, DraftVocabulary::full(kVocab));
-  SpeculativeGenerator sg(g, *tok_, d, {3, 2, 6});
+  Decoder sg(g, *tok_, &d, {3, 2, 6});
   EXPECT_THROW(SelfDrafter(*t.model, g.cache(), 4, DraftVocabulary::full(kVocab)), Error);
-  EXPECT_THROW(SpeculativeGenerator(g, *tok_, d, {3, 2, 64}), Error);  // 65 verified rows > n_batch 64
+  EXPECT_THROW(Decoder(g, *tok_, &d, {3, 2, 64}), Error);  // 65 verified rows > n_batch 64
   EXPECT_THROW(DraftVocabulary::subset({1, 1}, kVocab), Error);
   EXPECT_THROW(DraftVocabulary::subset({kVocab}, kVocab), Error);
 }
@@ -411,7 +472,7 @@ TEST_F(SpecSampling, OutputDistributionEqualsPlainSampling) {
   for (const Case& c : cases) {
     Generator gen(*t.model, *tok_, 64);
     std::unique_ptr<Drafter> d = c.make(gen);
-    SpeculativeGenerator sg(gen, *tok_, *d, c.tree);
+    Decoder sg(gen, *tok_, d.get(), c.tree);
     std::map<std::vector<int32_t>, int> observed;
     int64_t accepted = 0, drafted = 0;
     for (int i = 0; i < kSamples; ++i) {

@@ -7,8 +7,9 @@
 #include <map>
 #include <vector>
 
+#include "math/select.h"
 #include "sampling/sampler.h"
-#include "spec/tree.h"
+#include "speculative/tree.h"
 #include "util/error.h"
 
 namespace microspec {
@@ -19,7 +20,7 @@ class TableExpander : public TreeExpander {
  public:
   std::map<int32_t, std::vector<Proposal>> table;
   std::vector<std::vector<int32_t>> calls;  // frontier candidate ids of each call
-  void expand(std::span<const int32_t> frontier, std::span<const TreeNode> cand, int32_t k,
+  void expand(std::span<const int32_t> frontier, std::span<const TreeNode> cand, int32_t k, DraftSampling*,
               Proposal* out) override {
     calls.emplace_back(frontier.begin(), frontier.end());
     for (size_t i = 0; i < frontier.size(); ++i) {

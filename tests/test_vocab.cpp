@@ -375,7 +375,7 @@ TEST(PackedHead, RejectsInconsistentUpdatesWithoutChangingState) {
   EXPECT_EQ(p.size(), 2);
   p.update(Ids{1}, Ids{3, 4});
   EXPECT_EQ(p.size(), 3);
-  p.clear();
+  p.update(Ids{2, 3, 4}, Ids{});  // every row leaves
   EXPECT_EQ(p.size(), 0);
   EXPECT_EQ(p.slot_of(3), -1);
   EXPECT_THROW(PackedHead(head.m, 11, false), Error);

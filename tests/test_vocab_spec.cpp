@@ -1,7 +1,7 @@
 // Draft vocabularies inside speculative decoding: every kind (full, freq's packed set, MicroSpec's
 // dynamic window with its ablations, hybrid) keeps greedy output identical to plain decoding on
 // tiny random models, for a self-drafter and a draft model, with windows small enough to evict
-// every step; SpecSetup builds them from a SpecConfig and a frequency file; and on the real Gemma
+// every step; a Decoder builds them from a SpecConfig and a frequency file; and on the real Gemma
 // 3 270M head the packed rows give bit-for-bit the full head's logits after random updates.
 #include <gtest/gtest.h>
 
@@ -17,10 +17,10 @@
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
 #include "model/model.h"
-#include "spec/draft_vocab.h"
-#include "spec/drafter.h"
-#include "spec/spec_generator.h"
-#include "spec/spec_setup.h"
+#include "vocab/draft_vocab.h"
+#include "speculative/drafter.h"
+#include "speculative/decoder.h"
+#include "speculative/settings.h"
 #include "test_helpers.h"
 #include "tiny_model.h"
 #include "tokenizer/tokenizer.h"
@@ -70,7 +70,7 @@ class VocabSpec : public ::testing::Test {
     const GenerateResult plain = plain_gen.generate(kPrompt, params);
     Generator gen(*model_, *tok_, 256);
     std::unique_ptr<Drafter> drafter = make_drafter(gen);
-    SpeculativeGenerator sg(gen, *tok_, *drafter, tree);
+    Decoder sg(gen, *tok_, drafter.get(), tree);
     SpecResult spec;
     // Twice through the same drafter: begin() must restart the window.
     for (int rep = 0; rep < 2; ++rep) {
@@ -171,7 +171,7 @@ TEST_F(VocabSpec, FreqAndDynamicAreLosslessForADraftModel) {
       tree, "draft model, ext source");
 }
 
-TEST_F(VocabSpec, SpecSetupBuildsEveryKindFromAFrequencyFile) {
+TEST_F(VocabSpec, DecoderBuildsEveryKindFromAFrequencyFile) {
   // Counts that rank ids 300.. first, so the freq set misses </s> (2) unless it is added.
   std::vector<uint64_t> counts(kVocab, 1);
   for (int32_t i = 300; i < kVocab; ++i) counts[i] = 1000 + i;
@@ -184,14 +184,14 @@ TEST_F(VocabSpec, SpecSetupBuildsEveryKindFromAFrequencyFile) {
   const GenerateResult plain = plain_gen.generate(kPrompt, params);
   for (const char* kind : {"full", "freq", "dynamic", "hybrid"}) {
     SpecConfig c;
-    c.mode = "self";
-    c.draft_vocab = kind;
+    c.mode = SpecMode::Self;
+    c.draft_vocab = parse_draft_vocab(kind);
     c.freq_file = freq_path;
     c.freq_top = 16;
     c.hybrid_top = 8;
     c.vocab_window = 20;
     Generator gen(*model_, *tok_, 256);
-    SpecSetup setup(c, *file_, *model_, gen, *tok_);
+    Decoder setup(c, *file_, gen, *tok_);
     const SpecResult r = setup.generate(kPrompt, params);
     EXPECT_EQ(r.gen.tokens, plain.tokens) << kind;
     const double vocab = r.stats.mean_active_vocab();
@@ -202,11 +202,11 @@ TEST_F(VocabSpec, SpecSetupBuildsEveryKindFromAFrequencyFile) {
     EXPECT_NE(setup.describe().find(kind), std::string::npos) << setup.describe();
   }
   SpecConfig c;
-  c.mode = "self";
-  c.draft_vocab = "freq";
+  c.mode = SpecMode::Self;
+  c.draft_vocab = DraftVocabKind::Freq;
   Generator gen(*model_, *tok_, 256);
   try {
-    SpecSetup s(c, *file_, *model_, gen, *tok_);
+    Decoder s(c, *file_, gen, *tok_);
     ADD_FAILURE() << "freq without a file";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--freq-file"), std::string::npos) << e.what();
@@ -214,10 +214,9 @@ TEST_F(VocabSpec, SpecSetupBuildsEveryKindFromAFrequencyFile) {
   // A file counted for another vocabulary.
   write_freq_file(freq_path, TokenFrequencies::from_counts(std::vector<uint64_t>(kVocab + 1, 1)));
   c.freq_file = freq_path;
-  EXPECT_THROW(SpecSetup(c, *file_, *model_, gen, *tok_), Error);
-  c.draft_vocab = "dynamic";
-  c.vocab_source = "nope";
-  EXPECT_THROW(SpecSetup(c, *file_, *model_, gen, *tok_), Error);
+  EXPECT_THROW(Decoder(c, *file_, gen, *tok_), Error);
+  c.draft_vocab = DraftVocabKind::Dynamic;
+  EXPECT_THROW(apply_spec_setting(c, "vocab-source", "nope"), Error);
 }
 
 // The real Gemma 3 270M head (262,144 rows of Q8_0, the tied token embedding): the packed rows'

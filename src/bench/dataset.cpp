@@ -19,6 +19,27 @@ std::string id_text(const nlohmann::json& v) {
   throw Error("expected a string or integer id");
 }
 
+}  // namespace
+
+std::vector<std::string> row_turns(const nlohmann::json& j) {
+  std::vector<std::string> turns;
+  if (!j.is_object()) return turns;
+  if (j.contains("turns")) {
+    const nlohmann::json& t = j["turns"];
+    if (!t.is_array() || t.empty()) throw Error("\"turns\" must be a non-empty array of strings");
+    for (const auto& x : t) {
+      if (!x.is_string()) throw Error("\"turns\" must be a non-empty array of strings");
+      turns.push_back(x.get<std::string>());
+    }
+  } else if (j.contains("prompt")) {
+    if (!j["prompt"].is_string()) throw Error("\"prompt\" must be a string");
+    turns.push_back(j["prompt"].get<std::string>());
+  }
+  return turns;
+}
+
+namespace {
+
 BenchQuestion parse_row(const nlohmann::json& j) {
   if (!j.is_object()) throw Error("expected a JSON object");
   BenchQuestion q;
@@ -26,19 +47,13 @@ BenchQuestion parse_row(const nlohmann::json& j) {
     if (!j.contains("question_id")) throw Error("SpecBench row without \"question_id\"");
     if (!j.contains("category") || !j["category"].is_string())
       throw Error("SpecBench row without a string \"category\"");
-    const nlohmann::json& turns = j["turns"];
-    if (!turns.is_array() || turns.empty()) throw Error("\"turns\" must be a non-empty array of strings");
+    q.turns = row_turns(j);
     q.id = id_text(j["question_id"]);
     q.category = j["category"].get<std::string>();
-    for (const auto& t : turns) {
-      if (!t.is_string()) throw Error("\"turns\" must be a non-empty array of strings");
-      q.turns.push_back(t.get<std::string>());
-    }
   } else if (j.contains("task_id") && j.contains("prompt")) {  // HumanEval
-    if (!j["prompt"].is_string()) throw Error("\"prompt\" must be a string");
+    q.turns = row_turns(j);
     q.id = id_text(j["task_id"]);
     q.category = "humaneval";
-    q.turns.push_back(j["prompt"].get<std::string>());
   } else {
     throw Error(
         "expected a SpecBench row (question_id, category, turns) or a HumanEval row (task_id, prompt)");

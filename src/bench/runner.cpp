@@ -15,24 +15,6 @@ using Clock = std::chrono::steady_clock;
 
 const char* const kBases[] = {"ar", "full", "freq", "dynamic", "hybrid"};
 
-nlohmann::json config_json(const SpecConfig& c) {
-  return {{"spec", c.mode},
-          {"draft-layers", c.draft_layers},
-          {"draft-model", c.draft_model},
-          {"tree-depth", c.tree.depth},
-          {"tree-topk", c.tree.top_k},
-          {"tree-tokens", c.tree.total_tokens},
-          {"draft-vocab", c.draft_vocab},
-          {"freq-file", c.freq_file},
-          {"freq-top", c.freq_top},
-          {"hybrid-top", c.hybrid_top},
-          {"vocab-window", c.vocab_window},
-          {"vocab-kpre", c.vocab_kpre},
-          {"vocab-kver", c.vocab_kver},
-          {"vocab-source", c.vocab_source},
-          {"async-gather", c.async_gather}};
-}
-
 std::string label_of(const std::string& base,
                      const std::vector<std::pair<std::string, std::string>>& settings) {
   std::string label = base;
@@ -58,8 +40,8 @@ MethodSpec make_method(const std::string& base,
   }
   m.info.speculative = true;
   m.config = shared;
-  if (m.config.mode == "none") m.config.mode = "self";
-  m.config.draft_vocab = base;
+  if (m.config.mode == SpecMode::None) m.config.mode = SpecMode::Self;
+  m.config.draft_vocab = parse_draft_vocab(base);
   for (const auto& [key, value] : settings) {
     if (key == "draft-vocab") throw Error(m.info.label + ": the method name sets the draft vocabulary");
     try {
@@ -68,13 +50,13 @@ MethodSpec make_method(const std::string& base,
       throw Error("method " + m.info.label + ": " + e.what());
     }
   }
-  if (m.config.mode == "none") throw Error("method " + m.info.label + ": spec=none is the ar method");
+  if (m.config.mode == SpecMode::None) throw Error("method " + m.info.label + ": spec=none is the ar method");
   try {
     m.config.validate();
   } catch (const Error& e) {
     throw Error("method " + m.info.label + ": " + e.what());
   }
-  m.info.config = config_json(m.config);
+  m.info.config = spec_config_json(m.config);
   return m;
 }
 
@@ -159,7 +141,7 @@ std::vector<MethodSpec> sweep_methods(const std::vector<MethodSpec>& methods, co
       s.info.label = label_of(m.info.base, s.settings);
       s.info.study_key = key;
       s.info.study_value = v;
-      s.info.config = config_json(s.config);
+      s.info.config = spec_config_json(s.config);
       out.push_back(std::move(s));
     }
   }
@@ -195,7 +177,7 @@ std::vector<MethodSpec> ablation_methods(const std::vector<MethodSpec>& methods)
       s.info.label = label_of(m.info.base, s.settings);
       s.info.study_key = "ablation";
       s.info.study_value = row.name;
-      s.info.config = config_json(s.config);
+      s.info.config = spec_config_json(s.config);
       out.push_back(std::move(s));
     }
   }
@@ -215,7 +197,7 @@ bool reset_peak_memory() {
 
 struct BenchRunner::Method {
   MethodSpec spec;
-  std::unique_ptr<SpecSetup> setup;  // speculative methods
+  std::unique_ptr<Decoder> decoder;  // ar: without a drafter
   double tps_sum = 0.0;              // per-prompt tok/s summed, for the progress line
   int32_t done = 0;
 };
@@ -232,14 +214,14 @@ BenchRunner::BenchRunner(const GgufFile& file, Model& model, const Tokenizer& to
   for (const MethodSpec& spec : methods) {
     Method m;
     m.spec = spec;
-    if (spec.info.speculative) {
-      try {
-        m.setup = std::make_unique<SpecSetup>(spec.config, file, model, gen_, tokenizer);
-      } catch (const Error& e) {
-        throw Error("method " + spec.info.label + ": " + e.what());
-      }
-      m.spec.info.description = m.setup->describe() + ", draft vocabulary " + spec.config.draft_vocab;
+    try {
+      m.decoder = std::make_unique<Decoder>(spec.config, file, gen_, tokenizer);
+    } catch (const Error& e) {
+      throw Error("method " + spec.info.label + ": " + e.what());
     }
+    if (spec.info.speculative)
+      m.spec.info.description =
+          m.decoder->describe() + ", draft vocabulary " + name_of(spec.config.draft_vocab);
     methods_.push_back(std::move(m));
   }
 }
@@ -291,11 +273,7 @@ PromptRecord BenchRunner::run_one(Method& m, const BenchQuestion& q, int32_t ind
   for (size_t t = 0; t < q.turns.size(); ++t) {
     const std::vector<int32_t> prompt = encode_turn(q, t, answers);
     const auto t0 = Clock::now();
-    SpecResult sr;
-    if (m.setup)
-      sr = m.setup->generate(prompt, params);
-    else
-      sr.gen = gen_.generate(prompt, params);
+    const SpecResult sr = m.decoder->generate(prompt, params);
     const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
     const GenerateResult& g = sr.gen;
     const SpecStats& st = sr.stats;
@@ -306,7 +284,7 @@ PromptRecord BenchRunner::run_one(Method& m, const BenchQuestion& q, int32_t ind
     r.prefill_seconds += g.prefill_seconds;
     r.decode_seconds += g.decode_seconds;
     r.decode_tokens += sr.decode_tokens();
-    if (m.setup) {
+    if (m.decoder->speculative()) {
       r.steps += st.steps;
       r.accepted_draft += st.accepted_draft;
       r.drafted += st.drafted;

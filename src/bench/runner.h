@@ -13,7 +13,8 @@
 #include "engine/generator.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "spec/spec_setup.h"
+#include "speculative/decoder.h"
+#include "speculative/settings.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -59,7 +60,8 @@ struct Progress {
 
 class BenchRunner {
  public:
-  // Builds a SpecSetup per speculative method, all sharing one Generator (the model is loaded once).
+  // Builds a Decoder per method (ar: without a drafter), all sharing one Generator (the model is
+  // loaded once).
   BenchRunner(const GgufFile& file, Model& model, const Tokenizer& tokenizer, int32_t n_ctx,
               const std::vector<MethodSpec>& methods);
   ~BenchRunner();

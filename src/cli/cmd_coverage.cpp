@@ -1,283 +1,24 @@
-// `microspec coverage`: how often the target's greedy token is inside a draft vocabulary, the
-// measurement behind MicroSpec's Figure 1b. For every step of plain greedy decoding over a
-// dataset's first turns (chat template applied), each vocabulary is asked whether it holds the
-// token the target is about to produce:
-//   static  the K most frequent ids of a frequency file plus the end-of-generation tokens
-//           (FR-Spec's set, as --draft-vocab freq builds it), K in 512 .. 65536;
-//   dynamic MicroSpec's window (W_max in 1k .. 8k, K_pre / K_ver from the flags) fed as in a
-//           speculative run that drafts one token per step: S starts as the prompt then the union
-//           of the target's top-K_pre at every prompt position; after step t (the target produced
-//           x_t from logits_t) it appends x_t, standing for the accepted draft tree, then the
-//           top-K_ver of logits_t. Token x_t is checked against the window as it was before step
-//           t, so the target's own logits for x_t are never used to predict it. (A real run also
-//           appends rejected draft tokens and checks several tokens per verification against the
-//           same window; this is the one-token-per-step version.)
-// Writes <out>/coverage.csv (one row per vocabulary and category, plus "all") and
-// <out>/coverage.png (coverage against vocabulary size: static as a line, dynamic as points),
-// drawn by <out>/plot_coverage.py, which the command writes and runs with python3 + matplotlib.
+// `microspec coverage`: parses its options and runs bench::run_coverage (src/bench/coverage.h).
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <map>
-#include <nlohmann/json.hpp>
-#include <string>
-#include <vector>
+#include <memory>
 
+#include "bench/coverage.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "engine/generator.h"
-#include "sampling/sampler.h"
-#include "tokenizer/chat.h"
-#include "util/error.h"
-#include "vocab/candidate_stream.h"
-#include "vocab/freq_file.h"
 
 namespace microspec::cli {
 namespace {
 
 struct CoverageArgs {
   ModelArgs model;
-  std::string dataset;
-  std::string freq_file;
-  std::string output = "coverage";
-  int32_t per_category = 2;
-  int32_t max_new_tokens = 128;
-  int32_t kpre = 3, kver = 3;
-  std::vector<int32_t> static_sizes = {512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
-  std::vector<int32_t> windows = {1024, 2048, 3072, 4096, 8192};
-  bool no_plot = false;
-  bool quiet = false;
+  bench::CoverageOptions coverage;
 };
-
-struct Tally {
-  int64_t steps = 0, covered = 0;
-  double active_sum = 0.0;
-};
-
-struct Prompt {
-  std::string category;
-  std::vector<int32_t> ids;
-};
-
-const char* kPlotScript =
-    R"PY(# Written by `microspec coverage`: coverage.csv -> coverage.png (needs matplotlib).
-import csv
-import sys
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
-src, dst = sys.argv[1], sys.argv[2]
-rows = [r for r in csv.DictReader(open(src, encoding="utf-8")) if r["category"] == "all"]
-fig, ax = plt.subplots(figsize=(6.4, 4.2))
-static = sorted((float(r["mean_active"]), 100 * float(r["coverage"])) for r in rows if r["kind"] == "static")
-if static:
-    ax.plot([s for s, _ in static], [c for _, c in static], "o-", label="static top-K (frequency file)")
-dyn = [(float(r["mean_active"]), 100 * float(r["coverage"]), r["param"]) for r in rows if r["kind"] == "dynamic"]
-if dyn:
-    ax.scatter([s for s, _, _ in dyn], [c for _, c, _ in dyn], marker="*", s=120, color="C3",
-               label="dynamic window (MicroSpec)", zorder=3)
-    # Windows that never fill give the same point: one label for each distinct point.
-    labels = {}
-    for s, c, p in dyn:
-        labels.setdefault((round(s), round(c, 2)), []).append(p)
-    for (s, c), ps in labels.items():
-        ax.annotate("W=" + ",".join(ps), (s, c), textcoords="offset points", xytext=(6, -12), fontsize=8)
-ax.set_xscale("log", base=2)
-ax.set_xlabel("draft vocabulary size (mean active rows)")
-ax.set_ylabel("coverage of the target's greedy token (%)")
-ax.set_title(sys.argv[3] if len(sys.argv) > 3 else "draft vocabulary coverage")
-ax.grid(True, which="both", alpha=0.3)
-ax.legend(loc="lower right")
-fig.tight_layout()
-fig.savefig(dst, dpi=120)
-)PY";
-
-std::vector<Prompt> load_prompts(const CoverageArgs& a, const LoadedModel& m) {
-  const std::string data = read_file_bytes(a.dataset);
-  std::map<std::string, int32_t> taken;
-  std::vector<Prompt> out;
-  const ChatFormat fmt = detect_chat_format(*m.file, *m.tokenizer);
-  const std::string system = default_system_prompt(*m.file);
-  size_t at = 0, line_no = 0;
-  while (at < data.size()) {
-    size_t end = data.find('\n', at);
-    if (end == std::string::npos) end = data.size();
-    ++line_no;
-    const std::string line = data.substr(at, end - at);
-    at = end + 1;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(a.dataset + ":" + std::to_string(line_no) + ": not JSON (" + e.what() + ")");
-    }
-    std::string text;
-    if (j.contains("turns") && j["turns"].is_array() && !j["turns"].empty() && j["turns"][0].is_string())
-      text = j["turns"][0].get<std::string>();
-    else if (j.contains("prompt") && j["prompt"].is_string())
-      text = j["prompt"].get<std::string>();
-    else
-      throw Error(a.dataset + ":" + std::to_string(line_no) +
-                  ": expected {\"turns\": [text, ...]} or {\"prompt\": text}");
-    const std::string category = j.contains("category") && j["category"].is_string()
-                                     ? j["category"].get<std::string>()
-                                     : "all-prompts";
-    if (taken[category] >= a.per_category) continue;
-    ++taken[category];
-    const std::vector<ChatMessage> messages = {{"user", text}};
-    out.push_back({category, encode_chat(*m.tokenizer, fmt, messages, system)});
-  }
-  if (out.empty()) throw Error(a.dataset + ": no prompts");
-  return out;
-}
-
-void progress(bool quiet, int64_t done, int64_t total, size_t prompt, size_t prompts) {
-  if (quiet) return;
-  const int width = 30, filled = total ? int(width * done / total) : width;
-  std::fprintf(stderr, "\rcoverage [%s%s] %3d%% prompt %zu/%zu", std::string(size_t(filled), '#').c_str(),
-               std::string(size_t(width - filled), '.').c_str(), total ? int(100 * done / total) : 100,
-               prompt, prompts);
-  std::fflush(stderr);
-}
 
 void run_coverage(const CoverageArgs& a) {
   LoadedModel m = load_model(a.model);
-  const int32_t V = m.model->config().n_vocab;
-  const std::vector<Prompt> prompts = load_prompts(a, m);
-
-  // Static sets: rank of every id (EOG tokens are always in, as --draft-vocab freq adds them).
-  std::vector<int32_t> rank(size_t(V), V);
-  const TokenFrequencies freq = read_freq_file(a.freq_file, V);
-  for (size_t i = 0; i < freq.ids.size(); ++i) rank[size_t(freq.ids[i])] = int32_t(i);
-  // The ids --draft-vocab freq adds to its set (sorted; EOS is among them).
-  const std::vector<int32_t>& eog = m.tokenizer->end_of_generation_ids();
-  std::vector<int32_t> static_size;
-  for (int32_t k : a.static_sizes) {
-    int32_t extra = 0;
-    for (int32_t e : eog) extra += rank[size_t(e)] >= k;
-    static_size.push_back(std::min(k, V) + extra);
-  }
-  auto is_eog = [&](int32_t t) { return std::binary_search(eog.begin(), eog.end(), t); };
-
-  std::vector<CandidateStream> streams;
-  for (int32_t w : a.windows) {
-    CandidateStreamParams p;
-    p.w_max = w;
-    p.k_pre = a.kpre;
-    p.k_ver = a.kver;
-    streams.emplace_back(V, p);
-  }
-  const size_t n_static = a.static_sizes.size(), n_dyn = a.windows.size();
-  std::map<std::string, std::vector<Tally>> tallies;  // category -> [static..., dynamic...]
-
-  Generator gen(*m.model, *m.tokenizer, a.model.n_ctx);
-  Batch batch;
-  ForwardOutput out;
-  std::vector<int32_t> prompt_top, emitted(1);
-  const int64_t total = int64_t(prompts.size()) * a.max_new_tokens;
-  int64_t done = 0;
-  for (size_t pi = 0; pi < prompts.size(); ++pi) {
-    const Prompt& p = prompts[pi];
-    if (int64_t(p.ids.size()) + a.max_new_tokens + 1 > a.model.n_ctx)
-      throw Error("coverage: a prompt of " + std::to_string(p.ids.size()) + " tokens plus " +
-                  std::to_string(a.max_new_tokens) + " new ones does not fit the context (raise -c)");
-    std::vector<Tally>& tally = tallies[p.category];
-    tally.resize(n_static + n_dyn);
-    const float* logits = gen.prefill(p.ids, std::max(a.kpre, 1), &prompt_top);
-    for (CandidateStream& s : streams) s.begin(p.ids, prompt_top, std::max(a.kpre, 1));
-    for (int32_t step = 0; step < a.max_new_tokens; ++step) {
-      const int32_t x = argmax(logits, V);
-      for (size_t i = 0; i < n_static; ++i) {
-        tally[i].steps++;
-        tally[i].covered += rank[size_t(x)] < a.static_sizes[i] || is_eog(x);
-        tally[i].active_sum += static_size[i];
-      }
-      for (size_t i = 0; i < n_dyn; ++i) {
-        Tally& t = tally[n_static + i];
-        t.steps++;
-        t.covered += streams[i].window().contains(x);
-        t.active_sum += streams[i].window().active_size();
-        emitted[0] = x;
-        const int32_t row0 = 0;
-        streams[i].step(emitted, logits, std::span<const int32_t>(&row0, 1));
-      }
-      ++done;
-      if (step % 8 == 0) progress(a.quiet, done, total, pi + 1, prompts.size());
-      if (m.tokenizer->is_end_of_generation(x)) break;
-      batch.set_sequence(std::span<const int32_t>(&x, 1), gen.cache().n_past(), false);
-      m.model->forward(batch, gen.cache(), out, {.logits = true});
-      gen.cache().commit_prefix(1);
-      logits = out.logits.data();
-    }
-    done = int64_t(pi + 1) * a.max_new_tokens;
-    progress(a.quiet, done, total, pi + 1, prompts.size());
-  }
-  if (!a.quiet) std::fprintf(stderr, "\n");
-
-  std::filesystem::create_directories(a.output);
-  const std::string csv_path = (std::filesystem::path(a.output) / "coverage.csv").string();
-  std::ofstream csv(csv_path);
-  if (!csv) throw Error(csv_path + ": cannot write");
-  csv << "kind,param,category,steps,covered,coverage,mean_active\n";
-  std::vector<Tally> all(n_static + n_dyn);
-  auto write_rows = [&](const std::string& cat, const std::vector<Tally>& t) {
-    for (size_t i = 0; i < n_static + n_dyn; ++i) {
-      const bool st = i < n_static;
-      const int32_t param = st ? a.static_sizes[i] : a.windows[i - n_static];
-      const double cov = t[i].steps ? double(t[i].covered) / t[i].steps : 0.0;
-      const double act = t[i].steps ? t[i].active_sum / t[i].steps : 0.0;
-      csv << (st ? "static" : "dynamic") << ',' << param << ',' << cat << ',' << t[i].steps << ','
-          << t[i].covered << ',' << cov << ',' << act << '\n';
-    }
-  };
-  for (const auto& [cat, t] : tallies) {
-    write_rows(cat, t);
-    for (size_t i = 0; i < t.size(); ++i) {
-      all[i].steps += t[i].steps;
-      all[i].covered += t[i].covered;
-      all[i].active_sum += t[i].active_sum;
-    }
-  }
-  write_rows("all", all);
-  csv.close();
-  if (!csv) throw Error(csv_path + ": write failed");
-  std::printf("%-8s %7s %9s %11s\n", "kind", "param", "coverage", "mean size");
-  for (size_t i = 0; i < all.size(); ++i) {
-    const bool st = i < n_static;
-    std::printf("%-8s %7d %8.2f%% %11.0f\n", st ? "static" : "dynamic",
-                st ? a.static_sizes[i] : a.windows[i - n_static],
-                all[i].steps ? 100.0 * all[i].covered / all[i].steps : 0.0,
-                all[i].steps ? all[i].active_sum / all[i].steps : 0.0);
-  }
-  std::printf("wrote %s\n", csv_path.c_str());
-  if (a.no_plot) return;
-  const std::filesystem::path script = std::filesystem::path(a.output) / "plot_coverage.py";
-  const std::filesystem::path png = std::filesystem::path(a.output) / "coverage.png";
-  {
-    std::ofstream f(script);
-    f << kPlotScript;
-    if (!f) throw Error(script.string() + ": cannot write");
-  }
-  auto quote = [](const std::string& s) {
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-  };
-  const std::string title = std::filesystem::path(a.model.model_path).filename().string() + ", " +
-                            std::to_string(prompts.size()) + " prompts, " + std::to_string(all[0].steps) +
-                            " steps";
-  const std::string cmd = "python3 " + quote(script.string()) + " " + quote(csv_path) + " " +
-                          quote(png.string()) + " " + quote(title);
-  if (std::system(cmd.c_str()) != 0)
-    throw Error("coverage: plotting failed (" + cmd +
-                "); is matplotlib installed? (--no-plot skips the plot)");
-  std::printf("wrote %s\n", png.string().c_str());
+  bench::CoverageOptions o = a.coverage;
+  o.n_ctx = a.model.n_ctx;
+  bench::run_coverage(o, *m.file, *m.model, *m.tokenizer);
 }
 
 }  // namespace
@@ -287,32 +28,34 @@ void add_coverage_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "coverage", "how often greedy decoding's next token is inside each draft vocabulary");
   args->model.add_to(*cmd);
-  cmd->add_option("--dataset", args->dataset, "JSON lines with {\"category\", \"turns\": [...]} (SpecBench)")
+  cmd->add_option("--dataset", args->coverage.dataset,
+                  "JSON lines with {\"category\", \"turns\": [...]} (SpecBench)")
       ->required();
-  cmd->add_option("--freq-file", args->freq_file, "frequency file for the static top-K sets (vocab-freq)")
+  cmd->add_option("--freq-file", args->coverage.freq_file,
+                  "frequency file for the static top-K sets (vocab-freq)")
       ->required();
-  cmd->add_option("-o,--output", args->output, "folder for coverage.csv and coverage.png")
+  cmd->add_option("-o,--output", args->coverage.output, "folder for coverage.csv and coverage.png")
       ->capture_default_str();
-  cmd->add_option("--per-category", args->per_category, "prompts per category")
+  cmd->add_option("--per-category", args->coverage.per_category, "prompts per category")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--max-new-tokens", args->max_new_tokens, "greedy tokens per prompt")
+  cmd->add_option("--max-new-tokens", args->coverage.max_new_tokens, "greedy tokens per prompt")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--vocab-kpre", args->kpre, "dynamic: target top-k per prompt position")
+  cmd->add_option("--vocab-kpre", args->coverage.kpre, "dynamic: target top-k per prompt position")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
-  cmd->add_option("--vocab-kver", args->kver, "dynamic: target top-k per step")
+  cmd->add_option("--vocab-kver", args->coverage.kver, "dynamic: target top-k per step")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
-  cmd->add_option("--static-sizes", args->static_sizes, "static top-K sizes")
+  cmd->add_option("--static-sizes", args->coverage.static_sizes, "static top-K sizes")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 30));
-  cmd->add_option("--windows", args->windows, "dynamic W_max values")
+  cmd->add_option("--windows", args->coverage.windows, "dynamic W_max values")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 30));
-  cmd->add_flag("--no-plot", args->no_plot, "write the CSV only");
-  cmd->add_flag("-q,--quiet", args->quiet, "no progress bar");
+  cmd->add_flag("--no-plot", args->coverage.no_plot, "write the CSV only");
+  cmd->add_flag("-q,--quiet", args->coverage.quiet, "no progress bar");
   cmd->callback([args] { run_coverage(*args); });
 }
 

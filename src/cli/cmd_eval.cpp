@@ -6,8 +6,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "math/select.h"
 #include "model/kv_cache.h"
-#include "sampling/sampler.h"
 #include "util/error.h"
 
 namespace microspec::cli {

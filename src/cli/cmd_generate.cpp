@@ -5,11 +5,11 @@
 #include <random>
 #include <sstream>
 
+#include "bench/dataset.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/generator.h"
-#include "spec/drafter.h"
-#include "spec/spec_generator.h"
+#include "speculative/decoder.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
 
@@ -34,7 +34,7 @@ struct GenerateArgs {
   bool json = false;
   bool quiet = false;
   SpecConfig spec;
-  std::string prompts_jsonl;  // batch mode: one prompt per line ({"prompt": ...} or {"turns": [...]})
+  std::string prompts_jsonl;  // batch mode: one prompt per line ({"turns": [...]} or {"prompt": ...})
 };
 
 // How text prompts become ids: plain, or (--chat) as one user turn in the file's chat format,
@@ -59,7 +59,7 @@ struct PromptEncoder {
 };
 
 // Generates from one prompt and prints the statistics line (stderr) and, with json, one JSON line.
-void generate_one(const GenerateArgs& a, const LoadedModel& m, Generator& gen, SpecSetup* spec,
+void generate_one(const GenerateArgs& a, const LoadedModel& m, Decoder& decoder,
                   const std::vector<int32_t>& prompt_ids, bool json) {
   const Tokenizer& tok = *m.tokenizer;
   for (int32_t id : prompt_ids)
@@ -83,11 +83,7 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Generator& gen, S
     }
     return true;
   };
-  SpecResult sr;
-  if (spec)
-    sr = spec->generate(prompt_ids, params, on_text);
-  else
-    sr.gen = gen.generate(prompt_ids, params, on_text);
+  const SpecResult sr = decoder.generate(prompt_ids, params, on_text);
   const GenerateResult& r = sr.gen;
   const SpecStats& st = sr.stats;
   if (stream) std::fputc('\n', stdout);
@@ -100,15 +96,16 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Generator& gen, S
       "prompt tokens: %d | prefill: %.1f tok/s | decode: %.1f tok/s (%zu tokens) | peak memory: %.0f MiB\n",
       r.prompt_tokens, prefill_tps, decode_tps, r.tokens.size(), peak_mib);
   auto share = [&](double s) { return r.decode_seconds > 0 ? s / r.decode_seconds : 0.0; };
-  if (spec)
+  if (decoder.speculative())
     std::fprintf(
         stderr,
         "speculative (%s): decode %.1f tok/s | %d steps | mean acceptance length %.2f | draft vocabulary "
         "%.0f | time shares: draft backbone %.0f%%, draft LM head %.0f%%, verify %.0f%% (LM head %.0f%%), "
         "bookkeeping %.0f%%\n",
-        spec->describe().c_str(), decode_tps, st.steps, st.mean_acceptance_length(), st.mean_active_vocab(),
+        decoder.describe().c_str(), decode_tps, st.steps, st.mean_acceptance_length(), st.mean_active_vocab(),
         100 * share(st.draft_backbone_seconds()), 100 * share(st.draft_lm_head_seconds),
-        100 * share(st.verify_seconds), 100 * share(st.verify_lm_head_seconds), 100 * share(st.bookkeeping_seconds));
+        100 * share(st.verify_seconds), 100 * share(st.verify_lm_head_seconds),
+        100 * share(st.bookkeeping_seconds));
   if (json) {
     nlohmann::json j;
     j["prompt_tokens"] = r.prompt_tokens;
@@ -122,8 +119,8 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Generator& gen, S
     j["decode_seconds"] = r.decode_seconds;
     j["decode_lm_head_seconds"] = r.decode_lm_head_seconds;
     j["peak_memory_bytes"] = peak_memory_bytes();
-    if (spec) {
-      j["spec"] = {{"mode", a.spec.mode},
+    if (decoder.speculative()) {
+      j["spec"] = {{"mode", name_of(a.spec.mode)},
                    {"steps", st.steps},
                    {"drafted_tokens", st.drafted},
                    {"accepted_draft_tokens", st.accepted_draft},
@@ -154,9 +151,7 @@ void run_generate(const GenerateArgs& a) {
   LoadedModel m = load_model(a.model);
   Generator gen(*m.model, *m.tokenizer, a.model.n_ctx);
   const PromptEncoder encode(a, m);
-  a.spec.validate();
-  std::unique_ptr<SpecSetup> spec;
-  if (a.spec.enabled()) spec = std::make_unique<SpecSetup>(a.spec, *m.file, *m.model, gen, *m.tokenizer);
+  Decoder decoder(a.spec, *m.file, gen, *m.tokenizer);
 
   if (!a.prompts_jsonl.empty()) {
     // Batch mode: one model load, one JSON line per prompt.
@@ -166,17 +161,17 @@ void run_generate(const GenerateArgs& a) {
     while (std::getline(lines, line)) {
       ++line_no;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      std::string text;
-      if (j.is_object() && j.contains("prompt") && j["prompt"].is_string())
-        text = j["prompt"].get<std::string>();
-      else if (j.is_object() && j.contains("turns") && j["turns"].is_array() && !j["turns"].empty() &&
-               j["turns"][0].is_string())
-        text = j["turns"][0].get<std::string>();
-      else
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      std::vector<std::string> turns;
+      try {
+        turns = bench::row_turns(j);
+      } catch (const Error& e) {
+        throw Error(a.prompts_jsonl + ":" + std::to_string(line_no) + ": " + e.what());
+      }
+      if (turns.empty())
         throw Error(a.prompts_jsonl + ":" + std::to_string(line_no) +
                     ": expected a JSON object with \"prompt\" (string) or \"turns\" (strings)");
-      generate_one(a, m, gen, spec.get(), encode(text), true);
+      generate_one(a, m, decoder, encode(turns[0]), true);
     }
     return;
   }
@@ -185,7 +180,7 @@ void run_generate(const GenerateArgs& a) {
     prompt_ids = parse_token_ids(a.prompt_ids);
   else
     prompt_ids = encode(a.prompt_file.empty() ? a.prompt : read_file_bytes(a.prompt_file));
-  generate_one(a, m, gen, spec.get(), prompt_ids, a.json);
+  generate_one(a, m, decoder, prompt_ids, a.json);
 }
 
 }  // namespace
@@ -214,9 +209,11 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating past end-of-generation tokens");
   cmd->add_flag("--json", args->json, "print one JSON object (ids, text, stats) instead of streaming text");
   cmd->add_flag("-q,--quiet", args->quiet, "print only the statistics line");
-  cmd->add_option("--prompts-jsonl", args->prompts_jsonl,
-                  "batch mode: a JSONL file of {\"prompt\": ...} or {\"turns\": [...]} objects (first turn); "
-                  "prints one JSON line per prompt");
+  cmd->add_option(
+      "--prompts-jsonl", args->prompts_jsonl,
+      "batch mode: a JSONL file of {\"turns\": [...]} (first turn) or {\"prompt\": ...} objects, \"turns\" "
+      "winning when a row has both; "
+      "prints one JSON line per prompt");
   add_spec_options(*cmd, args->spec);
   cmd->callback([args] { run_generate(*args); });
 }

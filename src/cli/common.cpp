@@ -4,6 +4,7 @@
 #include <sstream>
 #include <thread>
 
+#include "speculative/settings.h"
 #include "util/error.h"
 
 namespace microspec::cli {
@@ -22,46 +23,26 @@ void ModelArgs::add_to(CLI::App& cmd, int32_t default_batch) {
 }
 
 void add_spec_options(CLI::App& cmd, SpecConfig& c) {
-  cmd.add_option("--spec", c.mode, "speculative decoding: none, self or draft")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"none", "self", "draft"}));
-  cmd.add_option("--draft-layers", c.draft_layers,
-                 "--spec self: target layers the draft runs (0 = all but the last eighth)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 4096));
-  cmd.add_option("--draft-model", c.draft_model, "--spec draft: GGUF draft model with the same vocabulary");
-  cmd.add_option("--tree-depth", c.tree.depth, "draft tree expansion rounds after the root level")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 64));
-  cmd.add_option("--tree-topk", c.tree.top_k, "draft tree branching (1 = chain)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 64));
-  cmd.add_option("--tree-tokens", c.tree.total_tokens, "draft tree nodes verified per step")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1024));
-  cmd.add_option("--draft-vocab", c.draft_vocab, "draft vocabulary: full, freq, dynamic or hybrid")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"full", "freq", "dynamic", "hybrid"}));
-  cmd.add_option("--freq-file", c.freq_file, "freq/hybrid: token ranking written by `microspec vocab-freq` (default: MODEL with .freq.bin for .gguf)");
-  cmd.add_option("--freq-top", c.freq_top, "freq: the K most frequent tokens")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 30));
-  cmd.add_option("--hybrid-top", c.hybrid_top, "hybrid: most frequent tokens always kept")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 30));
-  cmd.add_option("--vocab-window", c.vocab_window, "dynamic/hybrid: W_max, candidate-stream entries kept")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 30));
-  cmd.add_option("--vocab-kpre", c.vocab_kpre, "dynamic/hybrid: target top-k per prompt position")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1024));
-  cmd.add_option("--vocab-kver", c.vocab_kver, "dynamic/hybrid: target top-k per verification")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1024));
-  cmd.add_option("--vocab-source", c.vocab_source, "dynamic/hybrid ablation: ctx, ext or both")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"ctx", "ext", "both"}));
-  cmd.add_flag("!--no-async-gather", c.async_gather, "gather new draft LM-head rows on the calling thread");
+  // One option per row of the settings table: the table parses and range-checks the value.
+  for (const SpecSetting& s : spec_settings()) {
+    const std::string flag = s.flag;
+    auto set = [&c, &s, flag](const std::string& value) {
+      try {
+        s.set(c, value);
+      } catch (const Error& e) {
+        throw CLI::ValidationError("--" + flag, e.what());
+      }
+    };
+    if (s.kind == SpecSetting::Kind::Switch) {
+      // A switch that defaults to on is turned off with --no-FLAG, one that defaults to off on with --FLAG.
+      const bool on_by_default = s.get(SpecConfig{}).get<bool>();
+      cmd.add_flag_callback((on_by_default ? "--no-" : "--") + flag,
+                            [set, on_by_default] { set(on_by_default ? "false" : "true"); }, s.help);
+      continue;
+    }
+    CLI::Option* opt = cmd.add_option_function<std::string>("--" + flag, set, s.help);
+    if (s.kind != SpecSetting::Kind::Text) opt->default_str(s.default_text());
+  }
 }
 
 LoadedModel load_model(const ModelArgs& args) {

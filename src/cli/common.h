@@ -7,7 +7,7 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "spec/spec_setup.h"
+#include "speculative/settings.h"
 #include "tokenizer/tokenizer.h"
 
 namespace microspec::cli {
@@ -30,8 +30,8 @@ struct LoadedModel {
 
 LoadedModel load_model(const ModelArgs& args);
 
-// The speculative-decoding flags (--spec, --draft-layers, --draft-model, --tree-*), shared by
-// generate, serve and bench.
+// The speculative-decoding flags (--spec, --draft-layers, --draft-model, --tree-*, --vocab-*, ...),
+// one per row of the settings table (speculative/settings.h), shared by generate, serve and bench.
 void add_spec_options(CLI::App& cmd, SpecConfig& config);
 
 // Reads a whole file as bytes (prompt files keep invalid UTF-8 as is). Throws Error.

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "math/select.h"
 #include "util/error.h"
 
 namespace microspec {

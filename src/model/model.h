@@ -82,6 +82,8 @@ class Model {
   const ModelConfig& config() const { return config_; }
   int32_t n_batch() const { return n_batch_; }
   ThreadPool& pool() { return pool_; }
+  // The kernel table the model runs on (--kernels, resolved): a draft model loads with the same.
+  const KernelTable& kernels() const { return mm_.kernels(); }
   KVCache make_cache(int32_t n_ctx) const;
 
   // Runs the batch through the layers options names (see ForwardOptions), writing its keys and

@@ -29,15 +29,6 @@ struct SamplingParams {
   uint64_t seed = 0;         // seeds the RNG; equal seeds and logits give equal tokens
 };
 
-// Index of the largest non-NaN element, the first one on ties; -1 if n <= 0 or all are NaN.
-// AVX2: one vectorised max pass, then a vectorised search for the first index holding it.
-int32_t argmax(const float* x, int64_t n);
-
-// The k largest non-NaN elements' indices, best first, ties to the lower index, into out[0, k);
-// fewer when fewer are non-NaN (the rest of out is set to -1). One pass, no allocation; meant for
-// small k (the draft-vocabulary candidates take k = 3).
-void top_k_indices(const float* x, int64_t n, int32_t k, int32_t* out);
-
 // Softmax sampler over a fixed vocabulary size. All buffers are allocated in the constructor;
 // sample() allocates nothing. Not thread-safe: one Sampler per sequence.
 class Sampler {

@@ -281,7 +281,7 @@ void parse_spec_extension(const json& body, const SpecConfig& server, Completion
     if (const json* spec = field(*ext, "spec")) {
       if (!spec->is_string()) wrong_type("microspec.spec", "a string", *spec);
       const std::string mode = spec->get<std::string>();
-      if (mode == "none") {
+      if (mode == name_of(SpecMode::None)) {
         r.speculative = false;
         if (server.enabled()) r.spec_note = "speculative decoding turned off by the request";
       } else if (mode == "self" || mode == "draft") {
@@ -291,10 +291,10 @@ void parse_spec_extension(const json& body, const SpecConfig& server, Completion
                              "': this server runs without speculative decoding (start it with --spec " +
                              mode + ").",
                          "microspec.spec", "spec_unavailable");
-        if (mode != server.mode)
+        if (mode != name_of(server.mode))
           throw ApiError(400,
                          "Invalid 'microspec.spec': '" + mode +
-                             "': this server's slots are built for --spec " + server.mode + " (or 'none').",
+                             "': this server's slots are built for --spec " + name_of(server.mode) + " (or 'none').",
                          "microspec.spec", "spec_unavailable");
       } else {
         throw ApiError(400,
@@ -307,10 +307,10 @@ void parse_spec_extension(const json& body, const SpecConfig& server, Completion
       if (!dv->is_string()) wrong_type("microspec.draft_vocab", "a string", *dv);
       // The draft vocabulary is part of each slot's drafter, built at start; a request can only ask
       // for the one the slots have (or turn speculation off).
-      if (r.speculative && dv->get<std::string>() != server.draft_vocab)
+      if (r.speculative && dv->get<std::string>() != name_of(server.draft_vocab))
         throw ApiError(400,
                        "Invalid 'microspec.draft_vocab': '" + dv->get<std::string>() +
-                           "': this server's drafters use --draft-vocab " + server.draft_vocab + ".",
+                           "': this server's drafters use --draft-vocab " + name_of(server.draft_vocab) + ".",
                        "microspec.draft_vocab", "spec_unavailable");
     }
   }
@@ -338,6 +338,12 @@ ApiError::ApiError(int status_, const std::string& message, std::string param_, 
       type(type_.empty() ? error_type_for_status(status_) : std::move(type_)),
       param(std::move(param_)),
       code(std::move(code_)) {}
+
+ApiError generation_error(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e))
+    return ApiError(503, "The server ran out of memory for this request.", "", "out_of_memory");
+  return ApiError(500, std::string("Generation failed: ") + e.what(), "", "generation_failed");
+}
 
 json error_body(int status, const std::string& message, const std::string& param, const std::string& code,
                 const std::string& type) {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "engine/generator.h"
-#include "spec/spec_generator.h"
-#include "spec/spec_setup.h"
+#include "speculative/decoder.h"
+#include "speculative/settings.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -52,7 +52,7 @@ struct CompletionRequest {
   GenerateParams params;  // max_new_tokens: the request's max_tokens, else the rest of the context
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk carrying usage
-  bool speculative = false;    // run through the slot's SpecSetup
+  bool speculative = false;    // run through the slot's speculative decoder
   std::string spec_note;       // why speculation is off although the server has it ("" if on or never)
 };
 
@@ -62,6 +62,12 @@ struct CompletionRequest {
 // OpenAI clients send many optional ones.
 CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body,
                                            const RequestContext& ctx);
+
+// The answer to an exception thrown while a request's generation runs. The request was validated
+// before it got a slot, so what fails inside the generation is the server's fault: 500
+// server_error ("generation_failed"); running out of memory is 503. (Problems of the request itself
+// are found by parse_completion_request and answered 400 before any generation starts.)
+ApiError generation_error(const std::exception& e);
 
 // Everything one generation reports back, for usage fields, metrics and logs.
 struct GenerationReport {

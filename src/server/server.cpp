@@ -308,8 +308,8 @@ class Server {
     json j = {{"id", model_name_}, {"object", "model"}, {"created", created_}, {"owned_by", "microspec"}};
     j["microspec"] = {{"n_ctx", opt_.n_ctx},
                       {"slots", pool_->size()},
-                      {"spec", opt_.spec.mode},
-                      {"draft_vocab", opt_.spec.enabled() ? json(opt_.spec.draft_vocab) : json()}};
+                      {"spec", name_of(opt_.spec.mode)},
+                      {"draft_vocab", opt_.spec.enabled() ? json(name_of(opt_.spec.draft_vocab)) : json()}};
     return j;
   }
 
@@ -377,20 +377,21 @@ class Server {
         "text/event-stream", [this, job](size_t, httplib::DataSink& sink) { return stream(*job, sink); });
   }
 
-  // Runs the job's generation in its slot; records metrics and a log line. Throws what the engine throws.
+  // Runs the job's generation in its slot; records metrics and a log line. What fails inside the
+  // generation is thrown as the ApiError of generation_error (500: the request was already validated).
   GenerationReport generate(Job& job, const TextCallback& on_text) {
     const CompletionRequest& r = job.request;
     GenerationReport report;
     report.speculative = r.speculative;
-    report.spec_mode = opt_.spec.mode;
-    report.draft_vocab = opt_.spec.draft_vocab;
+    report.spec_mode = name_of(opt_.spec.mode);
+    report.draft_vocab = name_of(opt_.spec.draft_vocab);
     report.spec_note = r.spec_note;
     report.queue_seconds = job.queue_seconds;
     try {
       report.result = job.lease->slot().generate(r.prompt_ids, r.params, r.speculative, on_text);
-    } catch (...) {
+    } catch (const std::exception& e) {
       metrics_.record_generation(report, Outcome::Failed);
-      throw;
+      throw generation_error(e);
     }
     const Outcome outcome = job.client_gone            ? Outcome::Cancelled
                             : job.stopped_for_shutdown ? Outcome::Shutdown
@@ -438,13 +439,13 @@ class Server {
     std::string failure;
     try {
       report = generate(job, on_text);
-    } catch (const std::exception& e) {
+    } catch (const ApiError& e) {
       failure = e.what();
     }
     job.lease.reset();  // the slot is free before the closing writes
     if (job.client_gone) return false;
     if (!failure.empty()) {
-      event(error_body(500, "Generation failed: " + failure, "", "generation_failed"));
+      event(error_body(500, failure, "", "generation_failed"));
     } else if (job.stopped_for_shutdown) {
       event(error_body(503, "The server is shutting down; this reply was cut short.", "",
                        "server_shutting_down"));
@@ -496,7 +497,7 @@ void run_server(const ServerOptions& o) {
   std::fprintf(
       stderr, "serve: %d slot%s x %d tokens of context, %d thread%s each%s | memory after setup: %.0f MiB\n",
       o.parallel, o.parallel == 1 ? "" : "s", o.n_ctx, mopt.n_threads, mopt.n_threads == 1 ? "" : "s",
-      o.spec.enabled() ? (", speculative: " + slots[0]->spec->describe()).c_str() : "",
+      o.spec.enabled() ? (", speculative: " + slots[0]->decoder->describe()).c_str() : "",
       peak_memory_bytes() / (1024.0 * 1024.0));
 
   Server server(o, std::move(file), std::move(tokenizer),

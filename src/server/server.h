@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-#include "spec/spec_setup.h"
+#include "speculative/settings.h"
 
 namespace microspec::server {
 

@@ -8,18 +8,15 @@ Slot::Slot(const GgufFile& file, const Tokenizer& tokenizer, const ModelOptions&
            const SpecConfig& spec_config) {
   model = Model::load(file, options);
   gen = std::make_unique<Generator>(*model, tokenizer, n_ctx);
-  if (spec_config.enabled()) spec = std::make_unique<SpecSetup>(spec_config, file, *model, *gen, tokenizer);
+  decoder = std::make_unique<Decoder>(spec_config, file, *gen, tokenizer);
+  plain = std::make_unique<Decoder>(*gen, tokenizer, nullptr, spec_config.tree);
 }
 
 SpecResult Slot::generate(const std::vector<int32_t>& prompt, const GenerateParams& params, bool speculative,
                           const TextCallback& on_text) {
-  if (speculative) {
-    if (!spec) throw Error("speculative generation asked of a slot built without speculation");
-    return spec->generate(prompt, params, on_text);
-  }
-  SpecResult r;
-  r.gen = gen->generate(prompt, params, on_text);
-  return r;
+  if (speculative && !decoder->speculative())
+    throw Error("speculative generation asked of a slot built without speculation");
+  return (speculative ? *decoder : *plain).generate(prompt, params, on_text);
 }
 
 SlotLease::~SlotLease() {

@@ -3,7 +3,7 @@
 //
 // A slot is everything one generation writes: its own Model object (scratch buffers and thread
 // pool; the weights are views into the one shared memory mapping of the GGUF file, so they are not
-// duplicated), its own Generator (KV cache of n_ctx tokens) and its own SpecSetup. Model::forward
+// duplicated), its own Generator (KV cache of n_ctx tokens) and its own Decoders. Model::forward
 // uses the model's scratch and pool, so two generations can never share a Model; with one Model per
 // slot, slots run truly in parallel and all memory is allocated when the server starts.
 #include <chrono>
@@ -17,19 +17,21 @@
 #include "engine/generator.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "spec/spec_setup.h"
+#include "speculative/decoder.h"
+#include "speculative/settings.h"
 #include "tokenizer/tokenizer.h"
 
 namespace microspec::server {
 
 struct Slot {
-  std::unique_ptr<Model> model;     // own scratch + thread pool over the shared weights
-  std::unique_ptr<Generator> gen;   // own KV cache
-  std::unique_ptr<SpecSetup> spec;  // null when the server runs without speculation
+  std::unique_ptr<Model> model;      // own scratch + thread pool over the shared weights
+  std::unique_ptr<Generator> gen;    // own KV cache
+  std::unique_ptr<Decoder> decoder;  // the server's settings (--spec none: plain decoding)
+  std::unique_ptr<Decoder> plain;    // no drafter: requests that turn speculation off
 
   Slot(const GgufFile& file, const Tokenizer& tokenizer, const ModelOptions& options, int32_t n_ctx,
        const SpecConfig& spec_config);
-  // speculative: through spec (which must exist); otherwise plain decoding.
+  // speculative: through the server's drafter (which must exist); otherwise plain decoding.
   SpecResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params, bool speculative,
                       const TextCallback& on_text);
 };

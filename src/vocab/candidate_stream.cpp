@@ -4,7 +4,7 @@
 #include <limits>
 #include <string>
 
-#include "sampling/sampler.h"
+#include "math/select.h"
 #include "util/error.h"
 
 namespace microspec {

@@ -128,16 +128,6 @@ void PackedHead::update(std::span<const int32_t> left, std::span<const int32_t> 
   cv_.notify_all();
 }
 
-void PackedHead::clear() {
-  wait_copies();
-  for (int32_t s = 0; s < n_rows_; ++s) {
-    slot_of_[token_of_slot_[s]] = -1;
-    token_of_slot_[s] = -1;
-  }
-  n_rows_ = 0;
-  packed_.rows = 0;
-}
-
 const QMatrix& PackedHead::matrix() {
   wait_copies();
   return packed_;

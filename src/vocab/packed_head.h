@@ -36,8 +36,6 @@ class PackedHead {
   // Net changes of the active set: `left` must be active, `entered` inactive, both without
   // duplicates. Throws Error (before changing anything) otherwise or past the capacity.
   void update(std::span<const int32_t> left, std::span<const int32_t> entered);
-  // Removes every row (slot bookkeeping only, O(size())).
-  void clear();
 
   int32_t size() const { return n_rows_; }
   int32_t capacity() const { return capacity_; }
@@ -47,7 +45,6 @@ class PackedHead {
   const int32_t* tokens() const { return token_of_slot_.data(); }
   // Packed row of a token, -1 when inactive.
   int32_t slot_of(int32_t token) const { return slot_of_[token]; }
-  bool async() const { return async_; }
 
   // The packed rows [size()][cols] as a matrix: waits for the copies of the last update.
   const QMatrix& matrix();

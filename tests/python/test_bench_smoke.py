@@ -148,7 +148,7 @@ def test_plot_script_reads_the_coverage_command_csv(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps(
         {"reference": "ar", "categories": [], "methods": [], "coverage_csv": "coverage.csv",
          "run": {"model": "models/x.gguf"}}))
-    p = subprocess.run([sys.executable, str(REPO / "bench" / "plot_report.py"), str(tmp_path / "summary.json")],
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plot_report.py"), str(tmp_path / "summary.json")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     png(tmp_path / "coverage.png")
@@ -158,6 +158,6 @@ def test_plot_script_reads_the_coverage_command_csv(tmp_path):
 def test_plot_script_rejects_bad_summary(tmp_path):
     bad = tmp_path / "summary.json"
     bad.write_text('{"methods": 3}')
-    p = subprocess.run([sys.executable, str(REPO / "bench" / "plot_report.py"), str(bad)], capture_output=True,
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plot_report.py"), str(bad)], capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2 and "not a bench summary" in p.stderr

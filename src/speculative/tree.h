@@ -78,9 +78,10 @@ class TreeExpander {
   virtual ~TreeExpander() = default;
   // Runs the candidates `frontier` (ids from the builder, -1 = the root) through the draft in one
   // pass and writes each one's k best next tokens, best first, to out[i * k, i * k + k).
-  // `cand` gives every candidate's token, parent candidate and depth so far.
+  // `cand` gives every candidate's token, parent candidate and depth so far. sampling: null for
+  // the k best; otherwise k draws without replacement, each row's q kept (see pick_children).
   virtual void expand(std::span<const int32_t> frontier, std::span<const TreeNode> cand, int32_t k,
-                      Proposal* out) = 0;
+                      DraftSampling* sampling, Proposal* out) = 0;
 };
 
 // Chooses one frontier row's k children from its draft logits over draft-vocabulary positions
@@ -110,11 +111,11 @@ class TreeBuilder {
  private:
   std::vector<TokenDistribution> cand_q_;  // [candidates] q of each expanded candidate (sampling)
   TokenDistribution root_q_;               // q of the root (sampling)
-  std::vector<TreeNode> cand_;       // all candidates; .parent is a candidate id here
-  std::vector<int32_t> frontier_;    // [top_k] candidate ids to expand next
-  std::vector<Proposal> proposals_;  // [top_k * top_k]
-  std::vector<int32_t> order_;       // candidate ids by rank
-  std::vector<int32_t> node_of_;     // [candidates] node index in the tree, -1 = not kept
+  std::vector<TreeNode> cand_;             // all candidates; .parent is a candidate id here
+  std::vector<int32_t> frontier_;          // [top_k] candidate ids to expand next
+  std::vector<Proposal> proposals_;        // [top_k * top_k]
+  std::vector<int32_t> order_;             // candidate ids by rank
+  std::vector<int32_t> node_of_;           // [candidates] node index in the tree, -1 = not kept
 };
 
 // Greedy verification. target_argmax[0] is the target's argmax at the root, target_argmax[i + 1]
@@ -136,8 +137,8 @@ class TreeSamplingVerifier {
               std::vector<int32_t>& path, std::vector<int32_t>& emitted);
 
  private:
-  std::vector<float> p_;     // [n_vocab] current (residual) target distribution, dense
-  std::vector<float> q_;     // [n_vocab] current draft distribution with drawn siblings removed, dense
+  std::vector<float> p_;      // [n_vocab] current (residual) target distribution, dense
+  std::vector<float> q_;      // [n_vocab] current draft distribution with drawn siblings removed, dense
   TokenDistribution p_list_;  // support of p_
   TokenDistribution q_list_;  // support of q_
   TokenDistribution bonus_;   // residual distribution to draw the bonus token from

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plots of a `microspec bench` run, written next to its summary.json.
 
-    bench/plot_report.py results/gemma/summary.json
+    benchmarks/plot_report.py results/gemma/summary.json
 
 - speedup_by_category.png: speedup over ar per category and overall, one bar per method (the
   paper's Figure 3); the mean acceptance length is written above each bar.

@@ -1,4 +1,4 @@
-#include "spec/drafter.h"
+#include "speculative/drafter.h"
 
 #include <algorithm>
 #include <chrono>
@@ -26,7 +26,7 @@ void ModelTreeExpander::start(std::span<const int32_t> prefix, int32_t root, int
 }
 
 void ModelTreeExpander::expand(std::span<const int32_t> frontier, std::span<const TreeNode> cand, int32_t k,
-                               Proposal* out) {
+                               DraftSampling* sampling, Proposal* out) {
   batch_.clear();
   if (frontier.size() == 1 && frontier[0] < 0) {
     // The root, after any tokens the draft cache has not seen yet, as one sequential run.
@@ -67,33 +67,32 @@ void ModelTreeExpander::expand(std::span<const int32_t> frontier, std::span<cons
   vocab_.logits(model_, out_.hidden.data(), rows, logits_.data());
   lm_head_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int32_t r = 0; r < rows; ++r)
-    pick_children(logits_.data() + size_t(r) * V, V, vocab_.ids(), k, sampling_, r, out + size_t(r) * k);
+    pick_children(logits_.data() + size_t(r) * V, V, vocab_.ids(), k, sampling, r, out + size_t(r) * k);
 }
 
 SelfDrafter::SelfDrafter(Model& target, KVCache& target_kv, int32_t n_layers, DraftVocabulary vocab)
     : expander_(target, target_kv, n_layers, std::move(vocab)) {}
 
-int32_t SelfDrafter::reusable_rows(const DraftTree& tree, float* x) const {
+VerifyResume SelfDrafter::resume_for(const DraftTree& tree) const {
   // Verification puts the root at pending slot 0 and node i at slot i + 1; a row qualifies when
-  // the draft ran that very token there, and so do all rows before it.
-  if (expander_.root_slot() != 0) return 0;
-  const size_t d = size_t(expander_.model().config().n_embd);
-  std::copy_n(expander_.residual_of(0), d, x);
+  // the draft ran that very token there, and so do all rows before it. The expander keeps the
+  // residuals by slot, so the qualifying rows are already contiguous.
+  if (expander_.root_slot() != 0) return {};
   int32_t rows = 1;
   for (const TreeNode& node : tree.nodes) {
     if (expander_.slot_of(node.candidate) != rows) break;
-    std::copy_n(expander_.residual_of(rows), d, x + size_t(rows) * d);
     ++rows;
   }
-  return rows;
+  return {rows, expander_.n_layers(), expander_.residual_of(0)};
 }
 
-void SelfDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) {
+void SelfDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
+                          DraftTree& tree) {
   expander_.start({}, root, position);
   // An empty draft vocabulary (a window fed only by verifications, before the first one) has
   // nothing to propose: the step verifies the root alone.
   if (expander_.vocab().size() == 0) return;
-  builder_.build(params, expander_, tree, sampling_);
+  builder_.build(params, expander_, tree, sampling);
 }
 
 ModelDrafter::ModelDrafter(Model& draft, int32_t n_ctx, DraftVocabulary vocab)
@@ -124,7 +123,8 @@ bool ModelDrafter::fits(const TreeParams& params, int32_t room) const {
   return params.max_draft_rows() <= room && params.top_k <= model_.n_batch();
 }
 
-void ModelDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) {
+void ModelDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
+                           DraftTree& tree) {
   if (position != static_cast<int32_t>(tokens_.size()))
     throw Error("draft model: out of step with the target (" + std::to_string(tokens_.size()) +
                 " tokens vs position " + std::to_string(position) + ")");
@@ -134,7 +134,7 @@ void ModelDrafter::propose(int32_t root, int32_t position, const TreeParams& par
   expander_.start(std::span<const int32_t>(tokens_.data() + kv_.n_past(), tokens_.size() - kv_.n_past()),
                   root, kv_.n_past());
   if (expander_.vocab().size() == 0) return;  // nothing to propose (see SelfDrafter::propose)
-  builder_.build(params, expander_, tree, sampling_);
+  builder_.build(params, expander_, tree, sampling);
 }
 
 void ModelDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,

@@ -1,9 +1,9 @@
-#include "spec/draft_vocab.h"
+#include "vocab/draft_vocab.h"
 
 #include <string>
 
 #include "model/model.h"
-#include "spec/tree.h"
+#include "speculative/tree.h"
 #include "util/error.h"
 #include "vocab/packed_head.h"
 

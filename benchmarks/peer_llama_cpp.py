@@ -13,7 +13,7 @@ included), time to the first token (reported as prefill).
 The two engines run interleaved per prompt after one warm-up generation each. Exit status 0 on
 success, 2 for a bad job file, 3 when llama-cpp-python is missing.
 
-    bench/peer_llama_cpp.py --job results/peer_job.json --out results/peer_records.jsonl
+    benchmarks/peer_llama_cpp.py --job results/peer_job.json --out results/peer_records.jsonl
 """
 import argparse
 import json

@@ -8,7 +8,7 @@ and the ratio microspec / llama.cpp. Also microspec's share of decode time spent
 llama.cpp runs in-process through llama-cpp-python (built from source by
 scripts/install_llama_cpp.sh, AMX off); its decode loop is timed around llama_decode calls
 (eval + argmax of the last logits row, the same work our decode loop does).
-Usage: bench/bench_vs_llama_cpp.py [--models gemma,smollm2] [--threads 1,2] [--repeats 3]
+Usage: benchmarks/bench_vs_llama_cpp.py [--models gemma,smollm2] [--threads 1,2] [--repeats 3]
 """
 import argparse
 import json

@@ -17,12 +17,21 @@
 
 #include "model/kv_cache.h"
 #include "model/model.h"
-#include "spec/draft_vocab.h"
-#include "spec/tree.h"
+#include "speculative/tree.h"
+#include "vocab/draft_vocab.h"
 
 namespace microspec {
 
 class GgufFile;
+
+// Verification rows a drafter already ran through the target's first layers: the leading `rows`
+// verification rows (the root at pending slot 0, then tree node i at slot i + 1) went through
+// layers [0, layer) at those slots, and `activations` holds their residual streams after them.
+struct VerifyResume {
+  int32_t rows = 0;                    // 0: verify every row from the embeddings
+  int32_t layer = 0;                   // the layer verification resumes at
+  const float* activations = nullptr;  // [rows][n_embd], valid until the drafter's next call
+};
 
 class Drafter {
  public:
@@ -35,29 +44,23 @@ class Drafter {
   // when prompt_top_k() is 0).
   virtual void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) = 0;
   // Builds the draft tree for `root`, the newest token (not yet in the target's cache), which goes
-  // at position `position`.
-  virtual void propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) = 0;
+  // at position `position`. sampling: null for a greedy tree (children best first); otherwise
+  // children are drawn from the draft distribution and recorded in the tree (see DraftSampling).
+  virtual void propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
+                       DraftTree& tree) = 0;
   // The target committed root and then the nodes `path` of `tree` (root to leaf).
   // verify_logits: the verification pass's target logits, [1 + tree.size()][n_vocab], row 0 at
   // the root and row i + 1 at node i (raw logits, before any sampling filter).
   virtual void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
                         const float* verify_logits) = 0;
-  // Most slots of the target's pending region propose() writes (0 when it uses its own cache).
-  virtual int32_t target_pending_slots(const TreeParams& params) const = 0;
   // Whether propose() can run with `room` free slots left in the context.
   virtual bool fits(const TreeParams& params, int32_t room) const = 0;
   // Time spent in the draft LM head (DraftVocabulary::logits) since the drafter was made.
   virtual double lm_head_seconds() const = 0;
-  // Speculative sampling: propose() draws children from the draft distribution and records it in
-  // the tree (see DraftSampling). nullptr returns to greedy trees. The object must outlive its use.
-  virtual void set_sampling(DraftSampling* sampling) = 0;
-  // Self-drafters: the draft's layers are the target's first layers, so verification can resume
-  // the rows the draft already ran. Returns how many leading verification rows (the root, then
-  // tree nodes in order) the last propose() ran at the pending slots verification gives them
-  // (root at 0, node i at i + 1), and writes their residual streams after reuse_layers() layers
-  // to x ([rows][n_embd], room for 1 + tree.size() rows). 0: verify every row from the start.
-  virtual int32_t reusable_rows(const DraftTree& tree, float* x) const { return 0; }
-  virtual int32_t reuse_layers() const { return 0; }
+  // What verification of the last propose()'s tree may resume instead of recomputing (see
+  // VerifyResume). A self-drafter's layers are the target's first layers, run at the very pending
+  // slots verification uses; every other drafter has nothing to hand over (rows = 0).
+  virtual VerifyResume resume_for(const DraftTree& tree) const { return {}; }
   // Size of the draft vocabulary the last propose() scored.
   virtual int32_t active_vocab_size() const = 0;
 };
@@ -71,7 +74,7 @@ class ModelTreeExpander : public TreeExpander {
   // written at pending slots 0.. from position `position0`.
   void start(std::span<const int32_t> prefix, int32_t root, int32_t position0);
   void expand(std::span<const int32_t> frontier, std::span<const TreeNode> cand, int32_t k,
-              Proposal* out) override;
+              DraftSampling* sampling, Proposal* out) override;
   // Pending slot where a candidate was run, -1 if it was not; the root's is root_slot().
   int32_t slot_of(int32_t candidate) const {
     return candidate < static_cast<int32_t>(slot_of_.size()) ? slot_of_[candidate] : -1;
@@ -88,7 +91,6 @@ class ModelTreeExpander : public TreeExpander {
   }
   const DraftVocabulary& vocab() const { return vocab_; }
   DraftVocabulary& vocab() { return vocab_; }
-  void set_sampling(DraftSampling* sampling) { sampling_ = sampling; }
 
  private:
   Model& model_;
@@ -103,8 +105,7 @@ class ModelTreeExpander : public TreeExpander {
   ForwardOutput out_;
   std::vector<float> logits_;  // [rows][vocab size] draft logits of one expansion
   double lm_head_seconds_ = 0.0;
-  DraftSampling* sampling_ = nullptr;  // non-null: children are drawn, not taken best-first
-  std::vector<float> slot_residual_;   // [slots run][n_embd] residual stream per pending slot
+  std::vector<float> slot_residual_;  // [slots run][n_embd] residual stream per pending slot
 };
 
 class SelfDrafter final : public Drafter {
@@ -115,26 +116,20 @@ class SelfDrafter final : public Drafter {
   void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override {
     expander_.vocab().begin(prompt, prompt_top);
   }
-  void propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) override;
+  void propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
+               DraftTree& tree) override;
   void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
                 const float* verify_logits) override {
     expander_.vocab().accepted(root, tree, path, verify_logits);
   }
-  int32_t target_pending_slots(const TreeParams& params) const override { return params.max_draft_rows(); }
-  int32_t reusable_rows(const DraftTree& tree, float* x) const override;
-  int32_t reuse_layers() const override { return expander_.n_layers(); }
+  VerifyResume resume_for(const DraftTree& tree) const override;
   bool fits(const TreeParams& params, int32_t room) const override { return params.max_draft_rows() <= room; }
   double lm_head_seconds() const override { return expander_.lm_head_seconds(); }
   int32_t active_vocab_size() const override { return expander_.vocab().size(); }
-  void set_sampling(DraftSampling* sampling) override {
-    sampling_ = sampling;
-    expander_.set_sampling(sampling);
-  }
 
  private:
   ModelTreeExpander expander_;
   TreeBuilder builder_;
-  DraftSampling* sampling_ = nullptr;
 };
 
 class ModelDrafter final : public Drafter {
@@ -143,21 +138,17 @@ class ModelDrafter final : public Drafter {
   ModelDrafter(Model& draft, int32_t n_ctx, DraftVocabulary vocab);
   int32_t prompt_top_k() const override { return expander_.vocab().prompt_top_k(); }
   void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override;
-  void propose(int32_t root, int32_t position, const TreeParams& params, DraftTree& tree) override;
+  void propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
+               DraftTree& tree) override;
   void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
                 const float* verify_logits) override;
-  int32_t target_pending_slots(const TreeParams& params) const override { return 0; }
   bool fits(const TreeParams& params, int32_t room) const override;
   double lm_head_seconds() const override { return expander_.lm_head_seconds(); }
   int32_t active_vocab_size() const override { return expander_.vocab().size(); }
-  void set_sampling(DraftSampling* sampling) override {
-    sampling_ = sampling;
-    expander_.set_sampling(sampling);
-  }
+  const Model& model() const { return model_; }
 
  private:
   Model& model_;
-  DraftSampling* sampling_ = nullptr;
   KVCache kv_;
   ModelTreeExpander expander_;
   TreeBuilder builder_;

@@ -53,8 +53,6 @@ class DraftVocabulary {
   // Rows the next logits() call scores (dynamic: the current active set, which may be 0 before
   // the first update of an `ext`-only window: there is nothing to draft then).
   int32_t size() const;
-  bool is_full() const { return kind_ == Kind::Full; }
-  bool is_dynamic() const { return kind_ == Kind::Dynamic; }
   // Token id of position j of the active rows.
   int32_t token(int32_t j) const { return ids_ ? ids_[j] : j; }
   // Token ids of the active rows in row order, nullptr when they are all ids in order.

@@ -1,4 +1,4 @@
-#include "spec/tree.h"
+#include "speculative/tree.h"
 
 #include <algorithm>
 #include <cmath>
@@ -78,7 +78,7 @@ void TreeBuilder::build(const TreeParams& params, TreeExpander& expander, DraftT
 
   // Root level: the root's top-k tokens.
   const int32_t root = -1;
-  expander.expand(std::span<const int32_t>(&root, 1), cand_, k, proposals_.data());
+  expander.expand(std::span<const int32_t>(&root, 1), cand_, k, sampling, proposals_.data());
   take_q(std::span<const int32_t>(&root, 1));
   frontier_.clear();
   for (int32_t j = 0; j < k; ++j) {
@@ -89,7 +89,7 @@ void TreeBuilder::build(const TreeParams& params, TreeExpander& expander, DraftT
   }
 
   for (int32_t round = 0; round < params.depth && !frontier_.empty(); ++round) {
-    expander.expand(frontier_, cand_, k, proposals_.data());
+    expander.expand(frontier_, cand_, k, sampling, proposals_.data());
     if (sampling && cand_q_.size() < cand_.size()) cand_q_.resize(cand_.size());
     take_q(frontier_);
     const int32_t first_child = static_cast<int32_t>(cand_.size());
@@ -199,7 +199,8 @@ void accept_greedy(const DraftTree& tree, std::span<const int32_t> target_argmax
 // tokens before it, and the whole output has the distribution of plain sampling.
 // (The q = 1 shortcut, treating a best-first draft as certain, is only right for greedy drafts;
 // here the draft tokens are real draws from q, so the accepted-token rate benefits from q ~ p.)
-TreeSamplingVerifier::TreeSamplingVerifier(int32_t n_vocab) : p_(size_t(n_vocab), 0.0f), q_(size_t(n_vocab), 0.0f) {}
+TreeSamplingVerifier::TreeSamplingVerifier(int32_t n_vocab)
+    : p_(size_t(n_vocab), 0.0f), q_(size_t(n_vocab), 0.0f) {}
 
 void TreeSamplingVerifier::accept(const DraftTree& tree, const float* target_logits, int32_t n_vocab,
                                   Sampler& target_sampler, std::vector<int32_t>& path,

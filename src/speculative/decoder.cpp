@@ -1,0 +1,233 @@
+#include "speculative/decoder.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "math/select.h"
+#include "util/error.h"
+
+namespace microspec {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+}  // namespace
+
+Decoder::Sampling::Sampling(const SamplingParams& params, int32_t n_vocab) : target(params, n_vocab) {
+  if (!(params.temperature > 0.0f)) return;
+  SamplingParams dp = params;
+  dp.seed = params.seed ^ 0x9e3779b97f4a7c15ull;
+  draft.emplace(dp, n_vocab);
+  draft_state.sampler = &*draft;
+}
+
+Decoder::Decoder(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
+                 const Tokenizer& tokenizer)
+    : gen_(gen), tokenizer_(tokenizer), params_(config.tree), verifier_(gen.model().config().n_vocab) {
+  config.validate();
+  built_ = build_drafter(config, target_file, gen, tokenizer);
+  drafter_ = built_.drafter.get();
+  describe_ = "plain decoding";
+  if (drafter_)
+    describe_ = built_.describe + ", tree depth " + std::to_string(params_.depth) + " top-k " +
+                std::to_string(params_.top_k) + " tokens " + std::to_string(params_.total_tokens);
+  size_step_buffers();
+}
+
+Decoder::Decoder(Generator& gen, const Tokenizer& tokenizer, Drafter* drafter, const TreeParams& tree)
+    : gen_(gen),
+      tokenizer_(tokenizer),
+      drafter_(drafter),
+      params_(tree),
+      describe_(drafter ? "drafter given by the caller" : "plain decoding"),
+      verifier_(gen.model().config().n_vocab) {
+  params_.validate();
+  size_step_buffers();
+}
+
+void Decoder::size_step_buffers() {
+  const Model& model = gen_.model();
+  const int32_t rows = drafter_ ? params_.total_tokens + 1 : 1, n_batch = model.n_batch();
+  if (rows > n_batch || (drafter_ && params_.top_k > n_batch))
+    throw Error("speculative tree: " + std::to_string(rows) + " verified tokens and top-k " +
+                std::to_string(params_.top_k) + " must fit the batch size " + std::to_string(n_batch) +
+                " (raise -b)");
+  out_.logits.reserve(size_t(rows) * model.config().n_vocab);
+  resume_x_.resize(size_t(rows) * model.config().n_embd);
+  argmax_.reserve(size_t(rows));
+}
+
+SpecResult Decoder::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
+                             const TextCallback& on_text, const DecodeObserver* observer) {
+  SpecResult res;
+  res.gen.prompt_tokens = static_cast<int32_t>(prompt.size());
+  TokenSink sink(tokenizer_, params, on_text, res.gen);
+  Sampling sampling(params.sampling, gen_.model().config().n_vocab);
+
+  const auto t0 = Clock::now();
+  int32_t root = prefill(prompt, sampling, observer);
+  const auto t1 = Clock::now();
+  res.gen.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  const double draft_head0 = drafter_ ? drafter_->lm_head_seconds() : 0.0;
+
+  // The first token comes from the prefill, exactly as in plain decoding.
+  KVCache& kv = gen_.cache();
+  bool running = !sink.done() && sink.push(root);
+  if (running && kv.n_past() + 1 >= kv.n_ctx()) {
+    res.gen.finish = FinishReason::ContextFull;
+    running = false;
+  }
+  while (running) running = step(&root, sampling, sink, observer, res);
+  sink.finish();
+
+  SpecStats& st = res.stats;
+  res.gen.decode_seconds = since(t1);
+  res.gen.decode_forwards = st.steps;
+  st.draft_lm_head_seconds = drafter_ ? drafter_->lm_head_seconds() - draft_head0 : 0.0;
+  res.gen.decode_lm_head_seconds = st.lm_head_seconds();
+  return res;
+}
+
+int32_t Decoder::prefill(const std::vector<int32_t>& prompt, Sampling& sampling,
+                         const DecodeObserver* observer) {
+  // A context-aware draft vocabulary seeds itself from the target's top tokens at every prompt
+  // position (K_pre); the prefill computes them on the way.
+  if (drafter_ && observer && observer->prompt_top_k > 0)
+    throw Error("decoder: an observer's prompt top-k applies to plain decoding only");
+  const int32_t k_pre = drafter_ ? drafter_->prompt_top_k() : observer ? observer->prompt_top_k : 0;
+  const float* logits = gen_.prefill(prompt, k_pre, &prompt_top_);
+  const int32_t first = sampling.target.sample(logits);
+  const std::span<const int32_t> prompt_top(prompt_top_.data(), k_pre ? prompt_top_.size() : 0);
+  if (drafter_) drafter_->begin(prompt, prompt_top);
+  if (observer && observer->on_prompt) observer->on_prompt(prompt, prompt_top);
+  if (observer && observer->on_token) observer->on_token(first, logits);
+  return first;
+}
+
+bool Decoder::step(int32_t* root, Sampling& sampling, TokenSink& sink, const DecodeObserver* observer,
+                   SpecResult& res) {
+  const int32_t position = gen_.cache().n_past();
+  const bool drafted = draft(*root, position, sampling, res.stats);
+  verify(*root, position, drafted ? drafter_->resume_for(tree_) : VerifyResume{}, res.stats);
+  accept_and_commit(sampling, res.stats);
+  update_drafter(*root, res.stats);
+  const bool running = emit(position, sink, observer, res);
+  *root = emitted_.back();
+  return running;
+}
+
+bool Decoder::draft(int32_t root, int32_t position, Sampling& sampling, SpecStats& st) {
+  tree_.clear();
+  // Near the end of the context the step degrades to a plain one (root only), so it never needs
+  // more room than plain decoding.
+  const int32_t room = gen_.cache().n_ctx() - position;
+  if (!drafter_ || !drafter_->fits(params_, room) || params_.total_tokens + 1 > room) return false;
+  const auto t0 = Clock::now();
+  drafter_->propose(root, position, params_, sampling.for_drafter(), tree_);
+  st.draft_seconds += since(t0);
+  st.active_vocab_sum += drafter_->active_vocab_size();
+  ++st.drafting_steps;
+  return true;
+}
+
+void Decoder::verify(int32_t root, int32_t position, const VerifyResume& resume, SpecStats& st) {
+  const auto t0 = Clock::now();
+  Model& model = gen_.model();
+  KVCache& kv = gen_.cache();
+  const double head0 = model.timings().lm_head_seconds;
+  batch_.clear();
+  batch_.tokens.push_back(root);
+  batch_.positions.push_back(position);
+  batch_.parents.push_back(-1);
+  for (const TreeNode& node : tree_.nodes) {
+    batch_.tokens.push_back(node.token);
+    batch_.positions.push_back(position + node.depth);
+    batch_.parents.push_back(node.parent + 1);
+  }
+  const int32_t n = batch_.size(), d = model.config().n_embd;
+  for (int32_t i = 0; i < n; ++i) batch_.output_rows.push_back(i);
+  if (resume.rows > 0 && resume.layer > 0) {
+    // The drafter ran the leading rows through the target's first layers at these very slots:
+    // resume them there (bitwise the same result, layers are per token); the rest run those
+    // layers now, and then every row runs the remaining layers together.
+    std::copy_n(resume.activations, size_t(resume.rows) * d, resume_x_.begin());
+    if (resume.rows < n) {
+      tail_.clear();
+      tail_.start = resume.rows;
+      for (int32_t i = resume.rows; i < n; ++i) {
+        tail_.tokens.push_back(batch_.tokens[i]);
+        tail_.positions.push_back(batch_.positions[i]);
+        tail_.parents.push_back(batch_.parents[i]);
+        tail_.output_rows.push_back(i - resume.rows);
+      }
+      model.forward(tail_, kv, tail_out_, {.end_layer = resume.layer});
+      std::copy(tail_out_.residual.begin(), tail_out_.residual.end(),
+                resume_x_.begin() + size_t(resume.rows) * d);
+    }
+    model.forward(batch_, kv, out_,
+                  {.logits = true, .first_layer = resume.layer, .resume_residual = resume_x_.data()});
+  } else {
+    model.forward(batch_, kv, out_, {.logits = true});
+  }
+  st.verify_lm_head_seconds += model.timings().lm_head_seconds - head0;
+  st.verify_seconds += since(t0);
+}
+
+void Decoder::accept_and_commit(Sampling& sampling, SpecStats& st) {
+  const auto t0 = Clock::now();
+  const int32_t V = gen_.model().config().n_vocab, n = tree_.size() + 1;
+  const float* logits = out_.logits.data();
+  path_.clear();
+  if (tree_.nodes.empty()) {
+    // The root alone: a plain decoding step, the token drawn exactly as Generator draws it.
+    emitted_.assign(1, sampling.target.sample(logits));
+  } else if (sampling.draft) {
+    verifier_.accept(tree_, logits, V, sampling.target, path_, emitted_);
+  } else {
+    argmax_.resize(size_t(n));
+    for (int32_t i = 0; i < n; ++i) argmax_[size_t(i)] = argmax(logits + size_t(i) * V, V);
+    accept_greedy(tree_, argmax_, path_, emitted_);
+  }
+  commit_.assign(1, 0);
+  for (int32_t p : path_) commit_.push_back(p + 1);
+  gen_.cache().commit(commit_);
+  ++st.steps;
+  st.drafted += tree_.size();
+  st.accepted_draft += static_cast<int64_t>(path_.size());
+  st.bookkeeping_seconds += since(t0);
+}
+
+void Decoder::update_drafter(int32_t root, SpecStats& st) {
+  if (!drafter_) return;
+  const auto t0 = Clock::now();
+  drafter_->accepted(root, tree_, path_, out_.logits.data());
+  st.draft_seconds += since(t0);
+}
+
+bool Decoder::emit(int32_t position, TokenSink& sink, const DecodeObserver* observer, SpecResult& res) {
+  const auto t0 = Clock::now();
+  // In order, through the plain decoder's logic: plain decoding would have position + 1 + j tokens
+  // in its cache when it produces emitted_[j], and stops there if one more does not fit. Only the
+  // tokens the sink takes count as decoded.
+  bool running = true;
+  const size_t V = size_t(gen_.model().config().n_vocab);
+  for (size_t j = 0; j < emitted_.size() && running; ++j) {
+    // emitted_[j] was chosen from the root's row (j = 0), else from the row of the j-th accepted node.
+    if (observer && observer->on_token)
+      observer->on_token(emitted_[j], out_.logits.data() + V * size_t(j == 0 ? 0 : path_[j - 1] + 1));
+    ++res.stats.decode_tokens;
+    if (!sink.push(emitted_[j])) {
+      running = false;
+    } else if (position + 1 + int32_t(j) + 1 >= gen_.cache().n_ctx()) {
+      res.gen.finish = FinishReason::ContextFull;
+      running = false;
+    }
+  }
+  res.stats.bookkeeping_seconds += since(t0);
+  return running;
+}
+
+}  // namespace microspec

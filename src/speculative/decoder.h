@@ -1,0 +1,147 @@
+#pragma once
+// The one generation entry point: the CLI, the server, the benchmark and the coverage measurement
+// all generate through a Decoder built from the speculative settings. Plain decoding is a Decoder
+// without a drafter (--spec none).
+//
+// One step of speculative decoding after the newest token (the root, not yet in the cache):
+//   draft           the drafter proposes a token tree after the root (no drafter: no tree);
+//   verify          the target runs root + tree in one forward pass, resuming the rows a drafter
+//                   already ran through its first layers (Drafter::resume_for);
+//   accept, commit  the longest path the target agrees with, plus the target's own next token (the
+//                   bonus), is accepted and its cache slots committed;
+//   update drafter  the drafter learns which path was kept (its cache, its draft vocabulary);
+//   emit            the accepted tokens go through the same TokenSink as plain decoding.
+// Every emitted token is the target's greedy choice, so greedy output (tokens, text, finish
+// reason) equals Generator::generate's exactly. With temperature > 0 the draft tree is sampled and
+// verified by recursive rejection sampling (tree.h, TreeSamplingVerifier): the output has exactly
+// plain sampling's distribution, though not the same tokens for a seed.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/generator.h"
+#include "gguf/gguf.h"
+#include "speculative/drafter.h"
+#include "speculative/drafter_setup.h"
+#include "speculative/settings.h"
+#include "speculative/tree.h"
+
+namespace microspec {
+
+struct SpecStats {
+  int32_t steps = 0;           // verification passes (plain decoding: forward passes)
+  int64_t accepted_draft = 0;  // draft tokens accepted over all steps
+  int64_t drafted = 0;         // draft tree nodes proposed over all steps
+  int64_t decode_tokens = 0;   // tokens after the prefill's that the sink took (bonus tokens included)
+  double draft_seconds = 0.0;  // in Drafter::propose/accepted (backbone + draft LM head)
+  double draft_lm_head_seconds = 0.0;   // the draft LM head (part of draft_seconds)
+  double verify_seconds = 0.0;          // the target's verification forward (its LM head included)
+  double verify_lm_head_seconds = 0.0;  // the target's LM head (part of verify_seconds)
+  double bookkeeping_seconds = 0.0;     // acceptance, KV commit, draft-vocabulary updates, emitting
+  int64_t active_vocab_sum = 0;         // draft vocabulary size summed over steps that drafted
+  int32_t drafting_steps = 0;           // steps with a draft tree
+  double draft_backbone_seconds() const { return draft_seconds - draft_lm_head_seconds; }
+  double lm_head_seconds() const { return draft_lm_head_seconds + verify_lm_head_seconds; }
+  double mean_active_vocab() const {
+    return drafting_steps ? double(active_vocab_sum) / drafting_steps : 0.0;
+  }
+  // Accepted draft tokens + 1 per step: tokens per target pass.
+  double mean_acceptance_length() const { return steps ? double(accepted_draft + steps) / steps : 0.0; }
+};
+
+// The result of a generation and the speeds every front end reports from it.
+struct SpecResult {
+  GenerateResult gen;
+  SpecStats stats;
+  // Tokens produced after the prefill that the sink took: a step's tokens after an
+  // end-of-generation token, a stop string or the token limit are not counted.
+  int64_t decode_tokens() const { return stats.steps > 0 ? stats.decode_tokens : gen.decode_forwards; }
+  double decode_tokens_per_second() const {
+    return gen.decode_seconds > 0 ? double(decode_tokens()) / gen.decode_seconds : 0.0;
+  }
+  double prefill_tokens_per_second() const {
+    return gen.prefill_seconds > 0 ? gen.prompt_tokens / gen.prefill_seconds : 0.0;
+  }
+};
+
+// Sees what the target computes during a generation, for measurements (`microspec coverage`):
+// the target's top prompt_top_k ids at every prompt position once the prompt is in ([prompt][k],
+// best first), then every generated token with the target's logits row it was chosen from, just
+// before the sink takes it (the token that ends the generation included).
+struct DecodeObserver {
+  int32_t prompt_top_k = 0;  // plain decoding only (a drafter asks for its own)
+  std::function<void(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top)> on_prompt;
+  std::function<void(int32_t token, const float* logits)> on_token;
+};
+
+class Decoder {
+ public:
+  // The drafter config asks for (none for --spec none) over gen's model; gen's cache is shared
+  // with a self-drafter. target_file, gen and tokenizer must outlive the decoder. Throws Error for
+  // invalid settings.
+  Decoder(const SpecConfig& config, const GgufFile& target_file, Generator& gen, const Tokenizer& tokenizer);
+  // With a drafter made elsewhere (tests), or none (nullptr: plain decoding); not owned.
+  Decoder(Generator& gen, const Tokenizer& tokenizer, Drafter* drafter, const TreeParams& tree);
+
+  SpecResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
+                      const TextCallback& on_text = nullptr, const DecodeObserver* observer = nullptr);
+
+  bool speculative() const { return drafter_ != nullptr; }
+  // One line describing drafter and tree ("plain decoding" without a drafter).
+  const std::string& describe() const { return describe_; }
+  // The separate draft model of --spec draft (null otherwise).
+  const Model* draft_model() const { return built_.model.get(); }
+
+ private:
+  // The generation's sampling state, an argument of every part that samples: the target's
+  // sampler, and for temperature > 0 the draft's (same filters, a derived seed) with the state
+  // Drafter::propose draws into. Greedy decoding draws nothing.
+  struct Sampling {
+    Sampler target;
+    std::optional<Sampler> draft;
+    DraftSampling draft_state;
+    Sampling(const SamplingParams& params, int32_t n_vocab);
+    DraftSampling* for_drafter() { return draft ? &draft_state : nullptr; }
+  };
+
+  // Checks that a step fits the batch size and sizes the step buffers.
+  void size_step_buffers();
+  // Prefill; returns the first generated token.
+  int32_t prefill(const std::vector<int32_t>& prompt, Sampling& sampling, const DecodeObserver* observer);
+  // One step after *root; sets *root to the step's last token. False when the generation ended.
+  bool step(int32_t* root, Sampling& sampling, TokenSink& sink, const DecodeObserver* observer,
+            SpecResult& res);
+  // The step's parts, in order (see the top of this file).
+  bool draft(int32_t root, int32_t position, Sampling& sampling, SpecStats& st);
+  void verify(int32_t root, int32_t position, const VerifyResume& resume, SpecStats& st);
+  void accept_and_commit(Sampling& sampling, SpecStats& st);
+  void update_drafter(int32_t root, SpecStats& st);
+  bool emit(int32_t position, TokenSink& sink, const DecodeObserver* observer, SpecResult& res);
+
+  Generator& gen_;
+  const Tokenizer& tokenizer_;
+  BuiltDrafter built_;          // what the settings built (empty for a drafter made elsewhere)
+  Drafter* drafter_ = nullptr;  // null: plain decoding
+  TreeParams params_;
+  std::string describe_;
+
+  // One step's buffers, sized at construction (the verify rows) or on first use.
+  DraftTree tree_;
+  Batch batch_;                   // verification: root at pending slot 0, node i at slot i + 1
+  ForwardOutput out_;             // [1 + tree nodes][n_vocab] target logits
+  std::vector<int32_t> argmax_;   // [1 + tree nodes] target argmax per verified row
+  std::vector<int32_t> path_;     // accepted node indices
+  std::vector<int32_t> emitted_;  // tokens of one step
+  std::vector<int32_t> commit_;   // pending slots to commit
+  std::vector<float> resume_x_;   // [1 + tree nodes][n_embd] residuals verification resumes from
+  Batch tail_;                    // verification rows the draft did not run
+  ForwardOutput tail_out_;
+  TreeSamplingVerifier verifier_;
+  std::vector<int32_t> prompt_top_;  // [prompt][drafter's K_pre] target top ids per prompt position
+};
+
+}  // namespace microspec

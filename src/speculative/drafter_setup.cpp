@@ -1,0 +1,104 @@
+#include "speculative/drafter_setup.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "util/error.h"
+#include "vocab/freq_file.h"
+
+namespace microspec {
+
+namespace {
+
+// The draft vocabulary c asks for, over model's LM head; *describe says which.
+DraftVocabulary make_vocabulary(const SpecConfig& c, const std::string& target_file_name, const Model& model,
+                                const Tokenizer& tokenizer, std::string* describe) {
+  const int32_t n_vocab = model.config().n_vocab;
+  if (c.draft_vocab == DraftVocabKind::Full) {
+    *describe = "full vocabulary";
+    return DraftVocabulary::full(n_vocab);
+  }
+  // The frequent tokens of `freq` and `hybrid`, with every end-of-generation token added: a draft
+  // that cannot propose the end of a reply would lose the step that ends it.
+  auto frequent = [&](int32_t k) {
+    // Without --freq-file: the ranking scripts/make_freq.sh writes next to the target's file.
+    std::string path = c.freq_file;
+    if (path.empty()) {
+      const std::string& target = target_file_name;
+      const bool gguf = target.size() > 5 && target.compare(target.size() - 5, 5, ".gguf") == 0;
+      const std::string beside = (gguf ? target.substr(0, target.size() - 5) : target) + ".freq.bin";
+      if (!std::filesystem::exists(beside))
+        throw Error(std::string("--draft-vocab ") + name_of(c.draft_vocab) +
+                    " needs --freq-file FILE (written by `microspec vocab-freq`; " +
+                    "scripts/make_freq.sh makes " + beside + ")");
+      path = beside;
+    }
+    const TokenFrequencies freq = read_freq_file(path, n_vocab);
+    std::vector<int32_t> ids = freq.top(k);
+    std::vector<uint8_t> in(size_t(n_vocab), 0);
+    for (int32_t id : ids) in[id] = 1;
+    for (int32_t id : tokenizer.end_of_generation_ids())  // EOS is among them
+      if (id >= 0 && id < n_vocab && !in[id]) {
+        in[id] = 1;
+        ids.push_back(id);
+      }
+    return ids;
+  };
+  if (c.draft_vocab == DraftVocabKind::Freq) {
+    std::vector<int32_t> ids = frequent(c.freq_top);
+    *describe = "freq vocabulary " + std::to_string(ids.size());
+    return DraftVocabulary::packed(model, std::move(ids));
+  }
+  DynamicVocabParams p;
+  p.stream.w_max = c.vocab_window;
+  p.stream.k_pre = c.vocab_kpre;
+  p.stream.k_ver = c.vocab_kver;
+  p.stream.source = c.vocab_source;
+  p.async_gather = c.async_gather;
+  std::vector<int32_t> pinned;
+  if (c.draft_vocab == DraftVocabKind::Hybrid && c.hybrid_top > 0) pinned = frequent(c.hybrid_top);
+  *describe = std::string(name_of(c.draft_vocab)) + " vocabulary W " + std::to_string(c.vocab_window) +
+              " kpre " + std::to_string(c.vocab_kpre) + " kver " + std::to_string(c.vocab_kver) +
+              (c.vocab_source != VocabSource::Both ? std::string(" source ") + name_of(c.vocab_source)
+                                                   : std::string()) +
+              (pinned.empty() ? std::string() : " + " + std::to_string(pinned.size()) + " frequent") +
+              (c.async_gather ? "" : ", sync gather");
+  return DraftVocabulary::dynamic(model, p, std::move(pinned));
+}
+
+}  // namespace
+
+BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
+                           const Tokenizer& tokenizer) {
+  BuiltDrafter b;
+  if (!config.enabled()) return b;
+  Model& target = gen.model();
+  const int32_t n_layer = target.config().n_layer;
+  std::string vocab;
+  if (config.mode == SpecMode::Self) {
+    const int32_t layers = config.draft_layers > 0 ? config.draft_layers : default_draft_layers(n_layer);
+    if (layers > n_layer)
+      throw Error("--draft-layers " + std::to_string(layers) + ": the model has " + std::to_string(n_layer) +
+                  " layers");
+    b.drafter = std::make_unique<SelfDrafter>(
+        target, gen.cache(), layers, make_vocabulary(config, target_file.name(), target, tokenizer, &vocab));
+    b.describe = "self, " + std::to_string(layers) + "/" + std::to_string(n_layer) + " layers";
+  } else {
+    b.file = GgufFile::open(config.draft_model);
+    check_same_vocabulary(target_file, *b.file);
+    // The draft runs on the target's threads, batch size and kernel table (--kernels).
+    ModelOptions opt;
+    opt.n_threads = target.pool().size();
+    opt.n_batch = target.n_batch();
+    opt.kernels = target.kernels().name;
+    b.model = Model::load(*b.file, opt);
+    b.drafter = std::make_unique<ModelDrafter>(
+        *b.model, gen.cache().n_ctx(),
+        make_vocabulary(config, target_file.name(), *b.model, tokenizer, &vocab));
+    b.describe = "draft model " + config.draft_model;
+  }
+  b.describe += ", " + vocab;
+  return b;
+}
+
+}  // namespace microspec

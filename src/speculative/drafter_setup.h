@@ -1,0 +1,30 @@
+#pragma once
+// The drafter a SpecConfig asks for: a self-drafter over the target's first layers, or a separate
+// draft model (loaded here with the target's threads, batch size and kernel table), each with the
+// draft vocabulary of --draft-vocab. The Decoder builds its drafter here, so a setting means the
+// same in the CLI, the server and the benchmark.
+#include <memory>
+#include <string>
+
+#include "engine/generator.h"
+#include "gguf/gguf.h"
+#include "speculative/drafter.h"
+#include "speculative/settings.h"
+
+namespace microspec {
+
+// A drafter with what it owns. Members are destroyed drafter first, then its model and file.
+struct BuiltDrafter {
+  std::unique_ptr<GgufFile> file;    // --spec draft: the draft model's file
+  std::unique_ptr<Model> model;      // --spec draft: the draft model
+  std::unique_ptr<Drafter> drafter;  // null for --spec none
+  std::string describe;              // drafter and draft vocabulary, for statistics lines
+};
+
+// config must be valid (SpecConfig::validate). gen's model is the target, and its cache is shared
+// with a self-drafter; target_file (the target's GGUF) locates the default frequency file and is
+// compared with a draft model's vocabulary. Throws Error.
+BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
+                           const Tokenizer& tokenizer);
+
+}  // namespace microspec

@@ -1,0 +1,139 @@
+// The speculative settings table (every flag parses, prints and validates through one row), the
+// draft model's options (it runs on the target's kernel table), and the server's answer to a
+// failure inside a generation (the server's fault, not the request's).
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/generator.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "server/api.h"
+#include "speculative/decoder.h"
+#include "speculative/settings.h"
+#include "test_helpers.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+namespace microspec {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(SpecSettings, EveryMemberRoundTripsThroughTheTable) {
+  // Every member away from its default, written out by the table and read back through it.
+  SpecConfig c;
+  c.mode = SpecMode::Draft;
+  c.draft_model = "draft.gguf";
+  c.tree = {5, 2, 9};
+  c.draft_vocab = DraftVocabKind::Hybrid;
+  c.freq_file = "f.bin";
+  c.freq_top = 100;
+  c.hybrid_top = 7;
+  c.vocab_window = 1024;
+  c.vocab_kpre = 1;
+  c.vocab_kver = 5;
+  c.vocab_source = VocabSource::Ext;
+  c.async_gather = false;
+  const nlohmann::json j = spec_config_json(c);
+  EXPECT_EQ(j.size(), spec_settings().size());
+  EXPECT_EQ(j.at("spec"), "draft");
+  EXPECT_EQ(j.at("draft-vocab"), "hybrid");
+  EXPECT_EQ(j.at("vocab-source"), "ext");
+  EXPECT_EQ(j.at("vocab-window"), 1024);
+  EXPECT_EQ(j.at("async-gather"), false);
+  SpecConfig back;
+  for (const SpecSetting& s : spec_settings()) {
+    const nlohmann::json& v = j.at(s.flag);
+    apply_spec_setting(back, s.flag, v.is_string() ? v.get<std::string>() : v.dump());
+  }
+  EXPECT_EQ(spec_config_json(back), j);
+  EXPECT_NO_THROW(back.validate());
+  // Defaults as the CLI shows them are the config's own.
+  EXPECT_EQ(spec_setting("spec").default_text(), "none");
+  EXPECT_EQ(spec_setting("draft-vocab").default_text(), "dynamic");
+  EXPECT_EQ(spec_setting("vocab-window").default_text(), "3072");
+  EXPECT_EQ(spec_setting("async-gather").default_text(), "true");
+}
+
+TEST(SpecSettings, ErrorsNameTheValidValuesAndRanges) {
+  SpecConfig c;
+  EXPECT_NE(error_of([&] { apply_spec_setting(c, "spec", "fast"); }).find("none, self, draft"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { apply_spec_setting(c, "draft-vocab", "tiny"); }).find("full, freq, dynamic, hybrid"),
+      std::string::npos);
+  EXPECT_NE(error_of([&] { apply_spec_setting(c, "vocab-source", "all"); }).find("both, ctx, ext"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { apply_spec_setting(c, "vocab-window", "0"); }).find("--vocab-window must be in [1, "),
+      std::string::npos);
+  EXPECT_NE(error_of([&] { apply_spec_setting(c, "tree-topk", "x"); }).find("expected an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { apply_spec_setting(c, "async-gather", "maybe"); }).find("true or false"),
+            std::string::npos);
+  const std::string unknown = error_of([&] { apply_spec_setting(c, "bogus", "1"); });
+  EXPECT_NE(unknown.find("unknown speculative setting 'bogus'"), std::string::npos);
+  EXPECT_NE(unknown.find("vocab-window"), std::string::npos) << "lists the settings: " << unknown;
+  EXPECT_EQ(spec_config_json(c), spec_config_json(SpecConfig{})) << "a rejected value changes nothing";
+  // validate() checks members set directly against the same ranges.
+  c.vocab_window = 0;
+  EXPECT_NE(error_of([&] { c.validate(); }).find("--vocab-window"), std::string::npos);
+  c = SpecConfig{};
+  c.mode = SpecMode::Draft;
+  EXPECT_NE(error_of([&] { c.validate(); }).find("--draft-model"), std::string::npos);
+  EXPECT_EQ(parse_spec_mode("self"), SpecMode::Self);
+  EXPECT_STREQ(name_of(DraftVocabKind::Freq), "freq");
+}
+
+// --kernels reference --spec draft: the draft model runs on the reference kernels too.
+TEST(SpecSettings, DraftModelLoadsWithTheTargetsKernels) {
+  const std::string path = test::smollm_path();
+  test::require_file(path);
+  auto file = GgufFile::open(path);
+  ModelOptions opt;
+  opt.n_threads = 1;
+  opt.n_batch = 16;
+  opt.kernels = "reference";
+  auto model = Model::load(*file, opt);
+  auto tok = Tokenizer::from_gguf(*file);
+  Generator gen(*model, *tok, 64);
+  SpecConfig c;
+  c.mode = SpecMode::Draft;
+  c.draft_model = path;
+  c.draft_vocab = DraftVocabKind::Full;
+  Decoder decoder(c, *file, gen, *tok);
+  ASSERT_NE(decoder.draft_model(), nullptr);
+  EXPECT_STREQ(decoder.draft_model()->kernels().name, "reference");
+  EXPECT_EQ(decoder.draft_model()->n_batch(), 16);
+  Decoder plain(SpecConfig{}, *file, gen, *tok);
+  EXPECT_FALSE(plain.speculative());
+  EXPECT_EQ(plain.draft_model(), nullptr);
+}
+
+TEST(ServerErrors, FailuresInsideAGenerationAreServerErrors) {
+  // An engine invariant failing mid-generation (the request was validated before it ran).
+  const server::ApiError e = server::generation_error(Error("draft model: out of step with the target"));
+  EXPECT_EQ(e.status, 500);
+  EXPECT_EQ(e.type, "server_error");
+  EXPECT_EQ(e.code, "generation_failed");
+  EXPECT_NE(std::string(e.what()).find("out of step"), std::string::npos);
+  const server::ApiError oom = server::generation_error(std::bad_alloc());
+  EXPECT_EQ(oom.status, 503);
+  // The request's own problems stay 400 invalid_request_error.
+  const server::ApiError bad(400, "Invalid 'temperature'.", "temperature");
+  EXPECT_EQ(bad.type, "invalid_request_error");
+}
+
+}  // namespace
+}  // namespace microspec
