@@ -33,7 +33,6 @@ std::string body_too_large_message(size_t limit) {
 
 RequestReader::RequestReader(const TransportLimits& limits) : limits_(limits) {
   parser_.emplace(*this);
-  parser_->eager(true);
   parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
   // Our own body handlers enforce max_body_bytes (and keep reading, dropping, to resynchronize);
   // the parser's limit bounds how much is dropped.
@@ -66,20 +65,31 @@ size_t RequestReader::feed(std::string_view data) {
   started_ = true;
   size_t used = 0;
   while (used < data.size() && !parser_->is_done()) {
+    const bool in_head = !parser_->is_header_done();
+    // Not eager in the head: put() returns when the head is complete, so head bytes are counted
+    // apart from the body's.
+    parser_->eager(!in_head);
     error_code ec;
     const size_t n = parser_->put(boost::asio::const_buffer(data.data() + used, data.size() - used), ec);
     used += n;
-    if (ec == http::error::need_more) break;
+    if (in_head) head_bytes_ += n;
+    const bool need_more = ec == http::error::need_more;
+    // Beast takes complete header lines as they come, so its own header limit bounds one put()
+    // only: the head's total is checked here, with what is still waiting.
+    if ((!ec || need_more) && in_head &&
+        head_bytes_ + (parser_->is_header_done() ? 0 : data.size() - used) > limits_.max_header_bytes)
+      ec = http::error::header_limit;
+    else if (need_more)
+      break;
     if (ec) {
-      finish_failed_parse(ec, data);
+      finish_failed_parse(ec);
       return used;
     }
     if (n == 0) break;
   }
   if (!parser_->is_done() && data.size() - used > limits_.max_header_bytes) {
     // Beast waits for a whole line (a chunk header with endless extensions, a trailer): bound it.
-    fail(parser_->is_header_done() ? 400 : 431, "Malformed HTTP request (a line longer than " +
-                                                     std::to_string(limits_.max_header_bytes) + " bytes).");
+    fail(400, "Malformed HTTP request (a line longer than " + std::to_string(limits_.max_header_bytes) + " bytes).");
     keep_connection_ = false;
     state_ = State::Failed;
     return used;
@@ -96,17 +106,17 @@ size_t RequestReader::feed(std::string_view data) {
   return used;
 }
 
-void RequestReader::finish_failed_parse(const error_code& ec, std::string_view data) {
+void RequestReader::finish_failed_parse(const error_code& ec) {
   if (ec == http::error::header_limit) {
-    // Whether the request line itself ended within the limit tells 414 from 431.
-    const bool line_ended = data.substr(0, limits_.max_header_bytes).find('\n') != std::string_view::npos;
-    if (line_ended)
+    if (line_done_)
       fail(431, "Request header section too large: the limit is " + std::to_string(limits_.max_header_bytes) +
                     " bytes.");
     else
       fail(414, "Request line too long: the limit is " + std::to_string(limits_.max_header_bytes) + " bytes.");
   } else if (ec == http::error::body_limit) {
     fail(413, body_too_large_message(limits_.max_body_bytes));
+  } else if (ec == http::error::bad_version) {
+    fail(505, "HTTP version not supported: this server speaks HTTP/1.0 and HTTP/1.1.");
   } else {
     fail(400, "Malformed HTTP request (" + ec.message() + ").");
   }
@@ -139,6 +149,7 @@ void RequestReader::Parser::on_request_impl(http::verb method, string_view metho
     ec = http::error::bad_target;
     return;
   }
+  r.line_done_ = true;
   r.request_.method(method);
   r.request_.target(target);
   r.request_.version(version);
@@ -165,29 +176,28 @@ void RequestReader::Parser::on_field_impl(http::field name, string_view name_str
   r.request_.insert(name, name_string, value);
 }
 
-void RequestReader::Parser::on_header_impl(error_code&) {
+void RequestReader::Parser::on_header_impl(error_code& ec) {
   RequestReader& r = owner_;
   const auto expect = r.request_.find(http::field::expect);
   r.expects_continue_ = expect != r.request_.end() && iequals(view(expect->value()), "100-continue");
-}
-
-void RequestReader::Parser::on_body_init_impl(const boost::optional<std::uint64_t>& content_length,
-                                              error_code& ec) {
-  RequestReader& r = owner_;
-  if (!content_length || *content_length <= r.limits_.max_body_bytes) {
-    if (content_length) r.request_.body().reserve(size_t(*content_length));
-    return;
-  }
+  const auto length = content_length();
+  if (!length || *length <= r.limits_.max_body_bytes) return;
   // Known too large before a byte of it is read: a client waiting for 100 Continue, or a body too
   // long to drop, is answered at once (and the connection ends); else the body is dropped as it
   // comes so the connection can go on.
   r.too_large_ = true;
   const bool waits_for_continue = r.expects_continue_;
   r.expects_continue_ = false;
-  if (waits_for_continue || *content_length > r.limits_.max_body_bytes * (kDrainFactor + 1)) {
+  if (waits_for_continue || *length > r.limits_.max_body_bytes * (kDrainFactor + 1)) {
     r.fail(413, body_too_large_message(r.limits_.max_body_bytes));
     ec = http::error::body_limit;
   }
+}
+
+void RequestReader::Parser::on_body_init_impl(const boost::optional<std::uint64_t>& content_length,
+                                              error_code&) {
+  RequestReader& r = owner_;
+  if (content_length && !r.too_large_) r.request_.body().reserve(size_t(*content_length));
 }
 
 std::size_t RequestReader::Parser::on_body_impl(string_view body, error_code&) {

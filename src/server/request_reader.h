@@ -69,7 +69,7 @@ class RequestReader {
 
   void fail(int status, std::string message);
   void take_body(std::string_view bytes);
-  void finish_failed_parse(const boost::beast::error_code& ec, std::string_view data);
+  void finish_failed_parse(const boost::beast::error_code& ec);
 
   TransportLimits limits_;
   std::optional<Parser> parser_;
@@ -79,6 +79,8 @@ class RequestReader {
   bool expects_continue_ = false;
   bool too_large_ = false;  // body past the limit: dropping the rest
   size_t fields_ = 0;
+  size_t head_bytes_ = 0;  // bytes of the request line and header section taken so far
+  bool line_done_ = false;  // the request line was read
   int status_ = 0;
   std::string message_;
   bool keep_connection_ = false;

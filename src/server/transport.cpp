@@ -25,6 +25,9 @@ namespace {
 
 // A stream writer may run ahead of the socket by this much before write() blocks it.
 constexpr size_t kStreamHighWater = 16 * 1024;
+// Each connection's kernel send buffer (fixed, so not grown by autotuning to megabytes): answers
+// are small or streamed, and a reader that stops reading is noticed after a few hundred events.
+constexpr int kSendBufferBytes = 16 * 1024;
 // After an answer that ends the connection, what the client still sends is read and dropped for
 // this long (so the answer is not lost to a reset), then the socket is closed.
 constexpr auto kLingerTime = std::chrono::milliseconds(1000);
@@ -475,6 +478,7 @@ void HttpTransport::Impl::accept() {
       } else {
         error_code ignored;
         socket.set_option(tcp::no_delay(true), ignored);  // stream events are small writes
+        socket.set_option(net::socket_base::send_buffer_size(kSendBufferBytes), ignored);
         std::make_shared<Session>(self, std::move(socket))->start();
       }
     } else if (ec == net::error::no_descriptors) {
