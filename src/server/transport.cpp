@@ -136,7 +136,6 @@ class Session : public std::enable_shared_from_this<Session> {
       self->enqueue(std::move(bytes), last, close_after);
     });
   }
-  const HttpRequest* current_request() const { return exchange_ ? &exchange_->request() : nullptr; }
   void record_status(int status) {
     if (!t_->observer) return;
     const auto target = exchange_ ? exchange_->request().target() : boost::beast::string_view();
@@ -169,6 +168,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool close_after_response_ = false;
   bool response_done_ = false;
   bool dead_ = false;
+  bool peer_closed_ = false;  // the client closed or reset while its request was processed
   size_t lingered_ = 0;
 
   void next_request() {
@@ -256,8 +256,6 @@ class Session : public std::enable_shared_from_this<Session> {
     if (phase_ == Phase::Idle) start_request_deadline();
     parse();
   }
-
-  bool peer_closed_ = false;
 
   void record_status_for_unparsed(int status) {
     if (t_->observer) t_->observer("", status);
@@ -400,7 +398,6 @@ class Session : public std::enable_shared_from_this<Session> {
       --t_->responding;
     }
   }
-  bool dead_on_strand() const { return dead_; }
 };
 
 void ExchangeImpl::respond(int status, const HttpHeaders& headers, std::string content_type, std::string body) {
