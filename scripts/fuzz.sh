@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Fuzzes the GGUF reader with libFuzzer + ASan + UBSan for a bounded time.
-#   scripts/fuzz.sh [SECONDS=60] [extra libFuzzer flags...]
-# Builds in build-fuzz/ with clang++ (the library is instrumented too), writes a seed corpus from
-# the GGUF writer plus truncated headers of the real models, and keeps the evolving corpus in
-# build-fuzz/corpus/gguf between runs. Exits non-zero on any crash, leak, timeout, sanitizer report
-# or broken invariant; the reproducer is left in build-fuzz/artifacts/ (replay it with
-# build-fuzz/fuzz_gguf FILE).
+# Fuzzes parsers with libFuzzer + ASan + UBSan for a bounded time each:
+#   gguf: the GGUF reader (fuzz/fuzz_gguf.cpp)
+#   http: the server's HTTP request reader, head and body, with its limits (fuzz/fuzz_http.cpp)
+#   scripts/fuzz.sh [SECONDS=60] [gguf|http ...] [extra libFuzzer flags...]   (default: both targets)
+# Builds in build-fuzz/ with clang++ (the library is instrumented too), writes seed corpora (the
+# GGUF writer plus truncated headers of the real models; a few requests for http), and keeps the
+# evolving corpora in build-fuzz/corpus/<target> between runs. Exits non-zero on any crash, leak,
+# timeout, sanitizer report or broken invariant; the reproducer is left in build-fuzz/artifacts/
+# (replay it with build-fuzz/fuzz_<target> FILE).
 set -euo pipefail
 
 secs="${1:-60}"
 shift || true
-case "$secs" in '' | *[!0-9]*) echo "usage: $0 [SECONDS] [libFuzzer flags...]" >&2; exit 2 ;; esac
+case "$secs" in '' | *[!0-9]*) echo "usage: $0 [SECONDS] [gguf|http ...] [libFuzzer flags...]" >&2; exit 2 ;; esac
+targets=()
+while [ $# -gt 0 ] && { [ "$1" = gguf ] || [ "$1" = http ]; }; do targets+=("$1"); shift; done
+[ ${#targets[@]} -gt 0 ] || targets=(gguf http)
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${MICROSPEC_FUZZ_BUILD_DIR:-$root/build-fuzz}"
@@ -19,23 +24,42 @@ sanitizers="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=un
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DMICROSPEC_FUZZ=ON -DMICROSPEC_TESTS=OFF -DCMAKE_CXX_FLAGS="$sanitizers" >/dev/null
-cmake --build "$build" -j"$jobs" --target fuzz_gguf make_gguf_seeds
+cmake --build "$build" -j"$jobs" --target fuzz_gguf make_gguf_seeds fuzz_http
 
-seeds="$build/seeds/gguf"
-corpus="$build/corpus/gguf"
 artifacts="$build/artifacts"
-rm -rf "$seeds"
-mkdir -p "$seeds" "$corpus" "$artifacts"
-"$build/make_gguf_seeds" "$seeds"
-# Truncated real headers: realistic metadata layouts (they fail late, at the tensor data checks).
-for model in "$root"/models/*.gguf; do
-  [ -f "$model" ] || continue
-  head -c 65536 "$model" >"$seeds/$(basename "$model" .gguf)-64k.gguf"
-done
+mkdir -p "$artifacts"
 
-# -max_len: the seeds are small; 64 KiB leaves room for the truncated real headers.
-# -malloc_limit_mb: a corrupt count must never turn into a large allocation.
-"$build/fuzz_gguf" "$corpus" "$seeds" \
-  -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256 \
-  -dict="$root/fuzz/gguf.dict" -artifact_prefix="$artifacts/" -print_final_stats=1 "$@"
-echo "fuzz.sh: no crash in ${secs}s; corpus: $(ls "$corpus" | wc -l) files in $corpus"
+fuzz_gguf() {
+  local seeds="$build/seeds/gguf" corpus="$build/corpus/gguf"
+  rm -rf "$seeds"
+  mkdir -p "$seeds" "$corpus"
+  "$build/make_gguf_seeds" "$seeds"
+  # Truncated real headers: realistic metadata layouts (they fail late, at the tensor data checks).
+  for model in "$root"/models/*.gguf; do
+    [ -f "$model" ] || continue
+    head -c 65536 "$model" >"$seeds/$(basename "$model" .gguf)-64k.gguf"
+  done
+  # -max_len: the seeds are small; 64 KiB leaves room for the truncated real headers.
+  # -malloc_limit_mb: a corrupt count must never turn into a large allocation.
+  "$build/fuzz_gguf" "$corpus" "$seeds" \
+    -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256 \
+    -dict="$root/fuzz/gguf.dict" -artifact_prefix="$artifacts/" -print_final_stats=1 "$@"
+  echo "fuzz.sh: gguf: no crash in ${secs}s; corpus: $(ls "$corpus" | wc -l) files in $corpus"
+}
+
+fuzz_http() {
+  local seeds="$build/seeds/http" corpus="$build/corpus/http"
+  rm -rf "$seeds"
+  mkdir -p "$seeds" "$corpus"
+  # The first byte of an input picks the read size; the rest is what a connection sends.
+  printf '\x07GET /health HTTP/1.1\r\nHost: x\r\n\r\n' >"$seeds/get"
+  printf '\x01POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n{"prompt":"x"}GET / HTTP/1.0\r\n\r\n' >"$seeds/pipelined"
+  printf '\x10POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5;a=b\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n' >"$seeds/chunked"
+  printf '\x3fPOST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 300\r\n\r\n' >"$seeds/continue"
+  "$build/fuzz_http" "$corpus" "$seeds" \
+    -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=64 \
+    -dict="$root/fuzz/http.dict" -artifact_prefix="$artifacts/" -print_final_stats=1 "$@"
+  echo "fuzz.sh: http: no crash in ${secs}s; corpus: $(ls "$corpus" | wc -l) files in $corpus"
+}
+
+for target in "${targets[@]}"; do "fuzz_$target" "$@"; done

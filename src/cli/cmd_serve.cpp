@@ -1,7 +1,10 @@
 // `microspec serve`: the OpenAI-compatible HTTP server (src/server/) with speculative decoding,
 // Prometheus metrics and a chat page.
+#include <chrono>
+
 #include "cli/commands.h"
 #include "cli/common.h"
+
 #include "server/server.h"
 
 namespace microspec::cli {
@@ -46,9 +49,29 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--queue", s.queue, "requests that may wait for a free slot; more are answered 429")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--max-body", s.max_body_bytes, "largest request body in bytes; larger gets 413")
+  cmd->add_option("--max-body", s.limits.max_body_bytes,
+                  "largest request body in bytes on any route, chunked or not; larger gets 413")
       ->capture_default_str()
       ->check(CLI::Range(size_t(1), size_t(1) << 34));
+  cmd->add_option("--cors", s.cors_origins,
+                  "origins (ORIGIN[,ORIGIN...], e.g. http://localhost:3000; '*': any) whose web pages may call "
+                  "the API; default none: cross-origin requests get 403")
+      ->delimiter(',');
+  cmd->add_option("--max-connections", s.limits.max_connections,
+                  "open connections at most; more are answered 503 and closed")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  auto add_ms = [&](const char* name, std::chrono::milliseconds& value, const char* what) {
+    cmd->add_option_function<double>(
+           name, [&value](double seconds) { value = std::chrono::milliseconds(int64_t(seconds * 1000.0)); },
+           std::string(what) + " (seconds, default " + std::to_string(value.count() / 1000) + ")")
+        ->check(CLI::Range(0.001, 86400.0));
+  };
+  add_ms("--request-timeout", s.limits.request_timeout,
+         "a request's head and body must arrive within this of its first byte, else 408");
+  add_ms("--idle-timeout", s.limits.idle_timeout, "a keep-alive connection without a request is closed after this");
+  add_ms("--write-timeout", s.limits.write_timeout,
+         "a client that does not take an answer's bytes for this long is disconnected and its generation stopped");
   add_spec_options(*cmd, s.spec);
   cmd->footer(
       "-t sets compute threads per slot (default: cores / --parallel). -c is each slot's context.\n"

@@ -134,6 +134,11 @@ void TokenSink::emit(std::string_view text) {
 
 bool TokenSink::push(int32_t token) {
   if (done_) return false;
+  if (params_.cancel && params_.cancel->load(std::memory_order_relaxed)) {  // nobody waits for the rest
+    stopped_by_callback_ = true;
+    done_ = true;
+    return false;
+  }
   if (!params_.ignore_eos && tokenizer_.is_end_of_generation(token)) {
     r_.finish = FinishReason::EndOfGeneration;
     done_ = true;

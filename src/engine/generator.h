@@ -1,6 +1,7 @@
 #pragma once
 // Plain autoregressive generation: chunked prefill, then one token per forward pass.
 // This is the reference that every speculative path must reproduce token for token.
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -19,6 +20,7 @@ struct GenerateParams {
   SamplingParams sampling;
   std::vector<std::string> stop_strings;  // generation stops before the first occurrence
   bool ignore_eos = false;                // keep going past end-of-generation tokens (benchmarks)
+  const std::atomic<bool>* cancel = nullptr;  // when set (the client left), generation ends at the next token
 };
 
 enum class FinishReason { Length, EndOfGeneration, StopString, ContextFull };

@@ -383,13 +383,12 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
     if (!ctx.chat_format)
       throw ApiError(400, "This model has no chat template: use /v1/completions.", "messages",
                      "no_chat_template");
-    std::string text;
+    // Message text is tokenized as text: control-token strings in it are not control tokens.
     try {
-      text = apply_chat_template(*ctx.chat_format, messages, true, ctx.default_system);
+      r.prompt_ids = encode_chat(tok, *ctx.chat_format, messages, ctx.default_system);
     } catch (const Error& e) {
       throw ApiError(400, std::string("Invalid 'messages': ") + e.what(), "messages", "invalid_value");
     }
-    r.prompt_ids = tok.encode(text, tok.add_bos_default(), true);
   } else {
     r.prompt_ids = parse_prompt(body, tok);
   }
@@ -406,14 +405,16 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   const char* max_key = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   const int64_t room = ctx.n_ctx - n_prompt;
   const int64_t max_tokens = integer_field(body, max_key, 1, std::numeric_limits<int64_t>::max(), room);
-  if (max_tokens > room)
+  if (max_tokens > room) {
+    // max_tokens may be as large as int64 allows: name it as sent, never as a sum that overflows.
+    const std::string asked = field(body, max_key)->dump();
     throw ApiError(400,
-                   "This model's maximum context length is " + std::to_string(ctx.n_ctx) +
-                       " tokens. However, you requested " + std::to_string(n_prompt + max_tokens) +
-                       " tokens (" + std::to_string(n_prompt) + " in the prompt, " +
-                       std::to_string(max_tokens) +
-                       " for the completion). Please reduce the prompt or the completion length.",
+                   "This model's maximum context length is " + std::to_string(ctx.n_ctx) + " tokens. However, '" +
+                       max_key + "' asks for " + asked + " tokens for the completion and the prompt has " +
+                       std::to_string(n_prompt) + ", which leaves " + std::to_string(room) +
+                       ". Please reduce the prompt or the completion length.",
                    max_key, "context_length_exceeded");
+  }
   r.params.max_new_tokens = static_cast<int32_t>(max_tokens);
 
   // Sampling defaults are the CLI's (`microspec generate`), so a setting means the same in both.

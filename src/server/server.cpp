@@ -1,6 +1,7 @@
 #include "server/server.h"
 
-#include <httplib.h>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <pthread.h>
 #include <signal.h>
 
@@ -18,6 +19,7 @@
 #include "server/chat_page.h"
 #include "server/metrics.h"
 #include "server/slots.h"
+#include "server/transport.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
 
@@ -27,15 +29,17 @@ using nlohmann::json;
 
 namespace {
 
-// HTTP workers beyond one per slot and queue place: they answer /health, /metrics, the page and
-// 429s while every slot and queue place is taken.
-constexpr int kExtraHttpWorkers = 8;
-
 const char* const kRoutes[] = {
     "/", "/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"};
 
-// Metric label for a path: a known route, or "other" so unknown paths cannot grow the label set.
-std::string route_label(const std::string& path) {
+std::string_view path_of(std::string_view target) {
+  return target.substr(0, target.find('?'));
+}
+
+// Metric label for a request target: a known route, or "other" so unknown paths cannot grow the
+// label set.
+std::string route_label(std::string_view target) {
+  const std::string_view path = path_of(target);
   for (const char* r : kRoutes)
     if (path == r) return r;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -49,34 +53,125 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-void send_json(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(dump_json(body), "application/json");
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out)
+    if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
+  return out;
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
-  if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
-  if (e.status == 429) res.set_header("Retry-After", "1");
-  send_json(res, e.status, error_body(e.status, e.what(), e.param, e.code, e.type));
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
 }
 
-// One completion request on its way through a slot. Shared between the handler and, for streamed
-// answers, the content provider that runs the generation.
+std::string header(const HttpRequest& req, boost::beast::http::field name) {
+  const auto it = req.find(name);
+  if (it == req.end()) return "";
+  return std::string(it->value().data(), it->value().size());
+}
+
+// The answer to one request, with the headers every response to it carries (CORS).
+struct Reply {
+  std::shared_ptr<Exchange> ex;
+  HttpHeaders headers;
+
+  void json_answer(int status, const json& body, HttpHeaders extra = {}) const {
+    HttpHeaders h = headers;
+    h.insert(h.end(), extra.begin(), extra.end());
+    ex->respond(status, h, "application/json", dump_json(body));
+  }
+  void error(const ApiError& e, HttpHeaders extra = {}) const {
+    if (e.status == 401) extra.emplace_back("WWW-Authenticate", "Bearer");
+    if (e.status == 429 || e.status == 503) extra.emplace_back("Retry-After", "1");
+    json_answer(e.status, error_body(e.status, e.what(), e.param, e.code, e.type), std::move(extra));
+  }
+  void text(int status, const std::string& content_type, std::string body) const {
+    ex->respond(status, headers, content_type, std::move(body));
+  }
+};
+
+// Runs f, answering any error it throws as OpenAI-style JSON.
+template <class F>
+void guarded(const Reply& reply, F&& f) {
+  try {
+    f();
+  } catch (const ApiError& e) {
+    reply.error(e);
+  } catch (const Error& e) {
+    // The library's errors are about its input, which here came from the request.
+    reply.error(ApiError(400, e.what()));
+  } catch (const std::bad_alloc&) {
+    reply.error(ApiError(503, "The server ran out of memory for this request.", "", "out_of_memory"));
+  } catch (const std::exception& e) {
+    reply.error(ApiError(500, std::string("Internal error: ") + e.what()));
+  }
+}
+
+// One completion request on its way through a slot.
 struct Job {
+  Endpoint endpoint = Endpoint::Chat;
+  Reply reply;
   CompletionRequest request;
   AnswerIds ids;
   std::unique_ptr<SlotLease> lease;
   double queue_seconds = 0.0;
-  bool started = false;
-  bool client_gone = false;           // a stream write failed: stop generating
   bool stopped_for_shutdown = false;  // the generation was ended by SIGTERM/SIGINT
+  bool client_gone() const { return reply.ex->cancelled(); }
 };
+
+// The routes, one table: path (a trailing '*' matches any rest), the methods it takes.
+enum class RouteId { Page, Health, Metrics, Models, Model, Chat, Completion };
+struct Route {
+  const char* path;
+  RouteId id;
+  boost::beast::http::verb method;
+  const char* allow;  // the Allow header of a 405
+};
+const Route kRouteTable[] = {
+    {"/", RouteId::Page, boost::beast::http::verb::get, "GET, OPTIONS"},
+    {"/health", RouteId::Health, boost::beast::http::verb::get, "GET, OPTIONS"},
+    {"/metrics", RouteId::Metrics, boost::beast::http::verb::get, "GET, OPTIONS"},
+    {"/v1/models", RouteId::Models, boost::beast::http::verb::get, "GET, OPTIONS"},
+    {"/v1/models/*", RouteId::Model, boost::beast::http::verb::get, "GET, OPTIONS"},
+    {"/v1/chat/completions", RouteId::Chat, boost::beast::http::verb::post, "POST, OPTIONS"},
+    {"/v1/completions", RouteId::Completion, boost::beast::http::verb::post, "POST, OPTIONS"},
+};
+
+const Route* find_route(std::string_view path) {
+  for (const Route& r : kRouteTable) {
+    const std::string_view p = r.path;
+    if (p.back() == '*' ? (path.size() > p.size() - 1 && path.substr(0, p.size() - 1) == p.substr(0, p.size() - 1))
+                        : path == p)
+      return &r;
+  }
+  return nullptr;
+}
+
+// Media types the completion routes read as JSON. Form encoding is what `curl -d` and Python's
+// urllib label a body with when not told otherwise; such bodies are read as JSON all the same.
+bool json_content_type(std::string_view content_type) {
+  const std::string type = lower(trim(content_type.substr(0, content_type.find(';'))));
+  if (type.empty() || type == "application/json" || type == "application/x-www-form-urlencoded") return true;
+  return type.rfind("application/", 0) == 0 && type.size() > 5 && type.compare(type.size() - 5, 5, "+json") == 0;
+}
 
 class Server {
  public:
   Server(const ServerOptions& options, std::unique_ptr<GgufFile> file, std::unique_ptr<Tokenizer> tokenizer,
          std::unique_ptr<SlotPool> pool)
-      : opt_(options), file_(std::move(file)), tokenizer_(std::move(tokenizer)), pool_(std::move(pool)) {
+      : opt_(options),
+        file_(std::move(file)),
+        tokenizer_(std::move(tokenizer)),
+        pool_(std::move(pool)),
+        // A worker for every slot and queue place: workers wait for slots, I/O threads never do.
+        max_jobs_(pool_->size() + pool_->queue_limit()),
+        workers_(size_t(max_jobs_)),
+        transport_(
+            opt_.limits, [this](std::shared_ptr<Exchange> ex) { handle(std::move(ex)); },
+            [this](std::string_view target, int status) { metrics_.count_request(route_label(target), status); },
+            [](int status, const std::string& message) { return dump_json(error_body(status, message)); }) {
     model_name_ = opt_.model_name;
     if (model_name_.empty()) {
       model_name_ = std::filesystem::path(opt_.model_path).filename().string();
@@ -94,35 +189,27 @@ class Server {
     }
     created_ = static_cast<int64_t>(std::time(nullptr));
     id_salt_ = splitmix64(std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32));
-    setup_routes();
   }
 
   // Binds, then serves until shutdown() has run. Throws Error when the address cannot be bound.
   void serve() {
-    const int port = opt_.port == 0 ? http_.bind_to_any_port(opt_.host) : opt_.port;
-    if (port < 0 || (opt_.port != 0 && !http_.bind_to_port(opt_.host, opt_.port)))
-      throw Error("cannot listen on " + opt_.host + ":" + std::to_string(opt_.port) +
-                  " (address in use, not local, or not permitted)");
+    const int port = transport_.listen(opt_.host, opt_.port);
     std::fprintf(stderr, "serve: listening on http://%s:%d (model %s, %d slot%s, queue %d%s)\n",
                  opt_.host.c_str(), port, model_name_.c_str(), pool_->size(), pool_->size() == 1 ? "" : "s",
                  pool_->queue_limit(), opt_.api_key.empty() ? "" : ", API key required");
     std::fflush(stderr);
-    const bool ok = http_.listen_after_bind();
-    if (!ok && !shutting_down_) throw Error("the HTTP server stopped unexpectedly");
+    transport_.run();
   }
 
   // Called once, from the signal-watching thread: in-flight generations end at their next token,
-  // waiting requests get 503, then the listener closes and serve() returns.
+  // waiting requests get 503, their answers are written, then serve() returns.
   void shutdown() {
     shutting_down_ = true;
     pool_->shutdown();
     pool_->wait_idle();
-    // listen_after_bind() may not have started yet; stop() only works on a running server.
-    while (!http_.is_running() && !serve_returned_)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    http_.stop();
+    while (jobs_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    transport_.stop(std::chrono::seconds(5));
   }
-  void mark_serve_returned() { serve_returned_ = true; }
 
  private:
   ServerOptions opt_;
@@ -131,13 +218,15 @@ class Server {
   std::unique_ptr<SlotPool> pool_;
   RequestContext ctx_;
   Metrics metrics_;
-  httplib::Server http_;
+  const int max_jobs_;
+  std::atomic<int> jobs_{0};  // completion requests handed to the workers and not finished
+  boost::asio::thread_pool workers_;
+  HttpTransport transport_;
   std::string model_name_;
   int64_t created_ = 0;
   uint64_t id_salt_ = 0;
   std::atomic<uint64_t> id_counter_{0};
   std::atomic<bool> shutting_down_{false};
-  std::atomic<bool> serve_returned_{false};
 
   std::string make_id(const char* prefix) {
     char hex[17];
@@ -146,162 +235,140 @@ class Server {
     return std::string(prefix) + hex;
   }
 
-  void check_auth(const httplib::Request& req) const {
+  // "Authorization: <scheme> <key>": the scheme in any case, the key exactly as sent (never
+  // decoded), compared in constant time.
+  void check_auth(const HttpRequest& req) const {
     if (opt_.api_key.empty()) return;
-    const std::string header = req.get_header_value("Authorization");
-    if (header.empty())
+    const std::string value = header(req, boost::beast::http::field::authorization);
+    if (value.empty())
       throw ApiError(401, "You didn't provide an API key: send the header 'Authorization: Bearer <key>'.", "",
                      "missing_api_key");
-    const bool bearer =
-        header.size() > 7 && (header.compare(0, 7, "Bearer ") == 0 || header.compare(0, 7, "bearer ") == 0);
-    if (!bearer || !secrets_equal(header.substr(7), opt_.api_key))
+    const size_t space = value.find(' ');
+    const bool bearer = space != std::string::npos && lower(std::string_view(value).substr(0, space)) == "bearer";
+    const std::string key = bearer ? std::string(trim(std::string_view(value).substr(space + 1))) : std::string();
+    if (!bearer || !secrets_equal(key, opt_.api_key))
       throw ApiError(401, "Incorrect API key provided.", "", "invalid_api_key");
   }
 
-  // Runs f, answering any error it throws as OpenAI-style JSON.
-  template <class F>
-  void guarded(httplib::Response& res, F&& f) {
-    try {
-      f();
-    } catch (const ApiError& e) {
-      send_error(res, e);
-    } catch (const Error& e) {
-      // The library's errors are about its input, which here came from the request.
-      send_error(res, ApiError(400, e.what()));
-    } catch (const std::bad_alloc&) {
-      send_error(res, ApiError(503, "The server ran out of memory for this request.", "", "out_of_memory"));
-    } catch (const std::exception& e) {
-      send_error(res, ApiError(500, std::string("Internal error: ") + e.what()));
+  // Cross-origin policy: a request that names an Origin other than this server's own must come
+  // from one given with --cors ("*": any). Browsers send Origin on every cross-origin request, so
+  // a page elsewhere cannot start a generation on a server that did not allow it. Returns the
+  // headers that let the browser read the answer ("" origin: nothing to add).
+  bool origin_allowed(const HttpRequest& req, HttpHeaders* cors) const {
+    const std::string origin = header(req, boost::beast::http::field::origin);
+    if (origin.empty()) return true;
+    const std::string host = header(req, boost::beast::http::field::host);
+    if (origin == "http://" + host) return true;  // the chat page, served from here
+    for (const std::string& allowed : opt_.cors_origins) {
+      if (allowed == "*" || allowed == origin) {
+        cors->emplace_back("Access-Control-Allow-Origin", allowed == "*" ? "*" : origin);
+        cors->emplace_back("Vary", "Origin");
+        return true;
+      }
     }
+    return false;
   }
 
-  void setup_routes() {
-    http_.new_task_queue = [n = pool_->size() + pool_->queue_limit() + kExtraHttpWorkers] {
-      return new httplib::ThreadPool(size_t(n));
-    };
-    http_.set_tcp_nodelay(true);  // stream events are small writes: send them at once
-    http_.set_payload_max_length(opt_.max_body_bytes);
-    http_.set_error_handler(
-        httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
-          if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // already an API error
-          std::string message;
-          switch (res.status) {
-            case 404:
-              message = "Invalid URL (" + req.method + " " + req.path + ").";
-              break;
-            case 413:
-              message = "Request body too large: the limit is " + std::to_string(opt_.max_body_bytes) +
-                        " bytes (--max-body).";
-              break;
-            case 400:
-              message = "Malformed HTTP request.";
-              break;
-            case 414:
-              message = "Request URI too long.";
-              break;
-            default:
-              message = "HTTP error " + std::to_string(res.status) + ".";
-          }
-          send_json(res, res.status, error_body(res.status, message));
-          return httplib::Server::HandlerResponse::Handled;
-        }));
-    http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "unknown exception";
-      try {
-        if (ep) std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
+  // On an I/O thread: route, method, origin; cheap routes are answered here, completions go to a
+  // worker.
+  void handle(std::shared_ptr<Exchange> ex) {
+    const HttpRequest& req = ex->request();
+    Reply reply{ex, {}};
+    const auto target = req.target();
+    const std::string_view path = path_of(std::string_view(target.data(), target.size()));
+    const std::string method(req.method_string().data(), req.method_string().size());
+    const Route* route = find_route(path);
+    if (!route)
+      return reply.error(ApiError(404, "Invalid URL (" + method + " " + std::string(path) + ").", "", "not_found"));
+    if (!origin_allowed(req, &reply.headers))
+      return reply.error(ApiError(403,
+                                  "Cross-origin requests from " + header(req, boost::beast::http::field::origin) +
+                                      " are not allowed (start the server with --cors ORIGIN to allow them).",
+                                  "", "origin_not_allowed"));
+    if (req.method() == boost::beast::http::verb::options) {
+      HttpHeaders h = reply.headers;
+      h.emplace_back("Allow", route->allow);
+      if (!reply.headers.empty()) {  // a preflight from an allowed origin
+        h.emplace_back("Access-Control-Allow-Methods", route->allow);
+        h.emplace_back("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        h.emplace_back("Access-Control-Max-Age", "600");
       }
-      send_error(res, ApiError(500, "Internal error: " + what));
+      return ex->respond(204, h, "", "");
+    }
+    if (req.method() != route->method)
+      return reply.error(ApiError(405,
+                                  "Method " + method + " is not allowed on " + std::string(path) + " (use " +
+                                      boost::beast::http::to_string(route->method).to_string() + ").",
+                                  "", "method_not_allowed"),
+                         {{"Allow", route->allow}});
+    guarded(reply, [&] {
+      switch (route->id) {
+        case RouteId::Page:
+          return reply.text(200, "text/html; charset=utf-8", std::string(chat_page_html()));
+        case RouteId::Health: {
+          const bool stopping = shutting_down_;
+          return reply.json_answer(stopping ? 503 : 200, json{{"status", stopping ? "shutting_down" : "ok"},
+                                                              {"model", model_name_},
+                                                              {"slots", pool_->size()},
+                                                              {"slots_busy", pool_->busy()},
+                                                              {"queue_depth", pool_->waiting()}});
+        }
+        case RouteId::Metrics: {
+          check_auth(req);
+          GaugeSnapshot g;
+          g.slots_total = pool_->size();
+          g.slots_busy = pool_->busy();
+          g.queue_depth = pool_->waiting();
+          g.queue_limit = pool_->queue_limit();
+          return reply.text(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render(g));
+        }
+        case RouteId::Models:
+          check_auth(req);
+          return reply.json_answer(200, json{{"object", "list"}, {"data", json::array({model_json()})}});
+        case RouteId::Model: {
+          check_auth(req);
+          const std::string id(path.substr(std::string_view("/v1/models/").size()));
+          if (id != model_name_)
+            throw ApiError(404, "The model '" + id + "' does not exist (this server has '" + model_name_ + "').",
+                           "model", "model_not_found");
+          return reply.json_answer(200, model_json());
+        }
+        case RouteId::Chat:
+        case RouteId::Completion:
+          return admit_completion(route->id == RouteId::Chat ? Endpoint::Chat : Endpoint::Completion, reply);
+      }
     });
-    http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      metrics_.count_request(route_label(req.path), res.status);
-    });
+  }
 
-    http_.Get("/", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(chat_page_html().data(), chat_page_html().size(), "text/html; charset=utf-8");
-    });
-    http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      const bool stopping = shutting_down_;
-      send_json(res, stopping ? 503 : 200,
-                json{{"status", stopping ? "shutting_down" : "ok"},
-                     {"model", model_name_},
-                     {"slots", pool_->size()},
-                     {"slots_busy", pool_->busy()},
-                     {"queue_depth", pool_->waiting()}});
-    });
-    http_.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded(res, [&] {
-        check_auth(req);
-        GaugeSnapshot g;
-        g.slots_total = pool_->size();
-        g.slots_busy = pool_->busy();
-        g.queue_depth = pool_->waiting();
-        g.queue_limit = pool_->queue_limit();
-        res.set_content(metrics_.render(g), "text/plain; version=0.0.4; charset=utf-8");
-      });
-    });
-    http_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded(res, [&] {
-        check_auth(req);
-        send_json(res, 200, json{{"object", "list"}, {"data", json::array({model_json()})}});
-      });
-    });
-    http_.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded(res, [&] {
-        check_auth(req);
-        const std::string id = req.matches[1];
-        if (id != model_name_)
-          throw ApiError(404,
-                         "The model '" + id + "' does not exist (this server has '" + model_name_ + "').",
-                         "model", "model_not_found");
-        send_json(res, 200, model_json());
-      });
-    });
-    for (const auto& route : {std::pair{"/v1/chat/completions", Endpoint::Chat},
-                              std::pair{"/v1/completions", Endpoint::Completion}}) {
-      const char* path = route.first;
-      const Endpoint endpoint = route.second;  // not a structured binding: clang 14 cannot capture one
-      // Bodies go through a content reader so the size limit holds for chunked and compressed
-      // bodies too (cpp-httplib checks only Content-Length against its payload limit).
-      http_.Post(path, [this, endpoint](const httplib::Request& req, httplib::Response& res,
-                                        const httplib::ContentReader& reader) {
-        guarded(res, [&] {
-          std::string body;
-          read_body(res, reader, body);
-          handle_completion(endpoint, req, res, body);
-        });
-      });
-      // A POST without a body does not reach content-reader handlers.
-      http_.Post(path, [this, endpoint](const httplib::Request& req, httplib::Response& res) {
-        guarded(res, [&] { handle_completion(endpoint, req, res, req.body); });
-      });
+  // Still on the I/O thread: checks what needs no parsing, then hands the request to a worker.
+  void admit_completion(Endpoint endpoint, const Reply& reply) {
+    const HttpRequest& req = reply.ex->request();
+    check_auth(req);
+    if (shutting_down_) throw ApiError(503, "The server is shutting down.", "", "server_shutting_down");
+    const std::string type = header(req, boost::beast::http::field::content_type);
+    if (!json_content_type(type))
+      throw ApiError(415, "Unsupported Content-Type '" + type.substr(0, 100) + "': send the body as application/json.",
+                     "", "unsupported_media_type");
+    const std::string encoding = lower(trim(header(req, boost::beast::http::field::content_encoding)));
+    if (!encoding.empty() && encoding != "identity")
+      throw ApiError(415, "Unsupported Content-Encoding '" + encoding.substr(0, 100) + "': send the body uncompressed.",
+                     "", "unsupported_media_type");
+    // Every worker busy means every slot and queue place is taken.
+    if (jobs_.fetch_add(1) >= max_jobs_) {
+      --jobs_;
+      throw queue_full();
     }
-    // Known routes with the wrong method: 405 naming the right one.
-    auto not_allowed = [](const char* allow) {
-      return [allow](const httplib::Request& req, httplib::Response& res) {
-        res.set_header("Allow", allow);
-        send_error(
-            res,
-            ApiError(405, "Method " + req.method + " is not allowed on " + req.path + " (use " + allow + ").",
-                     "", "method_not_allowed"));
-      };
-    };
-    for (const char* path : {"/v1/chat/completions", "/v1/completions"}) {
-      http_.Get(path, not_allowed("POST"));
-      http_.Put(path, not_allowed("POST"));
-      http_.Patch(path, not_allowed("POST"));
-      http_.Delete(path, not_allowed("POST"));
-      http_.Options(path, not_allowed("POST"));
-    }
-    for (const char* path : {"/", "/health", "/metrics", "/v1/models"}) {
-      http_.Post(path, not_allowed("GET"));
-      http_.Put(path, not_allowed("GET"));
-      http_.Patch(path, not_allowed("GET"));
-      http_.Delete(path, not_allowed("GET"));
-      http_.Options(path, not_allowed("GET"));
-    }
+    boost::asio::post(workers_, [this, endpoint, reply] {
+      guarded(reply, [&] { run_completion(endpoint, reply); });
+      --jobs_;
+    });
+  }
+
+  ApiError queue_full() const {
+    return ApiError(429,
+                    "The server is busy: all " + std::to_string(pool_->size()) + " slots are generating and " +
+                        std::to_string(pool_->queue_limit()) + " requests are waiting. Retry later.",
+                    "", "queue_full");
   }
 
   json model_json() const {
@@ -313,68 +380,37 @@ class Server {
     return j;
   }
 
-  void read_body(httplib::Response& res, const httplib::ContentReader& reader, std::string& body) {
-    // Past the limit the rest of the body is read and dropped (up to kDrainFactor times the limit)
-    // rather than left on the connection, where cpp-httplib would parse it as the next request.
-    constexpr size_t kDrainFactor = 16;
-    bool too_large = false;
-    size_t dropped = 0;
-    const bool ok = reader([&](const char* data, size_t n) {
-      if (!too_large && body.size() + n <= opt_.max_body_bytes) {
-        body.append(data, n);
-        return true;
-      }
-      too_large = true;
-      dropped += n;
-      return dropped <= kDrainFactor * opt_.max_body_bytes;
-    });
-    if (too_large || res.status == 413)
-      throw ApiError(413,
-                     "Request body too large: the limit is " + std::to_string(opt_.max_body_bytes) +
-                         " bytes (--max-body).",
-                     "", "body_too_large");
-    if (!ok) throw ApiError(400, "Could not read the request body.", "", "bad_body");
-  }
-
-  void handle_completion(Endpoint endpoint, const httplib::Request& req, httplib::Response& res,
-                         const std::string& body) {
-    check_auth(req);
-    if (shutting_down_) throw ApiError(503, "The server is shutting down.", "", "server_shutting_down");
-    auto job = std::make_shared<Job>();
-    job->request = parse_completion_request(endpoint, body, ctx_);
-    job->ids.id = make_id(endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
-    job->ids.created = static_cast<int64_t>(std::time(nullptr));
-    job->ids.model = model_name_;
-    switch (pool_->acquire(&job->lease, &job->queue_seconds)) {
+  // On a worker thread: parse, wait for a slot, generate, answer.
+  void run_completion(Endpoint endpoint, const Reply& reply) {
+    Job job;
+    job.endpoint = endpoint;
+    job.reply = reply;
+    job.request = parse_completion_request(endpoint, reply.ex->request().body(), ctx_);
+    job.request.params.cancel = &reply.ex->cancelled();
+    job.ids.id = make_id(endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
+    job.ids.created = static_cast<int64_t>(std::time(nullptr));
+    job.ids.model = model_name_;
+    if (reply.ex->cancelled()) return;  // the client left while it waited for a worker
+    switch (pool_->acquire(&job.lease, &job.queue_seconds)) {
       case SlotPool::Status::Ok:
         break;
       case SlotPool::Status::QueueFull:
-        throw ApiError(429,
-                       "The server is busy: all " + std::to_string(pool_->size()) +
-                           " slots are generating and " + std::to_string(pool_->queue_limit()) +
-                           " requests are waiting. Retry later.",
-                       "", "queue_full");
+        throw queue_full();
       case SlotPool::Status::ShuttingDown:
         throw ApiError(503, "The server is shutting down.", "", "server_shutting_down");
     }
-    if (!job->request.stream) {
-      TextCallback on_text = [&](std::string_view) {
-        if (!shutting_down_) return true;
-        job->stopped_for_shutdown = true;
-        return false;
-      };
-      GenerationReport report = generate(*job, on_text);
-      job->lease.reset();
-      if (job->stopped_for_shutdown)
-        throw ApiError(503, "The server is shutting down; the generation was stopped.", "",
-                       "server_shutting_down");
-      send_json(res, 200, answer_json(endpoint, job->ids, report));
-      return;
-    }
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, job](size_t, httplib::DataSink& sink) { return stream(*job, sink); });
+    if (job.request.stream) return stream(job);
+    TextCallback on_text = [&](std::string_view) {
+      if (!shutting_down_) return true;
+      job.stopped_for_shutdown = true;
+      return false;
+    };
+    GenerationReport report = generate(job, on_text);
+    job.lease.reset();
+    if (job.stopped_for_shutdown)
+      throw ApiError(503, "The server is shutting down; the generation was stopped.", "", "server_shutting_down");
+    if (job.client_gone()) return;  // nobody to answer
+    reply.json_answer(200, answer_json(endpoint, job.ids, report));
   }
 
   // Runs the job's generation in its slot; records metrics and a log line. What fails inside the
@@ -393,7 +429,7 @@ class Server {
       metrics_.record_generation(report, Outcome::Failed);
       throw generation_error(e);
     }
-    const Outcome outcome = job.client_gone            ? Outcome::Cancelled
+    const Outcome outcome = job.client_gone()          ? Outcome::Cancelled
                             : job.stopped_for_shutdown ? Outcome::Shutdown
                                                        : Outcome::Completed;
     metrics_.record_generation(report, outcome);
@@ -407,33 +443,30 @@ class Server {
     return report;
   }
 
-  // The content provider of a streamed answer: generates, writing one server-sent event per piece
-  // of text, then the closing events. Returning false tells cpp-httplib to drop the connection.
-  bool stream(Job& job, httplib::DataSink& sink) {
-    if (job.started) {  // not called again after done(); kept safe regardless
-      sink.done();
-      return true;
-    }
-    job.started = true;
-    const Endpoint endpoint = job.request.endpoint;
+  // A streamed answer: one server-sent event per piece of text, then the closing events. A write
+  // that fails (the client left, or stopped reading past the write deadline) stops the generation.
+  void stream(Job& job) {
+    Exchange& ex = *job.reply.ex;
+    const Endpoint endpoint = job.endpoint;
     const bool usage_null = job.request.include_usage;
-    auto send = [&](const std::string& payload) { return sink.write(payload.data(), payload.size()); };
+    HttpHeaders h = job.reply.headers;
+    h.emplace_back("Cache-Control", "no-cache");
+    h.emplace_back("X-Accel-Buffering", "no");
+    ex.start_stream(200, h, "text/event-stream");
+    auto send = [&](const std::string& payload) { return ex.write(payload); };
     auto event = [&](const json& j) { return send("data: " + dump_json(j) + "\n\n"); };
 
     if (endpoint == Endpoint::Chat && !event(chunk_json(endpoint, job.ids, "", true, nullptr, usage_null))) {
       job.lease.reset();
-      return false;
+      ex.end_stream();
+      return;
     }
     TextCallback on_text = [&](std::string_view text) {
       if (shutting_down_) {
         job.stopped_for_shutdown = true;
         return false;
       }
-      if (!event(chunk_json(endpoint, job.ids, std::string(text), false, nullptr, usage_null))) {
-        job.client_gone = true;
-        return false;
-      }
-      return true;
+      return event(chunk_json(endpoint, job.ids, std::string(text), false, nullptr, usage_null));
     };
     GenerationReport report;
     std::string failure;
@@ -443,19 +476,18 @@ class Server {
       failure = e.what();
     }
     job.lease.reset();  // the slot is free before the closing writes
-    if (job.client_gone) return false;
-    if (!failure.empty()) {
-      event(error_body(500, failure, "", "generation_failed"));
-    } else if (job.stopped_for_shutdown) {
-      event(error_body(503, "The server is shutting down; this reply was cut short.", "",
-                       "server_shutting_down"));
-    } else {
-      event(chunk_json(endpoint, job.ids, "", false, finish_reason(report.result.gen), usage_null));
-      if (job.request.include_usage) event(usage_chunk_json(endpoint, job.ids, report));
+    if (!job.client_gone()) {
+      if (!failure.empty()) {
+        event(error_body(500, failure, "", "generation_failed"));
+      } else if (job.stopped_for_shutdown) {
+        event(error_body(503, "The server is shutting down; this reply was cut short.", "", "server_shutting_down"));
+      } else {
+        event(chunk_json(endpoint, job.ids, "", false, finish_reason(report.result.gen), usage_null));
+        if (job.request.include_usage) event(usage_chunk_json(endpoint, job.ids, report));
+      }
+      send("data: [DONE]\n\n");
     }
-    send("data: [DONE]\n\n");
-    sink.done();
-    return true;
+    ex.end_stream();
   }
 };
 
@@ -466,7 +498,10 @@ void run_server(const ServerOptions& o) {
   if (o.queue < 0) throw Error("--queue must be >= 0");
   if (o.port < 0 || o.port > 65535) throw Error("--port must be in 0..65535");
   if (o.n_ctx < 2) throw Error("-c must be >= 2");
-  if (o.max_body_bytes < 1) throw Error("--max-body must be >= 1");
+  if (o.limits.max_body_bytes < 1) throw Error("--max-body must be >= 1");
+  if (o.limits.max_connections < 1) throw Error("--max-connections must be >= 1");
+  for (const auto* t : {&o.limits.request_timeout, &o.limits.idle_timeout, &o.limits.write_timeout})
+    if (t->count() < 1) throw Error("timeouts must be at least 1 ms");
   o.spec.validate();
   const bool loopback = o.host == "127.0.0.1" || o.host == "localhost" || o.host == "::1";
   if (!loopback && o.api_key.empty())
@@ -515,15 +550,12 @@ void run_server(const ServerOptions& o) {
         continue;
       }
       stopping = true;
-      std::fprintf(stderr,
-                   "serve: %s: stopping in-flight generations, then closing (idle keep-alive connections "
-                   "within 5 s)\n",
+      std::fprintf(stderr, "serve: %s: stopping in-flight generations, then closing\n",
                    sig == SIGINT ? "SIGINT" : "SIGTERM");
       server.shutdown();
     }
   });
   auto finish = [&] {
-    server.mark_serve_returned();
     watch = false;
     watcher.join();
     // Signals that arrived after the watcher's last look stay pending: take them before unblocking,

@@ -1,16 +1,19 @@
 #pragma once
-// `microspec serve`: an OpenAI-compatible HTTP server (cpp-httplib) over generation slots, with
-// speculative decoding, Prometheus metrics and a chat page.
+// `microspec serve`: an OpenAI-compatible HTTP server over generation slots, with speculative
+// decoding, Prometheus metrics and a chat page.
 //
-// Threads: cpp-httplib's worker pool reads requests and runs each generation on the worker that
-// owns the connection, inside the slot it leased (a streamed answer generates inside the chunked
-// content provider, so each token is written to the socket as it is produced and a failed write -
-// the client went away - stops the generation). The pool has a worker for every slot and queue
-// place plus a few for /health, /metrics and the page, so those answer while every slot is busy.
+// Threads: the HTTP transport (transport.h, Boost.Beast) reads every request and writes every
+// answer on one I/O thread, asynchronously, so idle and slow connections hold no thread; /health,
+// /metrics, /v1/models and the page are answered there. Completion requests go to a pool of
+// workers, one for every slot and queue place, which parse them, wait for a slot and generate;
+// a streamed answer is written piece by piece as it is generated. A client that leaves, or stops
+// reading past the write deadline, stops its generation at the next step.
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "server/transport.h"
 #include "speculative/settings.h"
 
 namespace microspec::server {
@@ -27,7 +30,8 @@ struct ServerOptions {
   int32_t n_ctx = 4096;   // tokens per slot
   int32_t n_batch = 512;  // prefill chunk
   std::string kernels = "auto";
-  size_t max_body_bytes = 1 << 20;  // larger request bodies get 413
+  TransportLimits limits;                // request sizes, deadlines, open connections
+  std::vector<std::string> cors_origins;  // origins whose pages may call the API ("*": any); none by default
   SpecConfig spec;
 };
 

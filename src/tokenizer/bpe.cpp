@@ -215,6 +215,11 @@ void BpeTokenizer::encode_fragment(std::string_view text, bool, std::vector<int3
     for (size_t i = a; i < b; ++i) word += byte_chars_[static_cast<uint8_t>(norm[i])];
     encode_word(word, out);
   }
+  trim_scratch(norm);
+  trim_scratch(subject);
+  trim_scratch(pieces);
+  trim_scratch(next);
+  trim_scratch(word);
 }
 
 void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out) const {
@@ -258,6 +263,8 @@ void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out)
       if (byte_id >= 0) out.push_back(byte_id);
     }
   }
+  trim_scratch(syms);
+  trim_scratch(heap);
 }
 
 std::string BpeTokenizer::token_to_piece(int32_t id, bool special) const {

@@ -111,8 +111,14 @@ std::string default_system_prompt(const GgufFile& file) {
 }
 
 std::string apply_chat_template(ChatFormat f, std::span<const ChatMessage> messages,
-                                bool add_generation_prompt, const std::string& default_system) {
+                                bool add_generation_prompt, const std::string& default_system,
+                                std::vector<Tokenizer::TextRange>* content_ranges) {
   std::string out;
+  // Appends what a message says (recording where it lies: text, never control tokens).
+  auto content = [&](std::string_view text) {
+    if (content_ranges && !text.empty()) content_ranges->push_back({out.size(), text.size()});
+    out += text;
+  };
   switch (f) {
     case ChatFormat::Gemma: {
       // Gemma has no system role: system text goes at the top of the next user turn.
@@ -125,11 +131,15 @@ std::string apply_chat_template(ChatFormat f, std::span<const ChatMessage> messa
         const std::string role = m.role == "assistant" ? "model" : m.role;
         out += "<start_of_turn>" + role + "\n";
         if (!system.empty() && role != "model") {
-          out += system + "\n\n";
+          content(system);
+          out += "\n\n";
           system.clear();
         }
-        out += trim(m.content) + "<end_of_turn>\n";
+        content(trim(m.content));
+        out += "<end_of_turn>\n";
       }
+      if (!system.empty())
+        throw Error("the gemma chat format has no system role: a system message must be followed by a user message");
       if (add_generation_prompt) out += "<start_of_turn>model\n";
       break;
     }
@@ -137,14 +147,19 @@ std::string apply_chat_template(ChatFormat f, std::span<const ChatMessage> messa
       if (!default_system.empty() && !messages.empty() && messages[0].role != "system") {
         out += "<|im_start|>system\n" + default_system + "<|im_end|>\n";
       }
-      for (const ChatMessage& m : messages)
-        out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      for (const ChatMessage& m : messages) {
+        out += "<|im_start|>" + m.role + "\n";
+        content(m.content);
+        out += "<|im_end|>\n";
+      }
       if (add_generation_prompt) out += "<|im_start|>assistant\n";
       break;
     }
     case ChatFormat::Llama3: {
       for (const ChatMessage& m : messages) {
-        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) + "<|eot_id|>";
+        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
+        content(trim(m.content));
+        out += "<|eot_id|>";
       }
       if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
       break;
@@ -155,7 +170,9 @@ std::string apply_chat_template(ChatFormat f, std::span<const ChatMessage> messa
 
 std::vector<int32_t> encode_chat(const Tokenizer& tok, ChatFormat f, std::span<const ChatMessage> messages,
                                  const std::string& default_system) {
-  return tok.encode(apply_chat_template(f, messages, true, default_system), tok.add_bos_default(), true);
+  std::vector<Tokenizer::TextRange> contents;
+  const std::string text = apply_chat_template(f, messages, true, default_system, &contents);
+  return tok.encode_with_literals(text, tok.add_bos_default(), contents);
 }
 
 }  // namespace microspec

@@ -106,6 +106,9 @@ void SpmTokenizer::encode_fragment(std::string_view text, bool after_special,
       if (byte_id >= 0) out.push_back(byte_id);
     }
   }
+  trim_scratch(buf);
+  trim_scratch(syms);
+  trim_scratch(heap);
 }
 
 std::string SpmTokenizer::token_to_piece(int32_t id, bool special) const {

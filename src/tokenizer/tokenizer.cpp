@@ -181,6 +181,8 @@ void SpecialSplitter::split(std::string_view text, bool parse_special, std::vect
     cursor = f.offset + f.length;
   }
   if (cursor < n) out.push_back(Fragment{-1, cursor, n - cursor});
+  trim_scratch(taken);
+  trim_scratch(chosen);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -339,14 +341,41 @@ void VocabTokenizer::load_common(const GgufFile& file, const Defaults& defaults)
 }
 
 std::vector<int32_t> VocabTokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+  return encode_impl(text, add_bos, parse_special, {});
+}
+
+std::vector<int32_t> VocabTokenizer::encode_with_literals(std::string_view text, bool add_bos,
+                                                          std::span<const TextRange> literal) const {
+  return encode_impl(text, add_bos, true, literal);
+}
+
+std::vector<int32_t> VocabTokenizer::encode_impl(std::string_view text, bool add_bos, bool parse_special,
+                                                 std::span<const TextRange> literal) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_bos) {
     if (bos_id_ < 0) throw Error(file_name_ + ": the vocabulary has no BOS token");
     out.push_back(bos_id_);
   }
-  thread_local std::vector<Fragment> fragments;
+  thread_local std::vector<Fragment> fragments;  // [fragments] special tokens and the text between
   splitter_.split(text, parse_special, fragments);
+  if (!literal.empty()) {
+    // A control token that overlaps a literal range becomes text again, joined with its neighbours
+    // (user-defined tokens stay: they match even without parse_special).
+    size_t w = 0, r = 0;  // literal ranges before r end before the current fragment
+    for (const Fragment& f : fragments) {
+      Fragment g = f;
+      if (g.token >= 0 && types_[g.token] != TokenType::UserDefined) {
+        while (r < literal.size() && literal[r].offset + literal[r].length <= g.offset) ++r;
+        if (r < literal.size() && literal[r].offset < g.offset + g.length) g.token = -1;
+      }
+      if (g.token < 0 && w > 0 && fragments[w - 1].token < 0)
+        fragments[w - 1].length = g.offset + g.length - fragments[w - 1].offset;
+      else
+        fragments[w++] = g;
+    }
+    fragments.resize(w);
+  }
   bool after_special = true;
   for (const Fragment& f : fragments) {
     if (f.token >= 0) {
@@ -357,6 +386,7 @@ std::vector<int32_t> VocabTokenizer::encode(std::string_view text, bool add_bos,
       after_special = false;
     }
   }
+  trim_scratch(fragments);
   return out;
 }
 

@@ -24,6 +24,14 @@ class Tokenizer {
   // llama.cpp does. add_bos: prepend BOS (use add_bos_default() for the file's rule).
   // parse_special: text matching control/special token strings becomes those tokens.
   virtual std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const = 0;
+  // Encodes with special tokens parsed, except inside the `literal` byte ranges of text (sorted,
+  // not overlapping): there control-token strings are plain text, as with parse_special false.
+  // Chat prompts: the template's own markers are control tokens, what a user typed is text.
+  struct TextRange {
+    size_t offset, length;
+  };
+  virtual std::vector<int32_t> encode_with_literals(std::string_view text, bool add_bos,
+                                                    std::span<const TextRange> literal) const = 0;
 
   // The bytes one token stands for when printed (may be a partial UTF-8 sequence; control
   // tokens give their text only when `special` is true).

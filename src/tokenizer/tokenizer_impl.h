@@ -64,6 +64,14 @@ int32_t index_find(const std::vector<uint64_t>& slots, std::string_view s, KeyFn
 
 // A piece of input text after special-token splitting: a special token (token >= 0) or a run
 // of raw text [offset, offset + length).
+// Thread-local scratch that grows with the text is given back after a long text, so a long-lived
+// thread (a server worker) that once tokenized a large prompt does not keep that much memory.
+constexpr size_t kScratchKeepBytes = 256 * 1024;
+template <class C>
+void trim_scratch(C& c) {
+  if (c.capacity() * sizeof(typename C::value_type) > kScratchKeepBytes) C().swap(c);
+}
+
 struct Fragment {
   int32_t token;
   size_t offset, length;
@@ -102,6 +110,8 @@ class SpecialSplitter {
 class VocabTokenizer : public Tokenizer {
  public:
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const final;
+  std::vector<int32_t> encode_with_literals(std::string_view text, bool add_bos,
+                                            std::span<const TextRange> literal) const final;
 
  protected:
   struct Defaults {
@@ -114,6 +124,8 @@ class VocabTokenizer : public Tokenizer {
   virtual void encode_fragment(std::string_view text, bool after_special,
                                std::vector<int32_t>& out) const = 0;
   void check_id(int32_t id) const;
+  std::vector<int32_t> encode_impl(std::string_view text, bool add_bos, bool parse_special,
+                                   std::span<const TextRange> literal) const;
 
   std::string file_name_;
   int32_t unk_id_ = -1;
