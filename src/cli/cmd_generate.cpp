@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/generate_cuda.h"
 #include "cli/common.h"
 #include "engine/generator.h"
 #include "spec/drafter.h"
@@ -35,6 +36,7 @@ struct GenerateArgs {
   bool quiet = false;
   SpecConfig spec;
   std::string prompts_jsonl;  // batch mode: one prompt per line ({"prompt": ...} or {"turns": [...]})
+  std::string device = "cpu";  // cpu, or cuda (greedy decoding on the GPU)
 };
 
 // How text prompts become ids: plain, or (--chat) as one user turn in the file's chat format,
@@ -151,7 +153,20 @@ void run_generate(const GenerateArgs& a) {
   if (!a.prompt_ids.empty() && a.chat) throw Error("--chat applies to text prompts, not --prompt-ids");
   if (a.n_predict < 0) throw Error("-n must be >= 0");
 
+  if (a.device != "cpu" && a.device != "cuda") throw Error("--device must be cpu or cuda, got '" + a.device + "'");
+  if (a.device == "cuda") {
+    if (a.temperature != 0.0f || a.spec.enabled() || !a.stop.empty() || !a.prompts_jsonl.empty() || a.json)
+      throw Error("--device cuda runs plain greedy decoding: --temp 0, no --spec, --stop, --prompts-jsonl or --json");
+  }
   LoadedModel m = load_model(a.model);
+  if (a.device == "cuda") {
+    const PromptEncoder encode(a, m);
+    const std::vector<int32_t> ids = !a.prompt_ids.empty() ? parse_token_ids(a.prompt_ids)
+                                     : encode(a.prompt_file.empty() ? a.prompt : read_file_bytes(a.prompt_file));
+    generate_greedy_cuda(m, CudaGenerateArgs{a.n_predict, a.model.n_ctx, a.model.n_batch, a.ignore_eos, a.quiet},
+                         ids);
+    return;
+  }
   Generator gen(*m.model, *m.tokenizer, a.model.n_ctx);
   const PromptEncoder encode(a, m);
   a.spec.validate();
@@ -217,6 +232,9 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--prompts-jsonl", args->prompts_jsonl,
                   "batch mode: a JSONL file of {\"prompt\": ...} or {\"turns\": [...]} objects (first turn); "
                   "prints one JSON line per prompt");
+  cmd->add_option("--device", args->device,
+                  "cpu, or cuda: greedy decoding on the GPU (builds with MICROSPEC_CUDA)")
+      ->capture_default_str();
   add_spec_options(*cmd, args->spec);
   cmd->callback([args] { run_generate(*args); });
 }
