@@ -45,6 +45,17 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* s, int* sc, i
   }
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with programmatic stream serialization
+// may start while its predecessor finishes; it reads nothing the predecessor writes before
+// pdl_wait(). Predecessors call pdl_trigger() early so their successor's blocks can be placed as
+// theirs drain. Both are no-ops for kernels launched the ordinary way.
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_trigger() {
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -330,12 +341,18 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   constexpr int kUnroll = R == 1 ? 8 : 2;  // independent 16-byte weight loads in flight per lane: kUnroll * R
   const int64_t n_chunks = cols / 8;
   int64_t c = lane;
-  for (; c + (kUnroll - 1) * kWarp < n_chunks; c += kUnroll * kWarp) {
-    float wv[kUnroll][R][8];
+  // The first weight loads do not depend on the previous kernel: issue them before waiting for it.
+  float wv[kUnroll][R][8];
+  auto load_weights = [&](int64_t chunk) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-      for (int r = 0; r < R; ++r) F::load8(wr[r] + (c + u * kWarp) * 8 * F::kBytesPerElem, wv[u][r]);
+      for (int r = 0; r < R; ++r) F::load8(wr[r] + (chunk + u * kWarp) * 8 * F::kBytesPerElem, wv[u][r]);
+  };
+  bool full = c + (kUnroll - 1) * kWarp < n_chunks;
+  if (full) load_weights(c);
+  pdl_wait();
+  while (full) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
@@ -346,6 +363,9 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
         for (int r = 0; r < R; ++r) acc[r][t] += dot8(wv[u][r], a, b);
       }
     }
+    c += kUnroll * kWarp;
+    full = c + (kUnroll - 1) * kWarp < n_chunks;
+    if (full) load_weights(c);
   }
   for (; c < n_chunks; c += kWarp) {
     float wv[R][8];
@@ -377,9 +397,18 @@ void launch_matmul_f_tile(const DeviceMatrix& w, RowSelection rows, const float*
                           int64_t ldy, Store store, cudaStream_t stream) {
   const int64_t rows_per_block = int64_t(kRowsPerBlock) * R;
   const dim3 grid(unsigned((rows.n_rows + rows_per_block - 1) / rows_per_block));
-  k_matmul_f<T, NT, R><<<grid, kRowsPerBlock * kWarp, 0, stream>>>(w.data, w.row_stride, rows.row_ids, rows.n_rows,
-                                                                    w.cols, x, ldx, y, ldy, store);
-  MS_CUDA_LAUNCH();
+  // Launched as a programmatic dependent of the previous kernel: its weight stream starts early.
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kRowsPerBlock * kWarp);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  MS_CUDA(cudaLaunchKernelEx(&config, k_matmul_f<T, NT, R>, w.data, w.row_stride, rows.row_ids, rows.n_rows, w.cols,
+                             x, ldx, y, ldy, store));
 }
 
 template <GgmlType T, int NT>
@@ -550,6 +579,7 @@ constexpr int kNormThreads = 1024;  // one row per block: a decode step's row is
 
 __global__ void k_rms_norm(const float* x, float* y, int32_t rows_per_group, int64_t group_stride, int32_t dim,
                            const float* weight, float eps) {
+  pdl_trigger();
   const int32_t g = blockIdx.x / rows_per_group, r = blockIdx.x % rows_per_group;
   const int64_t off = int64_t(g) * group_stride + int64_t(r) * dim;
   const float* xr = x + off;
@@ -569,6 +599,7 @@ __global__ void k_rms_norm(const float* x, float* y, int32_t rows_per_group, int
 
 __global__ void k_gated_activation(const float* gate, const float* up, int64_t ld, int32_t n, int32_t n_ff,
                                    Activation act, float* h) {
+  pdl_trigger();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(n) * n_ff) return;
   const int64_t t = i / n_ff, c = i % n_ff;
@@ -680,6 +711,7 @@ __device__ float block_reduce(float v, float* red, bool take_max) {
 __global__ void __launch_bounds__(kAttnThreads)
     k_attention(DeviceKV kv, int32_t il, DeviceBatch batch, const float* q, int64_t ldq, AttentionShape shape,
                 float* out) {
+  pdl_trigger();
   extern __shared__ unsigned char smem_raw[];
   float* scores = reinterpret_cast<float*>(smem_raw);
   int32_t* chain = reinterpret_cast<int32_t*>(scores + kv.n_ctx);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
@@ -348,7 +349,11 @@ int32_t first_argmax(const float* x, int32_t n) {
   return int32_t(std::max_element(x, x + n) - x);
 }
 
-// Greedy decoding on the device (graphs on and off) gives the CPU's tokens, token for token.
+// Greedy decoding on the device (graphs on and off) gives the CPU's tokens, token for token. The
+// two differ in float summation order, so where the CPU's best two logits are closer than the
+// numeric tolerance (a near tie, which quantized activations make possible: see logit_tolerance)
+// either token is a correct greedy choice: there, and only there, the sequences may part, and
+// the comparison ends at that step.
 TEST(CudaModel, GreedyTokensEqualCpu) {
   REQUIRE_GPU();
   for (const Case& c : kModelCases) {
@@ -361,26 +366,36 @@ TEST(CudaModel, GreedyTokensEqualCpu) {
     ForwardOutput out;
     b.set_sequence(prompt, 0, false);
     std::vector<int32_t> want;
+    std::vector<float> margin;  // (best - second best) / largest |logit|, per step
     for (int32_t step = 0; step < n_predict; ++step) {
       m.cpu->forward(b, kv, out, true);
       kv.commit_prefix(b.size());
       want.push_back(first_argmax(out.logits.data(), V));
+      std::vector<float> sorted = out.logits;
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      margin.push_back((sorted[0] - sorted[1]) / max_abs(out.logits));
       const std::vector<int32_t> t = {want.back()};
       b.set_sequence(t, kv.n_past(), false);
     }
     for (cuda::Graphs g : {cuda::Graphs::On, cuda::Graphs::Off}) {
+      SCOPED_TRACE(g == cuda::Graphs::On ? "graphs on" : "graphs off");
       cuda::GreedyOptions o;
       o.n_predict = n_predict;
       o.graphs = g;
       const std::vector<int32_t> got = m.gpu->generate_greedy(prompt, o);
-      EXPECT_EQ(got, want) << (g == cuda::Graphs::On ? "graphs on" : "graphs off");
+      ASSERT_EQ(got.size(), want.size());
+      size_t k = 0;
+      while (k < want.size() && got[k] == want[k]) ++k;
+      if (k < want.size())
+        EXPECT_LT(margin[k], logit_tolerance(c.type))
+            << "token " << k << ": device " << got[k] << ", CPU " << want[k] << " with a margin of " << margin[k];
     }
     // A stop id ends generation after it.
     cuda::GreedyOptions o;
-    o.n_predict = n_predict;
-    o.stop_ids = {want[5]};
+    o.n_predict = 6;
+    o.stop_ids = {want[2]};
     const std::vector<int32_t> stopped = m.gpu->generate_greedy(prompt, o);
-    const size_t first = size_t(std::find(want.begin(), want.end(), want[5]) - want.begin());
+    const size_t first = size_t(std::find(want.begin(), want.end(), want[2]) - want.begin());
     EXPECT_EQ(stopped, std::vector<int32_t>(want.begin(), want.begin() + first + 1));
   }
 }
