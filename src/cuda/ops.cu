@@ -7,6 +7,7 @@
 #include <cfloat>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "cuda/cuda_check.h"
 #include "cuda/ops.h"
@@ -54,6 +55,23 @@ __device__ __forceinline__ void pdl_wait() {
 }
 __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;" :::);
+}
+
+// Launches `kernel` as a programmatic dependent of the previous kernel on the stream (see
+// pdl_wait): it may be placed on the GPU while its predecessor drains and waits inside.
+template <class... Params, class... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  MS_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -112,6 +130,8 @@ __device__ void quant_block_q8_k(const float* x, uint8_t* out) {
 
 __global__ void k_quantize_act(const float* x, int64_t ldx, int32_t n_tokens, int64_t cols, GgmlType act,
                                uint8_t* out, size_t out_stride) {
+  pdl_trigger();
+  pdl_wait();
   const int block_elems = act == GgmlType::Q8_K ? 256 : 32;
   const size_t block_bytes = act == GgmlType::Q8_K ? 292 : act == GgmlType::Q8_1 ? 36 : 34;
   const int64_t nb = cols / block_elems;
@@ -251,6 +271,8 @@ template <GgmlType T>
 __global__ void k_matmul_q(const uint8_t* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows,
                            int64_t nb, const uint8_t* act, size_t act_stride, int32_t n_tokens, float* y,
                            int64_t ldy, Store store) {
+  pdl_trigger();
+  pdl_wait();
   using F = QFormat<T>;
   const int lane = threadIdx.x % kWarp;
   const int64_t j = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
@@ -471,7 +493,7 @@ void launch_matmul_q(const DeviceMatrix& w, RowSelection rows, const float* x, i
   const size_t act_stride = size_t(nb) * F::kActBytes;
   quantize_activations(act, x, ldx, n_tokens, w.cols, scratch, stream);
   const dim3 grid(unsigned((rows.n_rows + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(n_tokens));
-  k_matmul_q<T><<<grid, kRowsPerBlock * kWarp, 0, stream>>>(w.data, w.row_stride, rows.row_ids, rows.n_rows, nb,
+  launch_pdl(k_matmul_q<T>, grid, kRowsPerBlock * kWarp, 0, stream, w.data, w.row_stride, rows.row_ids, rows.n_rows, nb,
                                                             scratch, act_stride, n_tokens, y, ldy, store);
   MS_CUDA_LAUNCH();
 }
@@ -565,6 +587,8 @@ __device__ void dequant_block(GgmlType type, const uint8_t* b, float* y, float s
 
 __global__ void k_gather_rows(GgmlType type, const uint8_t* w, size_t stride, int64_t cols, int block_elems,
                               size_t block_bytes, const int32_t* ids, int32_t n, float scale, float* out) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t nb = cols / block_elems;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= nb * n) return;
@@ -580,6 +604,7 @@ constexpr int kNormThreads = 1024;  // one row per block: a decode step's row is
 __global__ void k_rms_norm(const float* x, float* y, int32_t rows_per_group, int64_t group_stride, int32_t dim,
                            const float* weight, float eps) {
   pdl_trigger();
+  pdl_wait();
   const int32_t g = blockIdx.x / rows_per_group, r = blockIdx.x % rows_per_group;
   const int64_t off = int64_t(g) * group_stride + int64_t(r) * dim;
   const float* xr = x + off;
@@ -600,6 +625,7 @@ __global__ void k_rms_norm(const float* x, float* y, int32_t rows_per_group, int
 __global__ void k_gated_activation(const float* gate, const float* up, int64_t ld, int32_t n, int32_t n_ff,
                                    Activation act, float* h) {
   pdl_trigger();
+  pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(n) * n_ff) return;
   const int64_t t = i / n_ff, c = i % n_ff;
@@ -609,17 +635,23 @@ __global__ void k_gated_activation(const float* gate, const float* up, int64_t l
 }
 
 __global__ void k_add(float* x, const float* o, int64_t count) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) x[i] += o[i];
 }
 
 __global__ void k_add_bias_rows(float* y, int64_t ld, int32_t n, const float* bias, int32_t dim) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(n) * dim) return;
   y[(i / dim) * ld + i % dim] += bias[i % dim];
 }
 
 __global__ void k_select_rows(const float* x, int32_t dim, const int32_t* rows, float* out) {
+  pdl_trigger();
+  pdl_wait();
   const float* src = x + int64_t(rows[blockIdx.x]) * dim;
   float* dst = out + int64_t(blockIdx.x) * dim;
   for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = src[i];
@@ -634,6 +666,8 @@ __global__ void k_decode_begin(DeviceKV kv, DecodeState st) {
 }
 
 __global__ void k_decode_advance(DeviceKV kv, DecodeState st) {
+  pdl_trigger();
+  pdl_wait();
   const int32_t n_past = *kv.n_past + 1;
   *kv.n_past = n_past;
   st.positions[0] = n_past;
@@ -644,6 +678,8 @@ __global__ void k_decode_advance(DeviceKV kv, DecodeState st) {
 // KV cache: slot metadata, stores, attention with the tree mask, compaction.
 
 __global__ void k_set_slot_meta(DeviceKV kv, DeviceBatch batch) {
+  pdl_trigger();
+  pdl_wait();
   const int32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= batch.n) return;
   const int32_t slot = *kv.n_past + batch.start + i;
@@ -656,6 +692,8 @@ __global__ void k_set_slot_meta(DeviceKV kv, DeviceBatch batch) {
 // and the v in the cache as halves.
 __global__ void k_rope_and_store_kv(float* qkv, int64_t ld, DeviceKV kv, int32_t il, DeviceBatch batch,
                                     RopeShape shape) {
+  pdl_trigger();
+  pdl_wait();
   const int32_t h = blockIdx.x, t = blockIdx.y, hd = shape.head_dim, half = shape.n_rot / 2;
   float* row = qkv + int64_t(t) * ld;
   const int64_t slot = *kv.n_past + batch.start + t;
@@ -712,6 +750,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     k_attention(DeviceKV kv, int32_t il, DeviceBatch batch, const float* q, int64_t ldq, AttentionShape shape,
                 float* out) {
   pdl_trigger();
+  pdl_wait();
   extern __shared__ unsigned char smem_raw[];
   float* scores = reinterpret_cast<float*>(smem_raw);
   int32_t* chain = reinterpret_cast<int32_t*>(scores + kv.n_ctx);
@@ -892,6 +931,8 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int64_t i) {
 constexpr int kArgmaxThreads = 256, kArgmaxPerThread = 16;
 
 __global__ void k_argmax_partial(const float* x, int64_t n, unsigned long long* keys) {
+  pdl_trigger();
+  pdl_wait();
   const float* row = x + int64_t(blockIdx.y) * n;
   unsigned long long best = 0;
   const int64_t base = int64_t(blockIdx.x) * kArgmaxThreads * kArgmaxPerThread + threadIdx.x;
@@ -905,6 +946,8 @@ __global__ void k_argmax_partial(const float* x, int64_t n, unsigned long long* 
 }
 
 __global__ void k_argmax_final(const unsigned long long* keys, int32_t n_rows, int32_t* out) {
+  pdl_trigger();
+  pdl_wait();
   const int32_t r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r < n_rows) out[r] = keys[r] == 0 ? -1 : int32_t(0xFFFFFFFFu - uint32_t(keys[r] & 0xFFFFFFFFu));
 }
@@ -1038,7 +1081,7 @@ void quantize_activations(GgmlType act, const float* x, int64_t ldx, int32_t n_t
     throw Error("cuda quantize_activations: not an activation type: " + type_name(uint32_t(act)));
   const TypeTraits& tt = type_traits(act);
   const int64_t n_blocks = cols / tt.block_elems * n_tokens;
-  k_quantize_act<<<unsigned((n_blocks + 127) / 128), 128, 0, stream>>>(x, ldx, n_tokens, cols, act, out,
+  launch_pdl(k_quantize_act, unsigned((n_blocks + 127) / 128), 128, 0, stream, x, ldx, n_tokens, cols, act, out,
                                                                        row_bytes(act, cols));
   MS_CUDA_LAUNCH();
 }
@@ -1048,7 +1091,7 @@ void gather_rows_f32(const DeviceMatrix& w, const int32_t* ids, int32_t n, float
   if (!matmul_supported(w.type)) throw Error("cuda: no dequantization for type " + type_name(uint32_t(w.type)));
   const TypeTraits& tt = type_traits(w.type);
   const int64_t n_threads = w.cols / tt.block_elems * n;
-  k_gather_rows<<<blocks_for(n_threads, 128), 128, 0, stream>>>(w.type, w.data, w.row_stride, w.cols,
+  launch_pdl(k_gather_rows, blocks_for(n_threads, 128), 128, 0, stream, w.type, w.data, w.row_stride, w.cols,
                                                                  int(tt.block_elems), tt.block_bytes, ids, n, scale,
                                                                  out);
   MS_CUDA_LAUNCH();
@@ -1058,7 +1101,7 @@ void rms_norm(const float* x, float* y, RowGroups rows, int32_t dim, const float
               cudaStream_t stream) {
   const int64_t n = int64_t(rows.n_groups) * rows.rows_per_group;
   if (n == 0) return;
-  k_rms_norm<<<unsigned(n), kNormThreads, 0, stream>>>(x, y, rows.rows_per_group, rows.group_stride, dim, weight,
+  launch_pdl(k_rms_norm, unsigned(n), kNormThreads, 0, stream, x, y, rows.rows_per_group, rows.group_stride, dim, weight,
                                                         eps);
   MS_CUDA_LAUNCH();
 }
@@ -1066,29 +1109,29 @@ void rms_norm(const float* x, float* y, RowGroups rows, int32_t dim, const float
 void rope_and_store_kv(float* qkv, int64_t ld, const DeviceKV& kv, int32_t il, const DeviceBatch& batch,
                        RopeShape shape, cudaStream_t stream) {
   const dim3 grid(unsigned(shape.n_head + shape.n_head_kv + 1), unsigned(batch.n));
-  k_rope_and_store_kv<<<grid, 128, 0, stream>>>(qkv, ld, kv, il, batch, shape);
+  launch_pdl(k_rope_and_store_kv, grid, 128, 0, stream, qkv, ld, kv, il, batch, shape);
   MS_CUDA_LAUNCH();
 }
 
 void gated_activation(const float* gate, const float* up, int64_t ld, int32_t n, int32_t n_ff, Activation act,
                       float* h, cudaStream_t stream) {
-  k_gated_activation<<<blocks_for(int64_t(n) * n_ff, 256), 256, 0, stream>>>(gate, up, ld, n, n_ff, act, h);
+  launch_pdl(k_gated_activation, blocks_for(int64_t(n) * n_ff, 256), 256, 0, stream, gate, up, ld, n, n_ff, act, h);
   MS_CUDA_LAUNCH();
 }
 
 void add_inplace(float* x, const float* o, int64_t count, cudaStream_t stream) {
-  k_add<<<blocks_for(count, 256), 256, 0, stream>>>(x, o, count);
+  launch_pdl(k_add, blocks_for(count, 256), 256, 0, stream, x, o, count);
   MS_CUDA_LAUNCH();
 }
 
 void add_bias_rows(float* y, int64_t ld, int32_t n, const float* bias, int32_t dim, cudaStream_t stream) {
-  k_add_bias_rows<<<blocks_for(int64_t(n) * dim, 256), 256, 0, stream>>>(y, ld, n, bias, dim);
+  launch_pdl(k_add_bias_rows, blocks_for(int64_t(n) * dim, 256), 256, 0, stream, y, ld, n, bias, dim);
   MS_CUDA_LAUNCH();
 }
 
 void select_rows(const float* x, int32_t dim, const int32_t* rows, int32_t n, float* out, cudaStream_t stream) {
   if (n == 0) return;
-  k_select_rows<<<unsigned(n), 256, 0, stream>>>(x, dim, rows, out);
+  launch_pdl(k_select_rows, unsigned(n), 256, 0, stream, x, dim, rows, out);
   MS_CUDA_LAUNCH();
 }
 
@@ -1098,12 +1141,12 @@ void decode_begin(const DeviceKV& kv, const DecodeState& st, cudaStream_t stream
 }
 
 void decode_advance(const DeviceKV& kv, const DecodeState& st, cudaStream_t stream) {
-  k_decode_advance<<<1, 1, 0, stream>>>(kv, st);
+  launch_pdl(k_decode_advance, 1, 1, 0, stream, kv, st);
   MS_CUDA_LAUNCH();
 }
 
 void set_slot_meta(const DeviceKV& kv, const DeviceBatch& batch, cudaStream_t stream) {
-  k_set_slot_meta<<<blocks_for(batch.n, 128), 128, 0, stream>>>(kv, batch);
+  launch_pdl(k_set_slot_meta, blocks_for(batch.n, 128), 128, 0, stream, kv, batch);
   MS_CUDA_LAUNCH();
 }
 
@@ -1124,7 +1167,7 @@ void attention(const DeviceKV& kv, int32_t il, const DeviceBatch& batch, const f
     MS_CUDA(cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     smem_allowed = smem;
   }
-  k_attention<<<unsigned(batch.n * shape.n_head), kAttnThreads, smem, stream>>>(kv, il, batch, q, ldq, shape, out);
+  launch_pdl(k_attention, unsigned(batch.n * shape.n_head), kAttnThreads, smem, stream, kv, il, batch, q, ldq, shape, out);
   MS_CUDA_LAUNCH();
 }
 
@@ -1146,9 +1189,9 @@ void argmax_rows(const float* x, int32_t n_rows, int64_t n, int32_t* out, uint64
   if (n >= (int64_t(1) << 32)) throw Error("cuda argmax: rows of 2^32 or more values");
   MS_CUDA(cudaMemsetAsync(scratch, 0, sizeof(uint64_t) * n_rows, stream));
   const dim3 grid(blocks_for(n, kArgmaxThreads * kArgmaxPerThread), unsigned(n_rows));
-  k_argmax_partial<<<grid, kArgmaxThreads, 0, stream>>>(x, n, reinterpret_cast<unsigned long long*>(scratch));
+  launch_pdl(k_argmax_partial, grid, kArgmaxThreads, 0, stream, x, n, reinterpret_cast<unsigned long long*>(scratch));
   MS_CUDA_LAUNCH();
-  k_argmax_final<<<blocks_for(n_rows, 128), 128, 0, stream>>>(reinterpret_cast<const unsigned long long*>(scratch),
+  launch_pdl(k_argmax_final, blocks_for(n_rows, 128), 128, 0, stream, reinterpret_cast<const unsigned long long*>(scratch),
                                                               n_rows, out);
   MS_CUDA_LAUNCH();
 }
