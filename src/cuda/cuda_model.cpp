@@ -228,6 +228,7 @@ void CudaModel::allocate_buffers() {
   d_out_ids_ = ints(options_.max_generate);
   d_counter_ = ints(1);
   d_argmax_scratch_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * B));
+  d_argmax_out_ = ints(B);
 
   kv_.n_layer = c.n_layer;
   kv_.n_ctx = options_.n_ctx;
@@ -468,6 +469,69 @@ std::vector<int32_t> CudaModel::generate_greedy(std::span<const int32_t> prompt,
     if (fetch_and_check()) return ids;
   }
   return ids;
+}
+
+std::vector<int32_t> CudaModel::argmax_to_host(int32_t n_rows) {
+  argmax_rows(logits_, n_rows, config_.n_vocab, d_argmax_out_, d_argmax_scratch_, stream_);
+  std::vector<int32_t> ids(n_rows);
+  MS_CUDA(cudaMemcpyAsync(ids.data(), d_argmax_out_, n_rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  MS_CUDA(cudaStreamSynchronize(stream_));
+  return ids;
+}
+
+std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> prompt, const SpecChainOptions& o,
+                                                     SpecChainStats* stats) {
+  if (o.depth < 1 || o.depth + 1 > options_.n_batch)
+    throw Error("speculative depth " + std::to_string(o.depth) + " outside 1.." + std::to_string(options_.n_batch - 1));
+  if (o.draft_layers < 1 || o.draft_layers > config_.n_layer)
+    throw Error("draft layers " + std::to_string(o.draft_layers) + " outside 1.." + std::to_string(config_.n_layer));
+  SpecChainStats st;
+  std::vector<int32_t> out;
+  if (o.n_predict <= 0) return out;
+  prefill_for_decode(prompt);  // leaves the prompt's argmax in d_tokens_[0] and out_ids[0]
+  int32_t last = 0;
+  MS_CUDA(cudaMemcpyAsync(&last, d_tokens_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  MS_CUDA(cudaStreamSynchronize(stream_));
+  auto emit = [&](int32_t id) {
+    out.push_back(id);
+    return int32_t(out.size()) >= o.n_predict ||
+           std::find(o.stop_ids.begin(), o.stop_ids.end(), id) != o.stop_ids.end();
+  };
+  if (emit(last)) return out;
+  std::vector<int32_t> tokens, positions, parents, rows;
+  while (true) {
+    // Room for the chain: the pending slots of `last` and the drafts must fit the context.
+    const int32_t depth = std::min(o.depth, options_.n_ctx - n_past_ - 1);
+    if (depth < 0) break;
+    // Draft: token d runs at pending slot d (d = 0 is `last`), its argmax is draft d.
+    std::vector<int32_t> draft;
+    for (int32_t d = 0; d < depth; ++d) {
+      const int32_t t = d == 0 ? last : draft[d - 1], pos = n_past_ + d, par = d - 1, row = 0;
+      forward(HostBatch{std::span<const int32_t>(&t, 1), std::span<const int32_t>(&pos, 1),
+                        std::span<const int32_t>(&par, 1), std::span<const int32_t>(&row, 1), d},
+              true, o.draft_layers);
+      draft.push_back(argmax_to_host(1)[0]);
+    }
+    // Verify `last` and the drafts in one forward of all layers.
+    tokens.assign(1, last);
+    tokens.insert(tokens.end(), draft.begin(), draft.end());
+    positions.clear(), parents.clear(), rows.clear();
+    for (int32_t i = 0; i <= depth; ++i) positions.push_back(n_past_ + i), parents.push_back(i - 1), rows.push_back(i);
+    forward(HostBatch{tokens, positions, parents, rows, 0}, true);
+    const std::vector<int32_t> pred = argmax_to_host(depth + 1);
+    int32_t a = 0;
+    while (a < depth && draft[a] == pred[a]) ++a;
+    ++st.steps;
+    st.accepted_drafts += a;
+    commit_prefix(a + 1);  // `last` and the accepted drafts
+    bool done = false;
+    for (int32_t i = 0; i < a && !done; ++i) done = emit(draft[i]);
+    if (!done) done = emit(pred[a]);
+    if (done || n_past_ + 1 >= options_.n_ctx) break;
+    last = pred[a];
+  }
+  if (stats) *stats = st;
+  return out;
 }
 
 double CudaModel::time_decode_steps(int32_t steps, Graphs graphs) {

@@ -47,6 +47,24 @@ struct GreedyOptions {
   int32_t sync_every = 8;  // steps between host checks for a stop token (more steps may run past it)
 };
 
+// Speculative decoding on the device with a self-drafter: the target's first draft_layers layers
+// (with the final norm and LM head) propose a chain of `depth` tokens one at a time, written into
+// the pending KV slots; one batched forward over the chain verifies them; the longest prefix that
+// matches the target's argmax is kept plus the target's own next token, and the cache keeps that
+// prefix. Every kernel's result for a token is the same whatever the batch (batch invariance), so
+// the output equals plain greedy decoding token for token.
+struct SpecChainOptions {
+  int32_t n_predict = 128;
+  std::vector<int32_t> stop_ids;
+  int32_t draft_layers = 1;
+  int32_t depth = 4;
+};
+struct SpecChainStats {
+  int32_t steps = 0;           // verification forwards
+  int32_t accepted_drafts = 0;  // draft tokens kept
+  double mean_acceptance_length() const { return steps ? 1.0 + double(accepted_drafts) / steps : 0.0; }
+};
+
 class CudaModel {
  public:
   static std::unique_ptr<CudaModel> load(const GgufFile& file, const CudaModelOptions& options);
@@ -86,6 +104,9 @@ class CudaModel {
   std::vector<int32_t> generate_greedy(std::span<const int32_t> prompt, const GreedyOptions& options,
                                        const std::function<void(int32_t)>& on_token = {});
 
+  std::vector<int32_t> generate_speculative(std::span<const int32_t> prompt, const SpecChainOptions& options,
+                                            SpecChainStats* stats = nullptr);
+
   // Runs `steps` decode steps after the current state (the prompt's last token already sampled
   // into the device batch by generate_greedy or prefill_for_decode); returns the seconds they
   // took, timed with device events. For benchmarks.
@@ -105,6 +126,7 @@ class CudaModel {
   DeviceBatch device_batch(int32_t n, int32_t start) const;
   DecodeState decode_state() const;
   void* alloc(size_t bytes);
+  std::vector<int32_t> argmax_to_host(int32_t n_rows);
 
   ModelConfig config_;
   CudaModelOptions options_;
@@ -142,6 +164,7 @@ class CudaModel {
   int32_t* d_out_ids_ = nullptr;    // [max_generate]
   int32_t* d_counter_ = nullptr;    // [1]
   uint64_t* d_argmax_scratch_ = nullptr;  // [n_batch]
+  int32_t* d_argmax_out_ = nullptr;       // [n_batch] argmax of each logits row (speculative steps)
   int32_t* h_staging_ = nullptr;    // pinned: [4][n_batch] batch arrays, then [n_ctx] keep list
 
   cudaGraphExec_t decode_graph_ = nullptr;

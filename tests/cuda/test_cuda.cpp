@@ -402,6 +402,30 @@ TEST(CudaModel, GreedyTokensEqualCpu) {
   }
 }
 
+// Speculative decoding on the device (self-draft chain, batched verification, acceptance) gives
+// exactly the device's plain greedy tokens: every kernel is batch invariant, so this is bitwise.
+TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
+  REQUIRE_GPU();
+  for (const Case& c : kModelCases) {
+    SCOPED_TRACE(c.arch + " " + type_name(uint32_t(c.type)));
+    TinyPair m(device_spec(c.arch, c.type));
+    const std::vector<int32_t> prompt = random_tokens(7, m.cpu->config().n_vocab, 5);
+    cuda::GreedyOptions g;
+    g.n_predict = 40;
+    const std::vector<int32_t> plain = m.gpu->generate_greedy(prompt, g);
+    for (int32_t depth : {1, 4}) {
+      cuda::SpecChainOptions o;
+      o.n_predict = 40;
+      o.draft_layers = 2;
+      o.depth = depth;
+      cuda::SpecChainStats st;
+      EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &st), plain) << "depth " << depth;
+      EXPECT_GT(st.steps, 0);
+      EXPECT_LE(st.steps, 40);
+    }
+  }
+}
+
 // Greedy decoding of the CPU's tokens on a real file (SmolLM2: Q4_1 and Q8_0 weights), compared as
 // on the tiny models: equal up to the first CPU near tie. The file is part of the setup here; a GPU
 // machine has it only where a session staged it (it is larger than one device call carries), so
@@ -442,6 +466,14 @@ TEST(CudaModel, RealModelGreedyEqualsCpu) {
     o.n_predict = n_predict;
     const std::vector<int32_t> got = gpu->generate_greedy(prompt, o);
     ASSERT_EQ(got.size(), want.size());
+    cuda::SpecChainOptions so;
+    so.n_predict = n_predict;
+    so.draft_layers = 24;  // of 30
+    so.depth = 4;
+    cuda::SpecChainStats st;
+    EXPECT_EQ(gpu->generate_speculative(prompt, so, &st), got) << "speculative vs plain on the device";
+    std::printf("[ real model ] speculative (self-draft 24 of 30 layers, chain of 4): %d steps, mean acceptance length %.2f\n",
+                st.steps, st.mean_acceptance_length());
     size_t k = 0;
     while (k < want.size() && got[k] == want[k]) ++k;
     std::printf("[ real model ] \"%s\": %zu of %zu greedy tokens equal%s\n", text, k, want.size(),
