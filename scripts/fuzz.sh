@@ -23,7 +23,7 @@ jobs="${MICROSPEC_FUZZ_BUILD_JOBS:-2}"
 sanitizers="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
-  -DMICROSPEC_FUZZ=ON -DMICROSPEC_TESTS=OFF -DCMAKE_CXX_FLAGS="$sanitizers" >/dev/null
+  -DMICROSPEC_FUZZ=ON -DMICROSPEC_TESTS=OFF -DMICROSPEC_CUDA=OFF -DCMAKE_CXX_FLAGS="$sanitizers" >/dev/null
 cmake --build "$build" -j"$jobs" --target fuzz_gguf make_gguf_seeds fuzz_http
 
 artifacts="$build/artifacts"

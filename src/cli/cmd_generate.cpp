@@ -7,6 +7,7 @@
 
 #include "bench/dataset.h"
 #include "cli/commands.h"
+#include "cli/generate_cuda.h"
 #include "cli/common.h"
 #include "engine/generator.h"
 #include "speculative/decoder.h"
@@ -35,6 +36,7 @@ struct GenerateArgs {
   bool quiet = false;
   SpecConfig spec;
   std::string prompts_jsonl;  // batch mode: one prompt per line ({"turns": [...]} or {"prompt": ...})
+  std::string device = "cpu";  // cpu, or cuda (greedy decoding on the GPU)
 };
 
 // How text prompts become ids: plain, or (--chat) as one user turn in the file's chat format,
@@ -148,7 +150,28 @@ void run_generate(const GenerateArgs& a) {
   if (!a.prompt_ids.empty() && a.chat) throw Error("--chat applies to text prompts, not --prompt-ids");
   if (a.n_predict < 0) throw Error("-n must be >= 0");
 
+  if (a.device != "cpu" && a.device != "cuda") throw Error("--device must be cpu or cuda, got '" + a.device + "'");
+  CudaGenerateArgs cuda_args{a.n_predict, a.model.n_ctx, a.model.n_batch, a.ignore_eos, a.quiet};
+  if (a.device == "cuda") {
+    if (a.temperature != 0.0f || !a.stop.empty() || !a.prompts_jsonl.empty() || a.json)
+      throw Error("--device cuda runs greedy decoding: --temp 0, no --stop, --prompts-jsonl or --json");
+    if (a.spec.enabled()) {
+      // The device drafts a chain with the full vocabulary's head, from the target's own first layers.
+      if (a.spec.mode != SpecMode::Self || a.spec.tree.top_k != 1 || a.spec.draft_vocab != DraftVocabKind::Full)
+        throw Error("--device cuda speculates with --spec self --tree-topk 1 --draft-vocab full only");
+      a.spec.tree.validate();
+      cuda_args.spec_draft_layers = a.spec.draft_layers;
+      cuda_args.spec_chain = std::max(1, std::min(a.spec.tree.depth + 1, a.spec.tree.total_tokens));
+    }
+  }
   LoadedModel m = load_model(a.model);
+  if (a.device == "cuda") {
+    const PromptEncoder encode(a, m);
+    const std::vector<int32_t> ids = !a.prompt_ids.empty() ? parse_token_ids(a.prompt_ids)
+                                     : encode(a.prompt_file.empty() ? a.prompt : read_file_bytes(a.prompt_file));
+    generate_greedy_cuda(m, cuda_args, ids);
+    return;
+  }
   Generator gen(*m.model, *m.tokenizer, a.model.n_ctx);
   const PromptEncoder encode(a, m);
   Decoder decoder(a.spec, *m.file, gen, *m.tokenizer);

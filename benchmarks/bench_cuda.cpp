@@ -1,0 +1,205 @@
+// CUDA benchmark on a random-weight model with real shapes (default: Llama-3-8B, BF16), made
+// directly in device memory (no file): decode tok/s with CUDA graphs on and off, LM-head time
+// with the full / 32k / ~3k packed heads, the packed head's row gather on the copy stream, one
+// decoder layer on 10 rows (the EAGLE-layer analogue), a 60-token verification forward, and the
+// draft / whole step composed from those as the cost model does (depth 5, 10 rows).
+//
+//   bench_cuda [--layers N] [--steps N] [--reps N] [--profile-steps N]
+// --profile-steps N: only a prompt and N decode steps (graphs off) between cudaProfilerStart/Stop,
+// for `ncu --profile-from-start off` to time each kernel of a step.
+#include <cuda_profiler_api.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_model.h"
+#include "cuda/ops.h"
+#include "cuda/packed_head.h"
+#include "util/error.h"
+
+using namespace microspec;
+using namespace microspec::cuda;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median milliseconds of `reps` runs of fn on `stream`, after two warm-ups, timed with events.
+double time_ms(cudaStream_t stream, int reps, const std::function<void()>& fn) {
+  cudaEvent_t a, b;
+  MS_CUDA(cudaEventCreate(&a));
+  MS_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < 2; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    MS_CUDA(cudaEventRecord(a, stream));
+    fn();
+    MS_CUDA(cudaEventRecord(b, stream));
+    MS_CUDA(cudaEventSynchronize(b));
+    float t = 0.0f;
+    MS_CUDA(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return median(ms);
+}
+
+ModelConfig llama3_8b(int32_t n_layer) {
+  ModelConfig c;
+  c.arch = Arch::Llama;
+  c.arch_name = "llama";
+  c.n_vocab = 128256;
+  c.n_embd = 4096;
+  c.n_layer = n_layer;
+  c.n_head = 32;
+  c.n_head_kv = 8;
+  c.head_dim = 128;
+  c.n_ff = 14336;
+  c.n_rot = 128;
+  c.context_length = 8192;
+  c.rms_eps = 1e-5f;
+  c.rope_base = 500000.0f;
+  c.rope_base_local = 500000.0f;
+  c.attn_scale = 1.0f / std::sqrt(128.0f);
+  c.layer_is_sliding.assign(n_layer, 0);
+  return c;
+}
+
+int run(int argc, char** argv) {
+  int32_t n_layer = 32, steps = 256, reps = 50, profile_steps = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--layers") n_layer = std::atoi(argv[i + 1]);
+    else if (a == "--steps") steps = std::atoi(argv[i + 1]);
+    else if (a == "--reps") reps = std::atoi(argv[i + 1]);
+    else if (a == "--profile-steps") profile_steps = std::atoi(argv[i + 1]);
+    else throw Error("unknown option " + a);
+  }
+  std::printf("device: %s\n", device_description().c_str());
+  const ModelConfig cfg = llama3_8b(n_layer);
+  CudaModelOptions opt;
+  opt.n_batch = 64;
+  opt.n_ctx = 1024;
+  opt.max_generate = 1024;
+  auto model = CudaModel::random(cfg, GgmlType::BF16, 42, opt);
+  cudaStream_t s = model->stream();
+  std::printf("model: Llama-3-8B shape, %d layers, random BF16 weights made on the device: %.2f GB\n", n_layer,
+              model->weight_bytes() / 1e9);
+
+  // Decode: a 64-token prompt, then `steps` greedy steps, three runs each way.
+  std::vector<int32_t> prompt(64);
+  for (int32_t i = 0; i < 64; ++i) prompt[i] = (i * 7919) % cfg.n_vocab;
+  if (profile_steps > 0) {
+    model->prefill_for_decode(prompt);
+    model->time_decode_steps(2, Graphs::Off);
+    MS_CUDA(cudaProfilerStart());
+    model->time_decode_steps(profile_steps, Graphs::Off);
+    MS_CUDA(cudaProfilerStop());
+    return 0;
+  }
+  double tok_s[2];
+  for (Graphs g : {Graphs::Off, Graphs::On}) {
+    std::vector<double> runs;
+    for (int r = 0; r < 3; ++r) {
+      model->prefill_for_decode(prompt);
+      model->time_decode_steps(8, g);  // warm-up (and graph capture)
+      runs.push_back(steps / model->time_decode_steps(steps, g));
+    }
+    tok_s[g == Graphs::On] = median(runs);
+  }
+  const double bytes_per_token = double(model->weight_bytes());
+  const double ms_graph = 1000.0 / tok_s[1];
+
+  // LM heads over 1 and 10 hidden rows: the full head, and packed heads of 32k and 3k rows.
+  DeviceMatrix full = model->output_matrix();
+  float *hidden = nullptr, *logits = nullptr;
+  uint8_t* scratch = nullptr;
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&hidden), sizeof(float) * 10 * cfg.n_embd));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&logits), sizeof(float) * 10 * size_t(cfg.n_vocab)));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&scratch), matmul_scratch_bytes(10, cfg.n_embd)));
+  fill_random_f32(hidden, 10 * cfg.n_embd, 0.0f, 1.0f, 7, s);
+  auto head_ms = [&](int32_t rows, int32_t n) {
+    return time_ms(s, reps, [&] {
+      matmul(full, RowSelection{nullptr, rows}, hidden, cfg.n_embd, n, logits, rows, Store::Overwrite, scratch, s);
+    });
+  };
+  const double full1 = head_ms(cfg.n_vocab, 1), full10 = head_ms(cfg.n_vocab, 10);
+
+  auto packed_ms = [&](int32_t rows) {
+    DevicePackedHead head(full, rows, s);
+    std::vector<int32_t> ids(rows), slots(rows);
+    for (int32_t j = 0; j < rows; ++j) ids[j] = int32_t((int64_t(j) * 40503) % cfg.n_vocab), slots[j] = j;
+    head.enter(ids, slots);
+    return time_ms(s, reps, [&] { head.logits(hidden, 10, rows, logits, rows, scratch); });
+  };
+  const double p32k = packed_ms(32768), p3k = packed_ms(3000);
+
+  // The gather of newly entered rows on the copy stream (64 rows: a step's worth of churn).
+  DevicePackedHead head3k(full, 3000, s);
+  std::vector<int32_t> ids(64), slots(64);
+  for (int32_t j = 0; j < 64; ++j) ids[j] = (j * 1999) % cfg.n_vocab, slots[j] = j * 40;
+  const double gather64 = time_ms(head3k.copy_stream(), reps, [&] { head3k.enter(ids, slots); });
+
+  // One decoder layer on 10 tree rows, and the 60-token verification forward (all layers, logits).
+  model->prefill_for_decode(prompt);
+  auto tree_batch = [&](int32_t n, std::vector<int32_t>& t, std::vector<int32_t>& p, std::vector<int32_t>& par,
+                        std::vector<int32_t>& out) {
+    t.resize(n), p.resize(n), par.resize(n), out.resize(n);
+    for (int32_t i = 0; i < n; ++i) {
+      t[i] = (i * 31337) % cfg.n_vocab;
+      par[i] = i == 0 ? -1 : (i - 1) / 2;  // a binary tree
+      p[i] = model->n_past() + (i == 0 ? 0 : p[par[i]] - model->n_past() + 1);
+      out[i] = i;
+    }
+  };
+  std::vector<int32_t> t10, p10, par10, o10, t60, p60, par60, o60;
+  tree_batch(10, t10, p10, par10, o10);
+  tree_batch(60, t60, p60, par60, o60);
+  const double layer10 = time_ms(s, reps, [&] { model->forward(HostBatch{t10, p10, par10, o10, 0}, false, 1); });
+  const double verify60 =
+      time_ms(s, std::max(5, reps / 5), [&] { model->forward(HostBatch{t60, p60, par60, o60, 0}, true); });
+
+  const double draft_full = 5 * (layer10 + full10), draft_32k = 5 * (layer10 + p32k), draft_3k = 5 * (layer10 + p3k);
+  std::printf("\n| measurement | microspec CUDA | issue's table (PyTorch + graphs) |\n|---|---|---|\n");
+  std::printf("| decode, CUDA graphs on | %.1f tok/s (%.2f ms/step, %.2f TB/s of weights) | 5.22 ms (191 tok/s) |\n",
+              tok_s[1], ms_graph, bytes_per_token / (ms_graph * 1e-3) / 1e12);
+  std::printf("| decode, CUDA graphs off | %.1f tok/s (%.2f ms/step) | - |\n", tok_s[0], 1000.0 / tok_s[0]);
+  std::printf("| full-vocab head, 1 row / 10 rows | %.3f / %.3f ms | 0.29 / 0.30 ms |\n", full1, full10);
+  std::printf("| 32k packed head, 10 rows | %.3f ms | 0.11 ms |\n", p32k);
+  std::printf("| 3k packed head, 10 rows | %.3f ms | 0.033 ms |\n", p3k);
+  std::printf("| gather of 64 new rows (copy stream) | %.4f ms | ~0.01 ms |\n", gather64);
+  std::printf("| one decoder layer, 10 rows (EAGLE-layer analogue) | %.3f ms | 0.21 ms |\n", layer10);
+  std::printf("| draft per step (5 x (layer + head)): full / 32k / 3k | %.2f / %.2f / %.2f ms | 2.51 / 1.56 / 1.19 ms |\n",
+              draft_full, draft_32k, draft_3k);
+  std::printf("| verify 60 tokens | %.2f ms | 6.46 ms |\n", verify60);
+  std::printf("| whole step (draft + verify): full / 3k | %.2f / %.2f ms | 8.98 / 7.65 ms |\n",
+              draft_full + verify60, draft_3k + verify60);
+  std::printf("| 3k draft vs full draft | %.2fx | 0.47x |\n", draft_3k / draft_full);
+  cudaFree(hidden);
+  cudaFree(logits);
+  cudaFree(scratch);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cuda: %s\n", e.what());
+    return 1;
+  }
+}

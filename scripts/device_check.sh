@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The CUDA backend's check on a GPU machine, in one call of a few minutes: the CUDA-vs-CPU tests
+# (every device kernel against its CPU oracle; tiny generated models of every weight type: tree
+# forwards, KV compaction, packed head gather, greedy tokens equal to the CPU's), then the
+# benchmark on a Llama-3-8B-shaped model whose random BF16 weights are made in device memory.
+#
+#   scripts/device_check.sh [BIN_DIR]     (default: build-cuda)
+#
+# The binaries are built beforehand (cmake with MICROSPEC_CUDA=ON; the GPU machine may lack the
+# build's dev packages). Full logs go to $OUT (or results/device_check/) and a short summary to stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-build-cuda}
+LOG=${OUT:-results/device_check}
+mkdir -p "$LOG"
+# Shared libraries a build machine's binaries need and the GPU machine may lack (copied beside them).
+if [ -d "$BIN/lib" ]; then export LD_LIBRARY_PATH="$PWD/$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+
+echo "== $(date -u '+%Y-%m-%d %H:%M UTC')"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
+
+echo "== CUDA-vs-CPU tests"
+# The real models are looked up under this checkout's models/ (staged there by the caller: they are
+# larger than one device call carries); without them those tests skip by name.
+export MICROSPEC_SOURCE_DIR="$PWD"
+status=0
+"$BIN/microspec_tests" --gtest_filter='Cuda*' >"$LOG/tests.log" 2>&1 || status=$?
+grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[  PASSED|^\[ real model|Failure' "$LOG/tests.log" | head -40
+if [ "$status" -ne 0 ]; then echo "CUDA tests FAILED (status $status): see tests.log"; fi
+
+echo "== Llama-3-8B-shaped benchmark (random BF16 weights in device memory)"
+"$BIN/bench_cuda" "${@:2}" 2>&1 | tee "$LOG/bench.log"
+exit "$status"

@@ -1,0 +1,24 @@
+#pragma once
+// `generate --device cuda`: greedy decoding with the CUDA backend (src/cuda), plain or speculative
+// (self-drafted chain), streaming text and printing a statistics line like the CPU path. In a
+// build without MICROSPEC_CUDA it throws.
+#include <cstdint>
+#include <vector>
+
+#include "cli/common.h"
+
+namespace microspec::cli {
+
+struct CudaGenerateArgs {
+  int32_t n_predict = 128;
+  int32_t n_ctx = 4096;
+  int32_t n_batch = 512;
+  bool ignore_eos = false;
+  bool quiet = false;
+  int32_t spec_chain = 0;         // > 0: speculative decoding with a self-drafted chain of this length
+  int32_t spec_draft_layers = 0;  // self-draft layers; 0 = the CPU path's default for the model
+};
+
+void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, const std::vector<int32_t>& prompt);
+
+}  // namespace microspec::cli

@@ -1,0 +1,21 @@
+#pragma once
+// Error checking for CUDA runtime calls and the device queries the rest of the backend needs.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+namespace microspec::cuda {
+
+// Throws Error("<what> failed at file:line: <CUDA's message>") when e is not cudaSuccess.
+void check(cudaError_t e, const char* what, const char* file, int line);
+
+// Whether a CUDA device can be used here (driver present and at least one device).
+bool device_available();
+// "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)" for device 0; throws when there is none.
+std::string device_description();
+
+}  // namespace microspec::cuda
+
+#define MS_CUDA(call) ::microspec::cuda::check((call), #call, __FILE__, __LINE__)
+// After a kernel launch: the launch's own error (bad configuration), not the kernel's outcome.
+#define MS_CUDA_LAUNCH() ::microspec::cuda::check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)

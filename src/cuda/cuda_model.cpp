@@ -1,0 +1,556 @@
+#include "cuda/cuda_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "cuda/cuda_check.h"
+#include "gguf/gguf.h"
+#include "kernels/types.h"
+#include "util/error.h"
+
+namespace microspec::cuda {
+
+// Output rows of several matrices side by side: part i writes columns [offset_i, offset_i + rows_i)
+// of y. Consecutive weights of one type are uploaded into one allocation and run as one matrix.
+struct CudaModel::Projection {
+  std::vector<DeviceMatrix> parts;
+};
+
+struct CudaModel::Layer {
+  const float* attn_norm = nullptr;       // [n_embd]
+  Projection qkv;                         // rows: [q_dim | kv_dim | kv_dim][n_embd]
+  const float* qkv_bias = nullptr;        // [q_dim + 2 kv_dim] (Qwen2), else null
+  const float* q_norm = nullptr;          // [head_dim] (Gemma 3), else null
+  const float* k_norm = nullptr;          // [head_dim] (Gemma 3), else null
+  DeviceMatrix wo;                        // [n_embd rows][q_dim]
+  const float* post_attn_norm = nullptr;  // [n_embd] (Gemma 3), else null
+  const float* ffn_norm = nullptr;        // [n_embd]
+  Projection gate_up;                     // rows: [n_ff | n_ff][n_embd]
+  DeviceMatrix w_down;                    // [n_embd rows][n_ff]
+  const float* post_ffw_norm = nullptr;   // [n_embd] (Gemma 3), else null
+};
+
+namespace {
+
+const GgufTensor& find_matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) {
+  const GgufTensor* t = f.find_tensor(name);
+  if (!t) throw Error(f.name() + ": missing tensor '" + name + "'");
+  if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows) {
+    std::string actual;
+    for (size_t i = 0; i < t->ne.size(); ++i) actual += (i ? ", " : "") + std::to_string(t->ne[i]);
+    throw Error(f.name() + ": tensor '" + name + "' has shape [" + actual + "], expected [" + std::to_string(cols) +
+                ", " + std::to_string(rows) + "]");
+  }
+  if (!matmul_supported(t->type))
+    throw Error(f.name() + ": tensor '" + name + "' has type " + type_name(uint32_t(t->type)) +
+                ", which has no CUDA kernel");
+  return *t;
+}
+
+}  // namespace
+
+CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
+    : config_(config), options_(options) {
+  if (!device_available()) throw Error("--device cuda: no CUDA device is available");
+  if (options_.n_batch < 1) throw Error("batch size must be >= 1");
+  if (options_.n_ctx < 1) throw Error("context size must be >= 1");
+  if (options_.n_ctx > attention_max_ctx())
+    throw Error("context size " + std::to_string(options_.n_ctx) + " exceeds the CUDA backend's " +
+                std::to_string(attention_max_ctx()));
+  MS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  MS_CUDA(cudaEventCreate(&ev_start_));
+  MS_CUDA(cudaEventCreate(&ev_stop_));
+  layers_.resize(config_.n_layer);
+}
+
+CudaModel::~CudaModel() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  if (decode_graph_) cudaGraphExecDestroy(decode_graph_);
+  for (void* p : allocations_) cudaFree(p);
+  if (ev_start_) cudaEventDestroy(ev_start_);
+  if (ev_stop_) cudaEventDestroy(ev_stop_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void* CudaModel::alloc(size_t bytes) {
+  void* p = nullptr;
+  MS_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+  allocations_.push_back(p);
+  return p;
+}
+
+std::unique_ptr<CudaModel> CudaModel::load(const GgufFile& f, const CudaModelOptions& options) {
+  ModelConfig c = read_model_config(f);
+  const GgufTensor* embd = f.find_tensor("token_embd.weight");
+  if (!embd || embd->ne.size() != 2) throw Error(f.name() + ": missing or malformed tensor 'token_embd.weight'");
+  c.n_vocab = static_cast<int32_t>(embd->ne[1]);
+  std::unique_ptr<CudaModel> m(new CudaModel(c, options));
+  const int32_t d = c.n_embd;
+
+  auto upload = [&](const GgufTensor& t) {
+    void* p = m->alloc(t.n_bytes);
+    MS_CUDA(cudaMemcpy(p, t.data, t.n_bytes, cudaMemcpyHostToDevice));
+    m->weight_bytes_ += t.n_bytes;
+    return static_cast<const uint8_t*>(p);
+  };
+  auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
+    const GgufTensor& t = find_matrix(f, name, cols, rows);
+    return DeviceMatrix{t.type, upload(t), rows, cols, row_bytes(t.type, cols)};
+  };
+  auto projection = [&](const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t cols) {
+    Projection p;
+    std::vector<const GgufTensor*> ts;
+    for (size_t i = 0; i < names.size(); ++i) ts.push_back(&find_matrix(f, names[i], cols, rows[i]));
+    for (size_t i = 0; i < ts.size();) {
+      size_t j = i, bytes = 0;
+      int64_t total_rows = 0;
+      while (j < ts.size() && ts[j]->type == ts[i]->type) bytes += ts[j]->n_bytes, total_rows += rows[j], ++j;
+      uint8_t* dst = static_cast<uint8_t*>(m->alloc(bytes));
+      for (size_t k = i, off = 0; k < j; off += ts[k]->n_bytes, ++k)
+        MS_CUDA(cudaMemcpy(dst + off, ts[k]->data, ts[k]->n_bytes, cudaMemcpyHostToDevice));
+      m->weight_bytes_ += bytes;
+      p.parts.push_back(DeviceMatrix{ts[i]->type, dst, total_rows, cols, row_bytes(ts[i]->type, cols)});
+      i = j;
+    }
+    return p;
+  };
+  auto vector = [&](const std::string& name, int64_t n, bool required) -> const float* {
+    const GgufTensor* t = f.find_tensor(name);
+    if (!t) {
+      if (required) throw Error(f.name() + ": missing tensor '" + name + "'");
+      return nullptr;
+    }
+    if (t->type != GgmlType::F32 || t->ne.size() != 1 || t->ne[0] != n)
+      throw Error(f.name() + ": tensor '" + name + "' must be F32 [" + std::to_string(n) + "]");
+    return reinterpret_cast<const float*>(upload(*t));
+  };
+
+  m->token_embd_ = matrix("token_embd.weight", d, c.n_vocab);
+  m->output_ = f.find_tensor("output.weight") ? matrix("output.weight", d, c.n_vocab) : m->token_embd_;
+  m->output_norm_ = vector("output_norm.weight", d, true);
+  const bool gemma = c.arch == Arch::Gemma3, qwen = c.arch == Arch::Qwen2;
+  for (int32_t il = 0; il < c.n_layer; ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    Layer& L = m->layers_[il];
+    L.attn_norm = vector(p + "attn_norm.weight", d, true);
+    L.qkv = projection({p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"},
+                       {c.q_dim(), c.kv_dim(), c.kv_dim()}, d);
+    if (qwen) {
+      std::vector<float> bias;
+      for (const char* part : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) {
+        const GgufTensor* t = f.find_tensor(p + part);
+        const int64_t n = std::string(part) == "attn_q.bias" ? c.q_dim() : c.kv_dim();
+        if (!t || t->type != GgmlType::F32 || t->ne.size() != 1 || t->ne[0] != n)
+          throw Error(f.name() + ": tensor '" + p + part + "' must be F32 [" + std::to_string(n) + "]");
+        const float* b = reinterpret_cast<const float*>(t->data);
+        bias.insert(bias.end(), b, b + n);
+      }
+      float* dst = static_cast<float*>(m->alloc(bias.size() * sizeof(float)));
+      MS_CUDA(cudaMemcpy(dst, bias.data(), bias.size() * sizeof(float), cudaMemcpyHostToDevice));
+      L.qkv_bias = dst;
+    }
+    if (gemma) {
+      L.q_norm = vector(p + "attn_q_norm.weight", c.head_dim, true);
+      L.k_norm = vector(p + "attn_k_norm.weight", c.head_dim, true);
+      L.post_attn_norm = vector(p + "post_attention_norm.weight", d, true);
+      L.post_ffw_norm = vector(p + "post_ffw_norm.weight", d, true);
+    }
+    L.wo = matrix(p + "attn_output.weight", c.q_dim(), d);
+    L.ffn_norm = vector(p + "ffn_norm.weight", d, true);
+    L.gate_up = projection({p + "ffn_gate.weight", p + "ffn_up.weight"}, {c.n_ff, c.n_ff}, d);
+    L.w_down = matrix(p + "ffn_down.weight", c.n_ff, d);
+  }
+  m->allocate_buffers();
+  return m;
+}
+
+std::unique_ptr<CudaModel> CudaModel::random(const ModelConfig& config, GgmlType type, uint64_t seed,
+                                             const CudaModelOptions& options) {
+  if (config.arch != Arch::Llama) throw Error("CudaModel::random makes llama-architecture models only");
+  std::unique_ptr<CudaModel> m(new CudaModel(config, options));
+  const ModelConfig& c = m->config_;
+  const int32_t d = c.n_embd;
+  uint64_t stream_seed = seed;
+  auto matrix = [&](int64_t cols, int64_t rows) {
+    const size_t stride = row_bytes(type, cols);
+    void* p = m->alloc(stride * rows);
+    // Uniform with variance 1 / cols: unit-scale outputs for unit-scale inputs.
+    fill_random(type, p, cols * rows, std::sqrt(3.0f / float(cols)), ++stream_seed, m->stream_);
+    m->weight_bytes_ += stride * rows;
+    return DeviceMatrix{type, static_cast<const uint8_t*>(p), rows, cols, stride};
+  };
+  auto norm = [&](int64_t n) {
+    float* p = static_cast<float*>(m->alloc(n * sizeof(float)));
+    fill_random_f32(p, n, 1.0f, 0.1f, ++stream_seed, m->stream_);
+    return static_cast<const float*>(p);
+  };
+  m->token_embd_ = matrix(d, c.n_vocab);
+  m->output_ = matrix(d, c.n_vocab);
+  m->output_norm_ = norm(d);
+  for (Layer& L : m->layers_) {
+    L.attn_norm = norm(d);
+    L.qkv.parts = {matrix(d, c.q_dim() + 2 * c.kv_dim())};
+    L.wo = matrix(c.q_dim(), d);
+    L.ffn_norm = norm(d);
+    L.gate_up.parts = {matrix(d, 2 * int64_t(c.n_ff))};
+    L.w_down = matrix(c.n_ff, d);
+  }
+  m->allocate_buffers();
+  MS_CUDA(cudaStreamSynchronize(m->stream_));
+  return m;
+}
+
+void CudaModel::allocate_buffers() {
+  const ModelConfig& c = config_;
+  const size_t B = options_.n_batch, d = c.n_embd;
+  qkv_dim_ = c.q_dim() + 2 * c.kv_dim();
+  auto floats = [&](size_t n) { return static_cast<float*>(alloc(n * sizeof(float))); };
+  auto ints = [&](size_t n) { return static_cast<int32_t*>(alloc(n * sizeof(int32_t))); };
+  x_ = floats(B * d);
+  xn_ = floats(B * d);
+  qkv_ = floats(B * qkv_dim_);
+  attn_ = floats(B * c.q_dim());
+  o_ = floats(B * d);
+  gate_up_ = floats(B * 2 * c.n_ff);
+  ffn_h_ = floats(B * c.n_ff);
+  residual_ = floats(B * d);
+  hidden_ = floats(B * d);
+  logits_ = floats(B * c.n_vocab);
+  const int64_t widest = std::max<int64_t>({c.n_embd, c.n_ff, c.q_dim()});
+  act_scratch_ = static_cast<uint8_t*>(alloc(matmul_scratch_bytes(int64_t(B), widest)));
+  d_tokens_ = ints(B);
+  d_positions_ = ints(B);
+  d_parents_ = ints(B);
+  d_out_rows_ = ints(B);
+  d_keep_ = ints(options_.n_ctx);
+  d_out_ids_ = ints(options_.max_generate);
+  d_counter_ = ints(1);
+  d_argmax_scratch_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * B));
+  d_argmax_out_ = ints(B);
+
+  kv_.n_layer = c.n_layer;
+  kv_.n_ctx = options_.n_ctx;
+  kv_.kv_dim = c.kv_dim();
+  const size_t kv_elems = size_t(c.n_layer) * options_.n_ctx * c.kv_dim();
+  kv_.k = static_cast<uint16_t*>(alloc(kv_elems * sizeof(uint16_t)));
+  kv_.v = static_cast<uint16_t*>(alloc(kv_elems * sizeof(uint16_t)));
+  kv_.positions = ints(options_.n_ctx);
+  kv_.parents = ints(options_.n_ctx);
+  kv_.n_past = ints(1);
+  MS_CUDA(cudaMemsetAsync(kv_.n_past, 0, sizeof(int32_t), stream_));
+  MS_CUDA(cudaMemsetAsync(kv_.parents, 0xFF, sizeof(int32_t) * options_.n_ctx, stream_));
+  MS_CUDA(cudaStreamSynchronize(stream_));
+}
+
+DeviceBatch CudaModel::device_batch(int32_t n, int32_t start) const {
+  return DeviceBatch{d_tokens_, d_positions_, d_parents_, n, start};
+}
+
+DecodeState CudaModel::decode_state() const {
+  return DecodeState{d_tokens_, d_positions_, d_parents_, d_out_rows_, d_out_ids_, d_counter_};
+}
+
+void CudaModel::forward(const HostBatch& b, bool want_logits, int32_t n_layers) {
+  const int32_t n = static_cast<int32_t>(b.tokens.size());
+  const int32_t n_out = static_cast<int32_t>(b.output_rows.size());
+  if (n == 0) throw Error("forward: empty batch");
+  if (n > options_.n_batch)
+    throw Error("forward: batch of " + std::to_string(n) + " tokens exceeds n_batch " +
+                std::to_string(options_.n_batch));
+  if (b.positions.size() != size_t(n) || b.parents.size() != size_t(n))
+    throw Error("forward: batch positions/parents do not match its tokens");
+  if (b.start < 0 || n_past_ + b.start + n > options_.n_ctx)
+    throw Error("context full: " + std::to_string(n_past_ + b.start + n) + " tokens needed, context size is " +
+                std::to_string(options_.n_ctx));
+  for (int32_t i = 0; i < n; ++i) {
+    if (b.tokens[i] < 0 || b.tokens[i] >= config_.n_vocab)
+      throw Error("forward: token id " + std::to_string(b.tokens[i]) + " is outside the vocabulary (0.." +
+                  std::to_string(config_.n_vocab - 1) + ")");
+    if (b.parents[i] < -1 || b.parents[i] >= b.start + i)
+      throw Error("forward: parent of token " + std::to_string(i) + " is not written yet");
+    if (b.positions[i] < 0) throw Error("forward: negative position");
+  }
+  for (int32_t r : b.output_rows)
+    if (r < 0 || r >= n) throw Error("forward: output row out of range");
+  // Pageable sources: the runtime stages them before returning, so they may go out of scope.
+  MS_CUDA(cudaMemcpyAsync(d_tokens_, b.tokens.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  MS_CUDA(cudaMemcpyAsync(d_positions_, b.positions.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  MS_CUDA(cudaMemcpyAsync(d_parents_, b.parents.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  if (n_out > 0)
+    MS_CUDA(cudaMemcpyAsync(d_out_rows_, b.output_rows.data(), n_out * sizeof(int32_t), cudaMemcpyHostToDevice,
+                            stream_));
+  enqueue_forward(n, b.start, n_out, want_logits, n_layers);
+}
+
+void CudaModel::project(const Projection& p, const float* x, int32_t n, float* y, int64_t ldy) {
+  int64_t offset = 0;
+  for (const DeviceMatrix& w : p.parts) {
+    matmul(w, RowSelection{nullptr, w.rows}, x, config_.n_embd, n, y + offset, ldy, Store::Overwrite,
+           act_scratch_, stream_);
+    offset += w.rows;
+  }
+}
+
+void CudaModel::enqueue_layer(const Layer& L, int32_t il, int32_t n, int32_t start) {
+  const ModelConfig& c = config_;
+  const int32_t d = c.n_embd, hd = c.head_dim;
+  const bool gemma = c.arch == Arch::Gemma3;
+  const DeviceBatch batch = device_batch(n, start);
+  float* q = qkv_;
+  float* k = qkv_ + c.q_dim();
+
+  // Attention block.
+  rms_norm(x_, xn_, RowGroups{n, 1, d}, d, L.attn_norm, c.rms_eps, stream_);
+  project(L.qkv, xn_, n, qkv_, qkv_dim_);
+  if (L.qkv_bias) add_bias_rows(qkv_, qkv_dim_, n, L.qkv_bias, qkv_dim_, stream_);
+  if (L.q_norm) rms_norm(q, q, RowGroups{n, c.n_head, qkv_dim_}, hd, L.q_norm, c.rms_eps, stream_);
+  if (L.k_norm) rms_norm(k, k, RowGroups{n, c.n_head_kv, qkv_dim_}, hd, L.k_norm, c.rms_eps, stream_);
+  const bool sliding = !c.layer_is_sliding.empty() && c.layer_is_sliding[il];
+  const float base = sliding ? c.rope_base_local : c.rope_base;
+  const float theta_scale = std::pow(base, -2.0f / c.n_rot);  // as the CPU computes it
+  const bool neox = c.rope_style == RopeStyle::Neox;
+  rope_and_store_kv(qkv_, qkv_dim_, kv_, il, batch, RopeShape{c.n_head, c.n_head_kv, hd, c.n_rot, neox, theta_scale},
+                    stream_);
+  const AttentionShape shape{c.n_head, c.n_head_kv, hd, c.attn_scale, sliding ? c.sliding_window : 0};
+  attention(kv_, il, batch, q, qkv_dim_, shape, attn_, stream_);
+  if (gemma) {
+    matmul(L.wo, RowSelection{nullptr, d}, attn_, c.q_dim(), n, o_, d, Store::Overwrite, act_scratch_, stream_);
+    rms_norm(o_, o_, RowGroups{n, 1, d}, d, L.post_attn_norm, c.rms_eps, stream_);
+    add_inplace(x_, o_, int64_t(n) * d, stream_);
+  } else {
+    matmul(L.wo, RowSelection{nullptr, d}, attn_, c.q_dim(), n, x_, d, Store::Accumulate, act_scratch_, stream_);
+  }
+
+  // Feed-forward block.
+  rms_norm(x_, xn_, RowGroups{n, 1, d}, d, L.ffn_norm, c.rms_eps, stream_);
+  project(L.gate_up, xn_, n, gate_up_, 2 * int64_t(c.n_ff));
+  gated_activation(gate_up_, gate_up_ + c.n_ff, 2 * int64_t(c.n_ff), n, c.n_ff,
+                   gemma ? Activation::GeluTanh : Activation::Silu, ffn_h_, stream_);
+  if (gemma) {
+    matmul(L.w_down, RowSelection{nullptr, d}, ffn_h_, c.n_ff, n, o_, d, Store::Overwrite, act_scratch_, stream_);
+    rms_norm(o_, o_, RowGroups{n, 1, d}, d, L.post_ffw_norm, c.rms_eps, stream_);
+    add_inplace(x_, o_, int64_t(n) * d, stream_);
+  } else {
+    matmul(L.w_down, RowSelection{nullptr, d}, ffn_h_, c.n_ff, n, x_, d, Store::Accumulate, act_scratch_,
+           stream_);
+  }
+}
+
+void CudaModel::enqueue_forward(int32_t n, int32_t start, int32_t n_out, bool want_logits, int32_t n_layers) {
+  const ModelConfig& c = config_;
+  if (n_layers < 0 || n_layers > c.n_layer) n_layers = c.n_layer;
+  set_slot_meta(kv_, device_batch(n, start), stream_);
+  gather_rows_f32(token_embd_, d_tokens_, n, c.embed_scale, x_, stream_);
+  for (int32_t il = 0; il < n_layers; ++il) enqueue_layer(layers_[il], il, n, start);
+  select_rows(x_, c.n_embd, d_out_rows_, n_out, residual_, stream_);
+  rms_norm(residual_, hidden_, RowGroups{n_out, 1, c.n_embd}, c.n_embd, output_norm_, c.rms_eps, stream_);
+  if (want_logits)
+    matmul(output_, RowSelection{nullptr, c.n_vocab}, hidden_, c.n_embd, n_out, logits_, c.n_vocab,
+           Store::Overwrite, act_scratch_, stream_);
+}
+
+void CudaModel::logits_to_host(int32_t n_rows, std::vector<float>& out) const {
+  out.resize(size_t(n_rows) * config_.n_vocab);
+  MS_CUDA(cudaMemcpyAsync(out.data(), logits_, out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  MS_CUDA(cudaStreamSynchronize(stream_));
+}
+
+void CudaModel::commit_prefix(int32_t n) {
+  if (n < 0 || n_past_ + n > options_.n_ctx) throw Error("commit_prefix: " + std::to_string(n) + " slots");
+  kv_advance(kv_, n, stream_);
+  n_past_ += n;
+}
+
+void CudaModel::commit(std::span<const int32_t> indices) {
+  for (size_t j = 0; j < indices.size(); ++j)
+    if (indices[j] < 0 || (j > 0 && indices[j] <= indices[j - 1]) || n_past_ + indices[j] >= options_.n_ctx)
+      throw Error("commit: pending indices must be increasing and inside the context");
+  const int32_t n = static_cast<int32_t>(indices.size());
+  if (n == 0) return;
+  MS_CUDA(cudaMemcpyAsync(d_keep_, indices.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  kv_compact(kv_, d_keep_, n, stream_);
+  n_past_ += n;
+}
+
+void CudaModel::truncate(int32_t n) {
+  if (n < 0 || n > n_past_) throw Error("truncate: " + std::to_string(n) + " is not within the committed tokens");
+  MS_CUDA(cudaMemcpyAsync(kv_.n_past, &n, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  MS_CUDA(cudaStreamSynchronize(stream_));  // &n is a stack value
+  n_past_ = n;
+}
+
+void CudaModel::enqueue_decode_step() {
+  enqueue_forward(1, 0, 1, true, -1);
+  argmax_rows(logits_, 1, config_.n_vocab, d_tokens_, d_argmax_scratch_, stream_);
+  decode_advance(kv_, decode_state(), stream_);
+}
+
+void CudaModel::capture_decode_graph() {
+  if (decode_graph_) return;
+  cudaGraph_t graph = nullptr;
+  MS_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue_decode_step();
+  } catch (...) {
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  MS_CUDA(cudaStreamEndCapture(stream_, &graph));
+  const cudaError_t e = cudaGraphInstantiate(&decode_graph_, graph, 0);
+  cudaGraphDestroy(graph);
+  MS_CUDA(e);
+}
+
+void CudaModel::prefill_for_decode(std::span<const int32_t> prompt) {
+  if (prompt.empty()) throw Error("generate: empty prompt");
+  truncate(0);
+  const int32_t n_prompt = static_cast<int32_t>(prompt.size());
+  if (n_prompt >= options_.n_ctx)
+    throw Error("context full: the prompt has " + std::to_string(n_prompt) + " tokens, context size is " +
+                std::to_string(options_.n_ctx));
+  std::vector<int32_t> positions, parents;
+  for (int32_t p0 = 0; p0 < n_prompt; p0 += options_.n_batch) {
+    const int32_t n = std::min(options_.n_batch, n_prompt - p0);
+    positions.resize(n);
+    parents.resize(n);
+    for (int32_t i = 0; i < n; ++i) positions[i] = p0 + i, parents[i] = i - 1;
+    const bool last = p0 + n == n_prompt;
+    const int32_t out_row = n - 1;
+    HostBatch b{prompt.subspan(p0, n), positions, parents, last ? std::span<const int32_t>(&out_row, 1)
+                                                                : std::span<const int32_t>(),
+                0};
+    forward(b, last);
+    commit_prefix(n);
+    if (last) {
+      argmax_rows(logits_, 1, config_.n_vocab, d_tokens_, d_argmax_scratch_, stream_);
+      decode_begin(kv_, decode_state(), stream_);
+    }
+    MS_CUDA(cudaStreamSynchronize(stream_));  // positions/parents are reused for the next chunk
+  }
+}
+
+std::vector<int32_t> CudaModel::generate_greedy(std::span<const int32_t> prompt, const GreedyOptions& o,
+                                                const std::function<void(int32_t)>& on_token) {
+  prefill_for_decode(prompt);
+  std::vector<int32_t> ids;
+  int32_t produced = 1;  // the prompt's argmax, in out_ids[0]
+  const int32_t limit = std::min(o.n_predict, options_.max_generate);
+  auto fetch_and_check = [&]() {
+    const size_t old = ids.size();
+    ids.resize(produced);
+    MS_CUDA(cudaMemcpyAsync(ids.data() + old, d_out_ids_ + old, (produced - old) * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, stream_));
+    MS_CUDA(cudaStreamSynchronize(stream_));
+    for (size_t i = old; i < ids.size(); ++i) {
+      if (on_token) on_token(ids[i]);
+      if (std::find(o.stop_ids.begin(), o.stop_ids.end(), ids[i]) != o.stop_ids.end()) {
+        ids.resize(i + 1);
+        return true;
+      }
+    }
+    return false;
+  };
+  if (o.n_predict <= 0) return {};
+  if (fetch_and_check()) return ids;
+  if (o.graphs == Graphs::On) capture_decode_graph();
+  while (produced < limit && n_past_ < options_.n_ctx) {
+    const int32_t steps = std::min({std::max(o.sync_every, 1), limit - produced, options_.n_ctx - n_past_});
+    for (int32_t s = 0; s < steps; ++s) {
+      if (o.graphs == Graphs::On)
+        MS_CUDA(cudaGraphLaunch(decode_graph_, stream_));
+      else
+        enqueue_decode_step();
+    }
+    n_past_ += steps;
+    produced += steps;
+    if (fetch_and_check()) return ids;
+  }
+  return ids;
+}
+
+std::vector<int32_t> CudaModel::argmax_to_host(int32_t n_rows) {
+  argmax_rows(logits_, n_rows, config_.n_vocab, d_argmax_out_, d_argmax_scratch_, stream_);
+  std::vector<int32_t> ids(n_rows);
+  MS_CUDA(cudaMemcpyAsync(ids.data(), d_argmax_out_, n_rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  MS_CUDA(cudaStreamSynchronize(stream_));
+  return ids;
+}
+
+std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> prompt, const SpecChainOptions& o,
+                                                     SpecChainStats* stats) {
+  if (o.depth < 1 || o.depth + 1 > options_.n_batch)
+    throw Error("speculative depth " + std::to_string(o.depth) + " outside 1.." + std::to_string(options_.n_batch - 1));
+  if (o.draft_layers < 1 || o.draft_layers > config_.n_layer)
+    throw Error("draft layers " + std::to_string(o.draft_layers) + " outside 1.." + std::to_string(config_.n_layer));
+  SpecChainStats st;
+  std::vector<int32_t> out;
+  if (o.n_predict <= 0) return out;
+  prefill_for_decode(prompt);  // leaves the prompt's argmax in d_tokens_[0] and out_ids[0]
+  int32_t last = 0;
+  MS_CUDA(cudaMemcpyAsync(&last, d_tokens_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  MS_CUDA(cudaStreamSynchronize(stream_));
+  auto emit = [&](int32_t id) {
+    out.push_back(id);
+    return int32_t(out.size()) >= o.n_predict ||
+           std::find(o.stop_ids.begin(), o.stop_ids.end(), id) != o.stop_ids.end();
+  };
+  if (emit(last)) return out;
+  std::vector<int32_t> tokens, positions, parents, rows;
+  while (true) {
+    // Room for the chain: the pending slots of `last` and the drafts must fit the context.
+    const int32_t depth = std::min(o.depth, options_.n_ctx - n_past_ - 1);
+    if (depth < 0) break;
+    // Draft: token d runs at pending slot d (d = 0 is `last`), its argmax is draft d.
+    std::vector<int32_t> draft;
+    for (int32_t d = 0; d < depth; ++d) {
+      const int32_t t = d == 0 ? last : draft[d - 1], pos = n_past_ + d, par = d - 1, row = 0;
+      forward(HostBatch{std::span<const int32_t>(&t, 1), std::span<const int32_t>(&pos, 1),
+                        std::span<const int32_t>(&par, 1), std::span<const int32_t>(&row, 1), d},
+              true, o.draft_layers);
+      draft.push_back(argmax_to_host(1)[0]);
+    }
+    // Verify `last` and the drafts in one forward of all layers.
+    tokens.assign(1, last);
+    tokens.insert(tokens.end(), draft.begin(), draft.end());
+    positions.clear(), parents.clear(), rows.clear();
+    for (int32_t i = 0; i <= depth; ++i) positions.push_back(n_past_ + i), parents.push_back(i - 1), rows.push_back(i);
+    forward(HostBatch{tokens, positions, parents, rows, 0}, true);
+    const std::vector<int32_t> pred = argmax_to_host(depth + 1);
+    int32_t a = 0;
+    while (a < depth && draft[a] == pred[a]) ++a;
+    ++st.steps;
+    st.accepted_drafts += a;
+    commit_prefix(a + 1);  // `last` and the accepted drafts
+    bool done = false;
+    for (int32_t i = 0; i < a && !done; ++i) done = emit(draft[i]);
+    if (!done) done = emit(pred[a]);
+    if (done || n_past_ + 1 >= options_.n_ctx) break;
+    last = pred[a];
+  }
+  if (stats) *stats = st;
+  return out;
+}
+
+double CudaModel::time_decode_steps(int32_t steps, Graphs graphs) {
+  if (n_past_ + steps > options_.n_ctx || steps + 1 > options_.max_generate)
+    throw Error("time_decode_steps: " + std::to_string(steps) + " steps do not fit the context");
+  if (graphs == Graphs::On) capture_decode_graph();
+  MS_CUDA(cudaEventRecord(ev_start_, stream_));
+  for (int32_t s = 0; s < steps; ++s) {
+    if (graphs == Graphs::On)
+      MS_CUDA(cudaGraphLaunch(decode_graph_, stream_));
+    else
+      enqueue_decode_step();
+  }
+  MS_CUDA(cudaEventRecord(ev_stop_, stream_));
+  MS_CUDA(cudaEventSynchronize(ev_stop_));
+  n_past_ += steps;
+  float ms = 0.0f;
+  MS_CUDA(cudaEventElapsedTime(&ms, ev_start_, ev_stop_));
+  return ms / 1000.0;
+}
+
+}  // namespace microspec::cuda

@@ -1,0 +1,174 @@
+#pragma once
+// A model on the GPU: weights uploaded once in their file formats, the KV cache, activations and
+// logits in device memory, and a forward pass (llama family, Qwen2, Gemma 3) made of the kernels
+// in ops.h. The CPU model (src/model) is its oracle: tests/cuda/ checks logits and greedy tokens.
+//
+// The state a step needs lives on the device (n_past, the one-token batch of greedy decoding), so
+// a decode step is a fixed sequence of launches that can be captured once as a CUDA graph and
+// replayed with no host round trip.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cuda/ops.h"
+#include "model/config.h"
+
+namespace microspec {
+class GgufFile;
+}
+
+namespace microspec::cuda {
+
+struct CudaModelOptions {
+  int32_t n_batch = 64;   // most tokens one forward takes; buffers are sized for it at load
+  int32_t n_ctx = 2048;   // KV cache slots
+  int32_t max_generate = 4096;  // capacity of the device's generated-token buffer
+};
+
+// A batch in host memory (the Batch of src/model, without depending on it).
+struct HostBatch {
+  std::span<const int32_t> tokens;       // [n]
+  std::span<const int32_t> positions;    // [n]
+  std::span<const int32_t> parents;      // [n] pending index of the parent, -1 = prefix only
+  std::span<const int32_t> output_rows;  // rows whose hidden state / logits are produced
+  int32_t start = 0;                     // pending index of tokens[0]
+};
+
+enum class Graphs { Off, On };  // replay the decode step as a captured CUDA graph, or launch each kernel
+
+struct GreedyOptions {
+  int32_t n_predict = 128;
+  std::vector<int32_t> stop_ids;  // generation ends after one of these (it is kept)
+  Graphs graphs = Graphs::On;
+  int32_t sync_every = 8;  // steps between host checks for a stop token (more steps may run past it)
+};
+
+// Speculative decoding on the device with a self-drafter: the target's first draft_layers layers
+// (with the final norm and LM head) propose a chain of `depth` tokens one at a time, written into
+// the pending KV slots; one batched forward over the chain verifies them; the longest prefix that
+// matches the target's argmax is kept plus the target's own next token, and the cache keeps that
+// prefix. Every kernel's result for a token is the same whatever the batch (batch invariance), so
+// the output equals plain greedy decoding token for token.
+struct SpecChainOptions {
+  int32_t n_predict = 128;
+  std::vector<int32_t> stop_ids;
+  int32_t draft_layers = 1;
+  int32_t depth = 4;
+};
+struct SpecChainStats {
+  int32_t steps = 0;           // verification forwards
+  int32_t accepted_drafts = 0;  // draft tokens kept
+  double mean_acceptance_length() const { return steps ? 1.0 + double(accepted_drafts) / steps : 0.0; }
+};
+
+class CudaModel {
+ public:
+  static std::unique_ptr<CudaModel> load(const GgufFile& file, const CudaModelOptions& options);
+  // Llama-architecture weights of config's shapes drawn at random on the device in `type` (BF16 or
+  // F16), norms near 1: for benchmarks of real shapes without a file.
+  static std::unique_ptr<CudaModel> random(const ModelConfig& config, GgmlType type, uint64_t seed,
+                                           const CudaModelOptions& options);
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  int32_t n_past() const { return n_past_; }
+  int32_t n_ctx() const { return options_.n_ctx; }
+  cudaStream_t stream() const { return stream_; }
+  size_t weight_bytes() const { return weight_bytes_; }
+  const DeviceMatrix& output_matrix() const { return output_; }
+
+  // Runs the batch through layers [0, n_layers) (n_layers < 0: all), writing its keys and values
+  // into the pending slots n_past + start + i. With want_logits the logits of the output rows are
+  // left in device_logits() ([n_out][n_vocab]); hidden states after the final norm in
+  // device_hidden() ([n_out][n_embd]). Asynchronous on stream(); throws Error on bad input.
+  void forward(const HostBatch& batch, bool want_logits, int32_t n_layers = -1);
+  const float* device_logits() const { return logits_; }
+  const float* device_hidden() const { return hidden_; }
+  // Copies the logits of the last forward to the host (synchronizes).
+  void logits_to_host(int32_t n_rows, std::vector<float>& out) const;
+
+  // Cache bookkeeping, all on the device: keep the first n pending slots, keep the pending slots
+  // `indices` (strictly increasing; the accepted path of a tree) or forget everything past n.
+  void commit_prefix(int32_t n);
+  void commit(std::span<const int32_t> indices);
+  void truncate(int32_t n);
+
+  // Greedy generation after `prompt`: the prompt in n_batch chunks, then one token per step with
+  // the step's state on the device. Returns the generated ids (stopping after a stop id).
+  std::vector<int32_t> generate_greedy(std::span<const int32_t> prompt, const GreedyOptions& options,
+                                       const std::function<void(int32_t)>& on_token = {});
+
+  std::vector<int32_t> generate_speculative(std::span<const int32_t> prompt, const SpecChainOptions& options,
+                                            SpecChainStats* stats = nullptr);
+
+  // Runs `steps` decode steps after the current state (the prompt's last token already sampled
+  // into the device batch by generate_greedy or prefill_for_decode); returns the seconds they
+  // took, timed with device events. For benchmarks.
+  void prefill_for_decode(std::span<const int32_t> prompt);
+  double time_decode_steps(int32_t steps, Graphs graphs);
+
+ private:
+  CudaModel(const ModelConfig& config, const CudaModelOptions& options);
+  struct Layer;
+  struct Projection;
+  void allocate_buffers();
+  void enqueue_forward(int32_t n, int32_t start, int32_t n_out, bool want_logits, int32_t n_layers);
+  void enqueue_layer(const Layer& L, int32_t il, int32_t n, int32_t start);
+  void project(const Projection& p, const float* x, int32_t n, float* y, int64_t ldy);
+  void enqueue_decode_step();
+  void capture_decode_graph();
+  DeviceBatch device_batch(int32_t n, int32_t start) const;
+  DecodeState decode_state() const;
+  void* alloc(size_t bytes);
+  std::vector<int32_t> argmax_to_host(int32_t n_rows);
+
+  ModelConfig config_;
+  CudaModelOptions options_;
+  cudaStream_t stream_ = nullptr;
+  std::vector<void*> allocations_;
+  size_t weight_bytes_ = 0;
+  bool has_bias_ = false;
+
+  DeviceMatrix token_embd_;     // [n_vocab rows][n_embd]
+  DeviceMatrix output_;         // [n_vocab rows][n_embd]
+  const float* output_norm_ = nullptr;  // [n_embd]
+  std::vector<Layer> layers_;   // [n_layer]
+
+  DeviceKV kv_;
+  int32_t n_past_ = 0;  // host mirror of *kv_.n_past
+
+  // Activations, sized for n_batch tokens.
+  int32_t qkv_dim_ = 0;       // q_dim + 2 * kv_dim
+  float* x_ = nullptr;        // [n_batch][n_embd] residual stream
+  float* xn_ = nullptr;       // [n_batch][n_embd] normed block input
+  float* qkv_ = nullptr;      // [n_batch][qkv_dim] q | k | v
+  float* attn_ = nullptr;     // [n_batch][q_dim]
+  float* o_ = nullptr;        // [n_batch][n_embd] block output (Gemma's post-norms)
+  float* gate_up_ = nullptr;  // [n_batch][2 * n_ff] gate | up
+  float* ffn_h_ = nullptr;    // [n_batch][n_ff]
+  float* residual_ = nullptr; // [n_batch][n_embd] output rows' residual stream
+  float* hidden_ = nullptr;   // [n_batch][n_embd] output rows after the final norm
+  float* logits_ = nullptr;   // [n_batch][n_vocab]
+  uint8_t* act_scratch_ = nullptr;  // quantized activations
+  int32_t* d_tokens_ = nullptr;     // [n_batch]
+  int32_t* d_positions_ = nullptr;  // [n_batch]
+  int32_t* d_parents_ = nullptr;    // [n_batch]
+  int32_t* d_out_rows_ = nullptr;   // [n_batch]
+  int32_t* d_keep_ = nullptr;       // [n_ctx] pending indices to commit
+  int32_t* d_out_ids_ = nullptr;    // [max_generate]
+  int32_t* d_counter_ = nullptr;    // [1]
+  uint64_t* d_argmax_scratch_ = nullptr;  // [n_batch]
+  int32_t* d_argmax_out_ = nullptr;       // [n_batch] argmax of each logits row (speculative steps)
+  int32_t* h_staging_ = nullptr;    // pinned: [4][n_batch] batch arrays, then [n_ctx] keep list
+
+  cudaGraphExec_t decode_graph_ = nullptr;
+  cudaEvent_t ev_start_ = nullptr, ev_stop_ = nullptr;
+};
+
+}  // namespace microspec::cuda

@@ -1,0 +1,57 @@
+#include "cuda/packed_head.h"
+
+#include <string>
+
+#include "cuda/cuda_check.h"
+#include "util/error.h"
+
+namespace microspec::cuda {
+
+DevicePackedHead::DevicePackedHead(const DeviceMatrix& full, int32_t capacity, cudaStream_t compute)
+    : full_(full), capacity_(capacity), compute_(compute) {
+  if (capacity < 1 || capacity > full.rows)
+    throw Error("packed head: capacity " + std::to_string(capacity) + " outside 1.." + std::to_string(full.rows));
+  MS_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  MS_CUDA(cudaEventCreateWithFlags(&gathered_, cudaEventDisableTiming));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&rows_), full.row_stride * size_t(capacity)));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_ids_), sizeof(int32_t) * capacity));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_slots_), sizeof(int32_t) * capacity));
+  MS_CUDA(cudaEventRecord(gathered_, copy_));
+}
+
+DevicePackedHead::~DevicePackedHead() {
+  if (copy_) cudaStreamSynchronize(copy_);
+  cudaFree(rows_);
+  cudaFree(d_ids_);
+  cudaFree(d_slots_);
+  if (gathered_) cudaEventDestroy(gathered_);
+  if (copy_) cudaStreamDestroy(copy_);
+}
+
+void DevicePackedHead::enter(std::span<const int32_t> ids, std::span<const int32_t> slots) {
+  if (ids.size() != slots.size() || ids.size() > size_t(capacity_))
+    throw Error("packed head: " + std::to_string(ids.size()) + " ids for " + std::to_string(slots.size()) +
+                " slots (capacity " + std::to_string(capacity_) + ")");
+  for (size_t j = 0; j < ids.size(); ++j)
+    if (ids[j] < 0 || ids[j] >= full_.rows || slots[j] < 0 || slots[j] >= capacity_)
+      throw Error("packed head: row " + std::to_string(ids[j]) + " -> slot " + std::to_string(slots[j]) +
+                  " out of range");
+  if (ids.empty()) return;
+  const size_t bytes = ids.size() * sizeof(int32_t);
+  MS_CUDA(cudaMemcpyAsync(d_ids_, ids.data(), bytes, cudaMemcpyHostToDevice, copy_));
+  MS_CUDA(cudaMemcpyAsync(d_slots_, slots.data(), bytes, cudaMemcpyHostToDevice, copy_));
+  copy_rows(full_, d_ids_, d_slots_, int32_t(ids.size()), rows_, full_.row_stride, copy_);
+  MS_CUDA(cudaEventRecord(gathered_, copy_));
+}
+
+void DevicePackedHead::logits(const float* hidden, int32_t n, int32_t n_rows, float* logits, int64_t ldl,
+                              uint8_t* scratch) {
+  if (n_rows < 0 || n_rows > capacity_)
+    throw Error("packed head: " + std::to_string(n_rows) + " rows of " + std::to_string(capacity_));
+  MS_CUDA(cudaStreamWaitEvent(compute_, gathered_, 0));
+  const DeviceMatrix packed{full_.type, rows_, n_rows, full_.cols, full_.row_stride};
+  matmul(packed, RowSelection{nullptr, n_rows}, hidden, full_.cols, n, logits, ldl, Store::Overwrite, scratch,
+         compute_);
+}
+
+}  // namespace microspec::cuda

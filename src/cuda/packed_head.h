@@ -1,0 +1,43 @@
+#pragma once
+// MicroSpec's packed LM head on the device: a buffer of `capacity` vocabulary rows in the full
+// head's own format. Rows that enter the draft vocabulary are gathered from the full head on a
+// second stream (overlapping whatever runs on the compute stream, e.g. the draft backbone), and
+// the packed logits wait for the gather through an event recorded after it.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+
+#include "cuda/ops.h"
+
+namespace microspec::cuda {
+
+class DevicePackedHead {
+ public:
+  // full: the model's LM head ([n_vocab rows][n_embd]); compute: the stream the logits run on.
+  DevicePackedHead(const DeviceMatrix& full, int32_t capacity, cudaStream_t compute);
+  ~DevicePackedHead();
+  DevicePackedHead(const DevicePackedHead&) = delete;
+  DevicePackedHead& operator=(const DevicePackedHead&) = delete;
+
+  int32_t capacity() const { return capacity_; }
+  cudaStream_t copy_stream() const { return copy_; }
+
+  // Enqueues on the copy stream: full-head rows ids[j] into packed slots slots[j] (j < ids.size()).
+  void enter(std::span<const int32_t> ids, std::span<const int32_t> slots);
+  // logits[t * ldl + j] = dot(packed row j, hidden[t]) for j < n_rows, t < n, on the compute stream
+  // after the last gather (event join). scratch: matmul_scratch_bytes(n, n_embd) bytes.
+  void logits(const float* hidden, int32_t n, int32_t n_rows, float* logits, int64_t ldl, uint8_t* scratch);
+
+ private:
+  DeviceMatrix full_;
+  int32_t capacity_;
+  cudaStream_t compute_;
+  cudaStream_t copy_ = nullptr;
+  cudaEvent_t gathered_ = nullptr;
+  uint8_t* rows_ = nullptr;       // [capacity][full.row_stride] packed rows
+  int32_t* d_ids_ = nullptr;      // [capacity] rows being gathered
+  int32_t* d_slots_ = nullptr;    // [capacity] their slots
+};
+
+}  // namespace microspec::cuda
