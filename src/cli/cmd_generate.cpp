@@ -168,6 +168,17 @@ void run_generate(const GenerateArgs& a) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       std::string text;
+      if (j.is_object() && j.contains("prompt_ids") && j["prompt_ids"].is_array()) {
+        std::vector<int32_t> ids;
+        try {
+          ids = j["prompt_ids"].get<std::vector<int32_t>>();
+        } catch (const nlohmann::json::exception&) {
+          throw Error(a.prompts_jsonl + ":" + std::to_string(line_no) + ": \"prompt_ids\" must be token ids");
+        }
+        if (a.chat) throw Error("--chat applies to text prompts, not \"prompt_ids\"");
+        generate_one(a, m, gen, spec.get(), ids, true);
+        continue;
+      }
       if (j.is_object() && j.contains("prompt") && j["prompt"].is_string())
         text = j["prompt"].get<std::string>();
       else if (j.is_object() && j.contains("turns") && j["turns"].is_array() && !j["turns"].empty() &&
@@ -175,7 +186,7 @@ void run_generate(const GenerateArgs& a) {
         text = j["turns"][0].get<std::string>();
       else
         throw Error(a.prompts_jsonl + ":" + std::to_string(line_no) +
-                    ": expected a JSON object with \"prompt\" (string) or \"turns\" (strings)");
+                    ": expected a JSON object with \"prompt\" (string), \"turns\" (strings) or \"prompt_ids\" (token ids)");
       generate_one(a, m, gen, spec.get(), encode(text), true);
     }
     return;
@@ -215,7 +226,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--json", args->json, "print one JSON object (ids, text, stats) instead of streaming text");
   cmd->add_flag("-q,--quiet", args->quiet, "print only the statistics line");
   cmd->add_option("--prompts-jsonl", args->prompts_jsonl,
-                  "batch mode: a JSONL file of {\"prompt\": ...} or {\"turns\": [...]} objects (first turn); "
+                  "batch mode: a JSONL file of {\"prompt\": ...}, {\"turns\": [...]} (first turn) or {\"prompt_ids\": [...]} "
+                  "objects; "
                   "prints one JSON line per prompt");
   add_spec_options(*cmd, args->spec);
   cmd->callback([args] { run_generate(*args); });
