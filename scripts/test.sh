@@ -5,7 +5,7 @@
 #                            then every Python test against llama.cpp and the gguf package (pytest).
 #   scripts/test.sh --quick  the fast tier for development: the C++ tests and the Python tests not
 #                            marked `slow` (the real-model sweeps: conformance against llama.cpp,
-#                            speculative greedy over SpecBench, the server load test); no fuzzing.
+#                            speculative greedy over SpecBench, the server load and leak tests, bench runs); no fuzzing.
 # Any failure stops it with a non-zero status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
