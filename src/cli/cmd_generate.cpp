@@ -185,6 +185,17 @@ void run_generate(const GenerateArgs& a) {
       ++line_no;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("prompt_ids") && j["prompt_ids"].is_array()) {
+        std::vector<int32_t> ids;
+        try {
+          ids = j["prompt_ids"].get<std::vector<int32_t>>();
+        } catch (const nlohmann::json::exception&) {
+          throw Error(a.prompts_jsonl + ":" + std::to_string(line_no) + ": \"prompt_ids\" must be token ids");
+        }
+        if (a.chat) throw Error("--chat applies to text prompts, not \"prompt_ids\"");
+        generate_one(a, m, decoder, ids, true);
+        continue;
+      }
       std::vector<std::string> turns;
       try {
         turns = bench::row_turns(j);
@@ -193,7 +204,7 @@ void run_generate(const GenerateArgs& a) {
       }
       if (turns.empty())
         throw Error(a.prompts_jsonl + ":" + std::to_string(line_no) +
-                    ": expected a JSON object with \"prompt\" (string) or \"turns\" (strings)");
+                    ": expected a JSON object with \"prompt\" (string), \"turns\" (strings) or \"prompt_ids\" (token ids)");
       generate_one(a, m, decoder, encode(turns[0]), true);
     }
     return;
@@ -234,8 +245,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("-q,--quiet", args->quiet, "print only the statistics line");
   cmd->add_option(
       "--prompts-jsonl", args->prompts_jsonl,
-      "batch mode: a JSONL file of {\"turns\": [...]} (first turn) or {\"prompt\": ...} objects, \"turns\" "
-      "winning when a row has both; "
+      "batch mode: a JSONL file of {\"turns\": [...]} (first turn), {\"prompt\": ...} or {\"prompt_ids\": [...]} "
+      "objects, \"turns\" winning over \"prompt\" when a row has both; "
       "prints one JSON line per prompt");
   add_spec_options(*cmd, args->spec);
   cmd->callback([args] { run_generate(*args); });

@@ -53,39 +53,57 @@ class ReferenceModel:
             y[..., 0::2], y[..., 1::2] = a * c - b * s, a * s + b * c
         return y
 
-    def logits(self, ids):
-        gemma = self.arch == "gemma3"
-        n, H, KV, hd = len(ids), self.n_head, self.n_kv, self.hd
-        pos = np.arange(n)
-        x = self.embd[ids].astype(np.float64) * (np.sqrt(self.d) if gemma else 1.0)
+    def layer_weights(self, layer):
+        """One layer's weights, dequantized once for all the sequences that pass through it."""
+        prefix = f"blk.{layer}."
+        return {name[len(prefix):]: self.w(name) for name in self.t if name.startswith(prefix)}
+
+    def logits(self, ids, positions=None):
+        """Logits rows (float32) of one sequence at `positions` (every position when None)."""
+        return self.logits_many([ids], [positions])[0]
+
+    def logits_many(self, sequences, positions):
+        """Logits rows of several sequences, each at its own positions (None = all). The layers run
+        outermost, so each layer's weights are dequantized once however many sequences there are."""
+        xs = [self.embd[ids].astype(np.float64) * (np.sqrt(self.d) if self.arch == "gemma3" else 1.0)
+              for ids in sequences]
         for layer in range(self.n_layer):
-            p = f"blk.{layer}."
-            h = self.rms(x, self.w(p + "attn_norm.weight"))
-            q, k, v = (h @ self.w(p + f"attn_{m}.weight").T for m in "qkv")
-            if self.has(p + "attn_q.bias"):
-                q, k, v = q + self.w(p + "attn_q.bias"), k + self.w(p + "attn_k.bias"), v + self.w(p + "attn_v.bias")
-            q, k, v = q.reshape(n, H, hd), k.reshape(n, KV, hd), v.reshape(n, KV, hd)
-            sliding = gemma and self.window > 0 and layer % 6 < 5
-            if gemma:
-                q, k = self.rms(q, self.w(p + "attn_q_norm.weight")), self.rms(k, self.w(p + "attn_k_norm.weight"))
-            base = 10000.0 if sliding else self.base
-            neox = self.arch in ("gemma3", "qwen2")
-            q, k = self.rope(q, pos, base, neox), self.rope(k, pos, base, neox)
-            mask = np.tril(np.ones((n, n), dtype=bool))
-            if sliding:
-                mask &= (pos[:, None] - pos[None, :]) < self.window
-            att = np.zeros((n, H, hd))
-            for head in range(H):
-                kh = head // (H // KV)
-                s = np.where(mask, q[:, head, :] @ k[:, kh, :].T / np.sqrt(hd), -np.inf)
-                s = np.exp(s - s.max(1, keepdims=True))
-                att[:, head, :] = (s / s.sum(1, keepdims=True)) @ v[:, kh, :]
-            o = att.reshape(n, H * hd) @ self.w(p + "attn_output.weight").T
-            x = x + (self.rms(o, self.w(p + "post_attention_norm.weight")) if gemma else o)
-            h = self.rms(x, self.w(p + "ffn_norm.weight"))
-            g, u = h @ self.w(p + "ffn_gate.weight").T, h @ self.w(p + "ffn_up.weight").T
-            act = 0.5 * g * (1 + np.tanh(0.7978845608 * (g + 0.044715 * g**3))) if gemma else g / (1 + np.exp(-g))
-            o = (act * u) @ self.w(p + "ffn_down.weight").T
-            x = x + (self.rms(o, self.w(p + "post_ffw_norm.weight")) if gemma else o)
-        hn = self.rms(x, self.w("output_norm.weight")).astype(np.float32)
-        return hn @ self.out.T
+            w = self.layer_weights(layer)
+            xs = [self.block(x, layer, w) for x in xs]
+        out = []
+        for x, pos in zip(xs, positions):
+            hn = self.rms(x if pos is None else x[pos], self.w("output_norm.weight")).astype(np.float32)
+            out.append(hn @ self.out.T)
+        return out
+
+    def block(self, x, layer, w):
+        gemma = self.arch == "gemma3"
+        n, H, KV, hd = len(x), self.n_head, self.n_kv, self.hd
+        pos = np.arange(n)
+        h = self.rms(x, w["attn_norm.weight"])
+        q, k, v = (h @ w[f"attn_{m}.weight"].T for m in "qkv")
+        if "attn_q.bias" in w:
+            q, k, v = q + w["attn_q.bias"], k + w["attn_k.bias"], v + w["attn_v.bias"]
+        q, k, v = q.reshape(n, H, hd), k.reshape(n, KV, hd), v.reshape(n, KV, hd)
+        sliding = gemma and self.window > 0 and layer % 6 < 5
+        if gemma:
+            q, k = self.rms(q, w["attn_q_norm.weight"]), self.rms(k, w["attn_k_norm.weight"])
+        base = 10000.0 if sliding else self.base
+        neox = self.arch in ("gemma3", "qwen2")
+        q, k = self.rope(q, pos, base, neox), self.rope(k, pos, base, neox)
+        mask = np.tril(np.ones((n, n), dtype=bool))
+        if sliding:
+            mask &= (pos[:, None] - pos[None, :]) < self.window
+        att = np.zeros((n, H, hd))
+        for head in range(H):
+            kh = head // (H // KV)
+            s = np.where(mask, q[:, head, :] @ k[:, kh, :].T / np.sqrt(hd), -np.inf)
+            s = np.exp(s - s.max(1, keepdims=True))
+            att[:, head, :] = (s / s.sum(1, keepdims=True)) @ v[:, kh, :]
+        o = att.reshape(n, H * hd) @ w["attn_output.weight"].T
+        x = x + (self.rms(o, w["post_attention_norm.weight"]) if gemma else o)
+        h = self.rms(x, w["ffn_norm.weight"])
+        g, u = h @ w["ffn_gate.weight"].T, h @ w["ffn_up.weight"].T
+        act = 0.5 * g * (1 + np.tanh(0.7978845608 * (g + 0.044715 * g**3))) if gemma else g / (1 + np.exp(-g))
+        o = (act * u) @ w["ffn_down.weight"].T
+        return x + (self.rms(o, w["post_ffw_norm.weight"]) if gemma else o)

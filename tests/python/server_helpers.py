@@ -163,21 +163,31 @@ def metrics(server, headers=None):
     return out
 
 
+_generated = {}  # one pytest session's `generate` results, shared by every module that asks
+
+
 def cli_generate(model, prompts, n_predict, chat, extra=()):
-    """`microspec generate --json` over prompts (batch mode): one dict per prompt."""
+    """`microspec generate --json` over prompts (batch mode): one dict per prompt. Deterministic
+    runs (greedy, or a fixed seed) are run once per session: plain-decoding baselines that several
+    modules compare against are computed once."""
+    import copy
     import tempfile
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False, encoding="utf-8") as f:
-        for p in prompts:
-            f.write(json.dumps({"prompt": p}) + "\n")
-        path = f.name
-    try:
-        cmd = [BIN, "generate", "-m", str(model), "--prompts-jsonl", path, "-n", str(n_predict), *extra]
-        if chat:
-            cmd.append("--chat")
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
-    finally:
-        os.unlink(path)
-    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    key = (str(model), tuple(prompts), n_predict, chat, tuple(map(str, extra)))
+    if key not in _generated:
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False, encoding="utf-8") as f:
+            for p in prompts:
+                f.write(json.dumps({"prompt": p}) + "\n")
+            path = f.name
+        try:
+            cmd = [BIN, "generate", "-m", str(model), "--prompts-jsonl", path, "-n", str(n_predict), *map(str, extra)]
+            if chat:
+                cmd.append("--chat")
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        finally:
+            os.unlink(path)
+        assert out.returncode == 0, f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}"
+        _generated[key] = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    return copy.deepcopy(_generated[key])
 
 
 def sse_events(response):

@@ -40,6 +40,7 @@ def png(path):
     assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 5000
 
 
+@pytest.mark.slow  # a benchmark run: minutes; left out of scripts/test.sh --quick
 def test_smoke_mode(tmp_path):
     p = bench(["--methods", "ar,full", "--smoke"], tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -82,6 +83,7 @@ def test_smoke_mode(tmp_path):
     png(tmp_path / "time_breakdown.png")
 
 
+@pytest.mark.slow  # a benchmark run: minutes; left out of scripts/test.sh --quick
 def test_sweep_with_coverage(tmp_path):
     cov = tmp_path / "cov.csv"
     cov.write_text("vocab_size,series,coverage\n256,ctx,0.41\n1024,ctx,0.63\n4096,ctx,0.85\n"
@@ -102,6 +104,7 @@ def test_sweep_with_coverage(tmp_path):
     png(out / "coverage.png")
 
 
+@pytest.mark.slow  # a benchmark run: minutes; left out of scripts/test.sh --quick
 def test_llama_cpp_peer_rows(tmp_path):
     try:
         import llama_cpp  # noqa: F401

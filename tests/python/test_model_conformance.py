@@ -1,14 +1,25 @@
 """Model conformance against llama.cpp (llama-cpp-python, built by scripts/install_llama_cpp.sh).
 
 On both real models, with token ids as input (so the tokenizer is out of the picture):
-- teacher forcing on 20 prompts of 600+ tokens (past Gemma 3's 512-token sliding window): argmax
-  and logits agree with llama.cpp's, and on two of them we are as close as llama.cpp to an
-  independent float64 forward pass (reference_forward.py);
-- greedy continuations of 64 tokens are identical on >= 90% of 20 prompts.
+- teacher forcing on 20 prompts of 620 tokens (past Gemma 3's 512-token sliding window): top-1
+  equals llama.cpp's at >= 99.5% of the positions where llama.cpp's top-2 margin is >= 0.5 logits
+  and at >= 93% of all positions, mean logit cosine >= 0.998 (rows every 37 positions);
+- on two of them, against an independent float64 forward pass (reference_forward.py): our top-1
+  agreement with it at most 1.5 points below llama.cpp's, our mean cosine at most 0.0003 below
+  llama.cpp's and >= 0.999 (rows every 5 positions);
+- greedy continuations of 64 tokens on 20 prompts: every first difference from llama.cpp's falls
+  where llama.cpp's own margin between its choice and ours is < 0.5 logits, and >= 20% (4/20) of
+  the continuations are identical throughout.
 
 llama.cpp quantizes activations to 8 bits like we do but keeps its KV cache in F16 and computes
 some ops in other orders, so small logit differences are expected; the thresholds allow for that.
+
+llama.cpp's and the float64 reference's results do not depend on microspec: they are computed once
+and kept on disk (result_cache.py), keyed by the model's sha256, the peer's version (or the
+reference's source) and the exact token ids; microspec's side runs in one `eval` / `generate`
+process per model and test.
 """
+import hashlib
 import json
 import os
 import pathlib
@@ -22,7 +33,12 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
+import peer as peer_lib  # noqa: E402
 import spec_bench  # noqa: E402
+from result_cache import file_sha256, source_sha256  # noqa: E402
+
+# Minutes per model: left out of scripts/test.sh --quick.
+pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
@@ -31,45 +47,57 @@ MODELS = {
     "smollm2": REPO / "models" / "smollm2-135m-instruct-q4_1.gguf",
 }
 N_LONG, MIN_LONG_TOKENS, N_GREEDY, GREEDY_TOKENS = 20, 600, 20, 64
+N_REFERENCE = 2  # long prompts also run through the float64 reference
+COS_STRIDE, REFERENCE_STRIDE = 37, 5
 
 
-def llama_cpp_module():
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as e:  # a missing peer is a failed setup, not a skipped test
-        pytest.fail(f"llama_cpp (llama-cpp-python) is not importable: run scripts/setup.sh ({e})")
-    return llama_cpp
+def cos_positions(n):
+    return list(range(0, n, COS_STRIDE)) + [n - 1]
 
 
-def run_eval(model, ids, positions):
+def reference_positions(n):
+    return list(range(0, n, REFERENCE_STRIDE))
+
+
+def texts_key(texts):
+    return hashlib.sha256(json.dumps(texts).encode()).hexdigest()
+
+
+def run_eval(model, seqs):
+    """microspec's teacher forcing over (ids, positions) pairs in one process: per sequence the
+    argmax at every position and the logits rows at its positions."""
     with tempfile.TemporaryDirectory() as d:
-        ids_file, out = pathlib.Path(d) / "ids.txt", pathlib.Path(d) / "logits.bin"
-        ids_file.write_text(" ".join(map(str, ids)))
-        cmd = [BIN, "eval", "-m", str(model), "--ids-file", str(ids_file), "-c", str(len(ids) + 8),
-               "--positions", ",".join(map(str, positions)), "-o", str(out)]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        jsonl, out = pathlib.Path(d) / "seqs.jsonl", pathlib.Path(d) / "logits.bin"
+        jsonl.write_text("".join(json.dumps({"ids": list(map(int, ids)), "positions": list(map(int, pos))}) + "\n"
+                                 for ids, pos in seqs))
+        n_ctx = max(len(ids) for ids, _ in seqs) + 8
+        cmd = [BIN, "eval", "-m", str(model), "--ids-jsonl", str(jsonl), "-c", str(n_ctx), "-t", "2", "-o", str(out)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         assert res.returncode == 0, res.stderr
-        info = json.loads(res.stdout)
-        logits = np.fromfile(out, dtype=np.float32).reshape(len(positions), info["n_vocab"])
-    return np.array(info["argmax"]), logits
+        infos = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+        assert len(infos) == len(seqs)
+        V = infos[0]["n_vocab"]
+        rows = np.fromfile(out, dtype=np.float32)
+        assert rows.size == sum(len(p) for _, p in seqs) * V
+        result, at = [], 0
+        for info, (_, pos) in zip(infos, seqs):
+            result.append((np.array(info["argmax"]), rows[at * V:(at + len(pos)) * V].reshape(len(pos), V)))
+            at += len(pos)
+    return result
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
-def peer(request):
-    llama_cpp = llama_cpp_module()
+def model(request):
     path = MODELS[request.param]
     assert path.exists(), f"{path} is missing: run scripts/fetch_models.sh"
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_batch=512, n_threads=2, logits_all=True,
-                          verbose=False)
-    return request.param, path, llm
+    return request.param, path
 
 
-def long_prompts(llm):
-    texts = spec_bench.first_turns()
+def long_prompt_ids(peer, texts):
     prompts, cur = [], []
-    bos = [llm.token_bos()] if request_bos(llm) else []
+    bos = peer.tokenize("")  # [bos] when the file asks for one
     for t in texts:
-        cur += llm.tokenize(t.encode("utf-8"), add_bos=False, special=False)
+        cur += peer.tokenize(t)[len(bos):]
         if len(cur) >= MIN_LONG_TOKENS + 20:
             prompts.append(bos + cur[:MIN_LONG_TOKENS + 20])
             cur = []
@@ -78,40 +106,63 @@ def long_prompts(llm):
     return prompts
 
 
-def request_bos(llm):
-    return bool(llm.metadata.get("tokenizer.ggml.add_bos_token", "false") == "true")
+@pytest.fixture(scope="module")
+def peer_long(model, result_cache):
+    """The long prompts and llama.cpp's teacher forcing on them: argmax and top-2 margin at every
+    position, logits rows (float16) at the cosine positions (and the reference positions of the
+    first N_REFERENCE prompts)."""
+    name, path = model
+    texts = spec_bench.first_turns()
+    key = {"model": file_sha256(path), "peer": peer_lib.version(), "code": peer_lib.CODE_VERSION,
+           "texts": texts_key(texts), "n": N_LONG, "min": MIN_LONG_TOKENS, "cos": COS_STRIDE,
+           "ref": [N_REFERENCE, REFERENCE_STRIDE]}
+
+    def compute():
+        peer = peer_lib.Peer(path)
+        out = {}
+        for i, ids in enumerate(long_prompt_ids(peer, texts)):
+            n = len(ids)
+            rows_at = sorted(set(cos_positions(n)) | (set(reference_positions(n)) if i < N_REFERENCE else set()))
+            top1, margin, rows = peer.teacher_forcing(ids, list(range(n)), rows_at)
+            out.update({f"ids{i}": np.array(ids, np.int32), f"top1{i}": top1, f"margin{i}": margin,
+                        f"rows_at{i}": np.array(rows_at, np.int32), f"rows{i}": rows})
+        peer.close()
+        return out
+
+    z = result_cache.get(f"peer-teacher-{name}", key, compute)
+    n = sum(1 for k in z if k.startswith("ids"))
+    return [{k: z[f"{k}{i}"] for k in ("ids", "top1", "margin", "rows_at", "rows")} for i in range(n)]
+
+
+def rows_of(p, positions):
+    index = {int(q): k for k, q in enumerate(p["rows_at"])}
+    return p["rows"][[index[q] for q in positions]].astype(np.float32)
 
 
 def cosines(a, b):
     return np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def test_teacher_forcing_matches_llama_cpp(peer):
+def test_teacher_forcing_matches_llama_cpp(model, peer_long):
     """Both engines quantize activations to 8 bits, so neither reproduces the exact model: on these
     files llama.cpp's own argmax agrees with the float64 reference at only ~96% of positions (the
     270M/135M models have many near-ties). Raw top-1 agreement between the two engines therefore
     sits near 96% too; what we require is (1) agreement wherever llama.cpp is confident (its top-2
     margin >= 0.5 logits), (2) high overall agreement and cosine, and (3) that we are at least as
     close to the float64 reference as llama.cpp is."""
-    name, path, llm = peer
-    prompts = long_prompts(llm)
-    assert len(prompts) == N_LONG and all(len(p) >= MIN_LONG_TOKENS for p in prompts)
+    name, path = model
+    assert len(peer_long) == N_LONG and all(len(p["ids"]) >= MIN_LONG_TOKENS for p in peer_long)
+    ours = run_eval(path, [(p["ids"], cos_positions(len(p["ids"]))) for p in peer_long])
     agree = total = agree_conf = total_conf = 0
     cos_all = []
-    for ids in prompts:
-        llm.reset()
-        llm.eval(ids)
-        ref = np.asarray(llm.scores[: len(ids)], dtype=np.float32)
-        positions = list(range(0, len(ids), 37)) + [len(ids) - 1]
-        ours_top1, ours_rows = run_eval(path, ids, positions)
-        srt = np.sort(ref, axis=1)
-        confident = (srt[:, -1] - srt[:, -2]) >= 0.5
-        hit = ours_top1 == ref.argmax(axis=1)
+    for p, (ours_top1, ours_rows) in zip(peer_long, ours):
+        confident = p["margin"] >= 0.5
+        hit = ours_top1 == p["top1"]
         agree += int(hit.sum())
-        total += len(ids)
+        total += len(hit)
         agree_conf += int(hit[confident].sum())
         total_conf += int(confident.sum())
-        cos_all += list(cosines(ours_rows, ref[positions]))
+        cos_all += list(cosines(ours_rows, rows_of(p, cos_positions(len(p["ids"])))))
     top1, top1_conf, mean_cos = agree / total, agree_conf / total_conf, float(np.mean(cos_all))
     print(f"{name}: top-1 agreement with llama.cpp {top1:.4f} over {total} positions, {top1_conf:.4f} over the "
           f"{total_conf} confident ones; mean cosine {mean_cos:.5f}, min {min(cos_all):.5f}")
@@ -120,25 +171,43 @@ def test_teacher_forcing_matches_llama_cpp(peer):
     assert mean_cos >= 0.998
 
 
-def test_as_close_to_float64_reference_as_llama_cpp(peer):
+@pytest.fixture(scope="module")
+def reference_long(model, peer_long, result_cache):
+    """The float64 reference on the first N_REFERENCE long prompts: argmax at every position and
+    logits rows (float16) at the reference positions."""
+    from importlib.metadata import version
     from reference_forward import ReferenceModel
 
-    name, path, llm = peer
-    exact = ReferenceModel(path)
+    name, path = model
+    prompts = [p["ids"] for p in peer_long[:N_REFERENCE]]
+    key = {"model": file_sha256(path), "gguf": version("gguf"),
+           "source": source_sha256(pathlib.Path(__file__).parent / "reference_forward.py"),
+           "ids": [list(map(int, ids)) for ids in prompts], "stride": REFERENCE_STRIDE}
+
+    def compute():
+        rows = ReferenceModel(path).logits_many(prompts, [None] * len(prompts))
+        out = {}
+        for i, r in enumerate(rows):
+            out[f"top1{i}"] = r.argmax(1).astype(np.int32)
+            out[f"rows{i}"] = r[reference_positions(len(r))].astype(np.float16)
+        return out
+
+    z = result_cache.get(f"reference-{name}", key, compute)
+    return [(z[f"top1{i}"], z[f"rows{i}"].astype(np.float32)) for i in range(len(prompts))]
+
+
+def test_as_close_to_float64_reference_as_llama_cpp(model, peer_long, reference_long):
+    name, path = model
+    prompts = peer_long[:N_REFERENCE]
+    ours = run_eval(path, [(p["ids"], reference_positions(len(p["ids"]))) for p in prompts])
     ours_hits = peer_hits = n = 0
     ours_cos, peer_cos = [], []
-    for ids in long_prompts(llm)[:2]:
-        truth = exact.logits(ids)
-        llm.reset()
-        llm.eval(ids)
-        theirs = np.asarray(llm.scores[: len(ids)], dtype=np.float32)
-        positions = list(range(0, len(ids), 5))
-        ours_top1, ours_rows = run_eval(path, ids, positions)
-        ours_hits += int((ours_top1 == truth.argmax(1)).sum())
-        peer_hits += int((theirs.argmax(1) == truth.argmax(1)).sum())
-        n += len(ids)
-        ours_cos += list(cosines(ours_rows, truth[positions]))
-        peer_cos += list(cosines(theirs[positions], truth[positions]))
+    for p, (truth_top1, truth_rows), (ours_top1, ours_rows) in zip(prompts, reference_long, ours):
+        ours_hits += int((ours_top1 == truth_top1).sum())
+        peer_hits += int((p["top1"] == truth_top1).sum())
+        n += len(truth_top1)
+        ours_cos += list(cosines(ours_rows, truth_rows))
+        peer_cos += list(cosines(rows_of(p, reference_positions(len(p["ids"]))), truth_rows))
     o_top1, p_top1 = ours_hits / n, peer_hits / n
     o_cos, p_cos = float(np.mean(ours_cos)), float(np.mean(peer_cos))
     print(f"{name}: vs float64 reference over {n} positions: top-1 microspec {o_top1:.4f}, llama.cpp {p_top1:.4f}; "
@@ -148,37 +217,55 @@ def test_as_close_to_float64_reference_as_llama_cpp(peer):
     assert o_cos >= 0.999
 
 
-def greedy_peer(llm, ids, n):
-    """llama.cpp's greedy continuation, with its logits row at every step."""
-    llm.reset()
-    llm.eval(ids)
-    out, rows = [], []
-    for _ in range(n):
-        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-        tok = int(np.argmax(row))
-        out.append(tok)
-        rows.append(row)
-        llm.eval([tok])
-    return out, rows
+@pytest.fixture(scope="module")
+def peer_greedy(model, result_cache):
+    """llama.cpp's greedy continuations of the first N_GREEDY SpecBench prompts (raw text, the
+    file's BOS rule), with its GREEDY_TOP best (id, logit) pairs per step."""
+    name, path = model
+    texts = spec_bench.first_turns()[:N_GREEDY]
+    key = {"model": file_sha256(path), "peer": peer_lib.version(), "code": peer_lib.CODE_VERSION,
+           "texts": texts_key(texts), "n": GREEDY_TOKENS}
+
+    def compute():
+        peer = peer_lib.Peer(path)
+        out = {}
+        for i, t in enumerate(texts):
+            ids = peer.tokenize(t)
+            out[f"ids{i}"] = np.array(ids, np.int32)
+            out[f"tokens{i}"], out[f"top_ids{i}"], out[f"top_logits{i}"] = peer.greedy(ids, GREEDY_TOKENS)
+        peer.close()
+        return out
+
+    z = result_cache.get(f"peer-greedy-{name}", key, compute)
+    return [{k: z[f"{k}{i}"] for k in ("ids", "tokens", "top_ids", "top_logits")} for i in range(len(texts))]
 
 
-def test_greedy_continuations_match_llama_cpp(peer):
+def run_generate_ids(path, prompts, n):
+    """microspec's greedy continuations of token-id prompts, one process (--prompts-jsonl)."""
+    with tempfile.TemporaryDirectory() as d:
+        jsonl = pathlib.Path(d) / "prompts.jsonl"
+        jsonl.write_text("".join(json.dumps({"prompt_ids": list(map(int, ids))}) + "\n" for ids in prompts))
+        res = subprocess.run([BIN, "generate", "-m", str(path), "--prompts-jsonl", str(jsonl), "-n", str(n),
+                              "--ignore-eos", "-t", "2"], capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    assert len(rows) == len(prompts)
+    for r, ids in zip(rows, prompts):
+        assert r["prompt_ids"] == list(map(int, ids))
+    return [r["tokens"] for r in rows]
+
+
+def test_greedy_continuations_match_llama_cpp(model, peer_greedy):
     """Greedy continuations of 64 tokens. Like the teacher-forcing test, two 8-bit-activation engines
     part ways at near-ties (llama.cpp itself matches the float64 model's argmax at only ~96% of
     positions), and after the first difference the texts go their own ways. So we require: every
     continuation that differs first differs where llama.cpp's own logits are a near-tie (its choice
-    beats ours by less than 0.5 logits), and a fair share are identical throughout."""
-    name, path, llm = peer
-    texts = spec_bench.first_turns()[:N_GREEDY]
+    beats ours by less than 0.5 logits), and at least 20% are identical throughout."""
+    name, path = model
+    ours_all = run_generate_ids(path, [g["ids"] for g in peer_greedy], GREEDY_TOKENS)
     same, prefix_lens, gaps = 0, [], []
-    for t in texts:
-        ids = llm.tokenize(t.encode("utf-8"), add_bos=request_bos(llm), special=False)
-        ref, rows = greedy_peer(llm, ids, GREEDY_TOKENS)
-        res = subprocess.run([BIN, "generate", "-m", str(path), "--prompt-ids", " ".join(map(str, ids)), "-n",
-                              str(GREEDY_TOKENS), "--ignore-eos", "--json", "-t", "2"],
-                             capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0, res.stderr
-        ours = json.loads(res.stdout.strip().splitlines()[-1])["tokens"]
+    for g, ours in zip(peer_greedy, ours_all):
+        ref = [int(t) for t in g["tokens"]]
         assert len(ours) == GREEDY_TOKENS
         if ours == ref:
             same += 1
@@ -186,9 +273,12 @@ def test_greedy_continuations_match_llama_cpp(peer):
             continue
         j = next(i for i in range(GREEDY_TOKENS) if ours[i] != ref[i])
         prefix_lens.append(j)
-        gaps.append(float(rows[j][ref[j]] - rows[j][ours[j]]))
-    print(f"{name}: {same}/{len(texts)} greedy continuations of {GREEDY_TOKENS} tokens identical; median common "
+        top_ids, top_logits = list(g["top_ids"][j]), g["top_logits"][j]
+        # A token outside llama.cpp's best GREEDY_TOP trails its choice by at least the spread of those.
+        ours_logit = top_logits[top_ids.index(ours[j])] if ours[j] in top_ids else top_logits[-1]
+        gaps.append(float(top_logits[0] - ours_logit))
+    print(f"{name}: {same}/{len(peer_greedy)} greedy continuations of {GREEDY_TOKENS} tokens identical; median common "
           f"prefix {int(np.median(prefix_lens))} tokens; llama.cpp's margin at the first difference: "
           f"max {max(gaps, default=0):.3f} logits")
     assert all(g < 0.5 for g in gaps), gaps
-    assert same >= 0.2 * len(texts)
+    assert same >= 0.2 * len(peer_greedy)

@@ -39,6 +39,7 @@ def server():
     assert s.terminate() == 0, s.stderr_text()
 
 
+@pytest.mark.slow
 def test_load(server):
     expected = [r["text"] for r in cli_generate(SMOLLM2, PROMPTS, MAX_TOKENS, chat=True)]
     before = metrics(server)
@@ -114,3 +115,50 @@ def test_load(server):
         before['microspec_generations_total{outcome="completed"}'] == CLIENTS * ROUNDS
     assert after["microspec_slots_busy"] == 0 and after["microspec_queue_depth"] == 0
     assert after["microspec_acceptance_length_count"] - before["microspec_acceptance_length_count"] == CLIENTS * ROUNDS
+
+
+# The leak check: LEAK_REQUESTS short requests after LEAK_WARMUP warm-up ones, two at a time (both
+# slots), each with its own connection. A leak of LEAK_DETECT_KIB per request grows VmRSS by
+# LEAK_REQUESTS * LEAK_DETECT_KIB = 10,000 KiB, more than twice the LEAK_SLACK_KIB allowed; what
+# does vary (allocator arenas, page granularity) stays well under the slack after the warm-up.
+LEAK_WARMUP, LEAK_REQUESTS, LEAK_DETECT_KIB, LEAK_SLACK_KIB = 200, 1000, 10, 4 * 1024
+
+
+@pytest.mark.slow
+def test_no_per_request_leak(server):
+    import json
+    import urllib.request
+
+    body = json.dumps({"model": "m", "prompt": "Hello", "max_tokens": 1, "temperature": 0}).encode()
+
+    def one():
+        req = urllib.request.Request(server.url("/v1/completions"), data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 200
+            json.loads(r.read())
+
+    def run(n):
+        errors = []
+
+        def worker(count):
+            try:
+                for _ in range(count):
+                    one()
+            except Exception as e:  # reported below
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=worker, args=(n // 2,)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+
+    run(LEAK_WARMUP)
+    rss_warm = server.rss_kib()
+    run(LEAK_REQUESTS)
+    rss_end = server.rss_kib()
+    print("VmRSS over %d requests after %d warm-up ones: %d -> %d KiB (%.2f KiB per request)" %
+          (LEAK_REQUESTS, LEAK_WARMUP, rss_warm, rss_end, (rss_end - rss_warm) / LEAK_REQUESTS))
+    assert rss_end - rss_warm <= LEAK_SLACK_KIB

@@ -78,10 +78,11 @@ def test_vocab_freq_counts_match_the_tokenizer(tmp_path):
     assert p.returncode != 0 and b"cannot open" in p.stderr
     # A file of another vocabulary or a damaged one is refused by generate.
     gemma_freq = REPO / "models" / "gemma-3-270m-q4_k_m.freq.bin"
-    if gemma_freq.exists():
-        p = run("generate", "-m", SMOL, "-p", "hi", "-n", "2", "--spec", "self", "--draft-vocab", "freq",
-                "--freq-file", gemma_freq, ok=False)
-        assert p.returncode != 0 and b"another model" in p.stderr
+    if not gemma_freq.exists():
+        pytest.fail(f"{gemma_freq} is missing: run scripts/make_freq.sh")
+    p = run("generate", "-m", SMOL, "-p", "hi", "-n", "2", "--spec", "self", "--draft-vocab", "freq",
+            "--freq-file", gemma_freq, ok=False)
+    assert p.returncode != 0 and b"another model" in p.stderr
     (tmp_path / "cut.bin").write_bytes(out.read_bytes()[:100])
     p = run("generate", "-m", SMOL, "-p", "hi", "-n", "2", "--spec", "self", "--draft-vocab", "hybrid",
             "--freq-file", tmp_path / "cut.bin", ok=False)

@@ -1,0 +1,363 @@
+// Speculative sampling's output distribution, with drafts close to the target and enough samples
+// that the test rejects each of four plausible mistakes.
+//
+// The harness is the library's tree construction (TreeBuilder, pick_children: draws without
+// replacement from the draft's q) and a verifier function, on a Markov "model": the target's and
+// the draft's logits depend only on the previous token (target[prev][V], draft[prev][V]), so the
+// exact distribution of plain sampling over L-token continuations is a product of rows and many
+// thousands of speculative samples take well under a second. The draft is the target plus
+// Gaussian noise of scale sigma: small sigma, high acceptance. The request's filters are active
+// on both sides (temperature 0.9, top-k 4 of 6 tokens, top-p 0.9), so p and q have different
+// supports at times.
+//
+// Verifiers: the library's TreeSamplingVerifier, and a written-out one in this file whose
+// Mutation switches one rule off. Mutation::none must pass (it is the same algorithm); each other
+// mutation must FAIL the same chi-square test:
+//   - no_q_renormalisation: after a sibling is rejected, q keeps the rejected token (q is not
+//     renormalised over the remaining siblings);
+//   - bonus_from_p: the bonus token is drawn from p instead of the last residual;
+//   - accept_q_over_p: a child is accepted with probability min(1, q/p) instead of min(1, p/q);
+//   - score-ranked pruning: the tree keeps its best nodes by cumulative draft score instead of
+//     the first ones in creation order (verified by the library's verifier).
+//
+// Power (the calculation behind kSamples). Under the null the statistic is chi-square with df =
+// bins - 1 = 29 here (L = 3 tokens; bins with an expected count under 5 pooled); the critical
+// value is its 1 - 1e-4 quantile, 54.2. Under a mutant the statistic is approximately noncentral
+// chi-square with noncentrality lambda = N * w2, where w2 = sum (m - e)^2 / e over the bins (m the
+// mutant's probabilities, e the exact ones). w2 was estimated as (statistic - df) / N from a run
+// of this test with N = 40,000: q not renormalised 0.0130, bonus from p 0.177, score-ranked
+// pruning 0.083; min(1, q/p) accepts tokens outside p's support, which the exact distribution
+// gives probability 0, so its statistic is astronomical. The weakest, 0.0130, sets N: with N =
+// 20,000, lambda = 260, the statistic has mean df + lambda = 289 and standard deviation
+// sqrt(2 (df + 2 lambda)) = 33, so falling under 54.2 is a 7-sigma event (probability < 1e-11).
+// The correct verifiers fail with probability 1e-4 per case, and the seeds are fixed, so every
+// run gives the same statistics.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sampling/sampler.h"
+#include "speculative/tree.h"
+
+namespace microspec {
+namespace {
+
+constexpr int32_t V = 6;            // vocabulary
+constexpr int32_t kLength = 3;      // tokens per sample
+constexpr int32_t kStart = 0;       // the token before the first sampled one
+constexpr int kSamples = 20000;     // per case; see the power calculation above
+
+SamplingParams filters() {
+  SamplingParams sp;
+  sp.temperature = 0.9f;
+  sp.top_k = 4;
+  sp.top_p = 0.9f;
+  return sp;
+}
+
+// Logits rows [prev][V]: the target random, the draft the target plus sigma * N(0, 1) noise.
+struct MarkovPair {
+  std::vector<float> target, draft;
+};
+
+MarkovPair make_pair(float sigma) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  MarkovPair m{std::vector<float>(V * V), std::vector<float>(V * V)};
+  for (float& x : m.target) x = 1.5f * normal(rng);
+  std::mt19937 noise_rng(11);
+  for (int32_t i = 0; i < V * V; ++i) m.draft[i] = m.target[i] + sigma * normal(noise_rng);
+  return m;
+}
+
+// Children of a candidate are drawn from the draft's row for the candidate's token.
+class MarkovExpander : public TreeExpander {
+ public:
+  MarkovExpander(const std::vector<float>& draft, DraftSampling& sampling) : draft_(draft), sampling_(sampling) {}
+  int32_t context = kStart;  // the last committed token: the root's
+
+  void expand(std::span<const int32_t> frontier, std::span<const TreeNode> cand, int32_t k, Proposal* out) override {
+    for (size_t i = 0; i < frontier.size(); ++i) {
+      const int32_t prev = frontier[i] < 0 ? context : cand[frontier[i]].token;
+      pick_children(draft_.data() + size_t(prev) * V, V, nullptr, k, &sampling_, int32_t(i), out + i * k);
+    }
+  }
+
+ private:
+  const std::vector<float>& draft_;
+  DraftSampling& sampling_;
+};
+
+using Verifier = std::function<void(const DraftTree&, const float*, Sampler&, std::vector<int32_t>& path,
+                                    std::vector<int32_t>& emitted)>;
+
+enum class Mutation { none, no_q_renormalisation, bonus_from_p, accept_q_over_p };
+
+// Recursive rejection sampling written out densely in double precision; `m` breaks one rule.
+void verify_written_out(const DraftTree& tree, const float* rows, Sampler& s, Mutation m, std::vector<int32_t>& path,
+                        std::vector<int32_t>& emitted) {
+  path.clear();
+  emitted.clear();
+  TokenDistribution dist;
+  for (int32_t cur = -1;;) {
+    s.distribution(rows + size_t(cur + 1) * V, dist);
+    std::vector<double> p(V, 0.0), q(V, 0.0);
+    for (const auto& [id, prob] : dist) p[id] = prob;
+    const std::vector<double> p_plain = p;
+    for (const auto& [id, prob] : tree.q[size_t(cur + 1)]) q[id] = prob;
+    int32_t next = -1;
+    for (int32_t c = cur + 1; c < tree.size() && next < 0; ++c) {
+      if (tree.nodes[c].parent != cur) continue;
+      const int32_t x = tree.nodes[c].token;
+      const double ratio = m == Mutation::accept_q_over_p ? q[x] / p[x] : p[x] / q[x];
+      if (s.uniform() < ratio) {
+        next = c;
+        break;
+      }
+      double residual = 0.0;
+      for (int32_t y = 0; y < V; ++y) residual += std::max(0.0, p[y] - q[y]);
+      if (residual > 0.0)
+        for (int32_t y = 0; y < V; ++y) p[y] = std::max(0.0, p[y] - q[y]) / residual;
+      if (m != Mutation::no_q_renormalisation) {
+        const double rest = 1.0 - q[x];
+        q[x] = 0.0;
+        if (rest > 0.0)
+          for (double& v : q) v /= rest;
+      }
+    }
+    if (next >= 0) {
+      path.push_back(next);
+      emitted.push_back(tree.nodes[next].token);
+      cur = next;
+      continue;
+    }
+    const std::vector<double>& bonus = m == Mutation::bonus_from_p ? p_plain : p;
+    TokenDistribution b;
+    for (int32_t y = 0; y < V; ++y)
+      if (bonus[y] > 0.0) b.emplace_back(y, float(bonus[y]));
+    emitted.push_back(s.sample_from(b));
+    return;
+  }
+}
+
+// The mutant pruning: keeps the `keep` best nodes of a fully built tree by cumulative draft score
+// (ties to the earlier node, so parents stay before their children and the tree stays connected).
+DraftTree prune_by_score(const DraftTree& full, int32_t keep) {
+  std::vector<int32_t> order(size_t(full.size()));
+  for (int32_t i = 0; i < full.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return full.nodes[a].score > full.nodes[b].score; });
+  order.resize(size_t(std::min(keep, full.size())));
+  std::sort(order.begin(), order.end());  // back to creation order: parents first
+  std::vector<int32_t> new_index(size_t(full.size()), -1);
+  DraftTree t;
+  t.q.push_back(full.q[0]);
+  for (int32_t old : order) {
+    TreeNode n = full.nodes[old];
+    n.parent = n.parent < 0 ? -1 : new_index[n.parent];
+    EXPECT_TRUE(full.nodes[old].parent < 0 || n.parent >= 0) << "pruned tree must stay connected";
+    new_index[old] = t.size();
+    t.nodes.push_back(n);
+    t.q.push_back(full.q[size_t(old) + 1]);
+  }
+  return t;
+}
+
+struct Outcome {
+  std::map<std::vector<int32_t>, int> observed;
+  int64_t drafted = 0, accepted = 0;
+  int64_t later_sibling_accepted = 0;  // accepted nodes that were not their parent's first child
+};
+
+struct Case {
+  std::string name;
+  float sigma;        // draft noise: acceptance falls as it grows
+  TreeParams tree;
+  bool prune_by_score = false;  // build every candidate, keep the best tree.total_tokens by score
+};
+
+Outcome run_case(const Case& c, const Verifier& verify, int n_samples, uint64_t seed) {
+  const MarkovPair m = make_pair(c.sigma);
+  Sampler target_sampler([&] { SamplingParams sp = filters(); sp.seed = seed; return sp; }(), V);
+  Sampler draft_sampler([&] { SamplingParams sp = filters(); sp.seed = seed + 1; return sp; }(), V);
+  DraftSampling sampling;
+  sampling.sampler = &draft_sampler;
+  MarkovExpander expander(m.draft, sampling);
+  TreeBuilder builder;
+  TreeParams build_params = c.tree;
+  if (c.prune_by_score) build_params.total_tokens = c.tree.top_k * (1 + c.tree.depth * c.tree.top_k);
+  DraftTree tree;
+  std::vector<float> rows;
+  std::vector<int32_t> path, emitted, tokens;
+  Outcome out;
+  for (int i = 0; i < n_samples; ++i) {
+    tokens.clear();
+    while (int32_t(tokens.size()) < kLength) {
+      expander.context = tokens.empty() ? kStart : tokens.back();
+      builder.build(build_params, expander, tree, &sampling);
+      if (c.prune_by_score) tree = prune_by_score(tree, c.tree.total_tokens);
+      rows.assign(m.target.begin() + size_t(expander.context) * V, m.target.begin() + size_t(expander.context + 1) * V);
+      for (const TreeNode& n : tree.nodes)
+        rows.insert(rows.end(), m.target.begin() + size_t(n.token) * V, m.target.begin() + size_t(n.token + 1) * V);
+      verify(tree, rows.data(), target_sampler, path, emitted);
+      out.drafted += tree.size();
+      out.accepted += int64_t(path.size());
+      for (int32_t node : path) {
+        const int32_t parent = tree.nodes[node].parent;
+        for (int32_t j = parent + 1; j < node; ++j)
+          if (tree.nodes[j].parent == parent) {
+            ++out.later_sibling_accepted;
+            break;
+          }
+      }
+      tokens.insert(tokens.end(), emitted.begin(), emitted.end());
+    }
+    tokens.resize(kLength);
+    ++out.observed[tokens];
+  }
+  return out;
+}
+
+// Exact plain-sampling probability of every kLength-token continuation of kStart.
+std::map<std::vector<int32_t>, double> exact_sequences(const std::vector<float>& target) {
+  Sampler s(filters(), V);
+  std::map<std::vector<int32_t>, double> frontier = {{{}, 1.0}};
+  TokenDistribution dist;
+  for (int32_t depth = 0; depth < kLength; ++depth) {
+    std::map<std::vector<int32_t>, double> next;
+    for (const auto& [seq, prob] : frontier) {
+      s.distribution(target.data() + size_t(seq.empty() ? kStart : seq.back()) * V, dist);
+      for (const auto& [id, p] : dist) {
+        std::vector<int32_t> longer = seq;
+        longer.push_back(id);
+        next[longer] += prob * p;
+      }
+    }
+    frontier.swap(next);
+  }
+  return frontier;
+}
+
+// Pearson's statistic (bins with expected count < 5 pooled; sequences of zero exact probability
+// count into the pooled bin) and the 1 - 1e-4 quantile of chi-square (Wilson-Hilferty).
+std::pair<double, double> chi_square(const std::map<std::vector<int32_t>, double>& exact,
+                                     const std::map<std::vector<int32_t>, int>& observed, int n) {
+  double stat = 0.0, pooled_e = 0.0;
+  int64_t pooled_o = 0, seen = 0;
+  int bins = 0;
+  for (const auto& [seq, prob] : exact) {
+    const double e = prob * n;
+    const auto it = observed.find(seq);
+    const int o = it == observed.end() ? 0 : it->second;
+    seen += o;
+    if (e < 5.0) {
+      pooled_e += e;
+      pooled_o += o;
+      continue;
+    }
+    stat += (o - e) * (o - e) / e;
+    ++bins;
+  }
+  pooled_o += n - seen;
+  if (pooled_e > 0.0 || pooled_o > 0) {
+    const double e = std::max(pooled_e, 1e-9);
+    stat += (pooled_o - e) * (pooled_o - e) / e;
+    ++bins;
+  }
+  const double df = std::max(1, bins - 1), z = 3.719, a = 2.0 / (9.0 * df);
+  return {stat, df * std::pow(1.0 - a + z * std::sqrt(a), 3.0)};
+}
+
+Verifier library_verifier() {
+  auto v = std::make_shared<TreeSamplingVerifier>(V);
+  return [v](const DraftTree& t, const float* rows, Sampler& s, std::vector<int32_t>& path,
+             std::vector<int32_t>& emitted) { v->accept(t, rows, V, s, path, emitted); };
+}
+
+Verifier written_out(Mutation m) {
+  return [m](const DraftTree& t, const float* rows, Sampler& s, std::vector<int32_t>& path,
+             std::vector<int32_t>& emitted) { verify_written_out(t, rows, s, m, path, emitted); };
+}
+
+// Draft noise levels and tree shapes. Acceptance (accepted / drafted) is asserted in a band for
+// each, so the cases keep exercising what they claim to.
+const TreeParams kWideTree{2, 2, 5};  // depth 2 (3 levels), width 2, 5 of 10 candidates kept
+const TreeParams kBushy{1, 3, 12};    // every candidate kept: 3 children, 9 grandchildren
+const TreeParams kChain{3, 1, 4};
+
+struct Band {
+  Case c;
+  double min_accept, max_accept;
+};
+
+const std::vector<Band>& bands() {
+  static const std::vector<Band> b = {
+      {{"close draft (sigma 0.15), chain", 0.15f, kChain}, 0.75, 0.98},
+      {{"medium draft (sigma 1), chain", 1.0f, kChain}, 0.4, 0.7},
+      // In a tree, accepted / drafted counts the rejected siblings too: width 2 caps it near 1/2.
+      {{"close draft (sigma 0.3), wide tree", 0.3f, kWideTree}, 0.3, 0.5},
+      {{"medium draft (sigma 1), wide tree", 1.0f, kWideTree}, 0.25, 0.45},
+      {{"far draft (sigma 2.5), bushy tree", 2.5f, kBushy}, 0.05, 0.25},
+  };
+  return b;
+}
+
+TEST(SpecSamplingPower, LibraryVerifierMatchesPlainSamplingAtEveryAcceptanceLevel) {
+  for (const Band& b : bands()) {
+    const Outcome o = run_case(b.c, library_verifier(), kSamples, 100);
+    const auto [stat, crit] = chi_square(exact_sequences(make_pair(b.c.sigma).target), o.observed, kSamples);
+    const double rate = double(o.accepted) / double(o.drafted);
+    std::printf("%s: chi-square %.1f (critical %.1f), acceptance %.3f, later siblings accepted %lld\n",
+                b.c.name.c_str(), stat, crit, rate, (long long)o.later_sibling_accepted);
+    EXPECT_LT(stat, crit) << b.c.name;
+    EXPECT_GE(rate, b.min_accept) << b.c.name;
+    EXPECT_LE(rate, b.max_accept) << b.c.name;
+    // Wide trees: a second sibling is accepted after the first was rejected, often enough that
+    // the renormalisation of q over the remaining siblings carries weight in the statistic.
+    if (b.c.tree.top_k >= 2) EXPECT_GE(o.later_sibling_accepted, kSamples / 50) << b.c.name;
+  }
+}
+
+TEST(SpecSamplingPower, WrittenOutVerifierPassesAndEachBrokenRuleFails) {
+  const Case wide = bands()[3].c;  // medium draft, wide tree
+  const auto exact = exact_sequences(make_pair(wide.sigma).target);
+  struct Mutant {
+    std::string name;
+    Mutation m;
+    Case c;
+  };
+  const std::vector<Mutant> mutants = {
+      {"correct (written out)", Mutation::none, wide},
+      {"q not renormalised over remaining siblings", Mutation::no_q_renormalisation, wide},
+      {"bonus drawn from p, not the residual", Mutation::bonus_from_p, wide},
+      {"accept with min(1, q/p)", Mutation::accept_q_over_p, wide},
+  };
+  for (const Mutant& mu : mutants) {
+    const Outcome o = run_case(mu.c, written_out(mu.m), kSamples, 200);
+    const auto [stat, crit] = chi_square(exact, o.observed, kSamples);
+    std::printf("%s: chi-square %.1f (critical %.1f), statistic / N %.4f\n", mu.name.c_str(), stat, crit,
+                stat / kSamples);
+    if (mu.m == Mutation::none)
+      EXPECT_LT(stat, crit) << mu.name << ": the written-out verifier must pass";
+    else
+      EXPECT_GT(stat, crit) << mu.name << ": a broken verifier must fail the test";
+  }
+}
+
+TEST(SpecSamplingPower, ScoreRankedPruningOfASampledTreeFails) {
+  Case c = bands()[2].c;  // close draft, wide tree: pruning drops 5 of 10 candidates
+  c.name = "score-ranked pruning";
+  c.prune_by_score = true;
+  const Outcome o = run_case(c, library_verifier(), kSamples, 300);
+  const auto [stat, crit] = chi_square(exact_sequences(make_pair(c.sigma).target), o.observed, kSamples);
+  std::printf("%s: chi-square %.1f (critical %.1f), statistic / N %.4f\n", c.name.c_str(), stat, crit, stat / kSamples);
+  EXPECT_GT(stat, crit) << "keeping the best nodes by score must bias the output";
+}
+
+}  // namespace
+}  // namespace microspec
