@@ -78,19 +78,19 @@ MarkovPair make_pair(float sigma) {
 // Children of a candidate are drawn from the draft's row for the candidate's token.
 class MarkovExpander : public TreeExpander {
  public:
-  MarkovExpander(const std::vector<float>& draft, DraftSampling& sampling) : draft_(draft), sampling_(sampling) {}
+  explicit MarkovExpander(const std::vector<float>& draft) : draft_(draft) {}
   int32_t context = kStart;  // the last committed token: the root's
 
-  void expand(std::span<const int32_t> frontier, std::span<const TreeNode> cand, int32_t k, Proposal* out) override {
+  void expand(std::span<const int32_t> frontier, std::span<const TreeNode> cand, int32_t k, DraftSampling* sampling,
+              Proposal* out) override {
     for (size_t i = 0; i < frontier.size(); ++i) {
       const int32_t prev = frontier[i] < 0 ? context : cand[frontier[i]].token;
-      pick_children(draft_.data() + size_t(prev) * V, V, nullptr, k, &sampling_, int32_t(i), out + i * k);
+      pick_children(draft_.data() + size_t(prev) * V, V, nullptr, k, sampling, int32_t(i), out + i * k);
     }
   }
 
  private:
   const std::vector<float>& draft_;
-  DraftSampling& sampling_;
 };
 
 using Verifier = std::function<void(const DraftTree&, const float*, Sampler&, std::vector<int32_t>& path,
@@ -187,7 +187,7 @@ Outcome run_case(const Case& c, const Verifier& verify, int n_samples, uint64_t 
   Sampler draft_sampler([&] { SamplingParams sp = filters(); sp.seed = seed + 1; return sp; }(), V);
   DraftSampling sampling;
   sampling.sampler = &draft_sampler;
-  MarkovExpander expander(m.draft, sampling);
+  MarkovExpander expander(m.draft);
   TreeBuilder builder;
   TreeParams build_params = c.tree;
   if (c.prune_by_score) build_params.total_tokens = c.tree.top_k * (1 + c.tree.depth * c.tree.top_k);
