@@ -20,14 +20,7 @@
 namespace microspec::bench {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 const char* kSpecBench =
     R"({"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]})"

@@ -4,7 +4,10 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
+
+#include "util/error.h"
 
 namespace microspec::test {
 
@@ -24,6 +27,16 @@ inline std::string smollm_path() {
 inline void require_file(const std::string& path) {
   ASSERT_TRUE(std::filesystem::exists(path))
       << path << " is missing: run scripts/setup.sh (or scripts/fetch_models.sh)";
+}
+
+// The message of the Error that f throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace microspec::test

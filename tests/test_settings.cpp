@@ -21,14 +21,7 @@
 namespace microspec {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(SpecSettings, EveryMemberRoundTripsThroughTheTable) {
   // Every member away from its default, written out by the table and read back through it.

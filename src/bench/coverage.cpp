@@ -16,19 +16,12 @@
 #include "speculative/decoder.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
+#include "util/file.h"
 #include "vocab/candidate_stream.h"
 #include "vocab/freq_file.h"
 
 namespace microspec::bench {
 namespace {
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 struct Tally {
   int64_t steps = 0, covered = 0;
@@ -77,7 +70,7 @@ fig.savefig(dst, dpi=120)
 )PY";
 
 std::vector<Prompt> load_prompts(const CoverageOptions& a, const GgufFile& file, const Tokenizer& tok) {
-  const std::string data = read_all(a.dataset);
+  const std::string data = read_file_bytes(a.dataset);
   std::map<std::string, int32_t> taken;
   std::vector<Prompt> out;
   const ChatFormat fmt = detect_chat_format(file, tok);

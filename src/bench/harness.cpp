@@ -21,18 +21,11 @@
 #include "bench/metrics.h"
 #include "bench/runner.h"
 #include "util/error.h"
+#include "util/file.h"
 
 namespace microspec::bench {
 
 namespace {
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 namespace fs = std::filesystem;
 
@@ -128,7 +121,7 @@ void write_text(const fs::path& path, const std::string& text) {
 // The coverage CSV as a Markdown table: the rows of category "all" where the CSV has categories
 // (`microspec coverage` writes one row per vocabulary and category), else every row.
 std::string coverage_markdown(const std::string& path) {
-  std::istringstream in(read_text_file(path));
+  std::istringstream in(read_file_bytes(path));
   std::string line;
   std::vector<std::vector<std::string>> rows;
   while (std::getline(in, line)) {

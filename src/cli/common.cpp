@@ -58,14 +58,6 @@ LoadedModel load_model(const ModelArgs& args) {
   return m;
 }
 
-std::string read_file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::vector<int32_t> parse_token_ids(const std::string& text) {
   std::vector<int32_t> ids;
   size_t i = 0;

@@ -9,6 +9,7 @@
 #include "model/model.h"
 #include "speculative/settings.h"
 #include "tokenizer/tokenizer.h"
+#include "util/file.h"  // read_file_bytes: prompt files keep invalid UTF-8 as is
 
 namespace microspec::cli {
 
@@ -34,8 +35,6 @@ LoadedModel load_model(const ModelArgs& args);
 // one per row of the settings table (speculative/settings.h), shared by generate, serve and bench.
 void add_spec_options(CLI::App& cmd, SpecConfig& config);
 
-// Reads a whole file as bytes (prompt files keep invalid UTF-8 as is). Throws Error.
-std::string read_file_bytes(const std::string& path);
 // Parses "1 2 3" or "1,2,3" into token ids. Throws Error on anything else.
 std::vector<int32_t> parse_token_ids(const std::string& text);
 
