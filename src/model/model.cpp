@@ -150,15 +150,14 @@ void Model::gated_ffn(const QMatrix& w_gate, const QMatrix& w_up, const QMatrix&
   matmul(w_gate, xn, n, gate);
   matmul(w_up, xn, n, up);
   const size_t count = size_t(n) * config_.n_ff;
-  float* g = gate;
-  const float* u = up;
   if (act == Activation::GeluTanh) {
     // GELU-tanh: 0.5 g (1 + tanh(c (g + 0.044715 g^3))) is exactly g * sigmoid(2c (...)); expf is
     // several times cheaper than tanhf, which showed up in prefill profiles.
     for (size_t i = 0; i < count; ++i)
-      g[i] = g[i] / (1.0f + std::exp(-1.5957691216f * (g[i] + 0.044715f * g[i] * g[i] * g[i]))) * u[i];
+      gate[i] = gate[i] / (1.0f + std::exp(-1.5957691216f * (gate[i] + 0.044715f * gate[i] * gate[i] * gate[i]))) *
+                up[i];
   } else {
-    for (size_t i = 0; i < count; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    for (size_t i = 0; i < count; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
   }
   matmul(w_down, gate, n, out);
 }
