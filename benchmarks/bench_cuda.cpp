@@ -167,9 +167,9 @@ int run(int argc, char** argv) {
   std::vector<int32_t> t10, p10, par10, o10, t60, p60, par60, o60;
   tree_batch(10, t10, p10, par10, o10);
   tree_batch(60, t60, p60, par60, o60);
-  const double layer10 = time_ms(s, reps, [&] { model->forward(HostBatch{t10, p10, par10, o10, 0}, false, 1); });
+  const double layer10 = time_ms(s, reps, [&] { model->forward(HostBatch{t10, p10, par10, o10, 0}, {.end_layer = 1}); });
   const double verify60 =
-      time_ms(s, std::max(5, reps / 5), [&] { model->forward(HostBatch{t60, p60, par60, o60, 0}, true); });
+      time_ms(s, std::max(5, reps / 5), [&] { model->forward(HostBatch{t60, p60, par60, o60, 0}, {.logits = true}); });
 
   const double draft_full = 5 * (layer10 + full10), draft_32k = 5 * (layer10 + p32k), draft_3k = 5 * (layer10 + p3k);
   std::printf("\n| measurement | microspec CUDA | issue's table (PyTorch + graphs) |\n|---|---|---|\n");

@@ -252,7 +252,7 @@ DecodeState CudaModel::decode_state() const {
   return DecodeState{d_tokens_, d_positions_, d_parents_, d_out_rows_, d_out_ids_, d_counter_};
 }
 
-void CudaModel::forward(const HostBatch& b, bool want_logits, int32_t n_layers) {
+void CudaModel::forward(const HostBatch& b, const ForwardOptions& options) {
   const int32_t n = static_cast<int32_t>(b.tokens.size());
   const int32_t n_out = static_cast<int32_t>(b.output_rows.size());
   if (n == 0) throw Error("forward: empty batch");
@@ -281,7 +281,7 @@ void CudaModel::forward(const HostBatch& b, bool want_logits, int32_t n_layers) 
   if (n_out > 0)
     MS_CUDA(cudaMemcpyAsync(d_out_rows_, b.output_rows.data(), n_out * sizeof(int32_t), cudaMemcpyHostToDevice,
                             stream_));
-  enqueue_forward(n, b.start, n_out, want_logits, n_layers);
+  enqueue_forward(n, b.start, n_out, options);
 }
 
 void CudaModel::project(const Projection& p, const float* x, int32_t n, float* y, int64_t ldy) {
@@ -338,15 +338,15 @@ void CudaModel::enqueue_layer(const Layer& L, int32_t il, int32_t n, int32_t sta
   }
 }
 
-void CudaModel::enqueue_forward(int32_t n, int32_t start, int32_t n_out, bool want_logits, int32_t n_layers) {
+void CudaModel::enqueue_forward(int32_t n, int32_t start, int32_t n_out, const ForwardOptions& options) {
   const ModelConfig& c = config_;
-  if (n_layers < 0 || n_layers > c.n_layer) n_layers = c.n_layer;
+  const int32_t n_layers = options.end_layer < 0 || options.end_layer > c.n_layer ? c.n_layer : options.end_layer;
   set_slot_meta(kv_, device_batch(n, start), stream_);
   gather_rows_f32(token_embd_, d_tokens_, n, c.embed_scale, x_, stream_);
   for (int32_t il = 0; il < n_layers; ++il) enqueue_layer(layers_[il], il, n, start);
   select_rows(x_, c.n_embd, d_out_rows_, n_out, residual_, stream_);
   rms_norm(residual_, hidden_, RowGroups{n_out, 1, c.n_embd}, c.n_embd, output_norm_, c.rms_eps, stream_);
-  if (want_logits)
+  if (options.logits)
     matmul(output_, RowSelection{nullptr, c.n_vocab}, hidden_, c.n_embd, n_out, logits_, c.n_vocab,
            Store::Overwrite, act_scratch_, stream_);
 }
@@ -382,7 +382,7 @@ void CudaModel::truncate(int32_t n) {
 }
 
 void CudaModel::enqueue_decode_step() {
-  enqueue_forward(1, 0, 1, true, -1);
+  enqueue_forward(1, 0, 1, {.logits = true});
   argmax_rows(logits_, 1, config_.n_vocab, d_tokens_, d_argmax_scratch_, stream_);
   decode_advance(kv_, decode_state(), stream_);
 }
@@ -422,7 +422,7 @@ void CudaModel::prefill_for_decode(std::span<const int32_t> prompt) {
     HostBatch b{prompt.subspan(p0, n), positions, parents, last ? std::span<const int32_t>(&out_row, 1)
                                                                 : std::span<const int32_t>(),
                 0};
-    forward(b, last);
+    forward(b, {.logits = last});
     commit_prefix(n);
     if (last) {
       argmax_rows(logits_, 1, config_.n_vocab, d_tokens_, d_argmax_scratch_, stream_);
@@ -509,7 +509,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
       const int32_t t = d == 0 ? last : draft[d - 1], pos = n_past_ + d, par = d - 1, row = 0;
       forward(HostBatch{std::span<const int32_t>(&t, 1), std::span<const int32_t>(&pos, 1),
                         std::span<const int32_t>(&par, 1), std::span<const int32_t>(&row, 1), d},
-              true, o.draft_layers);
+              {.logits = true, .end_layer = o.draft_layers});
       draft.push_back(argmax_to_host(1)[0]);
     }
     // Verify `last` and the drafts in one forward of all layers.
@@ -517,7 +517,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     tokens.insert(tokens.end(), draft.begin(), draft.end());
     positions.clear(), parents.clear(), rows.clear();
     for (int32_t i = 0; i <= depth; ++i) positions.push_back(n_past_ + i), parents.push_back(i - 1), rows.push_back(i);
-    forward(HostBatch{tokens, positions, parents, rows, 0}, true);
+    forward(HostBatch{tokens, positions, parents, rows, 0}, {.logits = true});
     const std::vector<int32_t> pred = argmax_to_host(depth + 1);
     int32_t a = 0;
     while (a < depth && draft[a] == pred[a]) ++a;

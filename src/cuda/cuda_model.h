@@ -83,11 +83,16 @@ class CudaModel {
   size_t weight_bytes() const { return weight_bytes_; }
   const DeviceMatrix& output_matrix() const { return output_; }
 
-  // Runs the batch through layers [0, n_layers) (n_layers < 0: all), writing its keys and values
-  // into the pending slots n_past + start + i. With want_logits the logits of the output rows are
-  // left in device_logits() ([n_out][n_vocab]); hidden states after the final norm in
-  // device_hidden() ([n_out][n_embd]). Asynchronous on stream(); throws Error on bad input.
-  void forward(const HostBatch& batch, bool want_logits, int32_t n_layers = -1);
+  // What a forward computes, as the CPU Model's ForwardOptions names it.
+  struct ForwardOptions {
+    bool logits = false;     // the output rows' logits into device_logits()
+    int32_t end_layer = -1;  // run layers [0, end_layer); -1: all
+  };
+  // Runs the batch through layers [0, options.end_layer), writing its keys and values into the
+  // pending slots n_past + start + i. With options.logits the logits of the output rows are left
+  // in device_logits() ([n_out][n_vocab]); hidden states after the final norm in device_hidden()
+  // ([n_out][n_embd]). Asynchronous on stream(); throws Error on bad input.
+  void forward(const HostBatch& batch, const ForwardOptions& options);
   const float* device_logits() const { return logits_; }
   const float* device_hidden() const { return hidden_; }
   // Copies the logits of the last forward to the host (synchronizes).
@@ -118,7 +123,7 @@ class CudaModel {
   struct Layer;
   struct Projection;
   void allocate_buffers();
-  void enqueue_forward(int32_t n, int32_t start, int32_t n_out, bool want_logits, int32_t n_layers);
+  void enqueue_forward(int32_t n, int32_t start, int32_t n_out, const ForwardOptions& options);
   void enqueue_layer(const Layer& L, int32_t il, int32_t n, int32_t start);
   void project(const Projection& p, const float* x, int32_t n, float* y, int64_t ldy);
   void enqueue_decode_step();

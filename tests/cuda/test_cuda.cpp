@@ -313,7 +313,7 @@ TEST(CudaModel, TreeForwardAndCompactionMatchCpu) {
     b.set_sequence(prefix, 0, true);
     m.cpu->forward(b, kv, out, {.logits = true});
     kv.commit_prefix(b.size());
-    m.gpu->forward(cuda::HostBatch{b.tokens, b.positions, b.parents, b.output_rows, 0}, true);
+    m.gpu->forward(cuda::HostBatch{b.tokens, b.positions, b.parents, b.output_rows, 0}, {.logits = true});
     m.gpu->commit_prefix(b.size());
     std::vector<float> got;
     m.gpu->logits_to_host(b.size(), got);
@@ -328,7 +328,7 @@ TEST(CudaModel, TreeForwardAndCompactionMatchCpu) {
     const int32_t depth[] = {0, 1, 1, 2, 2, 2, 3};
     for (int32_t i = 0; i < 7; ++i) b.positions.push_back(13 + depth[i]), b.output_rows.push_back(i);
     m.cpu->forward(b, kv, out, {.logits = true});
-    m.gpu->forward(cuda::HostBatch{b.tokens, b.positions, b.parents, b.output_rows, 0}, true);
+    m.gpu->forward(cuda::HostBatch{b.tokens, b.positions, b.parents, b.output_rows, 0}, {.logits = true});
     m.gpu->logits_to_host(7, got);
     EXPECT_LT(rel_max_diff(got, out.logits), tol) << "tree";
     expect_same_argmax(got, out.logits, V, "tree");
@@ -340,7 +340,7 @@ TEST(CudaModel, TreeForwardAndCompactionMatchCpu) {
     const std::vector<int32_t> next = {7};
     b.set_sequence(next, kv.n_past(), true);
     m.cpu->forward(b, kv, out, {.logits = true});
-    m.gpu->forward(cuda::HostBatch{b.tokens, b.positions, b.parents, b.output_rows, 0}, true);
+    m.gpu->forward(cuda::HostBatch{b.tokens, b.positions, b.parents, b.output_rows, 0}, {.logits = true});
     m.gpu->logits_to_host(1, got);
     EXPECT_LT(rel_max_diff(got, out.logits), tol) << "after compaction";
     expect_same_argmax(got, out.logits, V, "after compaction");
@@ -513,9 +513,9 @@ TEST(CudaModel, BadInputIsAnError) {
   REQUIRE_GPU();
   TinyPair m(device_spec("llama", GgmlType::Q8_0));
   const std::vector<int32_t> toks = {1, 100000}, pos = {0, 1}, par = {-1, 0}, outr = {1};
-  EXPECT_THROW(m.gpu->forward(cuda::HostBatch{toks, pos, par, outr, 0}, true), Error);
+  EXPECT_THROW(m.gpu->forward(cuda::HostBatch{toks, pos, par, outr, 0}, {.logits = true}), Error);
   const std::vector<int32_t> ok = {1, 2}, bad_parent = {-1, 1};
-  EXPECT_THROW(m.gpu->forward(cuda::HostBatch{ok, pos, bad_parent, outr, 0}, true), Error);
+  EXPECT_THROW(m.gpu->forward(cuda::HostBatch{ok, pos, bad_parent, outr, 0}, {.logits = true}), Error);
   const std::vector<int32_t> long_prompt(300, 5);
   EXPECT_THROW(m.gpu->generate_greedy(long_prompt, cuda::GreedyOptions{}), Error);
 }
