@@ -306,6 +306,38 @@ TEST(BenchMethods, ParseSettingsSweepAndAblation) {
 
   EXPECT_NE(error_of([&] { parse_methods("ar,medusa", shared); }).find("unknown benchmark method 'medusa'"),
             std::string::npos);
+
+  // A --spec mode names the drafter, optionally with the vocabulary, then settings.
+  SpecConfig with_draft = shared;
+  with_draft.mode = SpecMode::Draft;
+  with_draft.draft_model = "d.gguf";
+  with_draft.draft_vocab = DraftVocabKind::Freq;
+  auto ng = parse_methods("ar,ngram,self+ngram:dynamic,self+ngram:full:ngram-first=4,tree-tokens=6,"
+                          "ngram:ngram-max=3,self+ngram,freq",
+                          with_draft);
+  ASSERT_EQ(ng.size(), 7u);
+  EXPECT_EQ(ng[1].config.mode, SpecMode::Ngram);
+  EXPECT_EQ(ng[1].config.draft_model, "") << "the shared draft model is the shared drafter's";
+  EXPECT_EQ(ng[2].info.label, "self+ngram:dynamic");
+  EXPECT_EQ(ng[2].config.mode, SpecMode::SelfNgram);
+  EXPECT_EQ(ng[2].config.draft_vocab, DraftVocabKind::Dynamic);
+  EXPECT_EQ(ng[3].info.label, "self+ngram:full:ngram-first=4,tree-tokens=6");
+  EXPECT_EQ(ng[3].config.draft_vocab, DraftVocabKind::Full);
+  EXPECT_EQ(ng[3].config.ngram_first, 4);
+  EXPECT_EQ(ng[3].config.tree.total_tokens, 6);
+  EXPECT_EQ(ng[4].config.ngram_max, 3);
+  EXPECT_EQ(ng[5].config.draft_vocab, DraftVocabKind::Freq) << "no vocabulary named: the shared one";
+  EXPECT_EQ(ng[6].config.mode, SpecMode::Draft) << "a bare vocabulary keeps the shared drafter";
+  EXPECT_EQ(ng[6].config.draft_model, "d.gguf");
+  EXPECT_NE(error_of([&] { parse_methods("ngram:dynamic", shared); }).find("ngram has no draft vocabulary"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_methods("self+ngram:tiny", shared); }).find("full, freq, dynamic, hybrid"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_methods("self+ngram:dynamic:spec=self", shared); }).find("sets the drafter"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_methods("draft+ngram:dynamic", shared); }).find("needs --draft-model"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_methods("none:dynamic", shared); }).find("ar method"), std::string::npos);
   EXPECT_NE(error_of([&] { parse_methods("ar:tree-topk=2", shared); }).find("ar takes no settings"),
             std::string::npos);
   EXPECT_NE(

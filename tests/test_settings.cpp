@@ -26,8 +26,11 @@ using test::error_of;
 TEST(SpecSettings, EveryMemberRoundTripsThroughTheTable) {
   // Every member away from its default, written out by the table and read back through it.
   SpecConfig c;
-  c.mode = SpecMode::Draft;
+  c.mode = SpecMode::DraftNgram;
   c.draft_model = "draft.gguf";
+  c.ngram_min = 1;
+  c.ngram_max = 7;
+  c.ngram_first = 4;
   c.tree = {5, 2, 9};
   c.draft_vocab = DraftVocabKind::Hybrid;
   c.freq_file = "f.bin";
@@ -40,7 +43,8 @@ TEST(SpecSettings, EveryMemberRoundTripsThroughTheTable) {
   c.async_gather = false;
   const nlohmann::json j = spec_config_json(c);
   EXPECT_EQ(j.size(), spec_settings().size());
-  EXPECT_EQ(j.at("spec"), "draft");
+  EXPECT_EQ(j.at("spec"), "draft+ngram");
+  EXPECT_EQ(j.at("ngram-max"), 7);
   EXPECT_EQ(j.at("draft-vocab"), "hybrid");
   EXPECT_EQ(j.at("vocab-source"), "ext");
   EXPECT_EQ(j.at("vocab-window"), 1024);
@@ -61,7 +65,10 @@ TEST(SpecSettings, EveryMemberRoundTripsThroughTheTable) {
 
 TEST(SpecSettings, ErrorsNameTheValidValuesAndRanges) {
   SpecConfig c;
-  EXPECT_NE(error_of([&] { apply_spec_setting(c, "spec", "fast"); }).find("none, self, draft"),
+  EXPECT_NE(error_of([&] { apply_spec_setting(c, "spec", "fast"); })
+                .find("none, self, draft, ngram, self+ngram, draft+ngram; got 'fast'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { apply_spec_setting(c, "ngram-min", "0"); }).find("--ngram-min must be in [1, 64]"),
             std::string::npos);
   EXPECT_NE(
       error_of([&] { apply_spec_setting(c, "draft-vocab", "tiny"); }).find("full, freq, dynamic, hybrid"),
@@ -86,6 +93,35 @@ TEST(SpecSettings, ErrorsNameTheValidValuesAndRanges) {
   c.mode = SpecMode::Draft;
   EXPECT_NE(error_of([&] { c.validate(); }).find("--draft-model"), std::string::npos);
   EXPECT_EQ(parse_spec_mode("self"), SpecMode::Self);
+  // The n-gram modes: X+ngram takes X's settings; the lengths must be ordered.
+  EXPECT_EQ(parse_spec_mode("self+ngram"), SpecMode::SelfNgram);
+  EXPECT_EQ(fallback_mode(SpecMode::SelfNgram), SpecMode::Self);
+  EXPECT_EQ(fallback_mode(SpecMode::DraftNgram), SpecMode::Draft);
+  EXPECT_EQ(fallback_mode(SpecMode::Ngram), SpecMode::None);
+  EXPECT_TRUE(uses_ngram(SpecMode::Ngram));
+  EXPECT_FALSE(uses_ngram(SpecMode::Self));
+  c = SpecConfig{};
+  c.mode = SpecMode::DraftNgram;
+  EXPECT_NE(error_of([&] { c.validate(); }).find("--spec draft+ngram needs --draft-model"), std::string::npos);
+  c.mode = SpecMode::Ngram;
+  c.draft_layers = 3;
+  EXPECT_NE(error_of([&] { c.validate(); }).find("do not apply to --spec ngram"), std::string::npos);
+  c = SpecConfig{};
+  c.mode = SpecMode::SelfNgram;
+  c.draft_layers = 3;
+  EXPECT_NO_THROW(c.validate());
+  c.ngram_min = 4;
+  c.ngram_max = 3;
+  EXPECT_NE(error_of([&] { c.validate(); }).find("--ngram-min 4 must not exceed --ngram-max 3"),
+            std::string::npos);
+  c.ngram_min = 2;
+  c.ngram_max = 3;
+  c.ngram_first = 5;
+  EXPECT_NE(error_of([&] { c.validate(); }).find("--ngram-first must be in [ngram-min, ngram-max] = [2, 3], got 5"),
+            std::string::npos);
+  c.mode = SpecMode::Ngram;  // ngram-first applies to X+ngram only
+  c.draft_layers = 0;
+  EXPECT_NO_THROW(c.validate());
   EXPECT_STREQ(name_of(DraftVocabKind::Freq), "freq");
 }
 

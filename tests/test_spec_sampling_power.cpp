@@ -19,6 +19,10 @@
 //   - accept_q_over_p: a child is accepted with probability min(1, q/p) instead of min(1, p/q);
 //   - score-ranked pruning: the tree keeps its best nodes by cumulative draft score instead of
 //     the first ones in creation order (verified by the library's verifier).
+// N-gram drafting (speculative/ngram.h) proposes deterministic chains: its q is a point mass. A
+// case runs the real NgramDrafter over a context that repeats the target's likely continuation,
+// so its drafts are accepted at times and rejected at times; the library verifier must pass and
+// drawing the bonus from p instead of the residual (p without the rejected token) must fail.
 //
 // Power (the calculation behind kSamples). Under the null the statistic is chi-square with df =
 // bins - 1 = 29 here (L = 3 tokens; bins with an expected count under 5 pooled); the critical
@@ -34,6 +38,7 @@
 // run gives the same statistics.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -42,6 +47,7 @@
 #include <vector>
 
 #include "sampling/sampler.h"
+#include "speculative/ngram.h"
 #include "speculative/tree.h"
 
 namespace microspec {
@@ -109,7 +115,8 @@ void verify_written_out(const DraftTree& tree, const float* rows, Sampler& s, Mu
     std::vector<double> p(V, 0.0), q(V, 0.0);
     for (const auto& [id, prob] : dist) p[id] = prob;
     const std::vector<double> p_plain = p;
-    for (const auto& [id, prob] : tree.q[size_t(cur + 1)]) q[id] = prob;
+    if (size_t(cur + 1) < tree.q.size())  // an empty tree (a drafter with nothing to propose) has no q
+      for (const auto& [id, prob] : tree.q[size_t(cur + 1)]) q[id] = prob;
     int32_t next = -1;
     for (int32_t c = cur + 1; c < tree.size() && next < 0; ++c) {
       if (tree.nodes[c].parent != cur) continue;
@@ -357,6 +364,68 @@ TEST(SpecSamplingPower, ScoreRankedPruningOfASampledTreeFails) {
   const auto [stat, crit] = chi_square(exact_sequences(make_pair(c.sigma).target), o.observed, kSamples);
   std::printf("%s: chi-square %.1f (critical %.1f), statistic / N %.4f\n", c.name.c_str(), stat, crit, stat / kSamples);
   EXPECT_GT(stat, crit) << "keeping the best nodes by score must bias the output";
+}
+
+// Samples kLength tokens after kStart with the NgramDrafter drafting from `prompt` + the tokens so
+// far (kStart is each sample's first root), verified by `verify`.
+Outcome run_ngram_case(const std::vector<int32_t>& prompt, const TreeParams& tree_params, const Verifier& verify,
+                       const std::vector<float>& target, int n_samples, uint64_t seed) {
+  Sampler target_sampler([&] { SamplingParams sp = filters(); sp.seed = seed; return sp; }(), V);
+  Sampler draft_sampler([&] { SamplingParams sp = filters(); sp.seed = seed + 1; return sp; }(), V);
+  DraftSampling sampling;
+  sampling.sampler = &draft_sampler;
+  NgramDrafter drafter({1, 3}, 64);
+  DraftTree tree;
+  std::vector<float> rows;
+  std::vector<int32_t> path, emitted, tokens;
+  Outcome out;
+  for (int i = 0; i < n_samples; ++i) {
+    drafter.begin(prompt, {});
+    tokens.clear();
+    int32_t root = kStart;
+    while (int32_t(tokens.size()) < kLength) {
+      drafter.propose(root, 0, tree_params, &sampling, tree);
+      rows.assign(target.begin() + size_t(root) * V, target.begin() + size_t(root + 1) * V);
+      for (const TreeNode& n : tree.nodes)
+        rows.insert(rows.end(), target.begin() + size_t(n.token) * V, target.begin() + size_t(n.token + 1) * V);
+      verify(tree, rows.data(), target_sampler, path, emitted);
+      drafter.accepted(root, tree, path, nullptr);
+      out.drafted += tree.size();
+      out.accepted += int64_t(path.size());
+      tokens.insert(tokens.end(), emitted.begin(), emitted.end());
+      root = emitted.back();
+    }
+    tokens.resize(kLength);
+    ++out.observed[tokens];
+  }
+  return out;
+}
+
+TEST(SpecSamplingPower, NgramPointMassDraftsKeepPlainSamplingExact) {
+  const std::vector<float> target = make_pair(0.0f).target;
+  // The prompt holds kStart followed by the target's most likely continuation, then one more
+  // token: the root kStart matches and the chain proposes that continuation.
+  std::vector<int32_t> prompt = {kStart};
+  for (int32_t i = 0; i < 4; ++i) {
+    const float* row = target.data() + size_t(prompt.back()) * V;
+    prompt.push_back(int32_t(std::max_element(row, row + V) - row));
+  }
+  const auto exact = exact_sequences(target);
+  const TreeParams chain{3, 1, 4};
+  const Outcome o = run_ngram_case(prompt, chain, library_verifier(), target, kSamples, 400);
+  const auto [stat, crit] = chi_square(exact, o.observed, kSamples);
+  const double rate = double(o.accepted) / double(o.drafted);
+  std::printf("ngram chain: chi-square %.1f (critical %.1f), acceptance %.3f of %lld drafted\n", stat, crit, rate,
+              (long long)o.drafted);
+  EXPECT_LT(stat, crit) << "n-gram drafts verified by the library";
+  // Both branches of the rejection sampler ran often.
+  EXPECT_GE(o.drafted, int64_t(kSamples));
+  EXPECT_GT(rate, 0.15);
+  EXPECT_LT(rate, 0.85);
+  const Outcome bad = run_ngram_case(prompt, chain, written_out(Mutation::bonus_from_p), target, kSamples, 500);
+  const auto [bstat, bcrit] = chi_square(exact, bad.observed, kSamples);
+  std::printf("ngram chain, bonus from p: chi-square %.1f (critical %.1f)\n", bstat, bcrit);
+  EXPECT_GT(bstat, bcrit) << "redrawing a rejected point-mass draft's token must bias the output";
 }
 
 }  // namespace

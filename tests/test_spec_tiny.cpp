@@ -22,6 +22,7 @@
 #include "sampling/sampler.h"
 #include "speculative/drafter.h"
 #include "speculative/decoder.h"
+#include "speculative/ngram.h"
 #include "tiny_model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -76,7 +77,8 @@ class SpecTiny : public ::testing::Test {
   // Plain greedy output, then the same through speculative decoding; they must be identical.
   void expect_same(Model& target, const std::vector<int32_t>& prompt, const GenerateParams& params,
                    int32_t n_ctx, const std::function<std::unique_ptr<Drafter>(Generator&)>& make_drafter,
-                   const TreeParams& tree, const std::string& what, double* acceptance = nullptr) {
+                   const TreeParams& tree, const std::string& what, double* acceptance = nullptr,
+                   const std::function<void(const Drafter&)>& inspect = nullptr) {
     Generator plain_gen(target, *tok_, n_ctx);
     const GenerateResult plain = plain_gen.generate(prompt, params);
     Generator gen(target, *tok_, n_ctx);
@@ -93,6 +95,7 @@ class SpecTiny : public ::testing::Test {
     EXPECT_EQ(plain.finish, spec.gen.finish) << what;
     if (!spec.gen.tokens.empty() && spec.gen.tokens.size() > 1) EXPECT_GT(spec.stats.steps, 0) << what;
     if (acceptance) *acceptance = spec.stats.mean_acceptance_length();
+    if (inspect) inspect(*drafter);
   }
 
   std::filesystem::path dir_;
@@ -161,6 +164,46 @@ TEST_F(SpecTiny, DraftModelMatchesPlain) {
         return std::make_unique<ModelDrafter>(*same.model, 128, DraftVocabulary::subset(half, kVocab));
       },
       {3, 2, 6}, "pruned draft vocabulary");
+}
+
+TEST_F(SpecTiny, NgramDraftingMatchesPlain) {
+  // Tied embeddings: the random model soon repeats itself, so n-gram matches draft and are
+  // accepted; untied: it wanders, matches are rare and mostly rejected. Both must equal plain,
+  // up to a full context (n_ctx 48 < prompt + tokens asked for).
+  const std::vector<int32_t> prompt = {1, 17, 250, 33, 90, 141, 17, 250, 33, 2, 17, 250};
+  GenerateParams params;
+  params.max_new_tokens = 60;
+  params.ignore_eos = true;
+  for (const bool tied : {true, false}) {
+    test::TinyModelSpec sp = spec("gemma3", 21);
+    sp.untied_output = !tied;
+    Tiny t = load_tiny(sp, (dir_ / (tied ? "tied.gguf" : "untied.gguf")).string());
+    const std::string kind = tied ? "tied" : "untied";
+    for (const int32_t n_ctx : {128, 48})
+      for (const TreeParams& tree : {TreeParams{3, 1, 4}, TreeParams{0, 1, 8}}) {
+        const std::string what = kind + " n_ctx " + std::to_string(n_ctx) + " tokens " +
+                                 std::to_string(tree.total_tokens);
+        double acc = 0.0;
+        expect_same(
+            *t.model, prompt, params, n_ctx,
+            [&](Generator&) { return std::make_unique<NgramDrafter>(NgramParams{1, 4}, n_ctx); }, tree,
+            "ngram " + what, &acc);
+        if (tied) EXPECT_GT(acc, 2.0) << "ngram " << what;
+        // n-gram first, else self-drafting with 2 of 3 layers: both sides draft.
+        expect_same(
+            *t.model, prompt, params, n_ctx,
+            [&](Generator& g) {
+              return std::make_unique<NgramFirstDrafter>(
+                  NgramParams{1, 4}, 2, n_ctx,
+                  std::make_unique<SelfDrafter>(*t.model, g.cache(), 2, DraftVocabulary::full(kVocab)));
+            },
+            tree, "self+ngram " + what, nullptr, [&](const Drafter& d) {
+              const auto& combined = dynamic_cast<const NgramFirstDrafter&>(d);
+              EXPECT_GT(combined.fallback_steps(), 0) << what;
+              if (tied) EXPECT_GT(combined.ngram_steps(), 0) << what;
+            });
+      }
+  }
 }
 
 TEST_F(SpecTiny, StopsExactlyWherePlainStops) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "util/error.h"
@@ -13,7 +14,24 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const char* const kBases[] = {"ar", "full", "freq", "dynamic", "hybrid"};
+const char* const kVocabBases[] = {"full", "freq", "dynamic", "hybrid"};
+
+bool is_vocab_name(const std::string& name) {
+  return std::find(std::begin(kVocabBases), std::end(kVocabBases), name) != std::end(kVocabBases);
+}
+
+// The drafter a method's base names: "MODE" or "MODE:VOCAB" (a --spec name), none for a bare vocabulary.
+std::optional<SpecMode> mode_of_base(const std::string& base) {
+  const std::string name = base.substr(0, base.find(':'));
+  if (is_vocab_name(name) || name == "ar") return std::nullopt;
+  try {
+    return parse_spec_mode(name);
+  } catch (const Error&) {
+    throw Error("unknown benchmark method '" + base +
+                "' (methods: ar; full, freq, dynamic, hybrid with the drafter of --spec; a --spec mode such "
+                "as ngram or self+ngram, optionally with :VOCAB, e.g. self+ngram:dynamic)");
+  }
+}
 
 std::string label_of(const std::string& base,
                      const std::vector<std::pair<std::string, std::string>>& settings) {
@@ -27,8 +45,7 @@ std::string label_of(const std::string& base,
 MethodSpec make_method(const std::string& base,
                        const std::vector<std::pair<std::string, std::string>>& settings,
                        const SpecConfig& shared) {
-  if (std::find(std::begin(kBases), std::end(kBases), base) == std::end(kBases))
-    throw Error("unknown benchmark method '" + base + "' (methods: ar, full, freq, dynamic, hybrid)");
+  const std::optional<SpecMode> named_mode = mode_of_base(base);
   MethodSpec m;
   m.settings = settings;
   m.info.label = label_of(base, settings);
@@ -40,10 +57,25 @@ MethodSpec make_method(const std::string& base,
   }
   m.info.speculative = true;
   m.config = shared;
-  if (m.config.mode == SpecMode::None) m.config.mode = SpecMode::Self;
-  m.config.draft_vocab = parse_draft_vocab(base);
+  if (named_mode) {
+    // "MODE" or "MODE:VOCAB": the drafter from the name, the vocabulary from it or from the shared one.
+    if (*named_mode == SpecMode::None) throw Error("method " + base + ": spec none is the ar method");
+    m.config.mode = *named_mode;
+    // The shared --draft-model / --draft-layers belong to the shared drafter, not to this one's.
+    if (fallback_mode(m.config.mode) != SpecMode::Draft) m.config.draft_model.clear();
+    if (fallback_mode(m.config.mode) != SpecMode::Self) m.config.draft_layers = 0;
+    const size_t colon = base.find(':');
+    if (colon != std::string::npos) {
+      if (*named_mode == SpecMode::Ngram) throw Error("method " + base + ": ngram has no draft vocabulary");
+      m.config.draft_vocab = parse_draft_vocab(base.substr(colon + 1));
+    }
+  } else {
+    if (m.config.mode == SpecMode::None) m.config.mode = SpecMode::Self;
+    m.config.draft_vocab = parse_draft_vocab(base);
+  }
   for (const auto& [key, value] : settings) {
     if (key == "draft-vocab") throw Error(m.info.label + ": the method name sets the draft vocabulary");
+    if (key == "spec" && named_mode) throw Error(m.info.label + ": the method name sets the drafter");
     try {
       apply_spec_setting(m.config, key, value);
     } catch (const Error& e) {
@@ -106,7 +138,20 @@ std::vector<MethodSpec> parse_methods(const std::string& list, const SpecConfig&
     }
     Pending p;
     p.base = raw.substr(0, colon);
-    if (colon != std::string::npos) p.settings.push_back(parse_setting(raw.substr(colon + 1), "--methods"));
+    if (colon != std::string::npos) {
+      // "MODE:VOCAB[:key=value]": a part without "=" after the first colon is the vocabulary.
+      std::string rest = raw.substr(colon + 1);
+      const size_t next = rest.find(':');
+      const std::string part = rest.substr(0, next);
+      if (!part.empty() && part.find('=') == std::string::npos) {
+        p.base += ":" + part;
+        rest = next == std::string::npos ? std::string() : rest.substr(next + 1);
+        if (next != std::string::npos && rest.empty())
+          throw Error("--methods: expected key=value after '" + p.base + ":'");
+      }
+      if (!rest.empty() || (next == std::string::npos && part.empty()))
+        p.settings.push_back(parse_setting(rest, "--methods"));
+    }
     items.push_back(std::move(p));
   }
   std::vector<MethodSpec> methods;

@@ -27,10 +27,11 @@ struct MethodSpec {
   std::vector<std::pair<std::string, std::string>> settings;  // per-method overrides, in order
 };
 
-// Parses "ar,full,dynamic:vocab-window=1024,tree-topk=2,hybrid". A method is ar, full, freq,
-// dynamic or hybrid (the draft vocabulary; the drafter and tree come from `shared`, with mode
-// none meaning self), optionally followed by ":key=value" settings as apply_spec_setting takes
-// them; an item with "=" and no ":" continues the previous method's settings. Throws Error for
+// Parses "ar,full,dynamic:vocab-window=1024,tree-topk=2,hybrid,ngram,self+ngram:dynamic". A method
+// is ar; full, freq, dynamic or hybrid (the draft vocabulary; the drafter and tree come from
+// `shared`, with mode none meaning self); or a --spec mode name (ngram, self+ngram, ...) optionally
+// with ":VOCAB" (self+ngram:dynamic; else the shared vocabulary). Each is optionally followed by
+// ":key=value" settings as apply_spec_setting takes them; an item with "=" and no ":" continues the previous method's settings. Throws Error for
 // unknown names or settings, duplicates and invalid configurations.
 std::vector<MethodSpec> parse_methods(const std::string& list, const SpecConfig& shared);
 

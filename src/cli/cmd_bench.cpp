@@ -44,8 +44,9 @@ void add_bench_command(CLI::App& app) {
       ->required();
   cmd->add_option(
       "--methods", args->bench.methods,
-      "comma-separated methods: ar, full, freq, dynamic, hybrid, each optionally with settings "
-      "(dynamic:vocab-window=1024,tree-topk=2); the shared --spec/--draft-*/--tree-*/--vocab-* flags "
+      "comma-separated methods: ar, full, freq, dynamic, hybrid (the vocabulary, with the drafter of "
+      "--spec), or a --spec mode optionally with its vocabulary (ngram, self+ngram:dynamic), each "
+      "optionally with settings (dynamic:vocab-window=1024,tree-topk=2); the shared --spec/--draft-*/--tree-*/--vocab-* flags "
       "apply to every speculative method (default ar,full,dynamic; with --ablation ar,dynamic)");
   cmd->add_option("--categories", args->bench.categories,
                   "comma-separated categories to keep (default: all)");

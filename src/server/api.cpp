@@ -284,7 +284,7 @@ void parse_spec_extension(const json& body, const SpecConfig& server, Completion
       if (mode == name_of(SpecMode::None)) {
         r.speculative = false;
         if (server.enabled()) r.spec_note = "speculative decoding turned off by the request";
-      } else if (mode == "self" || mode == "draft") {
+      } else if (is_spec_mode_name(mode)) {
         if (!server.enabled())
           throw ApiError(400,
                          "Invalid 'microspec.spec': '" + mode +
@@ -299,7 +299,7 @@ void parse_spec_extension(const json& body, const SpecConfig& server, Completion
       } else {
         throw ApiError(400,
                        "Invalid value for 'microspec.spec': '" + mode +
-                           "'. Supported values are 'none', 'self' and 'draft'.",
+                           "'. Supported values are " + spec_mode_names() + ".",
                        "microspec.spec", "invalid_value");
       }
     }

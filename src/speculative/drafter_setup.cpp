@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "speculative/ngram.h"
 #include "util/error.h"
 #include "vocab/freq_file.h"
 
@@ -68,14 +69,15 @@ DraftVocabulary make_vocabulary(const SpecConfig& c, const std::string& target_f
 
 }  // namespace
 
-BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
-                           const Tokenizer& tokenizer) {
-  BuiltDrafter b;
-  if (!config.enabled()) return b;
+namespace {
+
+// The model-based drafter of `mode` (self or draft) into b.
+void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile& target_file, Generator& gen,
+                         const Tokenizer& tokenizer, BuiltDrafter& b) {
   Model& target = gen.model();
   const int32_t n_layer = target.config().n_layer;
   std::string vocab;
-  if (config.mode == SpecMode::Self) {
+  if (mode == SpecMode::Self) {
     const int32_t layers = config.draft_layers > 0 ? config.draft_layers : default_draft_layers(n_layer);
     if (layers > n_layer)
       throw Error("--draft-layers " + std::to_string(layers) + ": the model has " + std::to_string(n_layer) +
@@ -83,7 +85,7 @@ BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file
     b.drafter = std::make_unique<SelfDrafter>(
         target, gen.cache(), layers, make_vocabulary(config, target_file.name(), target, tokenizer, &vocab));
     b.describe = "self, " + std::to_string(layers) + "/" + std::to_string(n_layer) + " layers";
-  } else {
+  } else if (mode == SpecMode::Draft) {
     b.file = GgufFile::open(config.draft_model);
     check_same_vocabulary(target_file, *b.file);
     // The draft runs on the target's threads, batch size and kernel table (--kernels).
@@ -96,8 +98,34 @@ BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file
         *b.model, gen.cache().n_ctx(),
         make_vocabulary(config, target_file.name(), *b.model, tokenizer, &vocab));
     b.describe = "draft model " + config.draft_model;
+  } else {
+    throw Error(std::string("no model drafter for --spec ") + name_of(mode));
   }
   b.describe += ", " + vocab;
+}
+
+}  // namespace
+
+BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
+                           const Tokenizer& tokenizer) {
+  BuiltDrafter b;
+  if (!config.enabled()) return b;
+  const NgramParams ngram{config.ngram_min, config.ngram_max};
+  const int32_t n_ctx = gen.cache().n_ctx();
+  const std::string ngram_describe =
+      "n-gram lookup " + std::to_string(ngram.min_n) + ".." + std::to_string(ngram.max_n) + " tokens";
+  if (config.mode == SpecMode::Ngram) {
+    b.drafter = std::make_unique<NgramDrafter>(ngram, n_ctx);
+    b.describe = ngram_describe;
+    return b;
+  }
+  const SpecMode model_mode = fallback_mode(config.mode);
+  build_model_drafter(model_mode, config, target_file, gen, tokenizer, b);
+  if (uses_ngram(config.mode)) {
+    // n-gram first: a match of at least ngram_first tokens drafts, else the model drafter.
+    b.drafter = std::make_unique<NgramFirstDrafter>(ngram, config.ngram_first, n_ctx, std::move(b.drafter));
+    b.describe = ngram_describe + " (>= " + std::to_string(config.ngram_first) + " drafts), else " + b.describe;
+  }
   return b;
 }
 

@@ -10,7 +10,7 @@ namespace microspec {
 namespace {
 
 // Names of an enum's values, in declaration order: name_of and parse read the same list.
-const std::vector<std::string> kModeNames = {"none", "self", "draft"};
+const std::vector<std::string> kModeNames = {"none", "self", "draft", "ngram", "self+ngram", "draft+ngram"};
 const std::vector<std::string> kVocabNames = {"full", "freq", "dynamic", "hybrid"};
 const std::vector<std::string> kSourceNames = {"both", "ctx", "ext"};
 
@@ -110,7 +110,8 @@ std::vector<SpecSetting> make_table() {
   std::vector<SpecSetting> t;
   t.push_back(choice<SpecMode>(
       "spec", [](C & c) -> auto& { return c.mode; }, kModeNames,
-      "speculative decoding: none, self or draft"));
+      "speculative decoding: none, self (the target's first layers), draft (--draft-model), ngram "
+      "(prompt lookup, no weights), self+ngram or draft+ngram (an n-gram match drafts, else self/draft)"));
   t.push_back(integer(
       "draft-layers", [](C & c) -> auto& { return c.draft_layers; }, 0, 4096,
       "--spec self: target layers the draft runs (0 = all but the last eighth)"));
@@ -153,6 +154,15 @@ std::vector<SpecSetting> make_table() {
       "async-gather", [](C & c) -> auto& { return c.async_gather; },
       "gather new draft LM-head rows on a helper thread (--no-async-gather: on the calling "
       "thread)"));
+  t.push_back(integer(
+      "ngram-min", [](C & c) -> auto& { return c.ngram_min; }, 1, 64,
+      "ngram, X+ngram: shortest suffix match of the context that is looked up (ngram: that drafts)"));
+  t.push_back(integer(
+      "ngram-max", [](C & c) -> auto& { return c.ngram_max; }, 1, 64,
+      "ngram, X+ngram: longest suffix match of the context tried"));
+  t.push_back(integer(
+      "ngram-first", [](C & c) -> auto& { return c.ngram_first; }, 1, 64,
+      "X+ngram: a match of at least this many tokens drafts instead of X (in [ngram-min, ngram-max])"));
   return t;
 }
 
@@ -176,6 +186,29 @@ DraftVocabKind parse_draft_vocab(const std::string& name) {
 }
 VocabSource parse_vocab_source(const std::string& name) {
   return VocabSource(index_of("vocab-source", kSourceNames, name));
+}
+
+bool is_spec_mode_name(const std::string& name) {
+  return std::find(kModeNames.begin(), kModeNames.end(), name) != kModeNames.end();
+}
+
+std::string spec_mode_names() {
+  std::string out;
+  for (size_t i = 0; i < kModeNames.size(); ++i) out += (i ? ", '" : "'") + kModeNames[i] + "'";
+  return out;
+}
+
+bool uses_ngram(SpecMode mode) {
+  return mode == SpecMode::Ngram || mode == SpecMode::SelfNgram || mode == SpecMode::DraftNgram;
+}
+
+SpecMode fallback_mode(SpecMode mode) {
+  switch (mode) {
+    case SpecMode::Ngram: return SpecMode::None;
+    case SpecMode::SelfNgram: return SpecMode::Self;
+    case SpecMode::DraftNgram: return SpecMode::Draft;
+    default: return mode;
+  }
 }
 
 std::string SpecSetting::default_text() const {
@@ -210,11 +243,24 @@ nlohmann::json spec_config_json(const SpecConfig& config) {
 void SpecConfig::validate() const {
   for (const SpecSetting& s : spec_settings())
     if (s.kind == SpecSetting::Kind::Integer) check_range(s.flag, s.get(*this).get<int64_t>(), s.min, s.max);
+  // An X+ngram mode takes X's settings.
+  const SpecMode model_mode = fallback_mode(mode);
+  const std::string spec = std::string("--spec ") + name_of(mode);
   if (mode == SpecMode::None && (!draft_model.empty() || draft_layers != 0))
     throw Error("--draft-model/--draft-layers need --spec");
-  if (mode == SpecMode::Self && !draft_model.empty()) throw Error("--draft-model applies to --spec draft");
-  if (mode == SpecMode::Draft && draft_model.empty()) throw Error("--spec draft needs --draft-model FILE");
-  if (mode == SpecMode::Draft && draft_layers != 0) throw Error("--draft-layers applies to --spec self");
+  if (mode == SpecMode::Ngram && (!draft_model.empty() || draft_layers != 0))
+    throw Error("--draft-model/--draft-layers do not apply to --spec ngram (it has no model)");
+  if (model_mode == SpecMode::Self && !draft_model.empty())
+    throw Error("--draft-model applies to --spec draft or draft+ngram");
+  if (model_mode == SpecMode::Draft && draft_model.empty()) throw Error(spec + " needs --draft-model FILE");
+  if (model_mode == SpecMode::Draft && draft_layers != 0)
+    throw Error("--draft-layers applies to --spec self or self+ngram");
+  if (uses_ngram(mode) && ngram_min > ngram_max)
+    throw Error("--ngram-min " + std::to_string(ngram_min) + " must not exceed --ngram-max " +
+                std::to_string(ngram_max));
+  if (uses_ngram(mode) && mode != SpecMode::Ngram && (ngram_first < ngram_min || ngram_first > ngram_max))
+    throw Error("--ngram-first must be in [ngram-min, ngram-max] = [" + std::to_string(ngram_min) + ", " +
+                std::to_string(ngram_max) + "], got " + std::to_string(ngram_first));
   tree.validate();
 }
 

@@ -17,8 +17,11 @@
 
 namespace microspec {
 
-// --spec: plain decoding, the target's own first layers as the draft, or a separate draft model.
-enum class SpecMode { None, Self, Draft };
+// --spec: plain decoding, the target's own first layers as the draft, a separate draft model,
+// n-gram (prompt-lookup) drafting, or n-gram drafting first with self / draft as the fallback
+// (speculative/ngram.h). A new "X+ngram" mode is a value here, its name in settings.cpp and a
+// line in fallback_mode().
+enum class SpecMode { None, Self, Draft, Ngram, SelfNgram, DraftNgram };
 // --draft-vocab: the draft vocabulary kind (see vocab/draft_vocab.h).
 enum class DraftVocabKind { Full, Freq, Dynamic, Hybrid };
 // --vocab-source: the candidate stream's ablation (see vocab/candidate_stream.h).
@@ -29,6 +32,13 @@ const char* name_of(DraftVocabKind kind);
 const char* name_of(VocabSource source);
 // Parse a name; Error lists the valid ones ("--spec must be one of none, self, draft; got 'x'").
 SpecMode parse_spec_mode(const std::string& name);
+// Whether name is a --spec mode, and every mode's name quoted ("'none', 'self', ...").
+bool is_spec_mode_name(const std::string& name);
+std::string spec_mode_names();
+// Whether the mode drafts from n-gram matches (ngram, X+ngram).
+bool uses_ngram(SpecMode mode);
+// The model-based drafter of a mode: X for X+ngram, None for ngram, the mode itself otherwise.
+SpecMode fallback_mode(SpecMode mode);
 DraftVocabKind parse_draft_vocab(const std::string& name);
 VocabSource parse_vocab_source(const std::string& name);
 
@@ -47,6 +57,9 @@ struct SpecConfig {
   int32_t vocab_kver = 3;       // dynamic / hybrid: target top-k per verification
   VocabSource vocab_source = VocabSource::Both;  // ctx (prompt part only) | ext (per step only) | both
   bool async_gather = true;                      // gather new LM-head rows on a helper thread
+  int32_t ngram_min = 2;    // ngram: shortest suffix match that drafts
+  int32_t ngram_max = 5;    // ngram / X+ngram: longest suffix match tried
+  int32_t ngram_first = 3;  // X+ngram: a match this long drafts instead of the fallback drafter
 
   bool enabled() const { return mode != SpecMode::None; }
   // Throws Error for inconsistent settings (e.g. --draft-model without --spec draft) and values

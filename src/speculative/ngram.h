@@ -1,0 +1,141 @@
+#pragma once
+// N-gram (prompt-lookup) drafting: no weights, no LM head. The context (prompt and every committed
+// token, then the step's root) is indexed as it grows; the longest suffix of it that occurred
+// earlier proposes the tokens that followed that occurrence.
+//
+//   NgramIndex:        the matcher. Every n-gram of length [min_n, max_n] that has a following
+//                      token is kept in an open-addressing table (allocated once, for the context
+//                      limit) mapping it to its most recent end position. A push indexes the
+//                      max_n - min_n + 1 n-grams ending one token earlier; a lookup hashes the
+//                      suffix for each length, longest first. Nothing is O(context) per token.
+//   NgramDrafter:      drafts a chain with the match's continuation (see below why a chain).
+//   NgramFirstDrafter: "n-gram first, else a fallback drafter" (--spec self+ngram, draft+ngram;
+//                      any Drafter composes): a match of at least `first_min` tokens drafts,
+//                      otherwise the fallback does.
+//
+// Why a chain and not a tree of the distinct continuations of several matches: under sampling a
+// deterministic proposal's draft distribution is a point mass (q(x) = 1), and recursive rejection
+// sampling is exact only when a node's children are draws without replacement from its q; after
+// x is drawn a point mass has nothing left to draw, so a second child would need a made-up q with
+// a random draw order. A chain keeps q honest under sampling and greedy alike, and on a CPU every
+// extra verified row costs target time, while a second continuation of the same suffix rarely
+// wins. (The verifier accepts a point-mass child with probability p(x) and otherwise moves on to
+// the residual norm(max(0, p - q)) = p without x: plain sampling's distribution exactly, tested
+// in tests/test_spec_sampling_power.cpp.)
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "speculative/drafter.h"
+
+namespace microspec {
+
+struct NgramParams {
+  int32_t min_n = 2;  // shortest suffix match that drafts (and is indexed)
+  int32_t max_n = 5;  // longest suffix tried
+  void validate() const;  // throws Error unless 1 <= min_n <= max_n <= 64
+};
+
+// The longest earlier occurrence of the context's suffix.
+struct NgramMatch {
+  int32_t length = 0;  // tokens matched, 0 = none
+  int32_t next = -1;   // context index of the token that followed the occurrence
+};
+
+class NgramIndex {
+ public:
+  // capacity: most tokens the context can hold (the context limit).
+  NgramIndex(const NgramParams& params, int32_t capacity);
+  // Starts a new context with `tokens`; throws Error if they exceed the capacity.
+  void reset(std::span<const int32_t> tokens);
+  // Appends one token; throws Error at the capacity.
+  void push(int32_t token);
+  // The longest suffix (min_n <= length <= max_n) that also ends earlier in the context, at its
+  // most recent earlier occurrence.
+  NgramMatch longest_match() const;
+  // Writes up to `max_tokens` tokens that continue the context after `m` (m.length > 0) to out,
+  // copying with overlap: a continuation that runs into the suffix itself continues with the
+  // tokens just drafted (a repeated pattern keeps repeating). Returns how many were written.
+  int32_t continuation(const NgramMatch& m, int32_t max_tokens, std::vector<int32_t>& out) const;
+  std::span<const int32_t> tokens() const { return tokens_; }
+  int32_t size() const { return static_cast<int32_t>(tokens_.size()); }
+  int32_t capacity() const { return capacity_; }
+  const NgramParams& params() const { return params_; }
+
+ private:
+  struct Slot {
+    uint64_t key = 0;  // hash of (length, tokens); 0 = empty
+    int32_t end = -1;  // context index of the n-gram's last token, most recent occurrence
+  };
+  uint64_t hash(int32_t start, int32_t n) const;
+  // The slot holding `key`, or the empty slot where it goes.
+  size_t find(uint64_t key) const;
+
+  NgramParams params_;
+  int32_t capacity_;
+  std::vector<int32_t> tokens_;  // [<= capacity] the context
+  std::vector<Slot> table_;      // [power of two >= 2 * capacity * lengths] open addressing, linear probes
+  size_t mask_ = 0;
+};
+
+class NgramDrafter final : public Drafter {
+ public:
+  // n_ctx: the target's context limit (the index's capacity).
+  NgramDrafter(const NgramParams& params, int32_t n_ctx);
+  void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override;
+  // A chain of up to params.total_tokens tokens when the match has at least min_n tokens.
+  void propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
+               DraftTree& tree) override;
+  void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
+                const float* verify_logits) override;
+  bool fits(const TreeParams& params, int32_t room) const override { return params.total_tokens < room; }
+  double lm_head_seconds() const override { return 0.0; }
+  int32_t active_vocab_size() const override { return 0; }  // no LM head: nothing is scored
+
+  // The step's root joins the context (once per step) and the longest suffix match is returned.
+  NgramMatch match_with_root(int32_t root);
+  // Fills `tree` with the chain continuing `m` (up to params.total_tokens nodes); with sampling,
+  // every node's draft distribution is the point mass on its token.
+  void draft_chain(const NgramMatch& m, const TreeParams& params, DraftSampling* sampling, DraftTree& tree);
+  const NgramIndex& index() const { return index_; }
+
+ private:
+  NgramIndex index_;
+  bool root_pushed_ = false;      // the current step's root is already in the index
+  std::vector<int32_t> chain_;    // [<= total_tokens] scratch: the drafted continuation
+};
+
+class NgramFirstDrafter final : public Drafter {
+ public:
+  // A match of at least first_min tokens drafts; otherwise `fallback` does. n_ctx as NgramDrafter's.
+  NgramFirstDrafter(const NgramParams& params, int32_t first_min, int32_t n_ctx, std::unique_ptr<Drafter> fallback);
+  int32_t prompt_top_k() const override { return fallback_->prompt_top_k(); }
+  void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override;
+  void propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
+               DraftTree& tree) override;
+  // Both learn the committed tokens (the fallback's cache and draft vocabulary stay in step).
+  void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
+                const float* verify_logits) override;
+  bool fits(const TreeParams& params, int32_t room) const override {
+    return ngram_.fits(params, room) && fallback_->fits(params, room);
+  }
+  double lm_head_seconds() const override { return fallback_->lm_head_seconds(); }
+  // Only a tree the fallback built may hand rows over (a self-drafter's resume applies to its own).
+  VerifyResume resume_for(const DraftTree& tree) const override {
+    return fallback_drafted_ ? fallback_->resume_for(tree) : VerifyResume{};
+  }
+  int32_t active_vocab_size() const override { return fallback_drafted_ ? fallback_->active_vocab_size() : 0; }
+  // Steps drafted by the n-gram side and by the fallback since the drafter was made.
+  int64_t ngram_steps() const { return ngram_steps_; }
+  int64_t fallback_steps() const { return fallback_steps_; }
+
+ private:
+  NgramDrafter ngram_;
+  int32_t first_min_;
+  std::unique_ptr<Drafter> fallback_;
+  bool fallback_drafted_ = false;  // the last propose() was the fallback's
+  int64_t ngram_steps_ = 0, fallback_steps_ = 0;
+};
+
+}  // namespace microspec
