@@ -284,7 +284,7 @@ void parse_spec_extension(const json& body, const SpecConfig& server, Completion
       if (mode == name_of(SpecMode::None)) {
         r.speculative = false;
         if (server.enabled()) r.spec_note = "speculative decoding turned off by the request";
-      } else if (mode == "self" || mode == "draft") {
+      } else if (mode == "self" || mode == "draft" || mode == "head") {
         if (!server.enabled())
           throw ApiError(400,
                          "Invalid 'microspec.spec': '" + mode +

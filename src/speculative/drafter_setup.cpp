@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "draft_head/head_drafter.h"
 #include "util/error.h"
 #include "vocab/freq_file.h"
 
@@ -83,6 +84,15 @@ BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file
     b.drafter = std::make_unique<SelfDrafter>(
         target, gen.cache(), layers, make_vocabulary(config, target_file.name(), target, tokenizer, &vocab));
     b.describe = "self, " + std::to_string(layers) + "/" + std::to_string(n_layer) + " layers";
+  } else if (config.mode == SpecMode::Head) {
+    const std::string path = config.draft_head.empty() ? default_draft_head_path(target_file.name()) : config.draft_head;
+    if (config.draft_head.empty() && !std::filesystem::exists(path))
+      throw Error("--spec head needs --draft-head FILE (no head at " + path + ")");
+    // The head runs on the target's thread pool and kernel table, rows up to the target's batch size.
+    auto head = std::make_unique<Eagle3Head>(GgufFile::open(path), target, target.n_batch());
+    b.drafter = std::make_unique<HeadDrafter>(std::move(head), target, gen.cache().n_ctx(),
+                                              make_vocabulary(config, target_file.name(), target, tokenizer, &vocab));
+    b.describe = "EAGLE-3 head " + path;
   } else {
     b.file = GgufFile::open(config.draft_model);
     check_same_vocabulary(target_file, *b.file);

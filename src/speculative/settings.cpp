@@ -10,7 +10,7 @@ namespace microspec {
 namespace {
 
 // Names of an enum's values, in declaration order: name_of and parse read the same list.
-const std::vector<std::string> kModeNames = {"none", "self", "draft"};
+const std::vector<std::string> kModeNames = {"none", "self", "draft", "head"};
 const std::vector<std::string> kVocabNames = {"full", "freq", "dynamic", "hybrid"};
 const std::vector<std::string> kSourceNames = {"both", "ctx", "ext"};
 
@@ -110,13 +110,17 @@ std::vector<SpecSetting> make_table() {
   std::vector<SpecSetting> t;
   t.push_back(choice<SpecMode>(
       "spec", [](C & c) -> auto& { return c.mode; }, kModeNames,
-      "speculative decoding: none, self or draft"));
+      "speculative decoding: none, self, draft or head"));
   t.push_back(integer(
       "draft-layers", [](C & c) -> auto& { return c.draft_layers; }, 0, 4096,
       "--spec self: target layers the draft runs (0 = all but the last eighth)"));
   t.push_back(text(
       "draft-model", [](C & c) -> auto& { return c.draft_model; },
       "--spec draft: GGUF draft model with the same vocabulary"));
+  t.push_back(text(
+      "draft-head", [](C & c) -> auto& { return c.draft_head; },
+      "--spec head: EAGLE-3 head GGUF (llama.cpp's eagle3 layout; default: heads/<model stem>.eagle3.gguf "
+      "beside the model)"));
   t.push_back(integer(
       "tree-depth", [](C & c) -> auto& { return c.tree.depth; }, 0, 64,
       "draft tree expansion rounds after the root level"));
@@ -210,8 +214,11 @@ nlohmann::json spec_config_json(const SpecConfig& config) {
 void SpecConfig::validate() const {
   for (const SpecSetting& s : spec_settings())
     if (s.kind == SpecSetting::Kind::Integer) check_range(s.flag, s.get(*this).get<int64_t>(), s.min, s.max);
-  if (mode == SpecMode::None && (!draft_model.empty() || draft_layers != 0))
-    throw Error("--draft-model/--draft-layers need --spec");
+  if (mode == SpecMode::None && (!draft_model.empty() || draft_layers != 0 || !draft_head.empty()))
+    throw Error("--draft-model/--draft-layers/--draft-head need --spec");
+  if (mode != SpecMode::Head && !draft_head.empty()) throw Error("--draft-head applies to --spec head");
+  if (mode == SpecMode::Head && (!draft_model.empty() || draft_layers != 0))
+    throw Error("--draft-model/--draft-layers do not apply to --spec head");
   if (mode == SpecMode::Self && !draft_model.empty()) throw Error("--draft-model applies to --spec draft");
   if (mode == SpecMode::Draft && draft_model.empty()) throw Error("--spec draft needs --draft-model FILE");
   if (mode == SpecMode::Draft && draft_layers != 0) throw Error("--draft-layers applies to --spec self");
