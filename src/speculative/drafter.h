@@ -10,6 +10,8 @@
 //                 with all layers, so nothing needs undoing.
 //   ModelDrafter: a separate model with the same vocabulary and its own KV cache, kept in step
 //                 with the target's committed tokens.
+//   HeadDrafter:  an EAGLE-3 head fed the target's hidden states (draft_head/head_drafter.h); it
+//                 asks for them through feature_layers() / target_features().
 #include <cstdint>
 #include <memory>
 #include <span>

@@ -23,6 +23,9 @@ import draft_head_gguf  # noqa: E402
 import spec_bench  # noqa: E402
 from server_helpers import cli_generate  # noqa: E402
 
+# About a minute for both models on a quiet 2-core machine: left out of scripts/test.sh --quick.
+pytestmark = pytest.mark.slow
+
 BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
 MODELS = {
     "gemma": REPO / "models" / "gemma-3-270m-q4_k_m.gguf",
