@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "draft_head/head_drafter.h"
 #include "engine/generator.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
@@ -23,6 +24,7 @@
 #include "speculative/drafter.h"
 #include "speculative/decoder.h"
 #include "speculative/ngram.h"
+#include "tiny_head.h"
 #include "tiny_model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -504,6 +506,17 @@ TEST_F(SpecSampling, OutputDistributionEqualsPlainSampling) {
       {"other model, tree k3",
        [&](Generator&) { return std::make_unique<ModelDrafter>(*other.model, 64, DraftVocabulary::full(kVocab)); },
        {2, 3, 8},
+       0.0005},
+      // An EAGLE-3 head (random weights) reading the target's features: its own q, its own cache.
+      {"EAGLE-3 head, tree k2",
+       [&](Generator&) {
+         const std::string path = (dir_ / "head.gguf").string();
+         test::write_tiny_head(test::TinyHeadSpec{}, path);
+         return std::make_unique<HeadDrafter>(
+             std::make_unique<Eagle3Head>(GgufFile::open(path), *t.model, t.model->n_batch()), *t.model, 64,
+             DraftVocabulary::full(kVocab));
+       },
+       {2, 2, 6},
        0.0005},
       {"self 2 layers, pruned vocabulary, tree k2",
        [&](Generator& g) {

@@ -12,6 +12,7 @@ void add_info_command(CLI::App& app);         // cmd_info.cpp: metadata and tens
 void add_dump_tensor_command(CLI::App& app);  // cmd_dump_tensor.cpp: dequantized rows as raw f32
 void add_tokenize_command(CLI::App& app);     // cmd_tokenize.cpp: token ids of a text
 void add_eval_command(CLI::App& app);         // cmd_eval.cpp: logits of a token sequence (teacher forcing)
+void add_features_command(CLI::App& app);     // cmd_features.cpp: a draft head's training data
 void add_vocab_freq_command(CLI::App& app);   // cmd_vocab_freq.cpp: token frequency file of a corpus
 void add_coverage_command(CLI::App& app);     // cmd_coverage.cpp: draft-vocabulary coverage of greedy decoding
 void add_bench_command(CLI::App& app);        // cmd_bench.cpp: benchmark harness (speed, acceptance, output check)

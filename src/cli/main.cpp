@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   microspec::cli::add_dump_tensor_command(app);
   microspec::cli::add_tokenize_command(app);
   microspec::cli::add_eval_command(app);
+  microspec::cli::add_features_command(app);
   microspec::cli::add_vocab_freq_command(app);
   microspec::cli::add_coverage_command(app);
   microspec::cli::add_bench_command(app);

@@ -79,31 +79,48 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, int32_t n_ctx)
 }
 
 const float* Generator::prefill(const std::vector<int32_t>& prompt, int32_t top_k,
-                                std::vector<int32_t>* top_ids) {
+                                std::vector<int32_t>* top_ids, const PrefillCapture* capture) {
   if (top_k < 0) throw Error("prefill: negative top-k");
   if (top_k > 0 && !top_ids) throw Error("prefill: top-k ids requested without an output vector");
+  const bool capturing = capture && !capture->layers.empty();
+  if (capturing && !capture->features) throw Error("prefill: features requested without an output vector");
   if (prompt.empty()) throw Error("the prompt is empty");
   if (int64_t(prompt.size()) >= kv_.n_ctx())
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
                 std::to_string(kv_.n_ctx()) + " (raise -c)");
   kv_.clear();
   const int32_t n = static_cast<int32_t>(prompt.size());
+  const int32_t V = model_.config().n_vocab, E = model_.config().n_embd;
+  const size_t feature_row = capturing ? capture->layers.size() * size_t(E) : 0;
+  if (capturing) capture->features->resize(size_t(n) * feature_row);
   for (int32_t at = 0; at < n; at += model_.n_batch()) {
     const int32_t len = std::min(model_.n_batch(), n - at);
     const bool last = at + len == n;
-    if (top_k == 0) {
+    if (top_k == 0 && !capturing) {
       batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, false);
       model_.forward(batch_, kv_, out_, {.logits = last});
       kv_.commit_prefix(len);
       continue;
     }
-    // Hidden states of every position, then the LM head a few rows at a time: the whole chunk's
-    // logits would take n_batch * n_vocab floats (512 MiB for Gemma's 262k vocabulary).
+    // Hidden states (and features) of every position, then the LM head a few rows at a time: the
+    // whole chunk's logits would take n_batch * n_vocab floats (512 MiB for Gemma's 262k vocabulary).
     batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, true);
-    model_.forward(batch_, kv_, out_);
+    ForwardOptions options;
+    if (capturing) options.capture_layers = capture->layers;
+    model_.forward(batch_, kv_, out_, options);
     kv_.commit_prefix(len);
+    if (capturing)
+      std::copy(out_.layer_inputs.begin(), out_.layer_inputs.end(),
+                capture->features->begin() + ptrdiff_t(size_t(at) * feature_row));
+    if (top_k == 0) {
+      // The last position's logits alone, as plain prefill computes them (one row).
+      if (last) {
+        out_.logits.resize(size_t(V));
+        model_.lm_head(out_.hidden.data() + size_t(len - 1) * E, 1, out_.logits.data());
+      }
+      continue;
+    }
     constexpr int32_t kHeadRows = 16;
-    const int32_t V = model_.config().n_vocab, E = model_.config().n_embd;
     head_rows_.resize(size_t(kHeadRows) * V);
     top_ids->resize(size_t(n) * top_k);
     for (int32_t r = 0; r < len; r += kHeadRows) {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +41,13 @@ struct GenerateResult {
 // Receives text as it becomes final (complete UTF-8, never past a stop string). Return false to stop.
 using TextCallback = std::function<bool(std::string_view text)>;
 
+// Target features a draft head asks for at every prompt position: the residual streams entering
+// `layers` (see ForwardOptions::capture_layers), written to *features as [prompt][layers][n_embd].
+struct PrefillCapture {
+  std::span<const int32_t> layers;
+  std::vector<float>* features = nullptr;
+};
+
 class Generator {
  public:
   Generator(Model& model, const Tokenizer& tokenizer, int32_t n_ctx);
@@ -48,8 +56,9 @@ class Generator {
   // With top_k > 0 it also writes the target's top_k token ids (best first) at every prompt
   // position to *top_ids ([prompt.size()][top_k]); the LM head then runs on every position, a few
   // rows at a time.
+  // With capture, the features of every prompt position too (at no extra forward pass).
   const float* prefill(const std::vector<int32_t>& prompt, int32_t top_k = 0,
-                       std::vector<int32_t>* top_ids = nullptr);
+                       std::vector<int32_t>* top_ids = nullptr, const PrefillCapture* capture = nullptr);
   GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                           const TextCallback& on_text = nullptr);
 

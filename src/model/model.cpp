@@ -311,9 +311,9 @@ void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, const F
         for (int32_t j = 0; j < d; ++j) x[size_t(i) * d + j] *= config_.embed_scale;
     }
   }
-  run_layers(batch, kv, first_layer, end_layer, x);
-
   const int32_t n_out = static_cast<int32_t>(batch.output_rows.size());
+  run_layers_capturing(batch, kv, first_layer, end_layer, options.capture_layers, x, out);
+
   out.n_rows = n_out;
   out.residual.resize(size_t(n_out) * d);
   out.hidden.resize(size_t(n_out) * d);
@@ -324,6 +324,30 @@ void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, const F
     out.logits.resize(size_t(n_out) * config_.n_vocab);
     lm_head(out.hidden.data(), n_out, out.logits.data());
   }
+}
+
+void Model::run_layers_capturing(const Batch& batch, KVCache& kv, int32_t first, int32_t end,
+                                 std::span<const int32_t> capture, float* x, ForwardOutput& out) {
+  const int32_t d = config_.n_embd, n_capture = static_cast<int32_t>(capture.size());
+  const int32_t n_out = static_cast<int32_t>(batch.output_rows.size());
+  int32_t at = first;
+  for (int32_t c = 0; c < n_capture; ++c)
+    if (capture[c] < at || capture[c] > end)
+      throw Error("forward: capture layer " + std::to_string(capture[c]) + " outside [" + std::to_string(at) +
+                  ", " + std::to_string(end) + "] (capture layers must be non-decreasing within the layers run)");
+    else
+      at = capture[c];
+  out.layer_inputs.resize(size_t(n_out) * n_capture * d);
+  // Layers are per token, so running them in segments gives bitwise the same stream.
+  at = first;
+  for (int32_t c = 0; c < n_capture; ++c) {
+    run_layers(batch, kv, at, capture[c], x);
+    at = capture[c];
+    for (int32_t j = 0; j < n_out; ++j)
+      std::memcpy(out.layer_inputs.data() + (size_t(j) * n_capture + c) * d, x + size_t(batch.output_rows[j]) * d,
+                  sizeof(float) * d);
+  }
+  run_layers(batch, kv, at, end, x);
 }
 
 void Model::lm_head(const float* hidden, int32_t n, float* logits) {

@@ -48,6 +48,9 @@ struct ForwardOutput {
   std::vector<float> residual;  // [n_rows][n_embd] residual stream after the last layer run
   std::vector<float> hidden;    // [n_rows][n_embd] after the final norm
   std::vector<float> logits;  // [n_rows][n_vocab] when requested
+  // [n_rows][capture_layers.size()][n_embd] when ForwardOptions::capture_layers names layers: the
+  // residual stream entering each named layer (n_layer: leaving the last one), for a draft head.
+  std::vector<float> layer_inputs;
 };
 
 // Wall time spent in the LM head since the last reset, for the statistics lines and benchmarks.
@@ -65,6 +68,10 @@ struct ForwardOptions {
   int32_t first_layer = 0;                 // first layer to run
   int32_t end_layer = kAllLayers;          // one past the last layer to run; kAllLayers: to the last
   const float* resume_residual = nullptr;  // [n][n_embd] input of first_layer when it is > 0
+  // Layers whose input residual stream to copy into ForwardOutput::layer_inputs for the output
+  // rows (an EAGLE-3 head's target features), non-decreasing, each in [first_layer, end_layer];
+  // end_layer means the stream after the last layer run. Free: the layers run in segments.
+  std::span<const int32_t> capture_layers = {};
 };
 
 struct ModelOptions {
@@ -101,6 +108,8 @@ class Model {
   // vocabulary's packed copy of some vocabulary rows); logits is [n][packed.rows].
   void lm_head_packed(const float* hidden, int32_t n, const QMatrix& packed, float* logits);
   const QMatrix& output_matrix() const { return output_; }
+  // The token embedding rows as stored ([n_vocab rows][n_embd], before any embed_scale).
+  const QMatrix& embedding_matrix() const { return token_embd_; }
   ModelTimings& timings() { return timings_; }
 
  protected:
@@ -108,6 +117,10 @@ class Model {
   // The architecture's layers: transforms x ([n][n_embd] embeddings in, residual stream out).
   // Layers [first, end) of the architecture on x in place.
   virtual void run_layers(const Batch& batch, KVCache& kv, int32_t first, int32_t end, float* x) = 0;
+  // run_layers over [first, end), copying the stream entering each layer of `capture` (see
+  // ForwardOptions::capture_layers) for the batch's output rows into out.layer_inputs.
+  void run_layers_capturing(const Batch& batch, KVCache& kv, int32_t first, int32_t end,
+                            std::span<const int32_t> capture, float* x, ForwardOutput& out);
 
   // --- shared blocks: each reads its inputs and writes its outputs through its arguments --------
   // Rows of activations are [n][dim] row-major; every pointer is a view into Activations below.

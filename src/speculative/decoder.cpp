@@ -98,9 +98,14 @@ int32_t Decoder::prefill(const std::vector<int32_t>& prompt, Sampling& sampling,
   if (drafter_ && observer && observer->prompt_top_k > 0)
     throw Error("decoder: an observer's prompt top-k applies to plain decoding only");
   const int32_t k_pre = drafter_ ? drafter_->prompt_top_k() : observer ? observer->prompt_top_k : 0;
-  const float* logits = gen_.prefill(prompt, k_pre, &prompt_top_);
+  // A draft head reads the target's features at every prompt position, captured on the way too.
+  const PrefillCapture capture{drafter_ ? drafter_->feature_layers() : std::span<const int32_t>{},
+                               &prompt_features_};
+  const float* logits = gen_.prefill(prompt, k_pre, &prompt_top_, &capture);
   const int32_t first = sampling.target.sample(logits);
   const std::span<const int32_t> prompt_top(prompt_top_.data(), k_pre ? prompt_top_.size() : 0);
+  if (drafter_ && !capture.layers.empty())
+    drafter_->target_features(prompt_features_.data(), static_cast<int32_t>(prompt.size()));
   if (drafter_) drafter_->begin(prompt, prompt_top);
   if (observer && observer->on_prompt) observer->on_prompt(prompt, prompt_top);
   if (observer && observer->on_token) observer->on_token(first, logits);
@@ -149,6 +154,8 @@ void Decoder::verify(int32_t root, int32_t position, const VerifyResume& resume,
   }
   const int32_t n = batch_.size(), d = model.config().n_embd;
   for (int32_t i = 0; i < n; ++i) batch_.output_rows.push_back(i);
+  // A draft head's features of every verification row come out of the same pass.
+  const std::span<const int32_t> features = drafter_ ? drafter_->feature_layers() : std::span<const int32_t>{};
   if (resume.rows > 0 && resume.layer > 0) {
     // The drafter ran the leading rows through the target's first layers at these very slots:
     // resume them there (bitwise the same result, layers are per token); the rest run those
@@ -168,9 +175,12 @@ void Decoder::verify(int32_t root, int32_t position, const VerifyResume& resume,
                 resume_x_.begin() + size_t(resume.rows) * d);
     }
     model.forward(batch_, kv, out_,
-                  {.logits = true, .first_layer = resume.layer, .resume_residual = resume_x_.data()});
+                  {.logits = true,
+                   .first_layer = resume.layer,
+                   .resume_residual = resume_x_.data(),
+                   .capture_layers = features});
   } else {
-    model.forward(batch_, kv, out_, {.logits = true});
+    model.forward(batch_, kv, out_, {.logits = true, .capture_layers = features});
   }
   st.verify_lm_head_seconds += model.timings().lm_head_seconds - head0;
   st.verify_seconds += since(t0);
@@ -203,6 +213,7 @@ void Decoder::accept_and_commit(Sampling& sampling, SpecStats& st) {
 void Decoder::update_drafter(int32_t root, SpecStats& st) {
   if (!drafter_) return;
   const auto t0 = Clock::now();
+  if (!drafter_->feature_layers().empty()) drafter_->target_features(out_.layer_inputs.data(), out_.n_rows);
   drafter_->accepted(root, tree_, path_, out_.logits.data());
   st.draft_seconds += since(t0);
 }

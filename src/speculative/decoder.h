@@ -142,6 +142,7 @@ class Decoder {
   ForwardOutput tail_out_;
   TreeSamplingVerifier verifier_;
   std::vector<int32_t> prompt_top_;  // [prompt][drafter's K_pre] target top ids per prompt position
+  std::vector<float> prompt_features_;  // [prompt][drafter's feature layers][n_embd] (a draft head's)
 };
 
 }  // namespace microspec

@@ -10,6 +10,8 @@
 //                 with all layers, so nothing needs undoing.
 //   ModelDrafter: a separate model with the same vocabulary and its own KV cache, kept in step
 //                 with the target's committed tokens.
+//   HeadDrafter:  an EAGLE-3 head fed the target's hidden states (draft_head/head_drafter.h); it
+//                 asks for them through feature_layers() / target_features().
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -63,6 +65,14 @@ class Drafter {
   virtual VerifyResume resume_for(const DraftTree& tree) const { return {}; }
   // Size of the draft vocabulary the last propose() scored.
   virtual int32_t active_vocab_size() const = 0;
+  // Target layers whose input residual streams the drafter reads (an EAGLE-3 head's features; see
+  // ForwardOptions::capture_layers): the decoder captures them during prefill and verification, at
+  // no extra forward pass. Empty (the default): none.
+  virtual std::span<const int32_t> feature_layers() const { return {}; }
+  // Called only when feature_layers() is not empty, right before begin() (the prompt's positions)
+  // and before accepted() (the verification rows: root, then tree node i at row i + 1), with those
+  // rows' features, [rows][feature_layers().size()][n_embd]; valid until that call returns.
+  virtual void target_features(const float* features, int32_t rows) {}
 };
 
 // Runs tree candidates through a model (or its first N layers) writing into a KV cache's pending

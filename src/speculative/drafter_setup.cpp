@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "draft_head/head_drafter.h"
 #include "speculative/ngram.h"
 #include "util/error.h"
 #include "vocab/freq_file.h"
@@ -71,7 +72,7 @@ DraftVocabulary make_vocabulary(const SpecConfig& c, const std::string& target_f
 
 namespace {
 
-// The model-based drafter of `mode` (self or draft) into b.
+// The model-based drafter of `mode` (self, draft or head) into b.
 void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile& target_file, Generator& gen,
                          const Tokenizer& tokenizer, BuiltDrafter& b) {
   Model& target = gen.model();
@@ -85,6 +86,15 @@ void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile
     b.drafter = std::make_unique<SelfDrafter>(
         target, gen.cache(), layers, make_vocabulary(config, target_file.name(), target, tokenizer, &vocab));
     b.describe = "self, " + std::to_string(layers) + "/" + std::to_string(n_layer) + " layers";
+  } else if (mode == SpecMode::Head) {
+    const std::string path = config.draft_head.empty() ? default_draft_head_path(target_file.name()) : config.draft_head;
+    if (config.draft_head.empty() && !std::filesystem::exists(path))
+      throw Error("--spec " + std::string(name_of(config.mode)) + " needs --draft-head FILE (no head at " + path + ")");
+    // The head runs on the target's thread pool and kernel table, rows up to the target's batch size.
+    auto head = std::make_unique<Eagle3Head>(GgufFile::open(path), target, target.n_batch());
+    b.drafter = std::make_unique<HeadDrafter>(std::move(head), target, gen.cache().n_ctx(),
+                                              make_vocabulary(config, target_file.name(), target, tokenizer, &vocab));
+    b.describe = "EAGLE-3 head " + path;
   } else if (mode == SpecMode::Draft) {
     b.file = GgufFile::open(config.draft_model);
     check_same_vocabulary(target_file, *b.file);

@@ -111,6 +111,9 @@ class NgramFirstDrafter final : public Drafter {
   // A match of at least first_min tokens drafts; otherwise `fallback` does. n_ctx as NgramDrafter's.
   NgramFirstDrafter(const NgramParams& params, int32_t first_min, int32_t n_ctx, std::unique_ptr<Drafter> fallback);
   int32_t prompt_top_k() const override { return fallback_->prompt_top_k(); }
+  // A draft head fallback reads the target's features of every row, whoever drafted the tree.
+  std::span<const int32_t> feature_layers() const override { return fallback_->feature_layers(); }
+  void target_features(const float* features, int32_t rows) override { fallback_->target_features(features, rows); }
   void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override;
   void propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
                DraftTree& tree) override;

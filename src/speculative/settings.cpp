@@ -10,7 +10,7 @@ namespace microspec {
 namespace {
 
 // Names of an enum's values, in declaration order: name_of and parse read the same list.
-const std::vector<std::string> kModeNames = {"none", "self", "draft", "ngram", "self+ngram", "draft+ngram"};
+const std::vector<std::string> kModeNames = {"none", "self", "draft", "head", "ngram", "self+ngram", "draft+ngram", "head+ngram"};
 const std::vector<std::string> kVocabNames = {"full", "freq", "dynamic", "hybrid"};
 const std::vector<std::string> kSourceNames = {"both", "ctx", "ext"};
 
@@ -110,14 +110,19 @@ std::vector<SpecSetting> make_table() {
   std::vector<SpecSetting> t;
   t.push_back(choice<SpecMode>(
       "spec", [](C & c) -> auto& { return c.mode; }, kModeNames,
-      "speculative decoding: none, self (the target's first layers), draft (--draft-model), ngram "
-      "(prompt lookup, no weights), self+ngram or draft+ngram (an n-gram match drafts, else self/draft)"));
+      "speculative decoding: none, self (the target's first layers), draft (--draft-model), head (an "
+      "EAGLE-3 head, --draft-head), ngram (prompt lookup, no weights), self+ngram, draft+ngram or head+ngram "
+      "(an n-gram match drafts, else self/draft/head)"));
   t.push_back(integer(
       "draft-layers", [](C & c) -> auto& { return c.draft_layers; }, 0, 4096,
       "--spec self: target layers the draft runs (0 = all but the last eighth)"));
   t.push_back(text(
       "draft-model", [](C & c) -> auto& { return c.draft_model; },
       "--spec draft: GGUF draft model with the same vocabulary"));
+  t.push_back(text(
+      "draft-head", [](C & c) -> auto& { return c.draft_head; },
+      "--spec head: EAGLE-3 head GGUF (llama.cpp's eagle3 layout; default: heads/<model stem>.eagle3.gguf "
+      "beside the model)"));
   t.push_back(integer(
       "tree-depth", [](C & c) -> auto& { return c.tree.depth; }, 0, 64,
       "draft tree expansion rounds after the root level"));
@@ -199,7 +204,8 @@ std::string spec_mode_names() {
 }
 
 bool uses_ngram(SpecMode mode) {
-  return mode == SpecMode::Ngram || mode == SpecMode::SelfNgram || mode == SpecMode::DraftNgram;
+  return mode == SpecMode::Ngram || mode == SpecMode::SelfNgram || mode == SpecMode::DraftNgram ||
+         mode == SpecMode::HeadNgram;
 }
 
 SpecMode fallback_mode(SpecMode mode) {
@@ -207,6 +213,7 @@ SpecMode fallback_mode(SpecMode mode) {
     case SpecMode::Ngram: return SpecMode::None;
     case SpecMode::SelfNgram: return SpecMode::Self;
     case SpecMode::DraftNgram: return SpecMode::Draft;
+    case SpecMode::HeadNgram: return SpecMode::Head;
     default: return mode;
   }
 }
@@ -246,10 +253,14 @@ void SpecConfig::validate() const {
   // An X+ngram mode takes X's settings.
   const SpecMode model_mode = fallback_mode(mode);
   const std::string spec = std::string("--spec ") + name_of(mode);
-  if (mode == SpecMode::None && (!draft_model.empty() || draft_layers != 0))
-    throw Error("--draft-model/--draft-layers need --spec");
-  if (mode == SpecMode::Ngram && (!draft_model.empty() || draft_layers != 0))
-    throw Error("--draft-model/--draft-layers do not apply to --spec ngram (it has no model)");
+  if (mode == SpecMode::None && (!draft_model.empty() || draft_layers != 0 || !draft_head.empty()))
+    throw Error("--draft-model/--draft-layers/--draft-head need --spec");
+  if (mode == SpecMode::Ngram && (!draft_model.empty() || draft_layers != 0 || !draft_head.empty()))
+    throw Error("--draft-model/--draft-layers/--draft-head do not apply to --spec ngram (it has no model)");
+  if (model_mode != SpecMode::Head && !draft_head.empty())
+    throw Error("--draft-head applies to --spec head or head+ngram");
+  if (model_mode == SpecMode::Head && (!draft_model.empty() || draft_layers != 0))
+    throw Error("--draft-model/--draft-layers do not apply to " + spec);
   if (model_mode == SpecMode::Self && !draft_model.empty())
     throw Error("--draft-model applies to --spec draft or draft+ngram");
   if (model_mode == SpecMode::Draft && draft_model.empty()) throw Error(spec + " needs --draft-model FILE");

@@ -17,11 +17,12 @@
 
 namespace microspec {
 
-// --spec: plain decoding, the target's own first layers as the draft, a separate draft model,
-// n-gram (prompt-lookup) drafting, or n-gram drafting first with self / draft as the fallback
+// --spec: plain decoding, the target's own first layers as the draft, a separate draft model, an
+// EAGLE-3 draft head reading the target's hidden states (draft_head/), n-gram (prompt-lookup)
+// drafting, or n-gram drafting first with self / draft / head as the fallback
 // (speculative/ngram.h). A new "X+ngram" mode is a value here, its name in settings.cpp and a
 // line in fallback_mode().
-enum class SpecMode { None, Self, Draft, Ngram, SelfNgram, DraftNgram };
+enum class SpecMode { None, Self, Draft, Head, Ngram, SelfNgram, DraftNgram, HeadNgram };
 // --draft-vocab: the draft vocabulary kind (see vocab/draft_vocab.h).
 enum class DraftVocabKind { Full, Freq, Dynamic, Hybrid };
 // --vocab-source: the candidate stream's ablation (see vocab/candidate_stream.h).
@@ -46,6 +47,7 @@ struct SpecConfig {
   SpecMode mode = SpecMode::None;
   int32_t draft_layers = 0;  // self: target layers the draft runs; 0 = all but the last eighth
   std::string draft_model;   // draft: GGUF file with the target's vocabulary
+  std::string draft_head;    // head: eagle3 GGUF; empty = heads/<model stem>.eagle3.gguf beside the model
   TreeParams tree;
   DraftVocabKind draft_vocab = DraftVocabKind::Dynamic;  // MicroSpec by default
   std::string freq_file;        // freq / hybrid: ranking from `microspec vocab-freq`; empty = the

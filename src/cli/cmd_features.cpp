@@ -1,0 +1,160 @@
+// `microspec features`: the training data of an EAGLE-3 draft head (scripts/train_draft_head.py),
+// computed by the target itself: for every position of every conversation, the residual streams
+// entering the chosen layers (the head's input features) and the target's top-k next-token
+// log-probabilities (the head's soft labels), from one teacher-forced pass.
+//
+// Input: JSONL, one {"messages": [{"role", "content"}, ...]} (rendered with the model's chat
+// format, whole conversation, no generation prompt) or {"ids": [...]} per line. Output (-o): per
+// sequence, in input order, raw little-endian arrays
+//   ids        int32 [n]
+//   features   f16   [n][layers][n_embd]
+//   top_ids    int32 [n][k]
+//   top_logp   f32   [n][k]   log-softmax over the whole vocabulary, best first
+// and on stdout one JSON line per sequence: {"n_tokens", "offset"} (byte offset in the file).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "math/select.h"
+#include "model/kv_cache.h"
+#include "tokenizer/chat.h"
+#include "util/error.h"
+#include "util/file.h"
+
+namespace microspec::cli {
+
+namespace {
+
+struct FeaturesArgs {
+  ModelArgs model;
+  std::string input;
+  std::string output;
+  std::string layers;
+  int32_t top_k = 16;
+  int32_t max_tokens = 1024;
+};
+
+std::vector<int32_t> parse_layers(const std::string& text, int32_t n_layer) {
+  std::vector<int32_t> layers = parse_token_ids(text);
+  if (layers.empty()) throw Error("--layers: give the layer indices (\"2,9,15\")");
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i] < 0 || layers[i] > n_layer)
+      throw Error("--layers: " + std::to_string(layers[i]) + " is outside [0, " + std::to_string(n_layer) + "]");
+    if (i > 0 && layers[i] < layers[i - 1]) throw Error("--layers must be non-decreasing");
+  }
+  return layers;
+}
+
+// The token ids of one input line.
+std::vector<int32_t> sequence_ids(const nlohmann::json& j, const LoadedModel& m, const std::string& where) {
+  if (j.is_object() && j.contains("ids")) return j["ids"].get<std::vector<int32_t>>();
+  if (!j.is_object() || !j.contains("messages") || !j["messages"].is_array())
+    throw Error(where + "expected {\"messages\": [...]} or {\"ids\": [...]}");
+  std::vector<ChatMessage> messages;
+  for (const auto& msg : j["messages"]) {
+    if (!msg.is_object() || !msg.contains("role") || !msg.contains("content") || !msg["role"].is_string() ||
+        !msg["content"].is_string())
+      throw Error(where + "each message needs string \"role\" and \"content\"");
+    messages.push_back({msg["role"].get<std::string>(), msg["content"].get<std::string>()});
+  }
+  const ChatFormat format = detect_chat_format(*m.file, *m.tokenizer);
+  std::vector<Tokenizer::TextRange> contents;
+  const std::string text =
+      apply_chat_template(format, messages, false, default_system_prompt(*m.file), &contents);
+  return m.tokenizer->encode_with_literals(text, m.tokenizer->add_bos_default(), contents);
+}
+
+void run_features(const FeaturesArgs& a) {
+  if (a.top_k < 1) throw Error("--top-k must be >= 1");
+  if (a.max_tokens < 2) throw Error("--max-tokens must be >= 2");
+  LoadedModel m = load_model(a.model);
+  Model& model = *m.model;
+  const int32_t V = model.config().n_vocab, E = model.config().n_embd;
+  const std::vector<int32_t> layers = parse_layers(a.layers, model.config().n_layer);
+  const int32_t L = static_cast<int32_t>(layers.size()), k = std::min(a.top_k, V);
+  FILE* out = std::fopen(a.output.c_str(), "wb");
+  if (!out) throw Error(a.output + ": cannot open for writing");
+  std::unique_ptr<FILE, int (*)(FILE*)> close_out(out, std::fclose);
+  KVCache kv = model.make_cache(std::min(a.model.n_ctx, a.max_tokens));
+
+  constexpr int32_t kHeadRows = 16;
+  Batch batch;
+  ForwardOutput fo;
+  std::vector<float> logits(size_t(kHeadRows) * V);
+  std::vector<uint16_t> features;     // [chunk][L][E] half floats
+  std::vector<int32_t> top_ids;       // [chunk][k]
+  std::vector<float> top_logp;        // [chunk][k]
+  std::istringstream lines(read_file_bytes(a.input));
+  std::string line;
+  int line_no = 0;
+  long offset = 0;
+  while (std::getline(lines, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = a.input + ":" + std::to_string(line_no) + ": ";
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    std::vector<int32_t> ids = sequence_ids(j, m, where);
+    if (ids.size() > size_t(a.max_tokens)) ids.resize(size_t(a.max_tokens));
+    const int32_t n = static_cast<int32_t>(ids.size());
+    if (n == 0) throw Error(where + "empty sequence");
+    std::fwrite(ids.data(), sizeof(int32_t), ids.size(), out);
+    kv.clear();
+    // Features first for the whole sequence (the file's layout), then the labels.
+    std::vector<int32_t> all_top(size_t(n) * k);
+    std::vector<float> all_logp(size_t(n) * k);
+    for (int32_t at = 0; at < n; at += model.n_batch()) {
+      const int32_t len = std::min(model.n_batch(), n - at);
+      batch.set_sequence(std::span<const int32_t>(ids.data() + at, len), at, true);
+      model.forward(batch, kv, fo, {.capture_layers = layers});
+      kv.commit_prefix(len);
+      features.resize(fo.layer_inputs.size());
+      for (size_t i = 0; i < features.size(); ++i) features[i] = fp32_to_fp16(fo.layer_inputs[i]);
+      std::fwrite(features.data(), sizeof(uint16_t), features.size(), out);
+      for (int32_t r = 0; r < len; r += kHeadRows) {
+        const int32_t rows = std::min(kHeadRows, len - r);
+        model.lm_head(fo.hidden.data() + size_t(r) * E, rows, logits.data());
+        for (int32_t i = 0; i < rows; ++i) {
+          const float* row = logits.data() + size_t(i) * V;
+          const float mx = *std::max_element(row, row + V);
+          double sum = 0.0;
+          for (int32_t t = 0; t < V; ++t) sum += std::exp(double(row[t] - mx));
+          const float log_z = mx + float(std::log(sum));
+          int32_t* ti = all_top.data() + size_t(at + r + i) * k;
+          top_k_indices(row, V, k, ti);
+          for (int32_t t = 0; t < k; ++t) all_logp[size_t(at + r + i) * k + t] = row[ti[t]] - log_z;
+        }
+      }
+    }
+    std::fwrite(all_top.data(), sizeof(int32_t), all_top.size(), out);
+    std::fwrite(all_logp.data(), sizeof(float), all_logp.size(), out);
+    if (std::ferror(out)) throw Error(a.output + ": write failed");
+    std::printf("%s\n", nlohmann::json{{"n_tokens", n}, {"offset", offset}}.dump().c_str());
+    std::fflush(stdout);
+    offset += long(n) * (sizeof(int32_t) + sizeof(uint16_t) * L * E + sizeof(int32_t) * k + sizeof(float) * k);
+  }
+}
+
+}  // namespace
+
+void add_features_command(CLI::App& app) {
+  auto args = std::make_shared<FeaturesArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "features", "an EAGLE-3 head's training data: chosen layers' hidden states and the target's top-k labels");
+  args->model.add_to(*cmd, 64);
+  cmd->add_option("--input", args->input,
+                  "JSONL of {\"messages\": [...]} (rendered with the model's chat format) or {\"ids\": [...]}")
+      ->required();
+  cmd->add_option("-o,--output", args->output, "binary output (see the command's header comment)")->required();
+  cmd->add_option("--layers", args->layers, "layers whose input residual stream is written (\"2,9,15\")")
+      ->required();
+  cmd->add_option("--top-k", args->top_k, "target log-probabilities kept per position")->capture_default_str();
+  cmd->add_option("--max-tokens", args->max_tokens, "sequences are cut to this many tokens")->capture_default_str();
+  cmd->callback([args] { run_features(*args); });
+}
+
+}  // namespace microspec::cli

@@ -1,0 +1,324 @@
+#include "draft_head/eagle3_head.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
+#include "util/error.h"
+
+namespace microspec {
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& ne) {
+  std::string s = "[";
+  for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "]";
+}
+
+// A metadata integer that must equal what the target (or the head's own shapes) imply.
+void expect_equal(const GgufFile& f, const std::string& what, int64_t expected, int64_t actual) {
+  if (expected != actual)
+    throw Error(f.name() + ": " + what + " is " + std::to_string(actual) + ", expected " + std::to_string(expected));
+}
+
+// Every element of a tensor is finite (weights of any supported type, dequantized row by row).
+void check_finite(const GgufFile& f, const GgufTensor& t) {
+  const int64_t cols = t.ne.empty() ? 0 : t.ne[0], rows = t.rows();
+  const size_t stride = row_bytes(t.type, cols);
+  std::vector<float> row(size_t(std::max<int64_t>(cols, 1)));
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row(t.type, t.data + size_t(r) * stride, row.data(), cols);
+    for (int64_t c = 0; c < cols; ++c)
+      if (!std::isfinite(row[size_t(c)]))
+        throw Error(f.name() + ": tensor '" + t.name + "' holds a non-finite value (" + std::to_string(row[size_t(c)]) +
+                    ") at row " + std::to_string(r) + ", column " + std::to_string(c));
+  }
+}
+
+}  // namespace
+
+Eagle3Head::Eagle3Head(std::unique_ptr<GgufFile> file, Model& target, int32_t n_batch)
+    : file_(std::move(file)), target_(target), n_batch_(n_batch), mm_(target.pool(), target.kernels()) {
+  const GgufFile& f = *file_;
+  const ModelConfig& tc = target.config();
+  if (n_batch_ < 1) throw Error("draft head: batch size must be >= 1");
+  const std::string arch(f.get_string("general.architecture"));
+  if (arch != "eagle3")
+    throw Error(f.name() + ": general.architecture is '" + arch + "', expected 'eagle3' (an EAGLE-3 draft head)");
+  const std::string a = "eagle3.";
+  Eagle3Config& c = config_;
+  c.n_embd = static_cast<int32_t>(f.get_int(a + "embedding_length"));
+  expect_equal(f, a + "block_count", 1, f.get_int(a + "block_count"));
+  c.n_head = static_cast<int32_t>(f.get_int(a + "attention.head_count"));
+  c.n_head_kv = static_cast<int32_t>(f.get_int_opt(a + "attention.head_count_kv").value_or(c.n_head));
+  c.n_ff = static_cast<int32_t>(f.get_int(a + "feed_forward_length"));
+  c.rms_eps = static_cast<float>(f.get_float(a + "attention.layer_norm_rms_epsilon"));
+  c.rope_base = static_cast<float>(f.get_float_opt(a + "rope.freq_base").value_or(10000.0));
+  if (c.n_embd < 1 || c.n_head < 1 || c.n_head_kv < 1 || c.n_ff < 1 || c.n_head % c.n_head_kv != 0)
+    throw Error(f.name() + ": invalid head sizes (embedding " + std::to_string(c.n_embd) + ", heads " +
+                std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + ", ffn " + std::to_string(c.n_ff) + ")");
+  c.head_dim = static_cast<int32_t>(f.get_int_opt(a + "attention.key_length").value_or(c.n_embd / c.n_head));
+  if (c.head_dim < 2 || c.head_dim % 2 != 0)
+    throw Error(f.name() + ": head dimension " + std::to_string(c.head_dim) + " must be even");
+  if (auto v = f.get_int_opt(a + "attention.value_length")) expect_equal(f, a + "attention.value_length", c.head_dim, *v);
+  if (auto r = f.get_int_opt(a + "rope.dimension_count")) expect_equal(f, a + "rope.dimension_count", c.head_dim, *r);
+  if (!(c.rms_eps > 0.0f) || !(c.rope_base > 0.0f))
+    throw Error(f.name() + ": rms epsilon and rope base must be positive");
+
+  // Against the target: the features it reads and the hidden size its embeddings and LM head need.
+  c.target_hidden = static_cast<int32_t>(f.get_int(a + "target_hidden_size"));
+  expect_equal(f, a + "target_hidden_size (the target's embedding length)", tc.n_embd, c.target_hidden);
+  expect_equal(f, a + "embedding_length (the target's, whose embeddings and LM head the head uses)", tc.n_embd,
+               c.n_embd);
+  c.target_layers = f.get_i32_array(a + "target_layers");
+  expect_equal(f, a + "target_layers count", 3, static_cast<int64_t>(c.target_layers.size()));
+  for (size_t i = 0; i < c.target_layers.size(); ++i) {
+    const int32_t l = c.target_layers[i];
+    if (l < 0 || l > tc.n_layer)
+      throw Error(f.name() + ": " + a + "target_layers[" + std::to_string(i) + "] is " + std::to_string(l) +
+                  ", expected a layer of the target in [0, " + std::to_string(tc.n_layer) + "] (the target has " +
+                  std::to_string(tc.n_layer) + " layers)");
+    if (i > 0 && l < c.target_layers[i - 1])
+      throw Error(f.name() + ": " + a + "target_layers must be non-decreasing, got " +
+                  std::to_string(c.target_layers[i - 1]) + " then " + std::to_string(l));
+  }
+  c.norm_before_residual = f.get_bool_or(a + "norm_before_residual", false);
+  c.norm_before_fc = f.get_bool_or(a + "norm_before_fc", false);
+  if (f.has("tokenizer.ggml.tokens"))
+    expect_equal(f, "tokenizer.ggml.tokens count (the target's vocabulary)", tc.n_vocab,
+                 static_cast<int64_t>(f.get_string_array("tokenizer.ggml.tokens").size()));
+  if (f.find_tensor("d2t") || f.find_tensor("output.weight"))
+    throw Error(f.name() + ": the head has its own LM head (output.weight / d2t); microspec drafts through the "
+                "target's LM head rows (so the draft vocabularies apply) and needs a head without one");
+  if (f.find_tensor("blk.0.rope_freqs.weight"))
+    throw Error(f.name() + ": rope frequency factors (blk.0.rope_freqs.weight) are not supported");
+
+  load_weights();
+  for (const GgufTensor& t : f.tensors()) check_finite(f, t);
+
+  const int32_t H = c.n_embd, B = n_batch_;
+  act_.features.assign(c.norm_before_fc ? size_t(B) * c.n_features() : 0, 0.0f);
+  act_.embd.assign(size_t(B) * H, 0.0f);
+  act_.x.assign(size_t(B) * 2 * H, 0.0f);
+  act_.gn.assign(size_t(B) * H, 0.0f);
+  act_.q.assign(size_t(B) * c.q_dim(), 0.0f);
+  act_.k.assign(size_t(B) * c.kv_dim(), 0.0f);
+  act_.v.assign(size_t(B) * c.kv_dim(), 0.0f);
+  act_.attn.assign(size_t(B) * c.q_dim(), 0.0f);
+  act_.rn.assign(size_t(B) * H, 0.0f);
+  act_.gate.assign(size_t(B) * c.n_ff, 0.0f);
+  act_.up.assign(size_t(B) * c.n_ff, 0.0f);
+  mm_.reserve(B, std::max({c.n_features(), 2 * H, c.n_ff, c.q_dim()}));
+}
+
+Eagle3Head::~Eagle3Head() = default;
+
+void Eagle3Head::load_weights() {
+  const GgufFile& f = *file_;
+  const Eagle3Config& c = config_;
+  auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
+    const GgufTensor* t = f.find_tensor(name);
+    if (!t) throw Error(f.name() + ": missing tensor '" + name + "'");
+    if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows)
+      throw Error(f.name() + ": tensor '" + name + "' has shape " + shape_text(t->ne) + ", expected [" +
+                  std::to_string(cols) + ", " + std::to_string(rows) + "]");
+    if (!mm_.kernels().vec_dot[static_cast<uint32_t>(t->type)])
+      throw Error(f.name() + ": tensor '" + name + "' has type " + type_name(static_cast<uint32_t>(t->type)) +
+                  ", which has no matmul kernel");
+    QMatrix m;
+    m.type = t->type;
+    m.data = t->data;
+    m.rows = rows;
+    m.cols = cols;
+    m.row_stride = row_bytes(t->type, cols);
+    return m;
+  };
+  auto vector = [&](const std::string& name, int64_t n) {
+    const GgufTensor* t = f.find_tensor(name);
+    if (!t) throw Error(f.name() + ": missing tensor '" + name + "'");
+    if (t->type != GgmlType::F32)
+      throw Error(f.name() + ": tensor '" + name + "' has type " + type_name(static_cast<uint32_t>(t->type)) +
+                  ", expected F32");
+    if (t->ne.size() != 1 || t->ne[0] != n)
+      throw Error(f.name() + ": tensor '" + name + "' has shape " + shape_text(t->ne) + ", expected [" +
+                  std::to_string(n) + "]");
+    return reinterpret_cast<const float*>(t->data);
+  };
+  const int64_t H = c.n_embd;
+  fc_ = matrix("fc.weight", c.n_features(), H);
+  if (c.norm_before_fc) fc_norm_ = vector("enc.output_norm.weight", c.n_features());
+  if (const GgufTensor* e = f.find_tensor("token_embd.weight")) {
+    if (e->ne.size() == 2 && e->ne[1] != target_.config().n_vocab)
+      throw Error(f.name() + ": token_embd.weight has " + std::to_string(e->ne[1]) + " rows, expected the target's " +
+                  std::to_string(target_.config().n_vocab) + " (its vocabulary)");
+    token_embd_ = matrix("token_embd.weight", H, target_.config().n_vocab);
+  } else {
+    token_embd_ = target_.embedding_matrix();
+  }
+  embd_norm_ = vector("blk.0.attn_norm.weight", H);
+  hidden_norm_ = vector("blk.0.attn_norm_2.weight", H);
+  wq_ = matrix("blk.0.attn_q.weight", 2 * H, c.q_dim());
+  wk_ = matrix("blk.0.attn_k.weight", 2 * H, c.kv_dim());
+  wv_ = matrix("blk.0.attn_v.weight", 2 * H, c.kv_dim());
+  wo_ = matrix("blk.0.attn_output.weight", c.q_dim(), H);
+  ffn_norm_ = vector("blk.0.ffn_norm.weight", H);
+  w_gate_ = matrix("blk.0.ffn_gate.weight", H, c.n_ff);
+  w_up_ = matrix("blk.0.ffn_up.weight", H, c.n_ff);
+  w_down_ = matrix("blk.0.ffn_down.weight", c.n_ff, H);
+  output_norm_ = vector("output_norm.weight", H);
+}
+
+void Eagle3Head::rms_norm(const float* x, const float* w, int32_t n, int32_t dim, float* y) const {
+  for (int32_t r = 0; r < n; ++r) {
+    const float* xr = x + size_t(r) * dim;
+    float* yr = y + size_t(r) * dim;
+    double ss = 0.0;
+    for (int32_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+    const float scale = 1.0f / std::sqrt(float(ss / dim) + config_.rms_eps);
+    for (int32_t i = 0; i < dim; ++i) yr[i] = xr[i] * scale * w[i];
+  }
+}
+
+void Eagle3Head::rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions) const {
+  // NORM style (llama.cpp's LLAMA_ROPE_TYPE_NORM for eagle3): pairs (2j, 2j + 1).
+  const int32_t hd = config_.head_dim, half = hd / 2;
+  const float theta_scale = std::pow(config_.rope_base, -2.0f / hd);
+  for (int32_t t = 0; t < n; ++t) {
+    float theta = static_cast<float>(positions[t]);
+    for (int32_t j = 0; j < half; ++j, theta *= theta_scale) {
+      const float cs = std::cos(theta), sn = std::sin(theta);
+      for (int32_t h = 0; h < n_heads; ++h) {
+        float* xh = x + (size_t(t) * n_heads + h) * hd;
+        const float a = xh[2 * j], b = xh[2 * j + 1];
+        xh[2 * j] = a * cs - b * sn;
+        xh[2 * j + 1] = a * sn + b * cs;
+      }
+    }
+  }
+}
+
+void Eagle3Head::attention(const Batch& batch, KVCache& kv, const float* q, const float* k, const float* v,
+                           float* out) {
+  const Eagle3Config& c = config_;
+  const int32_t n = batch.size(), hd = c.head_dim, kvd = c.kv_dim(), n_past = kv.n_past();
+  const int32_t group = c.n_head / c.n_head_kv;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t slot = n_past + batch.start + i;
+    for (int32_t j = 0; j < kvd; ++j) {
+      kv.k(0, slot)[j] = fp32_to_fp16(k[size_t(i) * kvd + j]);
+      kv.v(0, slot)[j] = fp32_to_fp16(v[size_t(i) * kvd + j]);
+    }
+  }
+  if (act_.scores.size() < size_t(kv.n_ctx())) act_.scores.assign(size_t(kv.n_ctx()), 0.0f);
+  if (act_.visible.size() < size_t(kv.n_ctx())) act_.visible.assign(size_t(kv.n_ctx()), 0);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  float* scores = act_.scores.data();
+  int32_t* visible = act_.visible.data();
+  for (int32_t i = 0; i < n; ++i) {
+    // Keys this row sees: the committed prefix, then its pending ancestors (root first) and itself.
+    int32_t n_visible = 0;
+    for (int32_t p = batch.start + i; p >= 0; p = kv.pending_parent(p)) visible[n_visible++] = p;
+    std::reverse(visible, visible + n_visible);
+    const int32_t n_keys = n_past + n_visible;
+    auto slot_of = [&](int32_t key) { return key < n_past ? key : n_past + visible[key - n_past]; };
+    for (int32_t h = 0; h < c.n_head; ++h) {
+      const float* qh = q + (size_t(i) * c.n_head + h) * hd;
+      const int32_t koff = (h / group) * hd;
+      float max_score = -std::numeric_limits<float>::infinity();
+      for (int32_t s = 0; s < n_keys; ++s) {
+        const uint16_t* kr = kv.k(0, slot_of(s)) + koff;
+        float dot = 0.0f;
+        for (int32_t j = 0; j < hd; ++j) dot += qh[j] * fp16_to_fp32(kr[j]);
+        scores[s] = dot * scale;
+        max_score = std::max(max_score, scores[s]);
+      }
+      float sum = 0.0f;
+      for (int32_t s = 0; s < n_keys; ++s) sum += scores[s] = std::exp(scores[s] - max_score);
+      float* oh = out + (size_t(i) * c.n_head + h) * hd;
+      std::fill(oh, oh + hd, 0.0f);
+      for (int32_t s = 0; s < n_keys; ++s) {
+        const float w = scores[s] / sum;
+        const uint16_t* vr = kv.v(0, slot_of(s)) + koff;
+        for (int32_t j = 0; j < hd; ++j) oh[j] += w * fp16_to_fp32(vr[j]);
+      }
+    }
+  }
+}
+
+void Eagle3Head::fuse(const float* features, int32_t n, float* fused) {
+  if (n > n_batch_) throw Error("draft head: " + std::to_string(n) + " rows exceed its batch size");
+  const float* in = features;
+  if (config_.norm_before_fc) {
+    rms_norm(features, fc_norm_, n, config_.n_features(), act_.features.data());
+    in = act_.features.data();
+  }
+  matmul(mm_, fc_, in, n, fused, fc_.rows);
+}
+
+void Eagle3Head::forward(const Batch& batch, const float* g, KVCache& kv, float* prenorm, float* normed) {
+  const Eagle3Config& c = config_;
+  const int32_t n = batch.size(), H = c.n_embd;
+  if (n == 0) throw Error("draft head: empty batch");
+  if (n > n_batch_) throw Error("draft head: " + std::to_string(n) + " rows exceed its batch size");
+  if (batch.positions.size() != size_t(n) || batch.parents.size() != size_t(n))
+    throw Error("draft head: batch positions/parents do not match its tokens");
+  if (batch.start < 0 || kv.n_past() + batch.start + n > kv.n_ctx())
+    throw Error("draft head: context full (" + std::to_string(kv.n_past() + batch.start + n) + " slots needed, " +
+                std::to_string(kv.n_ctx()) + " in the cache)");
+  if (kv.n_layer() != 1 || kv.kv_dim() != c.kv_dim()) throw Error("draft head: KV cache was made for another model");
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t t = batch.tokens[i], p = batch.parents[i];
+    if (t < 0 || t >= token_embd_.rows) throw Error("draft head: token id " + std::to_string(t) + " out of range");
+    if (p < -1 || p >= batch.start + i)
+      throw Error("draft head: parent of row " + std::to_string(i) + " is not written yet");
+    kv.set_slot_meta(kv.n_past() + batch.start + i, batch.positions[i], p);
+  }
+
+  // Attention input: [attn_norm(embedding) ; attn_norm_2(g)] per row.
+  float* embd = act_.embd.data();  // [n][H]
+  float* x = act_.x.data();        // [n][2H]
+  float* gn = act_.gn.data();      // [n][H]
+  for (int32_t i = 0; i < n; ++i)
+    dequantize_row(token_embd_.type, token_embd_.data + size_t(batch.tokens[i]) * token_embd_.row_stride,
+                   embd + size_t(i) * H, H);
+  rms_norm(g, hidden_norm_, n, H, gn);
+  for (int32_t i = 0; i < n; ++i) {
+    rms_norm(embd + size_t(i) * H, embd_norm_, 1, H, x + size_t(i) * 2 * H);
+    std::copy_n(gn + size_t(i) * H, H, x + size_t(i) * 2 * H + H);
+  }
+
+  // Attention block, its residual the raw g (or its norm with norm_before_residual).
+  float* q = act_.q.data();        // [n][n_head][head_dim]
+  float* k = act_.k.data();        // [n][n_head_kv][head_dim]
+  float* v = act_.v.data();        // [n][n_head_kv][head_dim]
+  float* attn = act_.attn.data();  // [n][q_dim]
+  matmul(mm_, wq_, x, n, q, wq_.rows);
+  matmul(mm_, wk_, x, n, k, wk_.rows);
+  matmul(mm_, wv_, x, n, v, wv_.rows);
+  rope(q, n, c.n_head, batch.positions.data());
+  rope(k, n, c.n_head_kv, batch.positions.data());
+  attention(batch, kv, q, k, v, attn);
+  matmul(mm_, wo_, attn, n, prenorm, wo_.rows);
+  const float* residual = c.norm_before_residual ? gn : g;
+  for (size_t j = 0; j < size_t(n) * H; ++j) prenorm[j] += residual[j];
+
+  // Feed-forward block (SiLU-gated), added onto the stream in prenorm.
+  float* rn = act_.rn.data();      // [n][H]
+  float* gate = act_.gate.data();  // [n][n_ff]
+  float* up = act_.up.data();      // [n][n_ff]
+  rms_norm(prenorm, ffn_norm_, n, H, rn);
+  matmul(mm_, w_gate_, rn, n, gate, w_gate_.rows);
+  matmul(mm_, w_up_, rn, n, up, w_up_.rows);
+  for (size_t j = 0; j < size_t(n) * c.n_ff; ++j) gate[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
+  matmul(mm_, w_down_, gate, n, embd, w_down_.rows);  // embd is free again: the FFN output
+  for (size_t j = 0; j < size_t(n) * H; ++j) prenorm[j] += embd[j];
+
+  rms_norm(prenorm, output_norm_, n, H, normed);
+}
+
+}  // namespace microspec

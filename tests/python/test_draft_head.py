@@ -1,0 +1,106 @@
+"""`--spec head` (an EAGLE-3 draft head) keeps greedy output identical to plain greedy decoding on
+both real models, with every draft vocabulary (full, freq, dynamic, hybrid).
+
+The head is the committed one under models/heads/ when present (found by default beside the model),
+else a random head written here in llama.cpp's eagle3 layout (scripts/draft_head_gguf.py) for the
+model's hidden size and EAGLE-3's layers (2, L/2, L-3): the output must be lossless whatever the
+head predicts. SpecBench prompts, one `generate --prompts-jsonl` process per configuration.
+Also: a head made for the other model is refused naming both values.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import draft_head_gguf  # noqa: E402
+import spec_bench  # noqa: E402
+from server_helpers import cli_generate  # noqa: E402
+
+# About a minute for both models on a quiet 2-core machine: left out of scripts/test.sh --quick.
+pytestmark = pytest.mark.slow
+
+BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
+MODELS = {
+    "gemma": REPO / "models" / "gemma-3-270m-q4_k_m.gguf",
+    "smollm2": REPO / "models" / "smollm2-135m-instruct-q4_1.gguf",
+}
+N_PROMPTS = 5
+N_TOKENS = 64
+VOCABS = ["full", "freq", "dynamic", "hybrid"]
+
+
+def committed_head(model):
+    path = MODELS[model].parent / "heads" / (MODELS[model].stem + ".eagle3.gguf")
+    return path if path.exists() else None
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    """model -> head file: the committed one, else a random head for the model."""
+    out = {}
+    for model, path in MODELS.items():
+        if not path.exists():
+            pytest.fail(f"{path} is missing: run scripts/fetch_models.sh")
+        head = committed_head(model)
+        if head is None:
+            n_embd, n_layer, _ = draft_head_gguf.target_info(path)
+            cfg = dict(n_embd=n_embd, n_head=4, n_head_kv=2, head_dim=n_embd // 4, n_ff=2 * n_embd, rms_eps=1e-6,
+                       rope_base=10000.0, target_layers=draft_head_gguf.default_layers(n_layer),
+                       target_hidden=n_embd)
+            weights = draft_head_gguf.random_head(n_embd, 4, 2, n_embd // 4, 2 * n_embd, seed=3)
+            head = tmp_path_factory.mktemp("heads") / f"{model}.eagle3.gguf"
+            draft_head_gguf.write_head(head, weights, cfg, "q8_0")
+        out[model] = head
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("head") / "prompts.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for text in spec_bench.first_turns(N_PROMPTS):
+            f.write(json.dumps({"prompt": text}) + "\n")
+    return path
+
+
+def run(model, prompts, extra):
+    cmd = [BIN, "generate", "-m", str(MODELS[model]), "--chat", "-n", str(N_TOKENS), "-t", "2",
+           "--prompts-jsonl", str(prompts)] + extra
+    p = subprocess.run(cmd, capture_output=True, timeout=900)
+    return p, cmd
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma"])
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_head_greedy_equals_plain(model, vocab, heads, prompts_file):
+    base = cli_generate(MODELS[model], spec_bench.first_turns(N_PROMPTS), N_TOKENS, chat=True, extra=["-t", "2"])
+    extra = ["--spec", "head", "--draft-head", str(heads[model]), "--draft-vocab", vocab]
+    if vocab in ("freq", "hybrid"):
+        extra += ["--freq-file", str(MODELS[model].with_suffix(".freq.bin"))]
+    p, cmd = run(model, prompts_file, extra)
+    assert p.returncode == 0, f"{' '.join(cmd)} failed:\n{p.stderr.decode(errors='replace')[-2000:]}"
+    rows = [json.loads(line) for line in p.stdout.decode("utf-8").splitlines() if line.strip()]
+    assert len(rows) == N_PROMPTS
+    drafted = 0
+    for i, (a, b) in enumerate(zip(base, rows)):
+        assert a["prompt_ids"] == b["prompt_ids"]
+        assert b["tokens"] == a["tokens"], f"{model} head {vocab}: prompt {i} differs from plain decoding"
+        assert b["text"] == a["text"] and b["finish_reason"] == a["finish_reason"]
+        drafted += b["spec"]["drafted_tokens"]
+        assert b["spec"]["accepted_draft_tokens"] <= b["spec"]["drafted_tokens"]
+    assert drafted > 0, "the head never drafted"
+
+
+def test_head_for_another_model_is_refused(heads, prompts_file):
+    # The SmolLM2 head (hidden size 576, layers of a 30-layer model) on Gemma (640, 18 layers).
+    p, cmd = run("gemma", prompts_file, ["--spec", "head", "--draft-head", str(heads["smollm2"])])
+    err = p.stderr.decode(errors="replace")
+    assert p.returncode != 0
+    assert "target_hidden_size" in err and "is 576, expected 640" in err, err
