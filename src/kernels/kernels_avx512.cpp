@@ -238,6 +238,7 @@ struct Q8_0W {
   using Act = BlockQ8_0;
   static constexpr bool kAsym = false;
   static constexpr int kBiasShift = 7;  // u = w + 128
+  static constexpr int64_t kRowLanesMinTokens = 3;  // measured on Zen 4 (EPYC, 1 thread): lanes win from 3 tokens
   static __m512i pair(const Block* b) {
     const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(b[0].qs)), loadu256(b[1].qs), 1);
     return _mm512_xor_si512(q, _mm512_set1_epi8(char(0x80)));
@@ -252,6 +253,7 @@ struct Q4_0W {
   using Act = BlockQ8_0;
   static constexpr bool kAsym = false;
   static constexpr int kBiasShift = 3;  // u = w + 8
+  static constexpr int64_t kRowLanesMinTokens = 3;  // not measured separately: as Q8_0
   static __m512i pair(const Block* b) { return nibbles64(loadu128(b[0].qs), loadu128(b[1].qs)); }
   static __m512i single(const Block* b) { return nibbles64(loadu128(b->qs), _mm_setzero_si128()); }
 };
@@ -261,6 +263,7 @@ struct Q5_0W {
   using Act = BlockQ8_0;
   static constexpr bool kAsym = false;
   static constexpr int kBiasShift = 4;  // u = w + 16
+  static constexpr int64_t kRowLanesMinTokens = 2;  // measured on Zen 4: lanes equal per-row products at 2 tokens and win from 3
   static __m512i pair(const Block* b) {
     const __m512i nib = nibbles64(loadu128(b[0].qs), loadu128(b[1].qs));
     const __mmask64 high = _cvtu64_mask64(uint64_t(load_u32(b[0].qh)) | (uint64_t(load_u32(b[1].qh)) << 32));
@@ -277,6 +280,7 @@ struct Q4_1W {
   using Act = BlockQ8_1;
   static constexpr bool kAsym = true;
   static constexpr int kBiasShift = 0;
+  static constexpr int64_t kRowLanesMinTokens = 5;  // measured on Zen 4: per-row products win up to 4 tokens
   static __m512i pair(const Block* b) { return nibbles64(loadu128(b[0].qs), loadu128(b[1].qs)); }
   static __m512i single(const Block* b) { return nibbles64(loadu128(b->qs), _mm_setzero_si128()); }
 };
@@ -286,6 +290,7 @@ struct Q5_1W {
   using Act = BlockQ8_1;
   static constexpr bool kAsym = true;
   static constexpr int kBiasShift = 0;
+  static constexpr int64_t kRowLanesMinTokens = 3;  // not measured separately: as Q8_0
   static __m512i pair(const Block* b) {
     const __m512i nib = nibbles64(loadu128(b[0].qs), loadu128(b[1].qs));
     const __mmask64 high = _cvtu64_mask64(uint64_t(load_u32(b[0].qh)) | (uint64_t(load_u32(b[1].qh)) << 32));
@@ -592,10 +597,6 @@ void rows16_lanes(const uint8_t* const* rows, const NextTile& next, int64_t nb, 
 
 constexpr int kGroupTokens = 8;  // tokens per pass over a tile: 8 accumulators + the weight registers
 
-// Token counts from which transposing rows into lanes beats per-row products summed across rows
-// (measured on Zen 5: at 2 tokens rows16_lanes is ~10% slower than rows16_few).
-constexpr int64_t kRowLanesMinTokens = 3;
-
 // Calls f.template operator()<NT>() with NT = n (1..kGroupTokens) as a compile-time constant.
 template <class F>
 inline void with_token_count(int64_t n, F&& f) {
@@ -632,10 +633,10 @@ void gemm32(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_ro
             size_t act_stride, int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
   if (n_rows <= 0 || n_tokens <= 0) return;
   const int64_t nb = n / kQK, np = (nb + 1) / 2;
-  // Three paths: per-row dot products summed across rows (fewer than kRowLanesMinTokens tokens),
+  // Three paths: per-row dot products summed across rows (fewer than W::kRowLanesMinTokens tokens),
   // rows transposed in registers and used at once (up to kGroupTokens), or a stored tile reused
   // by every group of kGroupTokens tokens.
-  const bool row_lanes = n_tokens >= kRowLanesMinTokens;
+  const bool row_lanes = n_tokens >= W::kRowLanesMinTokens;
   const bool stored_tile = n_tokens > kGroupTokens;
   // Scratch: the activation summaries, then (many tokens) the tile.
   const size_t info_bytes = (size_t(n_tokens * nb) * 2 * sizeof(float) + 63) & ~size_t(63);
@@ -654,11 +655,9 @@ void gemm32(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_ro
           float* o = out + t0 * ldo + r0;
           const int64_t g = min64(kGroupTokens, n_tokens - t0);
           if (!row_lanes) {
-            // Fewer than kRowLanesMinTokens (3) tokens.
-            if (g == 2)
-              rows16_few<W, 2>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
-            else
-              rows16_few<W, 1>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
+            with_token_count(g, [&]<int NT>() {
+              if constexpr (NT < W::kRowLanesMinTokens) rows16_few<W, NT>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
+            });
           } else if (!stored_tile) {
             with_token_count(g, [&]<int NT>() {
               rows16_lanes<W, NT>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
@@ -741,7 +740,8 @@ template <bool kHigh>
 struct Q45KW {
   using Block = typename std::conditional<kHigh, BlockQ5_K, BlockQ4_K>::type;
   static constexpr bool kSixBit = false;
-  static constexpr int64_t kRowLanesMinTokens = 5;  // per-row products win up to 4 tokens (Zen 5)
+  // Measured on Zen 4 (EPYC, 1 thread): per-row products beat the stored tile up to 8 tokens.
+  static constexpr int64_t kRowLanesMinTokens = kGroupTokens + 1;
   static void decode(const uint8_t* blk, __m512i* u) { decode_q45k<kHigh>(blk, u); }
   static __m256i scales16(const uint8_t* blk) {
     return k4_scales_mins(reinterpret_cast<const Block*>(blk)->scales);
@@ -759,7 +759,7 @@ using Q5KW = Q45KW<true>;
 struct Q6KW {
   using Block = BlockQ6_K;
   static constexpr bool kSixBit = true;
-  static constexpr int64_t kRowLanesMinTokens = 6;  // per-row products win up to 5 tokens (Zen 5)
+  static constexpr int64_t kRowLanesMinTokens = 4;  // Zen 4: per-row products win up to 3 tokens
   static void decode(const uint8_t* blk, __m512i* u) { decode_q6k(blk, u); }
   static __m256i scales16(const uint8_t* blk) {
     return _mm256_cvtepi8_epi16(loadu128(reinterpret_cast<const BlockQ6_K*>(blk)->scales));
@@ -933,6 +933,8 @@ void gemm_k(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_ro
             size_t act_stride, int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
   if (n_rows <= 0 || n_tokens <= 0) return;
   const int64_t nsb = n / kQKK;
+  // Two paths: per-row products summed across rows (fewer than K::kRowLanesMinTokens tokens), or a
+  // stored tile of rows in lanes reused by every group of kGroupTokens tokens.
   const bool row_lanes = n_tokens >= K::kRowLanesMinTokens;
   auto* tile = row_lanes ? static_cast<TileSuper*>(scratch(size_t(nsb) * sizeof(TileSuper))) : nullptr;
   const auto* ab = static_cast<const uint8_t*>(act);
@@ -944,53 +946,13 @@ void gemm_k(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_ro
                     const uint8_t* a = ab + size_t(t0) * act_stride;
                     float* o = out + t0 * ldo + r0;
                     const int64_t g = min64(kGroupTokens, n_tokens - t0);
-                    if (!row_lanes) {
-                      // Fewer than K::kRowLanesMinTokens (5 or 6) tokens.
-                      switch (g) {
-                        case 5:
-                          rows16_k_few<K, 5>(rows, next, nsb, a, act_stride, o, ldo, valid);
-                          break;
-                        case 4:
-                          rows16_k_few<K, 4>(rows, next, nsb, a, act_stride, o, ldo, valid);
-                          break;
-                        case 3:
-                          rows16_k_few<K, 3>(rows, next, nsb, a, act_stride, o, ldo, valid);
-                          break;
-                        case 2:
-                          rows16_k_few<K, 2>(rows, next, nsb, a, act_stride, o, ldo, valid);
-                          break;
-                        default:
-                          rows16_k_few<K, 1>(rows, next, nsb, a, act_stride, o, ldo, valid);
-                          break;
-                      }
-                      continue;
-                    }
-                    switch (g) {
-                      case 8:
-                        tile_k_tokens<K, 8>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      case 7:
-                        tile_k_tokens<K, 7>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      case 6:
-                        tile_k_tokens<K, 6>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      case 5:
-                        tile_k_tokens<K, 5>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      case 4:
-                        tile_k_tokens<K, 4>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      case 3:
-                        tile_k_tokens<K, 3>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      case 2:
-                        tile_k_tokens<K, 2>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      default:
-                        tile_k_tokens<K, 1>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                    }
+                    if (!row_lanes)
+                      with_token_count(g, [&]<int NT>() {
+                        if constexpr (NT < K::kRowLanesMinTokens)
+                          rows16_k_few<K, NT>(rows, next, nsb, a, act_stride, o, ldo, valid);
+                      });
+                    else
+                      with_token_count(g, [&]<int NT>() { tile_k_tokens<K, NT>(tile, nsb, a, act_stride, o, ldo, valid); });
                   }
                 });
 }
