@@ -4,12 +4,12 @@
 // of it that many-token calls reach.
 //
 //   bench_kernels [--quick] [--tokens N[,N...]]... [--only SHAPE] [--table NAME] [--threads N] [--hot]
-//                 [--rows N] [--repeats N]
+//                 [--rows N] [--repeats N] [--cpu-time]
 //
 // --rows N replaces every shape's row count: with --hot and a matrix that fits in L2 (e.g. --rows
 // 1024), the figure is the kernel's compute rate alone.
 //
-// Each timing is the best of many calls; with --repeats N (default 3) every token count of a matrix
+// Each timing is the best of many calls (--cpu-time: by process CPU time, see g_cpu_time); with --repeats N (default 3) every token count of a matrix
 // is timed N times, the counts interleaved, and the median of the N is reported, so that a ratio
 // compares timings taken side by side on a machine shared with other work. The 1-token call is
 // always timed, as the denominator of the ratios.
@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -74,8 +75,21 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, s
 // --hot: one copy of each matrix, so small ones stay in cache (kernel compute speed, not DRAM).
 bool g_hot = false;
 
+// --cpu-time: time matmuls by the CPU time of the whole process (all threads) divided by the thread
+// count instead of by the wall clock, so that time spent descheduled on a busy machine does not
+// count. Meaningful with --threads 1 (pool workers that wait count their waiting as CPU time).
+bool g_cpu_time = false;
+int g_cpu_threads = 1;
+
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double call_clock() {
+  if (!g_cpu_time) return now();
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec)) / g_cpu_threads;
 }
 
 // Best time of one matmul call (seconds) of shape s on n_tokens tokens.
@@ -104,10 +118,11 @@ double time_call(const Shape& s, const KernelTable& k, ThreadPool& pool, int64_t
   const int per_timing = matrix_bytes >= (size_t(16) << 20) ? 1 : 8;
   int64_t calls = 0;
   double per_call = 1e30;
+  g_cpu_threads = pool.size();
   for (const double start = now(); now() - start < min_time || calls < 3 * per_timing;) {
-    const double t0 = now();
+    const double t0 = call_clock();
     for (int i = 0; i < per_timing; ++i) run(size_t(calls++) % copies);
-    per_call = std::min(per_call, (now() - t0) / per_timing);
+    per_call = std::min(per_call, (call_clock() - t0) / per_timing);
   }
   return per_call;
 }
@@ -193,22 +208,33 @@ double avx2_macs(int64_t iters, int64_t* sink) {
   return double(iters) * kPeakChains * 32;
 }
 
-// MAC/s of `loop` on `threads` threads, the best of several runs of ~0.1 s.
+double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// MAC/s of `loop` on `threads` threads, the best of several runs of ~0.1 s. Each thread's rate is
+// its MACs over its own CPU time (a loop on registers only: no stalls to hide), so time spent
+// descheduled on a shared machine does not lower the peak; the rates of the threads add up.
 double peak_rate(double (*loop)(int64_t, int64_t*), int threads) {
   ThreadPool pool(threads);
   std::vector<int64_t> sink(64 * size_t(threads));
   const int64_t iters = 2000000;
   double best = 0;
   for (int run = 0; run < 5; ++run) {
-    std::vector<double> macs(static_cast<size_t>(threads), 0.0);
-    const double t0 = now();
+    std::vector<double> macs(static_cast<size_t>(threads), 0.0), cpu(static_cast<size_t>(threads), 0.0);
     pool.parallel_for(threads, 1, [&](int64_t b, int64_t e, int t) {
-      for (int64_t i = b; i < e; ++i) macs[size_t(t)] += loop(iters, &sink[size_t(t) * 64]);
+      for (int64_t i = b; i < e; ++i) {
+        const double t0 = thread_cpu_seconds();
+        macs[size_t(t)] += loop(iters, &sink[size_t(t) * 64]);
+        cpu[size_t(t)] += thread_cpu_seconds() - t0;
+      }
     });
-    const double dt = now() - t0;
-    double total = 0;
-    for (double m : macs) total += m;
-    best = std::max(best, total / dt);
+    double total = 0;  // a thread that took over another's share counts once
+    for (size_t t = 0; t < macs.size(); ++t)
+      if (cpu[t] > 0) total += macs[t] / cpu[t];
+    best = std::max(best, total);
   }
   return best;
 }
@@ -294,6 +320,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick"))
       quick = true;
+    else if (!std::strcmp(argv[i], "--cpu-time"))
+      g_cpu_time = true;
     else if (!std::strcmp(argv[i], "--hot"))
       g_hot = true;
     else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) {
@@ -320,7 +348,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--tokens N]... [--only SHAPE] [--table NAME] [--threads N] [--hot] "
-                   "[--rows N] [--repeats N]\n",
+                   "[--rows N] [--repeats N] [--cpu-time]\n",
                    argv[0]);
       return 2;
     }
