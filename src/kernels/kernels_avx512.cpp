@@ -9,7 +9,9 @@
 // Rows are processed 16 at a time, one row per 32-bit lane of the float accumulators. Two paths:
 // - few tokens (decode): each row's block pair (or K-quant superblock) is decoded and multiplied
 //   with the activation with vpdpbusd (vpmaddubsw + vpdpwssd for K-quants), and the integer lanes
-//   are then summed across the 16 rows into one integer per row and block;
+//   are then summed across the 16 rows into one integer per row and block (one token on Q4_K/Q5_K:
+//   each row's integer comes from 256-bit instructions instead, rows16_k_rows); the token count
+//   where the second path takes over is per weight type (kRowLanesMinTokens);
 // - more tokens (verification of a draft, prefill): the 16 rows are decoded once and transposed
 //   so that each register holds 4 consecutive quants of every row; each token then takes its 4
 //   activation quants as a 32-bit broadcast, so one vpdpbusd advances 16 rows. For the 32-element
