@@ -761,8 +761,8 @@ struct Q45KW {
     return _mm512_permutexvar_epi16(word_index(2 * c, 2 * c, 2 * c + 1, 2 * c + 1), s16);
   }
   static uint32_t scale_words(const uint8_t* blk) { return load_u32(blk); }
-  // One token (decode) goes through rows16_k_rows (measured on Zen 4, 1 thread, Q4_K 640x1024: 31.5
-  // against 44-50 us for rows16_k_few; from 2 tokens rows16_k_few is faster).
+  // One token (decode) goes through rows16_k_rows (measured on Zen 4, 1 thread, Q4_K 640x1024: 40
+  // against 43-48 us for rows16_k_few; with 2 tokens rows16_k_rows measured 49 against 36).
   static constexpr bool kRowSumsForOneToken = true;
   // isum[t] = sum over sub-blocks j of scale_j * <u_j, a_t,j> for one row (exact), with 256-bit
   // instructions: one sub-block of 32 elements per register. s16: scales16(blk).
