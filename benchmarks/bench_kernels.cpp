@@ -1,16 +1,22 @@
 // Kernel micro-benchmark: matmul throughput on the weight shapes that dominate decoding, in GB/s of
-// weights streamed, per kernel table and thread count.
+// weights streamed, per kernel table and thread count; the time of each token count as a ratio to
+// the 1-token call of the same matrix; and the machine's int8 dot-product peak, with the fraction
+// of it that many-token calls reach.
 //
-//   bench_kernels [--quick] [--tokens N]... [--only SHAPE] [--table NAME] [--threads N] [--hot]
-//                 [--rows N]
+//   bench_kernels [--quick] [--tokens N[,N...]]... [--only SHAPE] [--table NAME] [--threads N] [--hot]
+//                 [--rows N] [--repeats N] [--cpu-time]
 //
 // --rows N replaces every shape's row count: with --hot and a matrix that fits in L2 (e.g. --rows
 // 1024), the figure is the kernel's compute rate alone.
 //
-// Each figure is the best of many timings (the machine is shared with other work).
+// Each timing is the best of many calls (--cpu-time: by process CPU time, see g_cpu_time); with --repeats N (default 3) every token count of a matrix
+// is timed N times, the counts interleaved, and the median of the N is reported, so that a ratio
+// compares timings taken side by side on a machine shared with other work. The 1-token call is
+// always timed, as the denominator of the ratios.
 // Weights are random blocks (valid f16 scales). A matrix that fits in the caches would measure cache
 // bandwidth, not the DRAM streaming a decode step sees (its ~240 MB of weights far exceed L3), so
 // small matrices are replicated to >= 256 MB and the copies are cycled through.
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -18,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -68,11 +75,25 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, s
 // --hot: one copy of each matrix, so small ones stay in cache (kernel compute speed, not DRAM).
 bool g_hot = false;
 
+// --cpu-time: time matmuls by the CPU time of the whole process (all threads) divided by the thread
+// count instead of by the wall clock, so that time spent descheduled on a busy machine does not
+// count. Meaningful with --threads 1 (pool workers that wait count their waiting as CPU time).
+bool g_cpu_time = false;
+int g_cpu_threads = 1;
+
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-void bench(const Shape& s, const KernelTable& k, int threads, int64_t n_tokens, bool quick) {
+double call_clock() {
+  if (!g_cpu_time) return now();
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec)) / g_cpu_threads;
+}
+
+// Best time of one matmul call (seconds) of shape s on n_tokens tokens.
+double time_call(const Shape& s, const KernelTable& k, ThreadPool& pool, int64_t n_tokens, bool quick) {
   const size_t matrix_bytes = row_bytes(s.type, s.cols) * size_t(s.rows);
   const size_t copies =
       g_hot || matrix_bytes >= (size_t(256) << 20) ? 1 : ((size_t(256) << 20) / matrix_bytes + 1);
@@ -84,7 +105,6 @@ void bench(const Shape& s, const KernelTable& k, int threads, int64_t n_tokens, 
   }
   std::vector<float> x(size_t(n_tokens * s.cols)), y(size_t(n_tokens * s.rows));
   for (size_t i = 0; i < x.size(); ++i) x[i] = float((i * 7919) % 1000) / 500.0f - 1.0f;
-  ThreadPool pool(threads);
   MatmulContext ctx(pool, k);
   ctx.reserve(n_tokens, s.cols);
   auto run = [&](size_t copy) {
@@ -94,20 +114,159 @@ void bench(const Shape& s, const KernelTable& k, int threads, int64_t n_tokens, 
   for (size_t c = 0; c < copies; ++c) run(c);  // warm up: page in, grow scratch
   // The best of many short timings: the machine is shared, and the best is the kernel's own speed.
   // Each timing covers several calls so that small matrices measure well above timer resolution.
-  const double min_time = quick ? 0.3 : 1.0;
+  const double min_time = quick ? 0.2 : 0.5;
   const int per_timing = matrix_bytes >= (size_t(16) << 20) ? 1 : 8;
   int64_t calls = 0;
   double per_call = 1e30;
+  g_cpu_threads = pool.size();
   for (const double start = now(); now() - start < min_time || calls < 3 * per_timing;) {
-    const double t0 = now();
+    const double t0 = call_clock();
     for (int i = 0; i < per_timing; ++i) run(size_t(calls++) % copies);
-    per_call = std::min(per_call, (now() - t0) / per_timing);
+    per_call = std::min(per_call, (call_clock() - t0) / per_timing);
   }
-  std::printf("%-28s %-5s %6lldx%-5lld tok %3lld  %-9s thr %d  %9.1f us/call  %6.2f GB/s  %7.1f GMAC/s\n",
-              s.what, type_name(uint32_t(s.type)).c_str(), (long long)s.rows, (long long)s.cols,
-              (long long)n_tokens, k.name, threads, per_call * 1e6, double(matrix_bytes) / per_call / 1e9,
-              double(s.rows) * double(s.cols) * double(n_tokens) / per_call / 1e9);
-  std::fflush(stdout);
+  return per_call;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Int8 multiply-accumulates per second that `threads` threads can issue with the instructions the
+// table's integer dot products use; 0 where not measured.
+struct Peaks {
+  double avx512_vnni[3] = {0, 0, 0};  // by thread count (1, 2)
+  double avx2[3] = {0, 0, 0};
+  double of(const KernelTable& k, int threads) const {
+    return std::string(k.name) == "avx512" ? avx512_vnni[threads] : std::string(k.name) == "avx2" ? avx2[threads] : 0;
+  }
+};
+Peaks g_peaks;
+
+void bench(const Shape& s, const KernelTable& k, int threads, const std::vector<int64_t>& tokens, int repeats,
+           bool quick) {
+  std::vector<int64_t> counts = {1};
+  for (int64_t nt : tokens)
+    if (std::find(counts.begin(), counts.end(), nt) == counts.end()) counts.push_back(nt);
+  ThreadPool pool(threads);
+  std::vector<std::vector<double>> times(counts.size());
+  for (int r = 0; r < repeats; ++r)
+    for (size_t i = 0; i < counts.size(); ++i) times[i].push_back(time_call(s, k, pool, counts[i], quick));
+  const size_t matrix_bytes = row_bytes(s.type, s.cols) * size_t(s.rows);
+  const double one = median(times[0]);
+  const double peak = g_peaks.of(k, threads);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const int64_t nt = counts[i];
+    if (nt == 1 && std::find(tokens.begin(), tokens.end(), int64_t(1)) == tokens.end()) continue;
+    const double t = median(times[i]);
+    const double gmacs = double(s.rows) * double(s.cols) * double(nt) / t / 1e9;
+    char frac[32] = "";
+    if (peak > 0) std::snprintf(frac, sizeof frac, "  %5.1f%% of peak", 100.0 * gmacs / peak);
+    std::printf("%-20s %-5s %6lldx%-5lld tok %3lld  %-6s thr %d  %9.1f us/call  x%5.2f of 1 tok  %6.2f GB/s  %7.1f GMAC/s%s\n",
+                s.what, type_name(uint32_t(s.type)).c_str(), (long long)s.rows, (long long)s.cols,
+                (long long)nt, k.name, threads, t * 1e6, t / one, double(matrix_bytes) / t / 1e9, gmacs, frac);
+    std::fflush(stdout);
+  }
+}
+
+// --- int8 dot-product peak -------------------------------------------------------------------
+// Independent accumulator chains (more than the instruction's latency x throughput), no memory
+// operands: the rate at which a core issues the instruction, in multiply-accumulates.
+constexpr int kPeakChains = 12;
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) double vnni_macs(int64_t iters, int64_t* sink) {
+  __m512i acc[kPeakChains];
+  for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm512_set1_epi32(j);
+  __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+  for (int64_t i = 0; i < iters; ++i) {
+    __asm__ volatile("" : "+v"(a), "+v"(b));  // opaque operands: nothing is hoisted or folded
+    for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], a, b);
+  }
+  __m512i t = acc[0];
+  for (int j = 1; j < kPeakChains; ++j) t = _mm512_add_epi32(t, acc[j]);
+  alignas(64) int32_t lanes[16];
+  _mm512_store_si512(lanes, t);
+  for (int32_t v : lanes) *sink += v;
+  return double(iters) * kPeakChains * 64;
+}
+
+// AVX2: vpmaddubsw (u8 x s8 -> s16 pairs), vpmaddwd with ones (-> s32), vpaddd: 32 MACs per three.
+double avx2_macs(int64_t iters, int64_t* sink) {
+  __m256i acc[kPeakChains];
+  for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm256_set1_epi32(j);
+  __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < iters; ++i) {
+    __asm__ volatile("" : "+x"(a), "+x"(b));
+    for (int j = 0; j < kPeakChains; ++j)
+      acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+  }
+  __m256i t = acc[0];
+  for (int j = 1; j < kPeakChains; ++j) t = _mm256_add_epi32(t, acc[j]);
+  *sink += _mm256_extract_epi32(t, 0) + _mm256_extract_epi32(t, 7);
+  return double(iters) * kPeakChains * 32;
+}
+
+double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// MAC/s of `loop` on `threads` threads, the best of several runs of ~0.1 s. Each thread's rate is
+// its MACs over its own CPU time (a loop on registers only: no stalls to hide), so time spent
+// descheduled on a shared machine does not lower the peak; the rates of the threads add up.
+double peak_rate(double (*loop)(int64_t, int64_t*), int threads) {
+  ThreadPool pool(threads);
+  std::vector<int64_t> sink(64 * size_t(threads));
+  const int64_t iters = 2000000;
+  double best = 0;
+  for (int run = 0; run < 5; ++run) {
+    std::vector<double> macs(static_cast<size_t>(threads), 0.0), cpu(static_cast<size_t>(threads), 0.0);
+    pool.parallel_for(threads, 1, [&](int64_t b, int64_t e, int t) {
+      for (int64_t i = b; i < e; ++i) {
+        const double t0 = thread_cpu_seconds();
+        macs[size_t(t)] += loop(iters, &sink[size_t(t) * 64]);
+        cpu[size_t(t)] += thread_cpu_seconds() - t0;
+      }
+    });
+    double total = 0;  // a thread that took over another's share counts once
+    for (size_t t = 0; t < macs.size(); ++t)
+      if (cpu[t] > 0) total += macs[t] / cpu[t];
+    best = std::max(best, total);
+  }
+  return best;
+}
+
+// AMX tiles with int8 products, and the OS saving their state (XCR0 bits 17-18). No kernel uses
+// AMX yet; this only reports whether the CPU could.
+bool has_amx_int8() {
+  unsigned a, b, c, d;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  if (!(d & (1u << 24)) || !(d & (1u << 25))) return false;
+  uint32_t lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 0x60000u) == 0x60000u;
+}
+
+void bench_peaks(int only_threads) {
+  const bool vnni = avx512_kernels() != nullptr;
+  for (int threads : {1, 2}) {
+    if (only_threads && threads != only_threads) continue;
+    g_peaks.avx2[threads] = peak_rate(avx2_macs, threads) / 1e9;
+    std::printf("int8 peak, avx2 (vpmaddubsw+vpmaddwd+vpaddd): %d threads %7.1f GMAC/s\n", threads,
+                g_peaks.avx2[threads]);
+    if (vnni) {
+      g_peaks.avx512_vnni[threads] = peak_rate(vnni_macs, threads) / 1e9;
+      std::printf("int8 peak, avx512 (vpdpbusd zmm):              %d threads %7.1f GMAC/s\n", threads,
+                  g_peaks.avx512_vnni[threads]);
+    }
+  }
+  if (!vnni) std::printf("int8 peak, avx512: this CPU lacks AVX-512 VNNI, not measured\n");
+  std::printf("AMX int8 tiles: %s\n", has_amx_int8() ? "present (tile peak not measured: no AMX kernels)"
+                                                                : "absent on this CPU");
 }
 
 // The ceiling for the GB/s figures: plain AVX2 reads of a 256 MB buffer, split like a matmul.
@@ -156,14 +315,28 @@ int main(int argc, char** argv) {
   std::vector<int64_t> tokens;
   std::string only, table_name;  // filters: shape name substring, table name
   int only_threads = 0;
+  int repeats = 3;
   int64_t rows_override = 0;  // --rows: 0 keeps each shape's own
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick"))
       quick = true;
+    else if (!std::strcmp(argv[i], "--cpu-time"))
+      g_cpu_time = true;
     else if (!std::strcmp(argv[i], "--hot"))
       g_hot = true;
-    else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc)
-      tokens.push_back(std::atoll(argv[++i]));
+    else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) {
+      for (const char* p = argv[++i]; *p;) {  // a list: 1,2,5,8
+        char* end;
+        const long long v = std::strtoll(p, &end, 10);
+        if (end == p || v < 1) {
+          std::fprintf(stderr, "--tokens: expected positive counts separated by commas, got '%s'\n", argv[i]);
+          return 2;
+        }
+        tokens.push_back(v);
+        p = *end == ',' ? end + 1 : end;
+      }
+    } else if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc && std::atoi(argv[i + 1]) > 0)
+      repeats = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
       only = argv[++i];
     else if (!std::strcmp(argv[i], "--table") && i + 1 < argc)
@@ -175,7 +348,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--tokens N]... [--only SHAPE] [--table NAME] [--threads N] [--hot] "
-                   "[--rows N]\n",
+                   "[--rows N] [--repeats N] [--cpu-time]\n",
                    argv[0]);
       return 2;
     }
@@ -195,14 +368,14 @@ int main(int argc, char** argv) {
     bench_memory(2);
     bench_pool_overhead(2);
   }
+  bench_peaks(only_threads);
   for (const Shape& s : shapes) {
     if (!only.empty() && std::string(s.what).find(only) == std::string::npos) continue;
-    for (int64_t nt : tokens)
-      for (const KernelTable* k : tables) {
-        if (!table_name.empty() && table_name != k->name) continue;
-        for (int threads : {1, 2})
-          if (!only_threads || threads == only_threads) bench(s, *k, threads, nt, quick);
-      }
+    for (const KernelTable* k : tables) {
+      if (!table_name.empty() && table_name != k->name) continue;
+      for (int threads : {1, 2})
+        if (!only_threads || threads == only_threads) bench(s, *k, threads, tokens, repeats, quick);
+    }
   }
   return 0;
 }

@@ -724,14 +724,21 @@ void expect_batch_invariant(int64_t cols32, int64_t colsK, uint32_t seed) {
       for (int threads : {1, 2, 3}) {
         ThreadPool pool(threads);
         MatmulContext ctx(pool, *k);
-        for (int64_t nt : {2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 67}) {
-          std::vector<float> y(size_t(nt * rows));
-          matmul(ctx, w.q(), x.data(), nt, y.data(), rows);
-          for (size_t i = 0; i < y.size(); ++i)
-            ASSERT_EQ(y[i], alone[i])
-                << k->name << " " << tname(type) << " cols " << cols << " tokens " << nt << " threads "
-                << threads << " token " << i / rows << " row " << i % rows;
-        }
+        // Every count of the few-token kernels (1-16: verification of a draft, batched decode),
+        // then counts past a group of 8 tokens and many-token calls; each call starting at token
+        // `first`, so a token sits at every position of a batch across the calls.
+        std::vector<int64_t> counts;
+        for (int64_t nt = 1; nt <= 16; ++nt) counts.push_back(nt);
+        for (int64_t nt : {17, 24, 33, 64}) counts.push_back(nt);
+        for (int64_t nt : counts)
+          for (int64_t first : {int64_t(0), max_tokens - nt, (max_tokens - nt) / 2}) {
+            std::vector<float> y(size_t(nt * rows));
+            matmul(ctx, w.q(), x.data() + first * cols, nt, y.data(), rows);
+            for (size_t i = 0; i < y.size(); ++i)
+              ASSERT_EQ(y[i], alone[size_t(first * rows) + i])
+                  << k->name << " " << tname(type) << " cols " << cols << " tokens " << nt << " from token "
+                  << first << " threads " << threads << " position " << i / rows << " row " << i % rows;
+          }
         std::vector<int32_t> ids = {36, 0, 5, 6, 7, 20};
         std::vector<float> y(size_t(9) * ids.size());
         matmul_rows(ctx, w.q(), ids.data(), int64_t(ids.size()), x.data(), 9, y.data(), int64_t(ids.size()));

@@ -9,7 +9,9 @@
 // Rows are processed 16 at a time, one row per 32-bit lane of the float accumulators. Two paths:
 // - few tokens (decode): each row's block pair (or K-quant superblock) is decoded and multiplied
 //   with the activation with vpdpbusd (vpmaddubsw + vpdpwssd for K-quants), and the integer lanes
-//   are then summed across the 16 rows into one integer per row and block;
+//   are then summed across the 16 rows into one integer per row and block (one token on Q4_K/Q5_K:
+//   each row's integer comes from 256-bit instructions instead, rows16_k_rows); the token count
+//   where the second path takes over is per weight type (kRowLanesMinTokens);
 // - more tokens (verification of a draft, prefill): the 16 rows are decoded once and transposed
 //   so that each register holds 4 consecutive quants of every row; each token then takes its 4
 //   activation quants as a 32-bit broadcast, so one vpdpbusd advances 16 rows. For the 32-element
@@ -54,6 +56,13 @@ inline __m128i loadu128(const void* p) {
 }
 inline int64_t min64(int64_t a, int64_t b) {
   return a < b ? a : b;
+}
+
+inline int32_t hsum_i32x8(__m256i v) {
+  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(x);
 }
 
 inline uint32_t load_u32(const void* p) {
@@ -238,6 +247,7 @@ struct Q8_0W {
   using Act = BlockQ8_0;
   static constexpr bool kAsym = false;
   static constexpr int kBiasShift = 7;  // u = w + 128
+  static constexpr int64_t kRowLanesMinTokens = 3;  // measured on Zen 4 (EPYC, 1 thread): lanes win from 3 tokens
   static __m512i pair(const Block* b) {
     const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(b[0].qs)), loadu256(b[1].qs), 1);
     return _mm512_xor_si512(q, _mm512_set1_epi8(char(0x80)));
@@ -252,6 +262,7 @@ struct Q4_0W {
   using Act = BlockQ8_0;
   static constexpr bool kAsym = false;
   static constexpr int kBiasShift = 3;  // u = w + 8
+  static constexpr int64_t kRowLanesMinTokens = 3;  // not measured separately: as Q8_0
   static __m512i pair(const Block* b) { return nibbles64(loadu128(b[0].qs), loadu128(b[1].qs)); }
   static __m512i single(const Block* b) { return nibbles64(loadu128(b->qs), _mm_setzero_si128()); }
 };
@@ -261,6 +272,7 @@ struct Q5_0W {
   using Act = BlockQ8_0;
   static constexpr bool kAsym = false;
   static constexpr int kBiasShift = 4;  // u = w + 16
+  static constexpr int64_t kRowLanesMinTokens = 2;  // measured on Zen 4: lanes equal per-row products at 2 tokens and win from 3
   static __m512i pair(const Block* b) {
     const __m512i nib = nibbles64(loadu128(b[0].qs), loadu128(b[1].qs));
     const __mmask64 high = _cvtu64_mask64(uint64_t(load_u32(b[0].qh)) | (uint64_t(load_u32(b[1].qh)) << 32));
@@ -277,6 +289,7 @@ struct Q4_1W {
   using Act = BlockQ8_1;
   static constexpr bool kAsym = true;
   static constexpr int kBiasShift = 0;
+  static constexpr int64_t kRowLanesMinTokens = 5;  // measured on Zen 4: per-row products win up to 4 tokens
   static __m512i pair(const Block* b) { return nibbles64(loadu128(b[0].qs), loadu128(b[1].qs)); }
   static __m512i single(const Block* b) { return nibbles64(loadu128(b->qs), _mm_setzero_si128()); }
 };
@@ -286,6 +299,7 @@ struct Q5_1W {
   using Act = BlockQ8_1;
   static constexpr bool kAsym = true;
   static constexpr int kBiasShift = 0;
+  static constexpr int64_t kRowLanesMinTokens = 3;  // not measured separately: as Q8_0
   static __m512i pair(const Block* b) {
     const __m512i nib = nibbles64(loadu128(b[0].qs), loadu128(b[1].qs));
     const __mmask64 high = _cvtu64_mask64(uint64_t(load_u32(b[0].qh)) | (uint64_t(load_u32(b[1].qh)) << 32));
@@ -592,10 +606,6 @@ void rows16_lanes(const uint8_t* const* rows, const NextTile& next, int64_t nb, 
 
 constexpr int kGroupTokens = 8;  // tokens per pass over a tile: 8 accumulators + the weight registers
 
-// Token counts from which transposing rows into lanes beats per-row products summed across rows
-// (measured on Zen 5: at 2 tokens rows16_lanes is ~10% slower than rows16_few).
-constexpr int64_t kRowLanesMinTokens = 3;
-
 // Calls f.template operator()<NT>() with NT = n (1..kGroupTokens) as a compile-time constant.
 template <class F>
 inline void with_token_count(int64_t n, F&& f) {
@@ -632,10 +642,10 @@ void gemm32(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_ro
             size_t act_stride, int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
   if (n_rows <= 0 || n_tokens <= 0) return;
   const int64_t nb = n / kQK, np = (nb + 1) / 2;
-  // Three paths: per-row dot products summed across rows (fewer than kRowLanesMinTokens tokens),
+  // Three paths: per-row dot products summed across rows (fewer than W::kRowLanesMinTokens tokens),
   // rows transposed in registers and used at once (up to kGroupTokens), or a stored tile reused
   // by every group of kGroupTokens tokens.
-  const bool row_lanes = n_tokens >= kRowLanesMinTokens;
+  const bool row_lanes = n_tokens >= W::kRowLanesMinTokens;
   const bool stored_tile = n_tokens > kGroupTokens;
   // Scratch: the activation summaries, then (many tokens) the tile.
   const size_t info_bytes = (size_t(n_tokens * nb) * 2 * sizeof(float) + 63) & ~size_t(63);
@@ -654,11 +664,9 @@ void gemm32(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_ro
           float* o = out + t0 * ldo + r0;
           const int64_t g = min64(kGroupTokens, n_tokens - t0);
           if (!row_lanes) {
-            // Fewer than kRowLanesMinTokens (3) tokens.
-            if (g == 2)
-              rows16_few<W, 2>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
-            else
-              rows16_few<W, 1>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
+            with_token_count(g, [&]<int NT>() {
+              if constexpr (NT < W::kRowLanesMinTokens) rows16_few<W, NT>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
+            });
           } else if (!stored_tile) {
             with_token_count(g, [&]<int NT>() {
               rows16_lanes<W, NT>(rows, next, nb, a, act_stride, d, x, nb, o, ldo, valid);
@@ -741,7 +749,8 @@ template <bool kHigh>
 struct Q45KW {
   using Block = typename std::conditional<kHigh, BlockQ5_K, BlockQ4_K>::type;
   static constexpr bool kSixBit = false;
-  static constexpr int64_t kRowLanesMinTokens = 5;  // per-row products win up to 4 tokens (Zen 5)
+  // Measured on Zen 4 (EPYC, 1 thread): per-row products beat the stored tile up to 8 tokens.
+  static constexpr int64_t kRowLanesMinTokens = kGroupTokens + 1;
   static void decode(const uint8_t* blk, __m512i* u) { decode_q45k<kHigh>(blk, u); }
   static __m256i scales16(const uint8_t* blk) {
     return k4_scales_mins(reinterpret_cast<const Block*>(blk)->scales);
@@ -752,6 +761,34 @@ struct Q45KW {
     return _mm512_permutexvar_epi16(word_index(2 * c, 2 * c, 2 * c + 1, 2 * c + 1), s16);
   }
   static uint32_t scale_words(const uint8_t* blk) { return load_u32(blk); }
+  // One token (decode) goes through rows16_k_rows (measured on Zen 4, 1 thread, Q4_K 640x1024: 40
+  // against 43-48 us for rows16_k_few; with 2 tokens rows16_k_rows measured 49 against 36).
+  static constexpr bool kRowSumsForOneToken = true;
+  // isum[t] = sum over sub-blocks j of scale_j * <u_j, a_t,j> for one row (exact), with 256-bit
+  // instructions: one sub-block of 32 elements per register. s16: scales16(blk).
+  template <int NT>
+  static void row_isums(const uint8_t* blk, __m256i s16, const BlockQ8_K* const* a, int32_t* isum) {
+    const Block& x = *reinterpret_cast<const Block*>(blk);
+    const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m256i hbits = _mm256_setzero_si256();
+    if constexpr (kHigh) hbits = loadu256(x.qh);
+    __m256i acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = loadu256(x.qs + 32 * c);
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * c + h;  // sub-block: low nibbles of chunk c, then its high nibbles
+        __m256i u = _mm256_and_si256(h ? _mm256_srli_epi16(q, 4) : q, low4);
+        // Bit j of qh[l] is bit 4 of element l of sub-block j.
+        if constexpr (kHigh)
+          u = _mm256_add_epi8(u, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, j), one), 4));
+        const __m256i sc = _mm256_permutexvar_epi16(_mm256_set1_epi16(short(j)), s16);
+        for (int t = 0; t < NT; ++t)
+          acc[t] = _mm256_dpwssd_epi32(acc[t], _mm256_maddubs_epi16(u, loadu256(a[t]->qs + 32 * j)), sc);
+      }
+    }
+    for (int t = 0; t < NT; ++t) isum[t] = hsum_i32x8(acc[t]);
+  }
 };
 using Q4KW = Q45KW<false>;
 using Q5KW = Q45KW<true>;
@@ -759,7 +796,8 @@ using Q5KW = Q45KW<true>;
 struct Q6KW {
   using Block = BlockQ6_K;
   static constexpr bool kSixBit = true;
-  static constexpr int64_t kRowLanesMinTokens = 6;  // per-row products win up to 5 tokens (Zen 5)
+  static constexpr int64_t kRowLanesMinTokens = 4;  // Zen 4: per-row products win up to 3 tokens
+  static constexpr bool kRowSumsForOneToken = false;  // no row_isums: 256-bit row sums measured no faster
   static void decode(const uint8_t* blk, __m512i* u) { decode_q6k(blk, u); }
   static __m256i scales16(const uint8_t* blk) {
     return _mm256_cvtepi8_epi16(loadu128(reinterpret_cast<const BlockQ6_K*>(blk)->scales));
@@ -816,6 +854,40 @@ inline __m512 accumulate_super(__m512 acc, __m512i isum, const SuperScales& ss, 
   if constexpr (K::kSixBit) return _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(ss.d, ad), acc);
   acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ss.d, ad), acc);
   return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(ss.dmin, ad), acc);
+}
+
+// Few tokens, per row: each row's exact integer sum per superblock and token with 256-bit
+// instructions (K::row_isums; Zen 4 splits 512-bit instructions in two, and for one token this beats
+// 512-bit products summed across the 16 rows), then the 16 rows' sums in lanes for the same float
+// steps as every other path (accumulate_super), so the results are bitwise those of the others.
+template <class K, int NT>
+void rows16_k_rows(const uint8_t* const* rows, const NextTile& next, int64_t nsb, const uint8_t* act,
+                   size_t act_stride, float* out, int64_t ldo, __mmask16 valid) {
+  using Block = typename K::Block;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const size_t at = size_t(sb) * sizeof(Block);
+    prefetch_next(next, sb, at, sizeof(Block));
+    const BlockQ8_K* a[NT];
+    for (int t = 0; t < NT; ++t) a[t] = reinterpret_cast<const BlockQ8_K*>(act + size_t(t) * act_stride) + sb;
+    __m256i s16[16];
+    alignas(64) uint32_t words[16];
+    alignas(64) int32_t isums[NT][16];  // [token][row]
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* blk = rows[r] + at;
+      s16[r] = K::scales16(blk);
+      words[r] = K::scale_words(blk);
+      int32_t isum[NT];
+      K::template row_isums<NT>(blk, s16[r], a, isum);
+      for (int t = 0; t < NT; ++t) isums[t][r] = isum[t];
+    }
+    SuperScales ss;
+    super_scales<K>(s16, words, &ss);
+    for (int t = 0; t < NT; ++t)
+      acc[t] = accumulate_super<K>(acc[t], _mm512_load_si512(isums[t]), ss, *a[t]);
+  }
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
 }
 
 // Few tokens: per row, 4 x (vpmaddubsw, vpdpwssd) per superblock and token, then summed across
@@ -933,6 +1005,8 @@ void gemm_k(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_ro
             size_t act_stride, int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
   if (n_rows <= 0 || n_tokens <= 0) return;
   const int64_t nsb = n / kQKK;
+  // Two paths: per-row products summed across rows (fewer than K::kRowLanesMinTokens tokens), or a
+  // stored tile of rows in lanes reused by every group of kGroupTokens tokens.
   const bool row_lanes = n_tokens >= K::kRowLanesMinTokens;
   auto* tile = row_lanes ? static_cast<TileSuper*>(scratch(size_t(nsb) * sizeof(TileSuper))) : nullptr;
   const auto* ab = static_cast<const uint8_t*>(act);
@@ -944,53 +1018,15 @@ void gemm_k(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_ro
                     const uint8_t* a = ab + size_t(t0) * act_stride;
                     float* o = out + t0 * ldo + r0;
                     const int64_t g = min64(kGroupTokens, n_tokens - t0);
-                    if (!row_lanes) {
-                      // Fewer than K::kRowLanesMinTokens (5 or 6) tokens.
-                      switch (g) {
-                        case 5:
-                          rows16_k_few<K, 5>(rows, next, nsb, a, act_stride, o, ldo, valid);
-                          break;
-                        case 4:
-                          rows16_k_few<K, 4>(rows, next, nsb, a, act_stride, o, ldo, valid);
-                          break;
-                        case 3:
-                          rows16_k_few<K, 3>(rows, next, nsb, a, act_stride, o, ldo, valid);
-                          break;
-                        case 2:
-                          rows16_k_few<K, 2>(rows, next, nsb, a, act_stride, o, ldo, valid);
-                          break;
-                        default:
-                          rows16_k_few<K, 1>(rows, next, nsb, a, act_stride, o, ldo, valid);
-                          break;
-                      }
-                      continue;
-                    }
-                    switch (g) {
-                      case 8:
-                        tile_k_tokens<K, 8>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      case 7:
-                        tile_k_tokens<K, 7>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      case 6:
-                        tile_k_tokens<K, 6>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      case 5:
-                        tile_k_tokens<K, 5>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      case 4:
-                        tile_k_tokens<K, 4>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      case 3:
-                        tile_k_tokens<K, 3>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      case 2:
-                        tile_k_tokens<K, 2>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                      default:
-                        tile_k_tokens<K, 1>(tile, nsb, a, act_stride, o, ldo, valid);
-                        break;
-                    }
+                    if (!row_lanes)
+                      with_token_count(g, [&]<int NT>() {
+                        if constexpr (NT == 1 && K::kRowSumsForOneToken)
+                          rows16_k_rows<K, NT>(rows, next, nsb, a, act_stride, o, ldo, valid);
+                        else if constexpr (NT < K::kRowLanesMinTokens)
+                          rows16_k_few<K, NT>(rows, next, nsb, a, act_stride, o, ldo, valid);
+                      });
+                    else
+                      with_token_count(g, [&]<int NT>() { tile_k_tokens<K, NT>(tile, nsb, a, act_stride, o, ldo, valid); });
                   }
                 });
 }
