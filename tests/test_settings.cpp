@@ -66,7 +66,7 @@ TEST(SpecSettings, EveryMemberRoundTripsThroughTheTable) {
 TEST(SpecSettings, ErrorsNameTheValidValuesAndRanges) {
   SpecConfig c;
   EXPECT_NE(error_of([&] { apply_spec_setting(c, "spec", "fast"); })
-                .find("none, self, draft, ngram, self+ngram, draft+ngram; got 'fast'"),
+                .find("none, self, draft, head, ngram, self+ngram, draft+ngram, head+ngram; got 'fast'"),
             std::string::npos);
   EXPECT_NE(error_of([&] { apply_spec_setting(c, "ngram-min", "0"); }).find("--ngram-min must be in [1, 64]"),
             std::string::npos);
@@ -122,6 +122,20 @@ TEST(SpecSettings, ErrorsNameTheValidValuesAndRanges) {
   c.mode = SpecMode::Ngram;  // ngram-first applies to X+ngram only
   c.draft_layers = 0;
   EXPECT_NO_THROW(c.validate());
+  // head+ngram: the head takes --draft-head; the other modes refuse it.
+  EXPECT_EQ(parse_spec_mode("head+ngram"), SpecMode::HeadNgram);
+  EXPECT_EQ(fallback_mode(SpecMode::HeadNgram), SpecMode::Head);
+  EXPECT_TRUE(uses_ngram(SpecMode::HeadNgram));
+  c = SpecConfig{};
+  c.mode = SpecMode::HeadNgram;
+  c.draft_head = "h.gguf";
+  EXPECT_NO_THROW(c.validate());
+  c.draft_layers = 3;
+  EXPECT_NE(error_of([&] { c.validate(); }).find("do not apply to --spec head+ngram"), std::string::npos);
+  c.draft_layers = 0;
+  c.mode = SpecMode::SelfNgram;
+  EXPECT_NE(error_of([&] { c.validate(); }).find("--draft-head applies to --spec head or head+ngram"),
+            std::string::npos);
   EXPECT_STREQ(name_of(DraftVocabKind::Freq), "freq");
 }
 
