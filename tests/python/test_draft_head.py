@@ -1,5 +1,6 @@
 """`--spec head` (an EAGLE-3 draft head) keeps greedy output identical to plain greedy decoding on
-both real models, with every draft vocabulary (full, freq, dynamic, hybrid).
+both real models, with every draft vocabulary (full, freq, dynamic, hybrid), and `--spec head+ngram`
+(n-gram matches first, the head otherwise) with the dynamic vocabulary.
 
 The head is the committed one under models/heads/ when present (found by default beside the model),
 else a random head written here in llama.cpp's eagle3 layout (scripts/draft_head_gguf.py) for the
@@ -78,10 +79,10 @@ def run(model, prompts, extra):
 
 
 @pytest.mark.parametrize("model", ["smollm2", "gemma"])
-@pytest.mark.parametrize("vocab", VOCABS)
-def test_head_greedy_equals_plain(model, vocab, heads, prompts_file):
+@pytest.mark.parametrize("mode,vocab", [("head", v) for v in VOCABS] + [("head+ngram", "dynamic")])
+def test_head_greedy_equals_plain(model, mode, vocab, heads, prompts_file):
     base = cli_generate(MODELS[model], spec_bench.first_turns(N_PROMPTS), N_TOKENS, chat=True, extra=["-t", "2"])
-    extra = ["--spec", "head", "--draft-head", str(heads[model]), "--draft-vocab", vocab]
+    extra = ["--spec", mode, "--draft-head", str(heads[model]), "--draft-vocab", vocab]
     if vocab in ("freq", "hybrid"):
         extra += ["--freq-file", str(MODELS[model].with_suffix(".freq.bin"))]
     p, cmd = run(model, prompts_file, extra)
@@ -91,7 +92,7 @@ def test_head_greedy_equals_plain(model, vocab, heads, prompts_file):
     drafted = 0
     for i, (a, b) in enumerate(zip(base, rows)):
         assert a["prompt_ids"] == b["prompt_ids"]
-        assert b["tokens"] == a["tokens"], f"{model} head {vocab}: prompt {i} differs from plain decoding"
+        assert b["tokens"] == a["tokens"], f"{model} {mode} {vocab}: prompt {i} differs from plain decoding"
         assert b["text"] == a["text"] and b["finish_reason"] == a["finish_reason"]
         drafted += b["spec"]["drafted_tokens"]
         assert b["spec"]["accepted_draft_tokens"] <= b["spec"]["drafted_tokens"]
