@@ -15,6 +15,7 @@
 // reason) equals Generator::generate's exactly. With temperature > 0 the draft tree is sampled and
 // verified by recursive rejection sampling (tree.h, TreeSamplingVerifier): the output has exactly
 // plain sampling's distribution, though not the same tokens for a seed.
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -107,6 +108,28 @@ class Decoder {
     Sampling(const SamplingParams& params, int32_t n_vocab);
     DraftSampling* for_drafter() { return draft ? &draft_state : nullptr; }
   };
+
+ public:
+  // One generation in progress, for callers that interleave generations step by step (the
+  // batching server): start() prefills and takes the first token, advance() runs one step,
+  // finish() releases held-back text and fills the timings; the result is then in `res`.
+  // generate() is exactly start, advance until false, finish. params and on_text must outlive it.
+  struct Run {
+    Run(const Tokenizer& tokenizer, const GenerateParams& params, const TextCallback& on_text, int32_t n_vocab);
+    SpecResult res;
+    TokenSink sink;  // writes into res.gen
+    Sampling sampling;
+    std::chrono::steady_clock::time_point decode_start;
+    double draft_head0 = 0.0;  // the drafter's LM-head seconds before the run
+    int32_t root = -1;         // newest token, not yet in the cache
+  };
+  // Prefills the prompt and takes the first token. False when the generation already ended.
+  bool start(Run& run, const std::vector<int32_t>& prompt, const DecodeObserver* observer = nullptr);
+  // One step (draft, verify, accept, emit). False once the generation ended.
+  bool advance(Run& run, const DecodeObserver* observer = nullptr);
+  void finish(Run& run);
+
+ private:
 
   // Checks that a step fits the batch size and sizes the step buffers.
   void size_step_buffers();
