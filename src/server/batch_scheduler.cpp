@@ -87,20 +87,25 @@ void BatchScheduler::loop() {
       for (auto& [slot, req] : incoming_) running_.push_back(admit(slot, req));
       incoming_.clear();
     }
-    // A round: one batched step of every plain sequence, one step of every speculative one.
+    // A round: one batched step (plain sequences, and speculative ones while others run), then a
+    // speculative step of each speculative sequence that was not in it.
     ended.clear();
     try {
       batched_step(ended);
     } catch (...) {
-      // A fault inside the shared forward pass ends every plain sequence in it.
+      // A fault inside the shared forward pass ends every sequence that took part in it.
       const std::exception_ptr error = std::current_exception();
       for (auto& seq : running_)
-        if (seq->req && !seq->req->speculative) retire(*seq, error);
+        if (seq->req && (!seq->req->speculative || seq->stepped)) retire(*seq, error);
       std::erase_if(running_, [](const auto& seq) { return seq->req == nullptr; });
       continue;
     }
     for (auto& seq : running_) {
       if (!seq->req || !seq->req->speculative) continue;
+      if (seq->stepped) {  // its step ran in the batched pass
+        seq->stepped = false;
+        continue;
+      }
       try {
         if (!speculative_step(*seq)) ended.push_back(seq.get());
       } catch (...) {
@@ -152,6 +157,21 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
     in_call_.push_back(seq.get());
     ++rows;
   }
+  // Speculative sequences join the batched pass with their root only while other sequences run
+  // (policy: the draft budget is zero at batch size > 1); alone they take full speculative steps.
+  if (running_.size() > 1) {
+    for (auto& seq : running_) {
+      if (!seq->req->speculative || !seq->started) continue;
+      seq->stepped = true;  // this round's step is taken here (or the sequence ends here)
+      if (stop_requested(*seq)) {
+        ended.push_back(seq.get());
+        continue;
+      }
+      call_.push_back(slots_[seq->slot].decoder->prepare_root_step(*seq->run));
+      in_call_.push_back(seq.get());
+      ++rows;
+    }
+  }
   int32_t budget = std::min(prefill_chunk_, model_.n_batch() - rows);
   for (auto& seq : running_) {
     if (seq->req->speculative || seq->next_token >= 0) continue;
@@ -187,6 +207,10 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
   model_.forward(call_, {.logits = true});
   const Clock::time_point now = Clock::now();
   for (Running* seq : in_call_) {
+    if (seq->req->speculative) {
+      if (!slots_[seq->slot].decoder->finish_root_step(*seq->run)) ended.push_back(seq);
+      continue;
+    }
     KVCache& kv = slots_[seq->slot].gen->cache();
     const int32_t len = seq->batch.size();
     kv.commit_prefix(len);
@@ -229,7 +253,7 @@ void BatchScheduler::retire(Running& seq, std::exception_ptr error) {
   if (!error) {
     try {
       if (req.speculative) {
-        slots_[seq.slot].decoder->finish(*seq.run);
+        if (seq.started) slots_[seq.slot].decoder->finish(*seq.run);  // else: stopped before its prefill
         req.result = std::move(seq.run->res);
       } else {
         seq.sink->finish();

@@ -8,9 +8,13 @@
 // served), so decoding sequences keep producing a token every step.
 //
 // Each slot (sequence) has its own KV cache (its Generator's) and, with --spec, its own Decoder
-// and drafter over the shared model. A speculative generation runs its own steps (draft, verify
-// with its own forward pass, accept) between the batched steps, one step per scheduler round: its
-// draft tree is not verified inside the batched forward pass (see README, "Server").
+// and drafter over the shared model. Policy for speculative generations (the draft budget from
+// the batch size): alone in the server, a speculative sequence runs full speculative steps (draft
+// tree, its own verification pass, accept); while other sequences run, it drafts nothing and its
+// root joins the batched forward pass as a row (Decoder::prepare_root_step / finish_root_step),
+// which is a plain decoding step through the same decoder (its MicroSpec window keeps being
+// updated). Its prompt is prefilled in one go through its Decoder. Draft trees are never verified
+// inside the batched pass yet (see README, "Server").
 //
 // Exactness: every kernel is per row and batch invariant, so a sequence's logits do not depend on
 // what shares its forward pass or how its prompt was cut into pieces; each sequence samples with
@@ -93,6 +97,7 @@ class BatchScheduler {
     // Speculative decoding through the slot's Decoder, one step per round:
     std::unique_ptr<Decoder::Run> run;
     bool started = false;
+    bool stepped = false;  // this round's step ran as a root-only row of the batched pass
   };
 
   void loop();

@@ -133,6 +133,23 @@ bool Decoder::step(int32_t* root, Sampling& sampling, TokenSink& sink, const Dec
   return running;
 }
 
+SequenceForward Decoder::prepare_root_step(Run& run) {
+  run.step_position = gen_.cache().n_past();
+  run.step_start = Clock::now();
+  tree_.clear();
+  batch_.set_sequence(std::span<const int32_t>(&run.root, 1), run.step_position, false);
+  return {.batch = &batch_, .kv = &gen_.cache(), .out = &out_};
+}
+
+bool Decoder::finish_root_step(Run& run) {
+  run.res.stats.verify_seconds += since(run.step_start);  // the shared forward pass included
+  accept_and_commit(run.sampling, run.res.stats);
+  update_drafter(run.root, run.res.stats);
+  const bool running = emit(run.step_position, run.sink, nullptr, run.res);
+  run.root = emitted_.back();
+  return running;
+}
+
 bool Decoder::draft(int32_t root, int32_t position, Sampling& sampling, SpecStats& st) {
   tree_.clear();
   // Near the end of the context the step degrades to a plain one (root only), so it never needs
