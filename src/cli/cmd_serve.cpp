@@ -43,7 +43,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1/* and /metrics");
   cmd->add_option("--alias", s.model_name, "model id in /v1/models and answers (default: file name)");
   cmd->add_option("--parallel", s.parallel,
-                  "generation slots (each with its own KV cache, allocated at start)")
+                  "sequences generated together in one batch at most (each with its own KV cache, allocated at "
+                  "start)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--queue", s.queue, "requests that may wait for a free slot; more are answered 429")
@@ -72,9 +73,14 @@ void add_serve_command(CLI::App& app) {
   add_ms("--idle-timeout", s.limits.idle_timeout, "a keep-alive connection without a request is closed after this");
   add_ms("--write-timeout", s.limits.write_timeout,
          "a client that does not take an answer's bytes for this long is disconnected and its generation stopped");
+  cmd->add_option("--prefill-chunk", s.prefill_chunk,
+                  "most prompt tokens one batched step takes over all newcomers (a long prompt is prefilled in "
+                  "pieces while the other sequences keep decoding)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   add_spec_options(*cmd, s.spec);
   cmd->footer(
-      "-t sets compute threads per slot (default: cores / --parallel). -c is each slot's context.\n"
+      "-t sets the compute threads of the one model all slots share (default: all cores). -c is each slot's context.\n"
       "Stop with SIGINT or SIGTERM: in-flight streams end with an error event and [DONE], then exit 0.");
   cmd->callback([args] { run_serve(*args); });
 }

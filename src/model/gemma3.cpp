@@ -55,10 +55,10 @@ class Gemma3Model final : public Model {
 
   // One layer: x += post_norm(attention(x)), then x += post_norm(ffn(x)), each block reading its
   // pre-normed input xn.
-  void run_layers(const Batch& batch, KVCache& kv, int32_t first, int32_t end, float* x) override {
+  void run_layers(const ForwardRows& rows, int32_t first, int32_t end, float* x) override {
     const ModelConfig& c = config_;
-    const int32_t n = batch.size(), d = c.n_embd;
-    const int32_t* positions = batch.positions.data();
+    const int32_t n = rows.n, d = c.n_embd;
+    const int32_t* positions = rows.positions;
     float* xn = act_.xn.data();      // [n][n_embd]
     float* q = act_.q.data();        // [n][n_head][head_dim]
     float* k = act_.k.data();        // [n][n_head_kv][head_dim]
@@ -78,7 +78,7 @@ class Gemma3Model final : public Model {
       rms_norm(k, L.k_norm, n * c.n_head_kv, c.head_dim, k);
       rope(q, n, c.n_head, positions, rope_base);
       rope(k, n, c.n_head_kv, positions, rope_base);
-      attention(il, batch, kv, q, k, v, attn);
+      attention(il, rows, q, k, v, attn);
       matmul(L.wo, attn, n, o);
       rms_norm(o, L.post_attn_norm, n, d, o);
       add_block_output(o, n, x);

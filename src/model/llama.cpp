@@ -58,10 +58,10 @@ class LlamaModel final : public Model {
   }
 
   // One layer: x += attention(norm(x)), then x += ffn(norm(x)).
-  void run_layers(const Batch& batch, KVCache& kv, int32_t first, int32_t end, float* x) override {
+  void run_layers(const ForwardRows& rows, int32_t first, int32_t end, float* x) override {
     const ModelConfig& c = config_;
-    const int32_t n = batch.size(), d = c.n_embd;
-    const int32_t* positions = batch.positions.data();
+    const int32_t n = rows.n, d = c.n_embd;
+    const int32_t* positions = rows.positions;
     float* xn = act_.xn.data();      // [n][n_embd]
     float* q = act_.q.data();        // [n][n_head][head_dim]
     float* k = act_.k.data();        // [n][n_head_kv][head_dim]
@@ -81,7 +81,7 @@ class LlamaModel final : public Model {
       add_bias(v, L.bv, n, c.kv_dim());
       rope(q, n, c.n_head, positions, c.rope_base);
       rope(k, n, c.n_head_kv, positions, c.rope_base);
-      attention(il, batch, kv, q, k, v, attn);
+      attention(il, rows, q, k, v, attn);
       matmul(L.wo, attn, n, o);
       add_block_output(o, n, x);
 

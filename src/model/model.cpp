@@ -86,6 +86,9 @@ Model::Model(const GgufFile& file, const ModelOptions& options)
   act_.o.assign(B * d, 0.0f);
   act_.gate.assign(B * config_.n_ff, 0.0f);
   act_.up.assign(B * config_.n_ff, 0.0f);
+  act_.positions.assign(B, 0);
+  act_.row_seq.assign(B, 0);
+  act_.seq_first_row.assign(B, 0);
   q16_.assign(size_t(pool_.size()) * config_.head_dim, 0);
   mm_.reserve(n_batch_, std::max(config_.n_ff, std::max(config_.q_dim(), d)));
 }
@@ -199,15 +202,17 @@ void Model::rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions,
   }
 }
 
-void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* q, const float* k,
-                      const float* v, float* out) {
-  const int32_t n = batch.size(), hd = config_.head_dim, kvd = config_.kv_dim();
-  const int32_t n_past = kv.n_past(), group = config_.n_head / config_.n_head_kv;
+void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const float* k, const float* v,
+                      float* out) {
+  const int32_t n = rows.n, hd = config_.head_dim, kvd = config_.kv_dim();
+  const int32_t group = config_.n_head / config_.n_head_kv;
   const F16AttentionKernels f16 = mm_.kernels().f16;
   for (int32_t i = 0; i < n; ++i) {
-    const int32_t slot = n_past + batch.start + i;
-    f16.round(k + size_t(i) * kvd, kv.k(il, slot), kvd);
-    f16.round(v + size_t(i) * kvd, kv.v(il, slot), kvd);
+    const int32_t s = rows.row_seq[i];
+    const SequenceForward& seq = rows.seqs[s];
+    const int32_t slot = seq.kv->n_past() + seq.batch->start + (i - rows.seq_first_row[s]);
+    f16.round(k + size_t(i) * kvd, seq.kv->k(il, slot), kvd);
+    f16.round(v + size_t(i) * kvd, seq.kv->v(il, slot), kvd);
   }
   const int32_t window = config_.layer_is_sliding[il] ? config_.sliding_window : 0;
   const size_t scores_per_thread = scores_.size() / pool_.size();
@@ -221,11 +226,16 @@ void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* 
     for (int64_t task = begin; task < end; ++task) {
       const int32_t i = static_cast<int32_t>(task / config_.n_head),
                     h = static_cast<int32_t>(task % config_.n_head);
-      const int32_t qpos = batch.positions[i];
+      // Row i is token `local` of its sequence, which attends to its own cache only.
+      const SequenceForward& seq = rows.seqs[rows.row_seq[i]];
+      const KVCache& kv = *seq.kv;
+      const int32_t local = i - rows.seq_first_row[rows.row_seq[i]];
+      const int32_t n_past = kv.n_past();
+      const int32_t qpos = rows.positions[i];
       if (i != last_query) {
         // Pending slots this token sees: itself and its chain of ancestors (collected leaf first).
         n_visible = 0;
-        for (int32_t p = batch.start + i; p >= 0; p = kv.pending_parent(p)) visible[n_visible++] = p;
+        for (int32_t p = seq.batch->start + local; p >= 0; p = kv.pending_parent(p)) visible[n_visible++] = p;
         last_query = i;
       }
       // q is rounded to half floats for the dot products with the half-float keys, as llama.cpp does.
@@ -261,19 +271,23 @@ void Model::attention(int32_t il, const Batch& batch, KVCache& kv, const float* 
 }
 
 void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, const ForwardOptions& options) {
-  const int32_t n = batch.size(), d = config_.n_embd;
-  const int32_t first_layer = options.first_layer;
-  const int32_t end_layer = options.end_layer < 0 || options.end_layer > config_.n_layer ? config_.n_layer
-                                                                                           : options.end_layer;
-  if (first_layer < 0 || first_layer > end_layer)
-    throw Error("forward: first layer " + std::to_string(first_layer) + " outside [0, " +
-                std::to_string(end_layer) + "]");
-  if (first_layer > 0 && !options.resume_residual)
+  if (options.first_layer > 0 && !options.resume_residual)
+    throw Error("forward: starting at a later layer needs the residual streams");
+  const SequenceForward seq{.batch = &batch, .kv = &kv, .out = &out, .resume_residual = options.resume_residual};
+  ForwardOptions per_call = options;
+  per_call.resume_residual = nullptr;
+  forward(std::span<const SequenceForward>(&seq, 1), per_call);
+}
+
+// Checks one sequence of a forward call against its cache and records its tokens' slot metadata.
+void Model::check_sequence(const SequenceForward& seq, int32_t first_layer) const {
+  if (!seq.batch || !seq.kv || !seq.out) throw Error("forward: a sequence lacks its batch, cache or output");
+  const Batch& batch = *seq.batch;
+  KVCache& kv = *seq.kv;
+  const int32_t n = batch.size();
+  if (first_layer > 0 && !seq.resume_residual)
     throw Error("forward: starting at a later layer needs the residual streams");
   if (n == 0) throw Error("forward: empty batch");
-  if (n > n_batch_)
-    throw Error("forward: batch of " + std::to_string(n) + " tokens exceeds n_batch " +
-                std::to_string(n_batch_));
   if (batch.positions.size() != size_t(n) || batch.parents.size() != size_t(n))
     throw Error("forward: batch positions/parents do not match its tokens");
   if (batch.start < 0 || kv.n_past() + batch.start + n > kv.n_ctx())
@@ -289,47 +303,117 @@ void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, const F
     if (p < -1 || p >= batch.start + i)
       throw Error("forward: parent of token " + std::to_string(i) + " is not written yet");
     if (batch.positions[i] < 0) throw Error("forward: negative position");
-    kv.set_slot_meta(kv.n_past() + batch.start + i, batch.positions[i], p);
   }
   for (int32_t r : batch.output_rows)
     if (r < 0 || r >= n) throw Error("forward: output row out of range");
-  // Attention scratch grows once to the largest cache seen (a cache is made once per session).
-  const size_t need = size_t(pool_.size()) * (size_t(kv.n_ctx()) + n_batch_);
-  if (scores_.size() < need) scores_.assign(need, 0.0f);
-  // A token's ancestors are all in the pending region, so a chain is at most this long.
-  const size_t need_visible = size_t(pool_.size()) * (kv.n_ctx() - kv.n_past());
-  if (visible_.size() < need_visible) visible_.assign(need_visible, 0);
+}
+
+void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions& options) {
+  const int32_t d = config_.n_embd;
+  const int32_t first_layer = options.first_layer;
+  const int32_t end_layer = options.end_layer < 0 || options.end_layer > config_.n_layer ? config_.n_layer
+                                                                                           : options.end_layer;
+  if (first_layer < 0 || first_layer > end_layer)
+    throw Error("forward: first layer " + std::to_string(first_layer) + " outside [0, " +
+                std::to_string(end_layer) + "]");
+  if (options.resume_residual)
+    throw Error("forward: a multi-sequence call takes the residual streams per sequence");
+  if (seqs.empty()) throw Error("forward: no sequence");
+
+  // The rows of all sequences, one after the other; every check before anything is written.
+  int64_t n_total = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    check_sequence(seqs[s], first_layer);
+    for (size_t t = 0; t < s; ++t)
+      if (seqs[t].kv == seqs[s].kv) throw Error("forward: two sequences of one call share a KV cache");
+    n_total += seqs[s].batch->size();
+  }
+  if (n_total > n_batch_)
+    throw Error("forward: batch of " + std::to_string(n_total) + " tokens exceeds n_batch " +
+                std::to_string(n_batch_));
+  const int32_t n = static_cast<int32_t>(n_total);
+  size_t need_scores = 0, need_visible = 0;
+  int32_t row = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const Batch& batch = *seqs[s].batch;
+    KVCache& kv = *seqs[s].kv;
+    act_.seq_first_row[s] = row;
+    for (int32_t i = 0; i < batch.size(); ++i, ++row) {
+      kv.set_slot_meta(kv.n_past() + batch.start + i, batch.positions[i], batch.parents[i]);
+      act_.positions[row] = batch.positions[i];
+      act_.row_seq[row] = static_cast<int32_t>(s);
+    }
+    need_scores = std::max(need_scores, size_t(kv.n_ctx()) + n_batch_);
+    // A token's ancestors are all in the pending region, so a chain is at most this long.
+    need_visible = std::max(need_visible, size_t(kv.n_ctx() - kv.n_past()));
+  }
+  // Attention scratch grows once to the largest cache seen (caches are made once per session).
+  if (scores_.size() < pool_.size() * need_scores) scores_.assign(pool_.size() * need_scores, 0.0f);
+  if (visible_.size() < pool_.size() * need_visible) visible_.assign(pool_.size() * need_visible, 0);
 
   float* x = act_.x.data();
-  if (first_layer > 0) {
-    std::memcpy(x, options.resume_residual, sizeof(float) * size_t(n) * d);
-  } else {
-    for (int32_t i = 0; i < n; ++i) {
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const Batch& batch = *seqs[s].batch;
+    float* xs = x + size_t(act_.seq_first_row[s]) * d;
+    if (first_layer > 0) {
+      std::memcpy(xs, seqs[s].resume_residual, sizeof(float) * size_t(batch.size()) * d);
+      continue;
+    }
+    for (int32_t i = 0; i < batch.size(); ++i) {
       const QMatrix& e = token_embd_;
-      dequantize_row(e.type, e.data + size_t(batch.tokens[i]) * e.row_stride, x + size_t(i) * d, d);
+      dequantize_row(e.type, e.data + size_t(batch.tokens[i]) * e.row_stride, xs + size_t(i) * d, d);
       if (config_.embed_scale != 1.0f)
-        for (int32_t j = 0; j < d; ++j) x[size_t(i) * d + j] *= config_.embed_scale;
+        for (int32_t j = 0; j < d; ++j) xs[size_t(i) * d + j] *= config_.embed_scale;
     }
   }
-  const int32_t n_out = static_cast<int32_t>(batch.output_rows.size());
-  run_layers_capturing(batch, kv, first_layer, end_layer, options.capture_layers, x, out);
+  const ForwardRows rows{.n = n,
+                         .positions = act_.positions.data(),
+                         .seqs = seqs,
+                         .row_seq = act_.row_seq.data(),
+                         .seq_first_row = act_.seq_first_row.data()};
+  run_layers_capturing(rows, first_layer, end_layer, options.capture_layers, x);
 
-  out.n_rows = n_out;
-  out.residual.resize(size_t(n_out) * d);
-  out.hidden.resize(size_t(n_out) * d);
-  for (int32_t j = 0; j < n_out; ++j)
-    std::memcpy(out.residual.data() + size_t(j) * d, x + size_t(batch.output_rows[j]) * d, sizeof(float) * d);
-  rms_norm(out.residual.data(), output_norm_, n_out, d, out.hidden.data());
-  if (options.logits) {
-    out.logits.resize(size_t(n_out) * config_.n_vocab);
-    lm_head(out.hidden.data(), n_out, out.logits.data());
+  // Each sequence's output rows: residual and final norm, then one LM head over all of them.
+  int32_t n_out_total = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const Batch& batch = *seqs[s].batch;
+    ForwardOutput& out = *seqs[s].out;
+    const int32_t n_out = static_cast<int32_t>(batch.output_rows.size());
+    const float* xs = x + size_t(act_.seq_first_row[s]) * d;
+    out.n_rows = n_out;
+    out.residual.resize(size_t(n_out) * d);
+    out.hidden.resize(size_t(n_out) * d);
+    for (int32_t j = 0; j < n_out; ++j)
+      std::memcpy(out.residual.data() + size_t(j) * d, xs + size_t(batch.output_rows[j]) * d, sizeof(float) * d);
+    rms_norm(out.residual.data(), output_norm_, n_out, d, out.hidden.data());
+    n_out_total += n_out;
+  }
+  if (!options.logits) return;
+  const size_t V = config_.n_vocab;
+  if (seqs.size() == 1) {  // straight into the sequence's output
+    ForwardOutput& out = *seqs[0].out;
+    out.logits.resize(size_t(out.n_rows) * V);
+    lm_head(out.hidden.data(), out.n_rows, out.logits.data());
+    return;
+  }
+  head_hidden_.resize(size_t(n_out_total) * d);
+  head_logits_.resize(size_t(n_out_total) * V);
+  int32_t at = 0;
+  for (const SequenceForward& seq : seqs) {
+    std::memcpy(head_hidden_.data() + size_t(at) * d, seq.out->hidden.data(), sizeof(float) * seq.out->n_rows * d);
+    at += seq.out->n_rows;
+  }
+  lm_head(head_hidden_.data(), n_out_total, head_logits_.data());
+  at = 0;
+  for (const SequenceForward& seq : seqs) {
+    seq.out->logits.assign(head_logits_.data() + size_t(at) * V, head_logits_.data() + size_t(at + seq.out->n_rows) * V);
+    at += seq.out->n_rows;
   }
 }
 
-void Model::run_layers_capturing(const Batch& batch, KVCache& kv, int32_t first, int32_t end,
-                                 std::span<const int32_t> capture, float* x, ForwardOutput& out) {
+void Model::run_layers_capturing(const ForwardRows& rows, int32_t first, int32_t end,
+                                 std::span<const int32_t> capture, float* x) {
   const int32_t d = config_.n_embd, n_capture = static_cast<int32_t>(capture.size());
-  const int32_t n_out = static_cast<int32_t>(batch.output_rows.size());
   int32_t at = first;
   for (int32_t c = 0; c < n_capture; ++c)
     if (capture[c] < at || capture[c] > end)
@@ -337,17 +421,22 @@ void Model::run_layers_capturing(const Batch& batch, KVCache& kv, int32_t first,
                   ", " + std::to_string(end) + "] (capture layers must be non-decreasing within the layers run)");
     else
       at = capture[c];
-  out.layer_inputs.resize(size_t(n_out) * n_capture * d);
+  for (const SequenceForward& seq : rows.seqs)
+    seq.out->layer_inputs.resize(seq.batch->output_rows.size() * size_t(n_capture) * d);
   // Layers are per token, so running them in segments gives bitwise the same stream.
   at = first;
   for (int32_t c = 0; c < n_capture; ++c) {
-    run_layers(batch, kv, at, capture[c], x);
+    run_layers(rows, at, capture[c], x);
     at = capture[c];
-    for (int32_t j = 0; j < n_out; ++j)
-      std::memcpy(out.layer_inputs.data() + (size_t(j) * n_capture + c) * d, x + size_t(batch.output_rows[j]) * d,
-                  sizeof(float) * d);
+    for (size_t s = 0; s < rows.seqs.size(); ++s) {
+      const std::vector<int32_t>& out_rows = rows.seqs[s].batch->output_rows;
+      const float* xs = x + size_t(rows.seq_first_row[s]) * d;
+      for (size_t j = 0; j < out_rows.size(); ++j)
+        std::memcpy(rows.seqs[s].out->layer_inputs.data() + (j * n_capture + c) * d, xs + size_t(out_rows[j]) * d,
+                    sizeof(float) * d);
+    }
   }
-  run_layers(batch, kv, at, end, x);
+  run_layers(rows, at, end, x);
 }
 
 void Model::lm_head(const float* hidden, int32_t n, float* logits) {

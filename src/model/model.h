@@ -2,6 +2,18 @@
 // A loaded model: weights (views into the mapped GGUF file), scratch buffers sized at load, and
 // one forward pass per architecture (gemma3.cpp, llama.cpp) built from the shared blocks.
 //
+// One forward call may carry several sequences (continuous batching in the server): each brings
+// its own Batch (positions, tree parents, output rows) and its own KVCache. The matmuls run once
+// over the rows of all sequences (the weights are read once per call), attention runs per
+// sequence against that sequence's cache. Per-sequence caches rather than one shared cache with
+// block tables: a KVCache is already the unit the speculative decoder commits, compacts and
+// truncates (tree paths are copied down behind the prefix), a sequence's rows stay contiguous so
+// attention reads them as today, and `--parallel N` allocates N caches at start, which bounds KV
+// memory exactly as the per-slot caches did; block tables would only pay off with prefix sharing
+// or caches of different lengths, neither of which the server has. Every kernel is per row and the
+// matmuls are batch invariant (Matmul.BatchInvariantBitForBit), so a sequence's logits are bitwise
+// the same whatever else shares its forward call (ModelBatch.* tests).
+//
 // The forward API is shaped for speculative decoding: a batch of tokens with arbitrary positions
 // and per-token parents (a token tree), final hidden states and/or logits only for the rows asked
 // for, an optional layer limit (a self-drafter runs only the first N layers), and the LM head
@@ -53,6 +65,16 @@ struct ForwardOutput {
   std::vector<float> layer_inputs;
 };
 
+// One sequence's part of a multi-sequence forward call: its tokens, its own cache (distinct from
+// every other sequence's in the call), where its results go, and, when the call starts at a later
+// layer, the residual streams it resumes from ([batch->size()][n_embd]).
+struct SequenceForward {
+  const Batch* batch = nullptr;
+  KVCache* kv = nullptr;
+  ForwardOutput* out = nullptr;
+  const float* resume_residual = nullptr;
+};
+
 // Wall time spent in the LM head since the last reset, for the statistics lines and benchmarks.
 struct ModelTimings {
   double lm_head_seconds = 0.0;  // lm_head(), lm_head_rows() and lm_head_packed() calls
@@ -99,6 +121,11 @@ class Model {
   // whether its layers run in one call or are split across calls. Throws Error when the batch does
   // not fit the cache or n_batch, or the layer range is invalid.
   void forward(const Batch& batch, KVCache& kv, ForwardOutput& out, const ForwardOptions& options = {});
+  // The same for several sequences in one call: every row of every sequence goes through each
+  // weight matrix together (one read of the weights), the LM head included; attention is per
+  // sequence. Each sequence's results are bitwise those of forward() on it alone. The total token
+  // count must fit n_batch; options.resume_residual must be null (it is per sequence here).
+  void forward(std::span<const SequenceForward> seqs, const ForwardOptions& options);
 
   // logits[i][v] for all vocabulary rows: hidden is [n][n_embd], logits [n][n_vocab].
   void lm_head(const float* hidden, int32_t n, float* logits);
@@ -115,12 +142,20 @@ class Model {
  protected:
   Model(const GgufFile& file, const ModelOptions& options);
   // The architecture's layers: transforms x ([n][n_embd] embeddings in, residual stream out).
-  // Layers [first, end) of the architecture on x in place.
-  virtual void run_layers(const Batch& batch, KVCache& kv, int32_t first, int32_t end, float* x) = 0;
+  // Layers [first, end) of the architecture on x in place. The rows are those of one forward call:
+  // all its sequences' tokens, one after the other.
+  struct ForwardRows {
+    int32_t n = 0;                            // rows in all
+    const int32_t* positions = nullptr;       // [n] each row's position in its sequence
+    std::span<const SequenceForward> seqs;    // the sequences, rows in this order
+    const int32_t* row_seq = nullptr;         // [n] index into seqs of each row
+    const int32_t* seq_first_row = nullptr;   // [seqs.size()] first row of each sequence
+  };
+  virtual void run_layers(const ForwardRows& rows, int32_t first, int32_t end, float* x) = 0;
   // run_layers over [first, end), copying the stream entering each layer of `capture` (see
-  // ForwardOptions::capture_layers) for the batch's output rows into out.layer_inputs.
-  void run_layers_capturing(const Batch& batch, KVCache& kv, int32_t first, int32_t end,
-                            std::span<const int32_t> capture, float* x, ForwardOutput& out);
+  // ForwardOptions::capture_layers) for every sequence's output rows into its out->layer_inputs.
+  void run_layers_capturing(const ForwardRows& rows, int32_t first, int32_t end, std::span<const int32_t> capture,
+                            float* x);
 
   // --- shared blocks: each reads its inputs and writes its outputs through its arguments --------
   // Rows of activations are [n][dim] row-major; every pointer is a view into Activations below.
@@ -142,10 +177,12 @@ class Model {
                  const float* xn, int32_t n, float* gate, float* up, float* out);
   // x += block_out, both [n][n_embd].
   void add_block_output(const float* block_out, int32_t n, float* x) const;
-  // Writes k, v ([n][kv_dim]) of the batch into layer il of the cache and computes attention of q
-  // ([n][q_dim]) against the committed prefix plus each token's ancestors into out ([n][q_dim]).
-  void attention(int32_t il, const Batch& batch, KVCache& kv, const float* q, const float* k, const float* v,
-                 float* out);
+  // Checks one sequence of a forward call (tokens, parents, positions, output rows, room in its cache).
+  void check_sequence(const SequenceForward& seq, int32_t first_layer) const;
+  // Writes k, v ([n][kv_dim]) of every row into layer il of its sequence's cache and computes
+  // attention of q ([n][q_dim]) against that sequence's committed prefix plus the token's ancestors
+  // into out ([n][q_dim]).
+  void attention(int32_t il, const ForwardRows& rows, const float* q, const float* k, const float* v, float* out);
 
   // The activations of one forward call, sized at load for n_batch tokens; the architectures pass
   // views of them to the blocks, nothing is allocated per token.
@@ -157,6 +194,9 @@ class Model {
     std::vector<float> attn;      // [n_batch][n_head*head_dim] attention output, heads side by side
     std::vector<float> o;         // [n_batch][n_embd] block output
     std::vector<float> gate, up;  // [n_batch][n_ff]
+    std::vector<int32_t> positions;      // [n_batch] positions of all rows of a call
+    std::vector<int32_t> row_seq;        // [n_batch] sequence of each row
+    std::vector<int32_t> seq_first_row;  // [n_batch] first row of each sequence (a sequence has >= 1 row)
   };
 
   ModelConfig config_;
@@ -174,6 +214,11 @@ class Model {
   std::vector<float> scores_;     // [n_threads][n_ctx + n_batch] attention scores
   std::vector<int32_t> visible_;  // [n_threads][n_ctx - n_past] visible pending indices
   std::vector<uint16_t> q16_;     // [n_threads][head_dim] query head in half floats
+  // The LM head of a multi-sequence call runs once over every sequence's output rows: their final
+  // hidden states side by side, and the logits before they are handed to each sequence. Grown to
+  // the largest number of output rows seen (decode steps: one or a few rows per sequence).
+  std::vector<float> head_hidden_;  // [output rows][n_embd]
+  std::vector<float> head_logits_;  // [output rows][n_vocab]
 };
 
 }  // namespace microspec

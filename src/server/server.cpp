@@ -18,6 +18,7 @@
 #include "server/api.h"
 #include "server/chat_page.h"
 #include "server/metrics.h"
+#include "server/batch_scheduler.h"
 #include "server/slots.h"
 #include "server/transport.h"
 #include "tokenizer/chat.h"
@@ -159,11 +160,12 @@ bool json_content_type(std::string_view content_type) {
 
 class Server {
  public:
-  Server(const ServerOptions& options, std::unique_ptr<GgufFile> file, std::unique_ptr<Tokenizer> tokenizer,
-         std::unique_ptr<SlotPool> pool)
+  // file, tokenizer and scheduler must outlive the server.
+  Server(const ServerOptions& options, const GgufFile& file, const Tokenizer& tokenizer, BatchScheduler& scheduler, std::unique_ptr<SlotPool> pool)
       : opt_(options),
-        file_(std::move(file)),
-        tokenizer_(std::move(tokenizer)),
+        file_(file),
+        tokenizer_(tokenizer),
+        scheduler_(scheduler),
         pool_(std::move(pool)),
         // A worker for every slot and queue place: workers wait for slots, I/O threads never do.
         max_jobs_(pool_->size() + pool_->queue_limit()),
@@ -178,12 +180,12 @@ class Server {
       if (model_name_.size() > 5 && model_name_.compare(model_name_.size() - 5, 5, ".gguf") == 0)
         model_name_.resize(model_name_.size() - 5);
     }
-    ctx_.tokenizer = tokenizer_.get();
+    ctx_.tokenizer = &tokenizer_;
     ctx_.n_ctx = opt_.n_ctx;
     ctx_.spec = &opt_.spec;
     try {
-      ctx_.chat_format = detect_chat_format(*file_, *tokenizer_);
-      ctx_.default_system = default_system_prompt(*file_);
+      ctx_.chat_format = detect_chat_format(file_, tokenizer_);
+      ctx_.default_system = default_system_prompt(file_);
     } catch (const Error& e) {
       std::fprintf(stderr, "serve: no chat format (%s); /v1/chat/completions answers 400\n", e.what());
     }
@@ -213,8 +215,9 @@ class Server {
 
  private:
   ServerOptions opt_;
-  std::unique_ptr<GgufFile> file_;
-  std::unique_ptr<Tokenizer> tokenizer_;
+  const GgufFile& file_;
+  const Tokenizer& tokenizer_;
+  BatchScheduler& scheduler_;
   std::unique_ptr<SlotPool> pool_;
   RequestContext ctx_;
   Metrics metrics_;
@@ -424,7 +427,7 @@ class Server {
     report.spec_note = r.spec_note;
     report.queue_seconds = job.queue_seconds;
     try {
-      report.result = job.lease->slot().generate(r.prompt_ids, r.params, r.speculative, on_text);
+      report.result = scheduler_.generate(job.lease->index(), r.prompt_ids, r.params, r.speculative, on_text);
     } catch (const std::exception& e) {
       metrics_.record_generation(report, Outcome::Failed);
       throw generation_error(e);
@@ -521,22 +524,29 @@ void run_server(const ServerOptions& o) {
 
   auto file = GgufFile::open(o.model_path);
   auto tokenizer = Tokenizer::from_gguf(*file);
+  // One model (one set of scratch buffers, one compute thread pool) for every slot: the batch
+  // scheduler runs all sequences' steps on it.
   ModelOptions mopt;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  mopt.n_threads = o.threads > 0 ? o.threads : std::max(1, cores / o.parallel);
+  mopt.n_threads = o.threads > 0 ? o.threads : cores;
   mopt.n_batch = o.n_batch;
   mopt.kernels = o.kernels;
-  std::vector<std::unique_ptr<Slot>> slots;
-  for (int i = 0; i < o.parallel; ++i)
-    slots.push_back(std::make_unique<Slot>(*file, *tokenizer, mopt, o.n_ctx, o.spec));
-  std::fprintf(
-      stderr, "serve: %d slot%s x %d tokens of context, %d thread%s each%s | memory after setup: %.0f MiB\n",
-      o.parallel, o.parallel == 1 ? "" : "s", o.n_ctx, mopt.n_threads, mopt.n_threads == 1 ? "" : "s",
-      o.spec.enabled() ? (", speculative: " + slots[0]->decoder->describe()).c_str() : "",
-      peak_memory_bytes() / (1024.0 * 1024.0));
+  std::unique_ptr<Model> model = Model::load(*file, mopt);
+  std::vector<SequenceSlot> slots;
+  for (int i = 0; i < o.parallel; ++i) {
+    SequenceSlot slot;
+    slot.gen = std::make_unique<Generator>(*model, *tokenizer, o.n_ctx);
+    slot.decoder = std::make_unique<Decoder>(o.spec, *file, *slot.gen, *tokenizer);
+    slots.push_back(std::move(slot));
+  }
+  BatchScheduler scheduler(*model, *tokenizer, std::move(slots), o.prefill_chunk);
+  std::fprintf(stderr,
+               "serve: %d slot%s x %d tokens of context, one batch, %d thread%s%s | memory after setup: %.0f MiB\n",
+               o.parallel, o.parallel == 1 ? "" : "s", o.n_ctx, mopt.n_threads, mopt.n_threads == 1 ? "" : "s",
+               o.spec.enabled() ? (", speculative: " + scheduler.slot(0).decoder->describe()).c_str() : "",
+               peak_memory_bytes() / (1024.0 * 1024.0));
 
-  Server server(o, std::move(file), std::move(tokenizer),
-                std::make_unique<SlotPool>(std::move(slots), o.queue));
+  Server server(o, *file, *tokenizer, scheduler, std::make_unique<SlotPool>(o.parallel, o.queue));
   std::atomic<bool> watch{true};
   std::thread watcher([&] {
     const timespec tick{0, 100 * 1000 * 1000};

@@ -1,11 +1,12 @@
 #pragma once
-// `microspec serve`: an OpenAI-compatible HTTP server over generation slots, with speculative
-// decoding, Prometheus metrics and a chat page.
+// `microspec serve`: an OpenAI-compatible HTTP server with continuous batching over generation
+// slots (batch_scheduler.h), speculative decoding, Prometheus metrics and a chat page.
 //
 // Threads: the HTTP transport (transport.h, Boost.Beast) reads every request and writes every
 // answer on one I/O thread, asynchronously, so idle and slow connections hold no thread; /health,
 // /metrics, /v1/models and the page are answered there. Completion requests go to a pool of
-// workers, one for every slot and queue place, which parse them, wait for a slot and generate;
+// workers, one for every slot and queue place, which parse them, wait for a slot and hand the
+// generation to the batch scheduler's thread (which runs every sequence's steps on the one model);
 // a streamed answer is written piece by piece as it is generated. A client that leaves, or stops
 // reading past the write deadline, stops its generation at the next step.
 #include <cstddef>
@@ -24,11 +25,12 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;        // 0: any free port (the chosen one is printed)
   std::string api_key;    // "" = no authentication
-  int parallel = 1;       // generation slots
+  int parallel = 1;       // sequences in flight at most (slots of the running batch)
   int queue = 16;         // requests that may wait for a slot; more get 429
-  int threads = 0;        // compute threads per slot; 0 = cores / parallel (at least 1)
+  int threads = 0;        // compute threads of the one shared model; 0 = all cores
+  int32_t prefill_chunk = 64;  // most prompt tokens per batched step, over all newcomers
   int32_t n_ctx = 4096;   // tokens per slot
-  int32_t n_batch = 512;  // prefill chunk
+  int32_t n_batch = 512;  // most tokens one forward pass takes (all sequences of a step together)
   std::string kernels = "auto";
   TransportLimits limits;                // request sizes, deadlines, open connections
   std::vector<std::string> cors_origins;  // origins whose pages may call the API ("*": any); none by default

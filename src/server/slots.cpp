@@ -4,35 +4,15 @@
 
 namespace microspec::server {
 
-Slot::Slot(const GgufFile& file, const Tokenizer& tokenizer, const ModelOptions& options, int32_t n_ctx,
-           const SpecConfig& spec_config) {
-  model = Model::load(file, options);
-  gen = std::make_unique<Generator>(*model, tokenizer, n_ctx);
-  decoder = std::make_unique<Decoder>(spec_config, file, *gen, tokenizer);
-  plain = std::make_unique<Decoder>(*gen, tokenizer, nullptr, spec_config.tree);
-}
-
-SpecResult Slot::generate(const std::vector<int32_t>& prompt, const GenerateParams& params, bool speculative,
-                          const TextCallback& on_text) {
-  if (speculative && !decoder->speculative())
-    throw Error("speculative generation asked of a slot built without speculation");
-  return (speculative ? *decoder : *plain).generate(prompt, params, on_text);
-}
-
 SlotLease::~SlotLease() {
   pool_.release(index_);
 }
 
-Slot& SlotLease::slot() {
-  return *pool_.slots_[index_];
-}
-
-SlotPool::SlotPool(std::vector<std::unique_ptr<Slot>> slots, int queue_limit)
-    : slots_(std::move(slots)), queue_limit_(queue_limit) {
-  if (slots_.empty()) throw Error("the server needs at least one slot");
+SlotPool::SlotPool(int n_slots, int queue_limit) : n_slots_(n_slots), queue_limit_(queue_limit) {
+  if (n_slots_ < 1) throw Error("the server needs at least one slot");
   if (queue_limit_ < 0) throw Error("queue limit must be >= 0");
-  free_.reserve(slots_.size());
-  for (int i = static_cast<int>(slots_.size()) - 1; i >= 0; --i) free_.push_back(i);
+  free_.reserve(size_t(n_slots_));
+  for (int i = n_slots_ - 1; i >= 0; --i) free_.push_back(i);
 }
 
 SlotPool::Status SlotPool::acquire(std::unique_ptr<SlotLease>* lease, double* waited_seconds) {

@@ -1,40 +1,17 @@
 #pragma once
 // Generation slots of `microspec serve` and the bounded FIFO queue in front of them.
 //
-// A slot is everything one generation writes: its own Model object (scratch buffers and thread
-// pool; the weights are views into the one shared memory mapping of the GGUF file, so they are not
-// duplicated), its own Generator (KV cache of n_ctx tokens) and its own Decoders. Model::forward
-// uses the model's scratch and pool, so two generations can never share a Model; with one Model per
-// slot, slots run truly in parallel and all memory is allocated when the server starts.
+// A slot is one sequence of the running batch (its KV cache and decoder live in the
+// BatchScheduler, batch_scheduler.h); `--parallel N` slots are N sequences in flight at most. The
+// pool hands out slot indices first come, first served and bounds the number of waiters.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <string>
 #include <vector>
 
-#include "engine/generator.h"
-#include "gguf/gguf.h"
-#include "model/model.h"
-#include "speculative/decoder.h"
-#include "speculative/settings.h"
-#include "tokenizer/tokenizer.h"
-
 namespace microspec::server {
-
-struct Slot {
-  std::unique_ptr<Model> model;      // own scratch + thread pool over the shared weights
-  std::unique_ptr<Generator> gen;    // own KV cache
-  std::unique_ptr<Decoder> decoder;  // the server's settings (--spec none: plain decoding)
-  std::unique_ptr<Decoder> plain;    // no drafter: requests that turn speculation off
-
-  Slot(const GgufFile& file, const Tokenizer& tokenizer, const ModelOptions& options, int32_t n_ctx,
-       const SpecConfig& spec_config);
-  // speculative: through the server's drafter (which must exist); otherwise plain decoding.
-  SpecResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params, bool speculative,
-                      const TextCallback& on_text);
-};
 
 class SlotPool;
 
@@ -45,7 +22,7 @@ class SlotLease {
   ~SlotLease();
   SlotLease(const SlotLease&) = delete;
   SlotLease& operator=(const SlotLease&) = delete;
-  Slot& slot();
+  int index() const { return index_; }
 
  private:
   SlotPool& pool_;
@@ -55,7 +32,7 @@ class SlotLease {
 class SlotPool {
  public:
   // queue_limit: most requests waiting for a slot at once (beyond that, acquire() says QueueFull).
-  SlotPool(std::vector<std::unique_ptr<Slot>> slots, int queue_limit);
+  SlotPool(int n_slots, int queue_limit);
 
   enum class Status { Ok, QueueFull, ShuttingDown };
   // Waits (first come, first served) for a free slot. On Ok, *lease holds it.
@@ -65,7 +42,7 @@ class SlotPool {
   // Blocks until no slot is leased and nobody waits.
   void wait_idle();
 
-  int size() const { return static_cast<int>(slots_.size()); }
+  int size() const { return n_slots_; }
   int queue_limit() const { return queue_limit_; }
   int busy() const;
   int waiting() const;
@@ -74,7 +51,7 @@ class SlotPool {
   friend class SlotLease;
   void release(int index);
 
-  std::vector<std::unique_ptr<Slot>> slots_;
+  int n_slots_;
   int queue_limit_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -60,35 +60,49 @@ void Decoder::size_step_buffers() {
   argmax_.reserve(size_t(rows));
 }
 
+Decoder::Run::Run(const Tokenizer& tokenizer, const GenerateParams& params, const TextCallback& on_text,
+                  int32_t n_vocab)
+    : sink(tokenizer, params, on_text, res.gen), sampling(params.sampling, n_vocab) {}
+
 SpecResult Decoder::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                              const TextCallback& on_text, const DecodeObserver* observer) {
-  SpecResult res;
-  res.gen.prompt_tokens = static_cast<int32_t>(prompt.size());
-  TokenSink sink(tokenizer_, params, on_text, res.gen);
-  Sampling sampling(params.sampling, gen_.model().config().n_vocab);
+  Run run(tokenizer_, params, on_text, gen_.model().config().n_vocab);
+  if (start(run, prompt, observer))
+    while (advance(run, observer)) {
+    }
+  finish(run);
+  return std::move(run.res);
+}
 
+bool Decoder::start(Run& run, const std::vector<int32_t>& prompt, const DecodeObserver* observer) {
+  run.res.gen.prompt_tokens = static_cast<int32_t>(prompt.size());
   const auto t0 = Clock::now();
-  int32_t root = prefill(prompt, sampling, observer);
-  const auto t1 = Clock::now();
-  res.gen.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
-  const double draft_head0 = drafter_ ? drafter_->lm_head_seconds() : 0.0;
+  run.root = prefill(prompt, run.sampling, observer);
+  run.decode_start = Clock::now();
+  run.res.gen.prefill_seconds = std::chrono::duration<double>(run.decode_start - t0).count();
+  run.draft_head0 = drafter_ ? drafter_->lm_head_seconds() : 0.0;
 
   // The first token comes from the prefill, exactly as in plain decoding.
   KVCache& kv = gen_.cache();
-  bool running = !sink.done() && sink.push(root);
-  if (running && kv.n_past() + 1 >= kv.n_ctx()) {
-    res.gen.finish = FinishReason::ContextFull;
-    running = false;
+  if (run.sink.done() || !run.sink.push(run.root)) return false;
+  if (kv.n_past() + 1 >= kv.n_ctx()) {
+    run.res.gen.finish = FinishReason::ContextFull;
+    return false;
   }
-  while (running) running = step(&root, sampling, sink, observer, res);
-  sink.finish();
+  return true;
+}
 
-  SpecStats& st = res.stats;
-  res.gen.decode_seconds = since(t1);
-  res.gen.decode_forwards = st.steps;
-  st.draft_lm_head_seconds = drafter_ ? drafter_->lm_head_seconds() - draft_head0 : 0.0;
-  res.gen.decode_lm_head_seconds = st.lm_head_seconds();
-  return res;
+bool Decoder::advance(Run& run, const DecodeObserver* observer) {
+  return step(&run.root, run.sampling, run.sink, observer, run.res);
+}
+
+void Decoder::finish(Run& run) {
+  run.sink.finish();
+  SpecStats& st = run.res.stats;
+  run.res.gen.decode_seconds = since(run.decode_start);
+  run.res.gen.decode_forwards = st.steps;
+  st.draft_lm_head_seconds = drafter_ ? drafter_->lm_head_seconds() - run.draft_head0 : 0.0;
+  run.res.gen.decode_lm_head_seconds = st.lm_head_seconds();
 }
 
 int32_t Decoder::prefill(const std::vector<int32_t>& prompt, Sampling& sampling,
@@ -121,6 +135,23 @@ bool Decoder::step(int32_t* root, Sampling& sampling, TokenSink& sink, const Dec
   update_drafter(*root, res.stats);
   const bool running = emit(position, sink, observer, res);
   *root = emitted_.back();
+  return running;
+}
+
+SequenceForward Decoder::prepare_root_step(Run& run) {
+  run.step_position = gen_.cache().n_past();
+  run.step_start = Clock::now();
+  tree_.clear();
+  batch_.set_sequence(std::span<const int32_t>(&run.root, 1), run.step_position, false);
+  return {.batch = &batch_, .kv = &gen_.cache(), .out = &out_};
+}
+
+bool Decoder::finish_root_step(Run& run) {
+  run.res.stats.verify_seconds += since(run.step_start);  // the shared forward pass included
+  accept_and_commit(run.sampling, run.res.stats);
+  update_drafter(run.root, run.res.stats);
+  const bool running = emit(run.step_position, run.sink, nullptr, run.res);
+  run.root = emitted_.back();
   return running;
 }
 

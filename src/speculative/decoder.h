@@ -15,6 +15,7 @@
 // reason) equals Generator::generate's exactly. With temperature > 0 the draft tree is sampled and
 // verified by recursive rejection sampling (tree.h, TreeSamplingVerifier): the output has exactly
 // plain sampling's distribution, though not the same tokens for a seed.
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -107,6 +108,38 @@ class Decoder {
     Sampling(const SamplingParams& params, int32_t n_vocab);
     DraftSampling* for_drafter() { return draft ? &draft_state : nullptr; }
   };
+
+ public:
+  // One generation in progress, for callers that interleave generations step by step (the
+  // batching server): start() prefills and takes the first token, advance() runs one step,
+  // finish() releases held-back text and fills the timings; the result is then in `res`.
+  // generate() is exactly start, advance until false, finish. params and on_text must outlive it.
+  struct Run {
+    Run(const Tokenizer& tokenizer, const GenerateParams& params, const TextCallback& on_text, int32_t n_vocab);
+    SpecResult res;
+    TokenSink sink;  // writes into res.gen
+    Sampling sampling;
+    std::chrono::steady_clock::time_point decode_start;
+    double draft_head0 = 0.0;  // the drafter's LM-head seconds before the run
+    int32_t root = -1;         // newest token, not yet in the cache
+    int32_t step_position = 0;  // cache position of the root of a root-only step
+    std::chrono::steady_clock::time_point step_start;
+  };
+  // Prefills the prompt and takes the first token. False when the generation already ended.
+  bool start(Run& run, const std::vector<int32_t>& prompt, const DecodeObserver* observer = nullptr);
+  // One step (draft, verify, accept, emit). False once the generation ended.
+  bool advance(Run& run, const DecodeObserver* observer = nullptr);
+  void finish(Run& run);
+  // A root-only step whose forward pass the caller runs, batched with other sequences (the
+  // batching server's policy: no draft tree while other sequences share the step, the batch
+  // itself fills the machine). prepare_root_step() returns this sequence's part of the caller's
+  // Model::forward call (root at the cache's first pending slot, its logits asked for);
+  // finish_root_step() then samples, commits, updates the drafter (its MicroSpec window too) and
+  // emits, exactly as a step without a tree does. False once the generation ended.
+  SequenceForward prepare_root_step(Run& run);
+  bool finish_root_step(Run& run);
+
+ private:
 
   // Checks that a step fits the batch size and sizes the step buffers.
   void size_step_buffers();

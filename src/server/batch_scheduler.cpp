@@ -1,0 +1,276 @@
+#include "server/batch_scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "util/error.h"
+
+namespace microspec::server {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+}  // namespace
+
+BatchScheduler::BatchScheduler(Model& model, const Tokenizer& tokenizer, std::vector<SequenceSlot> slots,
+                               int32_t prefill_chunk)
+    : model_(model), tokenizer_(tokenizer), slots_(std::move(slots)), prefill_chunk_(prefill_chunk) {
+  if (slots_.empty()) throw Error("the scheduler needs at least one slot");
+  if (prefill_chunk_ < 1) throw Error("--prefill-chunk must be >= 1");
+  if (int32_t(slots_.size()) > model_.n_batch())
+    throw Error("--parallel " + std::to_string(slots_.size()) + " exceeds the batch size " +
+                std::to_string(model_.n_batch()) + ": every running sequence needs a row per step (raise -b)");
+  incoming_.reserve(slots_.size());
+  running_.reserve(slots_.size());
+  call_.reserve(slots_.size());
+  in_call_.reserve(slots_.size());
+  thread_ = std::thread([this] { loop(); });
+}
+
+BatchScheduler::~BatchScheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    quit_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+SpecResult BatchScheduler::generate(int slot, const std::vector<int32_t>& prompt, const GenerateParams& params,
+                                    bool speculative, const TextCallback& on_text) {
+  if (slot < 0 || slot >= size()) throw Error("scheduler: no slot " + std::to_string(slot));
+  if (speculative && !slots_[slot].decoder->speculative())
+    throw Error("speculative generation asked of a server built without speculation");
+  Request req;
+  req.prompt = &prompt;
+  req.params = &params;
+  req.speculative = speculative;
+  req.to_caller = [this, &req](std::string_view text) {  // on the scheduler thread, under no lock
+    std::lock_guard<std::mutex> lock(mu_);
+    req.text.append(text);
+    req.cv.notify_all();
+    return !req.stop;
+  };
+  std::unique_lock<std::mutex> lock(mu_);
+  if (quit_) throw Error("the scheduler has stopped");
+  incoming_.emplace_back(slot, &req);
+  wake_.notify_all();
+  // Hand the text to on_text as it comes, on this thread: a caller that blocks (a stream writer
+  // waiting for its socket) delays only itself.
+  for (;;) {
+    req.cv.wait(lock, [&] { return req.finished || !req.text.empty(); });
+    if (!req.text.empty()) {
+      std::string text;
+      text.swap(req.text);
+      lock.unlock();
+      const bool more = !on_text || on_text(text);
+      lock.lock();
+      if (!more) req.stop = true;
+      continue;
+    }
+    break;  // finished and every piece handed over
+  }
+  if (req.error) std::rethrow_exception(req.error);
+  return std::move(req.result);
+}
+
+void BatchScheduler::loop() {
+  std::vector<Running*> ended;
+  ended.reserve(slots_.size());
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return quit_ || !incoming_.empty() || !running_.empty(); });
+      if (quit_ && running_.empty() && incoming_.empty()) return;
+      for (auto& [slot, req] : incoming_) running_.push_back(admit(slot, req));
+      incoming_.clear();
+    }
+    // A round: one batched step (plain sequences, and speculative ones while others run), then a
+    // speculative step of each speculative sequence that was not in it.
+    ended.clear();
+    try {
+      batched_step(ended);
+    } catch (...) {
+      // A fault inside the shared forward pass ends every sequence that took part in it.
+      const std::exception_ptr error = std::current_exception();
+      for (auto& seq : running_)
+        if (seq->req && (!seq->req->speculative || seq->stepped)) retire(*seq, error);
+      std::erase_if(running_, [](const auto& seq) { return seq->req == nullptr; });
+      continue;
+    }
+    for (auto& seq : running_) {
+      if (!seq->req || !seq->req->speculative) continue;
+      if (seq->stepped) {  // its step ran in the batched pass
+        seq->stepped = false;
+        continue;
+      }
+      try {
+        if (!speculative_step(*seq)) ended.push_back(seq.get());
+      } catch (...) {
+        retire(*seq, std::current_exception());
+      }
+    }
+    for (Running* seq : ended) retire(*seq, nullptr);
+    std::erase_if(running_, [](const auto& seq) { return seq->req == nullptr; });
+  }
+}
+
+std::unique_ptr<BatchScheduler::Running> BatchScheduler::admit(int slot, Request* req) {
+  auto seq = std::make_unique<Running>();
+  seq->slot = slot;
+  seq->req = req;
+  seq->admitted = Clock::now();
+  if (req->speculative) {
+    seq->run = std::make_unique<Decoder::Run>(tokenizer_, *req->params, req->to_caller, model_.config().n_vocab);
+    return seq;
+  }
+  req->result.gen.prompt_tokens = static_cast<int32_t>(req->prompt->size());
+  seq->sampler = std::make_unique<Sampler>(req->params->sampling, model_.config().n_vocab);
+  seq->sink = std::make_unique<TokenSink>(tokenizer_, *req->params, req->to_caller, req->result.gen);
+  return seq;
+}
+
+bool BatchScheduler::stop_requested(const Running& seq) {
+  const std::atomic<bool>* cancel = seq.req->params->cancel;
+  if (cancel && cancel->load(std::memory_order_relaxed)) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  return seq.req->stop;
+}
+
+void BatchScheduler::batched_step(std::vector<Running*>& ended) {
+  call_.clear();
+  in_call_.clear();
+  // Decoding sequences first (one row each), then prompt pieces within the step's budget, in
+  // admission order so an earlier request's prompt finishes first.
+  int32_t rows = 0;
+  for (auto& seq : running_) {
+    if (seq->req->speculative || seq->next_token < 0) continue;
+    if (stop_requested(*seq)) {
+      ended.push_back(seq.get());
+      continue;
+    }
+    KVCache& kv = slots_[seq->slot].gen->cache();
+    seq->batch.set_sequence(std::span<const int32_t>(&seq->next_token, 1), kv.n_past(), false);
+    call_.push_back({.batch = &seq->batch, .kv = &kv, .out = &seq->out});
+    in_call_.push_back(seq.get());
+    ++rows;
+  }
+  // Speculative sequences join the batched pass with their root only while other sequences run
+  // (policy: the draft budget is zero at batch size > 1); alone they take full speculative steps.
+  if (running_.size() > 1) {
+    for (auto& seq : running_) {
+      if (!seq->req->speculative || !seq->started) continue;
+      seq->stepped = true;  // this round's step is taken here (or the sequence ends here)
+      if (stop_requested(*seq)) {
+        ended.push_back(seq.get());
+        continue;
+      }
+      call_.push_back(slots_[seq->slot].decoder->prepare_root_step(*seq->run));
+      in_call_.push_back(seq.get());
+      ++rows;
+    }
+  }
+  int32_t budget = std::min(prefill_chunk_, model_.n_batch() - rows);
+  for (auto& seq : running_) {
+    if (seq->req->speculative || seq->next_token >= 0) continue;
+    if (stop_requested(*seq)) {
+      ended.push_back(seq.get());
+      continue;
+    }
+    const std::vector<int32_t>& prompt = *seq->req->prompt;
+    KVCache& kv = slots_[seq->slot].gen->cache();
+    if (seq->prefilled == 0) {
+      if (prompt.empty() || int64_t(prompt.size()) >= kv.n_ctx()) {  // this request's fault alone
+        retire(*seq, std::make_exception_ptr(Error("the prompt has " + std::to_string(prompt.size()) +
+                                                   " tokens; the context holds " + std::to_string(kv.n_ctx()))));
+        continue;
+      }
+      if (seq->sink->done()) {  // max_tokens 0: nothing to generate, nothing to compute
+        ended.push_back(seq.get());
+        continue;
+      }
+      kv.clear();
+    }
+    if (budget == 0) continue;
+    const int32_t len = std::min(budget, int32_t(prompt.size()) - seq->prefilled);
+    seq->batch.set_sequence(std::span<const int32_t>(prompt.data() + seq->prefilled, len), seq->prefilled, false);
+    // Only the piece that ends the prompt needs its last row's logits.
+    if (seq->prefilled + len < int32_t(prompt.size())) seq->batch.output_rows.clear();
+    call_.push_back({.batch = &seq->batch, .kv = &kv, .out = &seq->out});
+    in_call_.push_back(seq.get());
+    budget -= len;
+  }
+  if (call_.empty()) return;
+
+  model_.forward(call_, {.logits = true});
+  const Clock::time_point now = Clock::now();
+  for (Running* seq : in_call_) {
+    if (seq->req->speculative) {
+      if (!slots_[seq->slot].decoder->finish_root_step(*seq->run)) ended.push_back(seq);
+      continue;
+    }
+    KVCache& kv = slots_[seq->slot].gen->cache();
+    const int32_t len = seq->batch.size();
+    kv.commit_prefix(len);
+    if (seq->next_token < 0) {  // a prompt piece
+      seq->prefilled += len;
+      if (seq->out.n_rows == 0) continue;
+      seq->req->result.gen.prefill_seconds = seconds_between(seq->admitted, now);
+      seq->decode_start = now;
+    } else {
+      ++seq->req->result.gen.decode_forwards;
+    }
+    if (!take_token(*seq)) ended.push_back(seq);
+  }
+}
+
+bool BatchScheduler::take_token(Running& seq) {
+  const int32_t token = seq.sampler->sample(seq.out.logits.data());
+  if (!seq.sink->push(token)) return false;
+  KVCache& kv = slots_[seq.slot].gen->cache();
+  if (kv.n_past() + 1 >= kv.n_ctx()) {
+    seq.req->result.gen.finish = FinishReason::ContextFull;
+    return false;
+  }
+  seq.next_token = token;
+  return true;
+}
+
+bool BatchScheduler::speculative_step(Running& seq) {
+  if (stop_requested(seq)) return false;
+  Decoder& decoder = *slots_[seq.slot].decoder;
+  if (!seq.started) {
+    seq.started = true;
+    return decoder.start(*seq.run, *seq.req->prompt);
+  }
+  return decoder.advance(*seq.run);
+}
+
+void BatchScheduler::retire(Running& seq, std::exception_ptr error) {
+  Request& req = *seq.req;
+  if (!error) {
+    try {
+      if (req.speculative) {
+        if (seq.started) slots_[seq.slot].decoder->finish(*seq.run);  // else: stopped before its prefill
+        req.result = std::move(seq.run->res);
+      } else {
+        seq.sink->finish();
+        if (seq.next_token >= 0 || seq.req->result.gen.decode_forwards > 0)
+          req.result.gen.decode_seconds = seconds_between(seq.decode_start, Clock::now());
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    req.error = error;
+    req.finished = true;
+    req.cv.notify_all();
+  }
+  seq.req = nullptr;  // erased from running_ by the loop
+}
+
+}  // namespace microspec::server

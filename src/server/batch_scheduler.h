@@ -1,0 +1,135 @@
+#pragma once
+// Continuous batching for `microspec serve`: one Model (one set of scratch buffers, one compute
+// thread pool) serves every slot. A scheduler thread runs steps; at each step boundary it admits
+// the generations that arrived, runs one multi-sequence forward pass (Model::forward over a span
+// of sequences) for all plain-decoding sequences, samples each sequence's next token, and retires
+// the sequences that finished, were cancelled or asked to stop. A newcomer's prompt is prefilled
+// in pieces: at most `prefill_chunk` prompt tokens per step over all newcomers (first come, first
+// served), so decoding sequences keep producing a token every step.
+//
+// Each slot (sequence) has its own KV cache (its Generator's) and, with --spec, its own Decoder
+// and drafter over the shared model. Policy for speculative generations (the draft budget from
+// the batch size): alone in the server, a speculative sequence runs full speculative steps (draft
+// tree, its own verification pass, accept); while other sequences run, it drafts nothing and its
+// root joins the batched forward pass as a row (Decoder::prepare_root_step / finish_root_step),
+// which is a plain decoding step through the same decoder (its MicroSpec window keeps being
+// updated). Its prompt is prefilled in one go through its Decoder. Draft trees are never verified
+// inside the batched pass yet (see README, "Server").
+//
+// Exactness: every kernel is per row and batch invariant, so a sequence's logits do not depend on
+// what shares its forward pass or how its prompt was cut into pieces; each sequence samples with
+// its own Sampler in the order plain decoding does. Outputs therefore equal the single-stream CLI
+// token for token (greedy, and sampling with a seed).
+//
+// Threads: generate() is called on the HTTP worker thread that holds the slot; it hands the
+// request to the scheduler thread and waits, calling on_text on its own thread with the text the
+// scheduler produced, so a slow client (a stream writer waiting for its socket) never stalls the
+// batch. on_text returning false stops the generation at the scheduler's next step.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/generator.h"
+#include "model/model.h"
+#include "speculative/decoder.h"
+#include "tokenizer/tokenizer.h"
+
+namespace microspec::server {
+
+// What one slot keeps across generations: its KV cache (in the Generator) and its Decoder.
+struct SequenceSlot {
+  std::unique_ptr<Generator> gen;    // the shared model, this slot's KV cache of n_ctx tokens
+  std::unique_ptr<Decoder> decoder;  // the server's speculative settings (--spec none: plain decoding)
+};
+
+class BatchScheduler {
+ public:
+  // slots: one per --parallel sequence, all over `model`. prefill_chunk: most prompt tokens one
+  // step takes over all sequences (at least 1; capped by the model's n_batch minus the decoding
+  // sequences' tokens).
+  BatchScheduler(Model& model, const Tokenizer& tokenizer, std::vector<SequenceSlot> slots, int32_t prefill_chunk);
+  ~BatchScheduler();
+  BatchScheduler(const BatchScheduler&) = delete;
+  BatchScheduler& operator=(const BatchScheduler&) = delete;
+
+  // Generates in slot `slot` (the caller holds it exclusively) as part of the running batch;
+  // blocks until the generation ends. speculative: through the slot's drafter (which must exist).
+  // Throws what the generation threw (Error: an engine fault).
+  SpecResult generate(int slot, const std::vector<int32_t>& prompt, const GenerateParams& params, bool speculative,
+                      const TextCallback& on_text);
+
+  int size() const { return static_cast<int>(slots_.size()); }
+  const SequenceSlot& slot(int i) const { return slots_[i]; }
+
+ private:
+  // One generation, shared by its waiting caller and the scheduler thread (under mu_).
+  struct Request {
+    const std::vector<int32_t>* prompt = nullptr;
+    const GenerateParams* params = nullptr;
+    bool speculative = false;
+    TextCallback to_caller;    // the sinks' callback: appends to text (runs on the scheduler thread)
+    std::string text;          // produced, not yet handed to the caller's on_text
+    bool stop = false;         // the caller's on_text returned false
+    bool finished = false;     // result (or error) is final
+    SpecResult result;
+    std::exception_ptr error;
+    std::condition_variable cv;  // the caller waits on it
+  };
+
+  // The scheduler thread's state of one running sequence (only that thread touches it).
+  struct Running {
+    int slot = -1;
+    Request* req = nullptr;
+    // Plain decoding in the batch:
+    std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<TokenSink> sink;  // writes into req->result.gen
+    int32_t prefilled = 0;            // prompt tokens in the cache
+    int32_t next_token = -1;          // sampled, not yet in the cache (-1 while prefilling)
+    Batch batch;
+    ForwardOutput out;
+    std::chrono::steady_clock::time_point admitted, decode_start;
+    // Speculative decoding through the slot's Decoder, one step per round:
+    std::unique_ptr<Decoder::Run> run;
+    bool started = false;
+    bool stepped = false;  // this round's step ran as a root-only row of the batched pass
+  };
+
+  void loop();
+  std::unique_ptr<Running> admit(int slot, Request* req);
+  // The batched forward step of the plain sequences: a prompt piece of each prefilling one (within
+  // the step's prefill budget), the newest token of each decoding one. Returns the sequences that
+  // ended.
+  void batched_step(std::vector<Running*>& ended);
+  // One step of a speculative sequence (its prefill first). False when it ended.
+  bool speculative_step(Running& seq);
+  // Samples the sequence's next token from its newest logits and hands it to its sink. False when
+  // the generation ended with it.
+  bool take_token(Running& seq);
+  // Ends a sequence: final text, timings, result (or error) to its caller.
+  void retire(Running& seq, std::exception_ptr error);
+  // The client left, or the caller's on_text asked to stop.
+  bool stop_requested(const Running& seq);
+
+  Model& model_;
+  const Tokenizer& tokenizer_;
+  std::vector<SequenceSlot> slots_;
+  const int32_t prefill_chunk_;
+
+  std::mutex mu_;
+  std::condition_variable wake_;            // the scheduler waits on it for work
+  std::vector<std::pair<int, Request*>> incoming_;  // [slots] admitted at the next step boundary
+  bool quit_ = false;
+
+  std::vector<std::unique_ptr<Running>> running_;  // [slots] in admission order (scheduler thread only)
+  std::vector<SequenceForward> call_;           // [slots] the batched forward's sequences
+  std::vector<Running*> in_call_;               // [slots] the sequence of each call_ entry
+  std::thread thread_;
+};
+
+}  // namespace microspec::server

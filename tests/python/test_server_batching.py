@@ -1,0 +1,140 @@
+"""Continuous batching in `microspec serve`: many sequences share one batched forward pass, and
+each still gets exactly its single-stream output.
+
+One server (SmolLM2, speculative self-drafting configured, 16 slots, prompt pieces of 24 tokens
+per step so long prompts are prefilled across many steps while others decode). 16 clients start
+together with mixed prompt lengths and settings: greedy plain ("spec": "none"), greedy
+speculative, seeded sampling, a stop string, a small max_tokens, streamed and not, and one
+streaming client that disconnects after a few chunks. Every answer that runs to its end must
+equal `microspec generate` (the CLI, one sequence alone) for its prompt and settings, token for
+token: a sequence that leaves the batch (its limit, its stop string, its client gone) must not
+disturb the others.
+"""
+import threading
+
+import openai
+import pytest
+import requests
+
+from server_helpers import SMOLLM2, SPEC_ARGS, ServerProcess, cli_generate, metrics, wait_for
+
+N_TOKENS = 24
+LONG = ("Speculative decoding drafts several tokens cheaply and verifies them with the large model in one "
+        "pass; continuous batching lets many requests share each pass over the weights. ") * 6
+PROMPTS = [
+    "Name a color.",
+    "What is 2 + 2?",
+    "Write a haiku about rain.",
+    LONG + "Summarise the text above in one sentence.",
+    "Say hello in French.",
+    "List three prime numbers.",
+    LONG + "What does continuous batching share?",
+    "Give me one word that rhymes with cat.",
+]
+SPEC_OFF = {"microspec": {"spec": "none"}}
+SAMPLING = {"temperature": 0.8, "top_p": 0.95}
+SEEDS = [11, 22, 33]
+
+
+def cli_sampled(prompt, seed):
+    args = ["--temp", "0.8", "--top-p", "0.95", "--top-k", "40", "--seed", str(seed)]
+    return cli_generate(SMOLLM2, [prompt], N_TOKENS, chat=True, extra=args)[0]["text"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = ServerProcess(SMOLLM2, *SPEC_ARGS, "--parallel", "16", "--queue", "8", "-c", "1024",
+                      "--prefill-chunk", "24")
+    yield s
+    assert s.terminate() == 0, s.stderr_text()
+
+
+def test_sixteen_mixed_clients_get_their_single_stream_outputs(server):
+    greedy = [r["text"] for r in cli_generate(SMOLLM2, PROMPTS, N_TOKENS, chat=True)]
+    short = cli_generate(SMOLLM2, [PROMPTS[2]], 5, chat=True)[0]["text"]
+    # A stop string taken from the middle of a greedy answer: the answer ends just before it.
+    stop_prompt = 5
+    stop = greedy[stop_prompt][len(greedy[stop_prompt]) // 2:][:6]
+    assert stop.strip(), greedy[stop_prompt]
+    stopped_text = greedy[stop_prompt][:greedy[stop_prompt].index(stop)]
+
+    # (prompt index, request extras, expected text or None for the leaving client, stream)
+    cases = []
+    for i in range(8):  # every prompt greedy and plain, half of them streamed
+        cases.append((i, {"extra_body": SPEC_OFF}, greedy[i], i % 2 == 0))
+    for i in (0, 3, 6):  # greedy through the speculative decoder (long prompts included)
+        cases.append((i, {}, greedy[i], i % 2 == 1))
+    for k, seed in enumerate(SEEDS):  # seeded sampling, plain
+        p = (2 * k + 1) % len(PROMPTS)
+        cases.append((p, {"seed": seed, "extra_body": SPEC_OFF, **SAMPLING}, cli_sampled(PROMPTS[p], seed), k == 0))
+    cases.append((stop_prompt, {"stop": [stop], "extra_body": SPEC_OFF}, stopped_text, True))
+    cases.append((2, {"max_tokens": 5, "extra_body": SPEC_OFF}, short, False))
+    assert len(cases) == 16
+
+    before = metrics(server)
+    results = [None] * len(cases)
+    leaver_chunks = []
+    barrier = threading.Barrier(len(cases) + 2)  # the cases, the leaver, this thread
+
+    def run(k, prompt, extras, stream):
+        client = openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0, timeout=300)
+        kw = {"model": "m", "messages": [{"role": "user", "content": PROMPTS[prompt]}], "max_tokens": N_TOKENS,
+              "temperature": 0, **extras}
+        barrier.wait()
+        try:
+            if stream:
+                text, finish = "", None
+                for chunk in client.chat.completions.create(stream=True, **kw):
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        text += chunk.choices[0].delta.content
+                    if chunk.choices and chunk.choices[0].finish_reason:
+                        finish = chunk.choices[0].finish_reason
+                results[k] = (text, finish)
+            else:
+                r = client.chat.completions.create(**kw)
+                results[k] = (r.choices[0].message.content, r.choices[0].finish_reason)
+        except Exception as e:  # reported below with the case
+            results[k] = ("error: %r" % e, None)
+        finally:
+            client.close()
+
+    def leaver():
+        # A streaming client with a long answer that closes its connection after three chunks.
+        body = {"model": "m", "messages": [{"role": "user", "content": PROMPTS[3]}], "max_tokens": 200,
+                "temperature": 0, "stream": True, **SPEC_OFF}
+        barrier.wait()
+        with requests.post(server.url("/v1/chat/completions"), json=body, stream=True, timeout=300) as r:
+            for line in r.iter_lines():
+                if line:
+                    leaver_chunks.append(line)
+                if len(leaver_chunks) >= 3:
+                    break  # leaving the with-block closes the connection mid-generation
+
+    threads = [threading.Thread(target=run, args=(k, p, e, s)) for k, (p, e, _, s) in enumerate(cases)]
+    threads.append(threading.Thread(target=leaver))
+    for t in threads:
+        t.start()
+    barrier.wait()
+    for t in threads:
+        t.join()
+
+    wrong = []
+    for k, ((p, extras, expected, _), (text, finish)) in enumerate(zip(cases, results)):
+        if text != expected:
+            wrong.append((k, PROMPTS[p][:40], extras, expected, text))
+    assert not wrong, wrong
+    assert results[-2][1] == "stop" and results[-1][1] == "length"
+    assert len(leaver_chunks) == 3
+
+    # The leaving client's generation was stopped (counted as cancelled), every other one completed.
+    after = wait_for(lambda: (lambda m: m if m["microspec_slots_busy"] == 0 else None)(metrics(server)))
+    assert after, "slots still busy"
+
+    def delta(name):
+        return after[name] - before.get(name, 0)
+
+    assert delta('microspec_generations_total{outcome="completed"}') == len(cases)
+    assert delta('microspec_generations_total{outcome="cancelled"}') == 1
+    assert delta("microspec_spec_generations_total") == 3
+    log = server.stderr_text()
+    assert "one batch" in log
