@@ -73,7 +73,7 @@ ApiError generation_error(const std::exception& e);
 struct GenerationReport {
   SpecResult result;  // result.stats is all zero when the request ran without speculation
   bool speculative = false;
-  std::string spec_mode;    // "none", "self", "draft"
+  std::string spec_mode;    // a --spec name: "none", "self", "draft", "ngram", "self+ngram", ...
   std::string draft_vocab;  // the slot's draft vocabulary when speculative
   std::string spec_note;
   double queue_seconds = 0.0;  // waiting for a free slot
