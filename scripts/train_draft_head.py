@@ -372,7 +372,7 @@ def main():
         torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "state": state,
                     "rng": torch.get_rng_state(), "cfg": cfg}, str(ckpt) + ".part")
         os.replace(str(ckpt) + ".part", ckpt)
-        draft_head_gguf.write_head(a.output, head.weights(), cfg, a.matrix_type)
+        draft_head_gguf.write_head(a.output, head.weights(), cfg, a.matrix_type, tokenizer_from=a.model)
 
     def record():
         acc, tau = evaluate(head, emb_of, lm_rows, in_vocab, held, a.unroll)

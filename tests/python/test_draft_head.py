@@ -5,7 +5,9 @@ The head is the committed one under models/heads/ when present (found by default
 else a random head written here in llama.cpp's eagle3 layout (scripts/draft_head_gguf.py) for the
 model's hidden size and EAGLE-3's layers (2, L/2, L-3): the output must be lossless whatever the
 head predicts. SpecBench prompts, one `generate --prompts-jsonl` process per configuration.
-Also: a head made for the other model is refused naming both values.
+Also: a head made for the other model is refused naming both values, and a head written here
+loads in llama.cpp itself (llama-cpp-python's loader checks the eagle3 metadata and every
+tensor's name and shape).
 """
 import json
 import os
@@ -56,7 +58,7 @@ def heads(tmp_path_factory):
                        target_hidden=n_embd)
             weights = draft_head_gguf.random_head(n_embd, 4, 2, n_embd // 4, 2 * n_embd, seed=3)
             head = tmp_path_factory.mktemp("heads") / f"{model}.eagle3.gguf"
-            draft_head_gguf.write_head(head, weights, cfg, "q8_0")
+            draft_head_gguf.write_head(head, weights, cfg, "q8_0", tokenizer_from=path)
         out[model] = head
     return out
 
@@ -104,3 +106,14 @@ def test_head_for_another_model_is_refused(heads, prompts_file):
     err = p.stderr.decode(errors="replace")
     assert p.returncode != 0
     assert "target_hidden_size" in err and "is 576, expected 640" in err, err
+
+
+def test_head_file_loads_in_llama_cpp(heads):
+    code = ("import llama_cpp, sys\n"
+            "llama_cpp.llama_backend_init()\n"
+            "m = llama_cpp.llama_model_load_from_file(sys.argv[1].encode(), llama_cpp.llama_model_default_params())\n"
+            "print('LOADED' if m else 'FAILED')\n")
+    for model, head in heads.items():
+        p = subprocess.run([sys.executable, "-c", code, str(head)], capture_output=True, text=True, timeout=300)
+        assert "LOADED" in p.stdout, f"llama.cpp did not load the {model} head:\n{p.stderr[-3000:]}"
+        assert "EAGLE3 extract_layers" in p.stderr
