@@ -60,12 +60,19 @@ def random_head(n_embd, n_head, n_head_kv, head_dim, n_ff, seed, norm_before_fc=
     return w
 
 
-def write_head(path, weights, cfg, matrix_type="f16"):
+def write_head(path, weights, cfg, matrix_type="f16", tokenizer_from=None):
     """Writes weights (name -> float32 array) and cfg (n_embd, n_head, n_head_kv, head_dim, n_ff,
     rms_eps, rope_base, target_layers, target_hidden, optional norm_before_fc) as an eagle3 GGUF.
-    matrix_type: f16, f32 or q8_0."""
+    matrix_type: f16, f32 or q8_0. tokenizer_from: the target GGUF whose tokenizer.* metadata is
+    copied in, as llama.cpp's converter does (llama.cpp refuses a head without a vocabulary)."""
     import gguf
     w = gguf.GGUFWriter(str(path), "eagle3")
+    if tokenizer_from is not None:
+        r = gguf.GGUFReader(str(tokenizer_from))
+        for name, field in r.fields.items():
+            if name.startswith("tokenizer."):
+                sub = field.types[1] if len(field.types) > 1 else None
+                w.add_key_value(name, field.contents(), field.types[0], sub)
     a = "eagle3."
     w.add_uint32(a + "context_length", 8192)
     w.add_uint32(a + "embedding_length", cfg["n_embd"])

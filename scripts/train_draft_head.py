@@ -169,7 +169,10 @@ def read_shard(bin_path, idx_path, n_layers, n_embd, k):
             at += nbytes
             return x
         ids = take(np.int32, n)
-        feats = take(np.float16, n * n_layers * n_embd).reshape(n, n_layers * n_embd)
+        bf16 = take(np.uint16, n * n_layers * n_embd).reshape(n, n_layers * n_embd)
+        feats = (bf16.astype(np.uint32) << 16).view(np.float32)
+        if not np.isfinite(feats).all():
+            raise ValueError(f"{bin_path}: non-finite features")
         top_ids = take(np.int32, n * k).reshape(n, k)
         top_logp = take(np.float32, n * k).reshape(n, k)
         seqs.append((ids, feats, top_ids, top_logp))
@@ -203,7 +206,7 @@ def unrolled_losses(head, emb_of, lm_rows, in_vocab, seq, unroll, noise, gen, tr
     n = len(ids)
     if n < 3:
         return None
-    feats = torch.tensor(feats.astype(np.float32))
+    feats = torch.tensor(feats)
     ids_t = torch.tensor(ids.astype(np.int64))
     if train and noise > 0:
         rms = feats.pow(2).mean(-1, keepdim=True).sqrt()
@@ -372,7 +375,7 @@ def main():
         torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "state": state,
                     "rng": torch.get_rng_state(), "cfg": cfg}, str(ckpt) + ".part")
         os.replace(str(ckpt) + ".part", ckpt)
-        draft_head_gguf.write_head(a.output, head.weights(), cfg, a.matrix_type)
+        draft_head_gguf.write_head(a.output, head.weights(), cfg, a.matrix_type, tokenizer_from=a.model)
 
     def record():
         acc, tau = evaluate(head, emb_of, lm_rows, in_vocab, held, a.unroll)

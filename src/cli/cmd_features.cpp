@@ -7,13 +7,15 @@
 // format, whole conversation, no generation prompt) or {"ids": [...]} per line. Output (-o): per
 // sequence, in input order, raw little-endian arrays
 //   ids        int32 [n]
-//   features   f16   [n][layers][n_embd]
+//   features   bf16  [n][layers][n_embd]   (bfloat16: the residual streams exceed half-float range,
+//                                           Gemma 3's reach 1e5; round to nearest even)
 //   top_ids    int32 [n][k]
 //   top_logp   f32   [n][k]   log-softmax over the whole vocabulary, best first
 // and on stdout one JSON line per sequence: {"n_tokens", "offset"} (byte offset in the file).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -38,6 +40,14 @@ struct FeaturesArgs {
   int32_t top_k = 16;
   int32_t max_tokens = 1024;
 };
+
+// f32 -> bfloat16, round to nearest even (inputs are finite activations).
+uint16_t to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
 
 std::vector<int32_t> parse_layers(const std::string& text, int32_t n_layer) {
   std::vector<int32_t> layers = parse_token_ids(text);
@@ -86,7 +96,7 @@ void run_features(const FeaturesArgs& a) {
   Batch batch;
   ForwardOutput fo;
   std::vector<float> logits(size_t(kHeadRows) * V);
-  std::vector<uint16_t> features;     // [chunk][L][E] half floats
+  std::vector<uint16_t> features;     // [chunk][L][E] bfloat16
   std::vector<int32_t> top_ids;       // [chunk][k]
   std::vector<float> top_logp;        // [chunk][k]
   std::istringstream lines(read_file_bytes(a.input));
@@ -113,7 +123,7 @@ void run_features(const FeaturesArgs& a) {
       model.forward(batch, kv, fo, {.capture_layers = layers});
       kv.commit_prefix(len);
       features.resize(fo.layer_inputs.size());
-      for (size_t i = 0; i < features.size(); ++i) features[i] = fp32_to_fp16(fo.layer_inputs[i]);
+      for (size_t i = 0; i < features.size(); ++i) features[i] = to_bf16(fo.layer_inputs[i]);
       std::fwrite(features.data(), sizeof(uint16_t), features.size(), out);
       for (int32_t r = 0; r < len; r += kHeadRows) {
         const int32_t rows = std::min(kHeadRows, len - r);

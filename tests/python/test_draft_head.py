@@ -6,7 +6,9 @@ The head is the committed one under models/heads/ when present (found by default
 else a random head written here in llama.cpp's eagle3 layout (scripts/draft_head_gguf.py) for the
 model's hidden size and EAGLE-3's layers (2, L/2, L-3): the output must be lossless whatever the
 head predicts. SpecBench prompts, one `generate --prompts-jsonl` process per configuration.
-Also: a head made for the other model is refused naming both values.
+Also: a head made for the other model is refused naming both values, and a head written here
+loads in llama.cpp itself (llama-cpp-python's loader checks the eagle3 metadata and every
+tensor's name and shape).
 """
 import json
 import os
@@ -42,6 +44,17 @@ def committed_head(model):
     return path if path.exists() else None
 
 
+def random_head_file(model, path):
+    """A random head for the model in llama.cpp's layout, with the target's tokenizer metadata."""
+    n_embd, n_layer, _ = draft_head_gguf.target_info(MODELS[model])
+    cfg = dict(n_embd=n_embd, n_head=4, n_head_kv=2, head_dim=n_embd // 4, n_ff=2 * n_embd, rms_eps=1e-6,
+               rope_base=10000.0, target_layers=draft_head_gguf.default_layers(n_layer), target_hidden=n_embd,
+               norm_before_fc=True)
+    weights = draft_head_gguf.random_head(n_embd, 4, 2, n_embd // 4, 2 * n_embd, seed=3, norm_before_fc=True)
+    draft_head_gguf.write_head(path, weights, cfg, "q8_0", tokenizer_from=MODELS[model])
+    return path
+
+
 @pytest.fixture(scope="module")
 def heads(tmp_path_factory):
     """model -> head file: the committed one, else a random head for the model."""
@@ -49,16 +62,7 @@ def heads(tmp_path_factory):
     for model, path in MODELS.items():
         if not path.exists():
             pytest.fail(f"{path} is missing: run scripts/fetch_models.sh")
-        head = committed_head(model)
-        if head is None:
-            n_embd, n_layer, _ = draft_head_gguf.target_info(path)
-            cfg = dict(n_embd=n_embd, n_head=4, n_head_kv=2, head_dim=n_embd // 4, n_ff=2 * n_embd, rms_eps=1e-6,
-                       rope_base=10000.0, target_layers=draft_head_gguf.default_layers(n_layer),
-                       target_hidden=n_embd)
-            weights = draft_head_gguf.random_head(n_embd, 4, 2, n_embd // 4, 2 * n_embd, seed=3)
-            head = tmp_path_factory.mktemp("heads") / f"{model}.eagle3.gguf"
-            draft_head_gguf.write_head(head, weights, cfg, "q8_0")
-        out[model] = head
+        out[model] = committed_head(model) or random_head_file(model, tmp_path_factory.mktemp("heads") / f"{model}.gguf")
     return out
 
 
@@ -99,9 +103,22 @@ def test_head_greedy_equals_plain(model, mode, vocab, heads, prompts_file):
     assert drafted > 0, "the head never drafted"
 
 
-def test_head_for_another_model_is_refused(heads, prompts_file):
-    # The SmolLM2 head (hidden size 576, layers of a 30-layer model) on Gemma (640, 18 layers).
-    p, cmd = run("gemma", prompts_file, ["--spec", "head", "--draft-head", str(heads["smollm2"])])
+def test_head_for_another_model_is_refused(prompts_file, tmp_path):
+    # A SmolLM2 head (hidden size 576, layers of a 30-layer model) on Gemma (640, 18 layers).
+    head = random_head_file("smollm2", tmp_path / "smollm2.gguf")
+    p, cmd = run("gemma", prompts_file, ["--spec", "head", "--draft-head", str(head)])
     err = p.stderr.decode(errors="replace")
     assert p.returncode != 0
     assert "target_hidden_size" in err and "is 576, expected 640" in err, err
+
+
+def test_head_file_loads_in_llama_cpp(tmp_path):
+    code = ("import llama_cpp, sys\n"
+            "llama_cpp.llama_backend_init()\n"
+            "m = llama_cpp.llama_model_load_from_file(sys.argv[1].encode(), llama_cpp.llama_model_default_params())\n"
+            "print('LOADED' if m else 'FAILED')\n")
+    for model in MODELS:
+        head = random_head_file(model, tmp_path / f"{model}.gguf")
+        p = subprocess.run([sys.executable, "-c", code, str(head)], capture_output=True, text=True, timeout=300)
+        assert "LOADED" in p.stdout, f"llama.cpp did not load the {model} head:\n{p.stderr[-3000:]}"
+        assert "EAGLE3 extract_layers" in p.stderr
