@@ -58,3 +58,12 @@ def pytest_terminal_summary(terminalreporter):
         tr.write_line(f"{name:38s} {n:4d} tests {wall:8.1f} s wall {cpu:8.1f} s CPU")
     tr.write_line(f"{'total':38s} {sum(r[0] for _, r in rows):4d} tests {sum(r[1] for _, r in rows):8.1f} s wall "
                   f"{sum(r[2] for _, r in rows):8.1f} s CPU")
+
+
+@pytest.fixture(scope="session")
+def draft_model(request):
+    """draft_model(target_path) -> path of the target requantized by llama.cpp (draft_models.py),
+    cached in pytest's cache directory across runs."""
+    from draft_models import requantized
+    directory = request.config.cache.mkdir("microspec-draft-models")
+    return lambda target: requantized(target, directory)
