@@ -61,8 +61,9 @@ struct PromptEncoder {
 };
 
 // Generates from one prompt and prints the statistics line (stderr) and, with json, one JSON line.
+// seed: the sampler's seed (-1 = random).
 void generate_one(const GenerateArgs& a, const LoadedModel& m, Decoder& decoder,
-                  const std::vector<int32_t>& prompt_ids, bool json) {
+                  const std::vector<int32_t>& prompt_ids, int64_t seed, bool json) {
   const Tokenizer& tok = *m.tokenizer;
   for (int32_t id : prompt_ids)
     if (id < 0 || id >= tok.n_vocab())
@@ -73,7 +74,7 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Decoder& decoder,
   params.sampling.temperature = a.temperature;
   params.sampling.top_k = a.top_k;
   params.sampling.top_p = a.top_p;
-  params.sampling.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : std::random_device{}();
+  params.sampling.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
   params.stop_strings = a.stop;
   params.ignore_eos = a.ignore_eos;
 
@@ -112,6 +113,7 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Decoder& decoder,
     nlohmann::json j;
     j["prompt_tokens"] = r.prompt_tokens;
     j["prompt_ids"] = prompt_ids;
+    if (seed >= 0) j["seed"] = seed;
     j["tokens"] = r.tokens;
     j["text"] = r.text;
     j["finish_reason"] = finish_reason_name(r.finish);
@@ -142,6 +144,16 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Decoder& decoder,
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     std::fflush(stdout);
   }
+}
+
+// A batch row's sampling seed: its "seed" member (a non-negative integer) when it has one, else
+// --seed. Many seeds of one prompt in one process give a sample of its output distribution.
+int64_t row_seed(const nlohmann::json& row, int64_t default_seed, const std::string& where) {
+  if (!row.is_object() || !row.contains("seed")) return default_seed;
+  const nlohmann::json& s = row["seed"];
+  if (!s.is_number_integer() || s.get<int64_t>() < 0)
+    throw Error(where + ": \"seed\" must be a non-negative integer, got " + s.dump());
+  return s.get<int64_t>();
 }
 
 void run_generate(const GenerateArgs& a) {
@@ -185,6 +197,7 @@ void run_generate(const GenerateArgs& a) {
       ++line_no;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      const int64_t seed = row_seed(j, a.seed, a.prompts_jsonl + ":" + std::to_string(line_no));
       if (j.is_object() && j.contains("prompt_ids") && j["prompt_ids"].is_array()) {
         std::vector<int32_t> ids;
         try {
@@ -193,7 +206,7 @@ void run_generate(const GenerateArgs& a) {
           throw Error(a.prompts_jsonl + ":" + std::to_string(line_no) + ": \"prompt_ids\" must be token ids");
         }
         if (a.chat) throw Error("--chat applies to text prompts, not \"prompt_ids\"");
-        generate_one(a, m, decoder, ids, true);
+        generate_one(a, m, decoder, ids, seed, true);
         continue;
       }
       std::vector<std::string> turns;
@@ -205,7 +218,7 @@ void run_generate(const GenerateArgs& a) {
       if (turns.empty())
         throw Error(a.prompts_jsonl + ":" + std::to_string(line_no) +
                     ": expected a JSON object with \"prompt\" (string), \"turns\" (strings) or \"prompt_ids\" (token ids)");
-      generate_one(a, m, decoder, encode(turns[0]), true);
+      generate_one(a, m, decoder, encode(turns[0]), seed, true);
     }
     return;
   }
@@ -214,7 +227,7 @@ void run_generate(const GenerateArgs& a) {
     prompt_ids = parse_token_ids(a.prompt_ids);
   else
     prompt_ids = encode(a.prompt_file.empty() ? a.prompt : read_file_bytes(a.prompt_file));
-  generate_one(a, m, decoder, prompt_ids, a.json);
+  generate_one(a, m, decoder, prompt_ids, a.seed, a.json);
 }
 
 }  // namespace
@@ -246,8 +259,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option(
       "--prompts-jsonl", args->prompts_jsonl,
       "batch mode: a JSONL file of {\"turns\": [...]} (first turn), {\"prompt\": ...} or {\"prompt_ids\": [...]} "
-      "objects, \"turns\" winning over \"prompt\" when a row has both; "
-      "prints one JSON line per prompt");
+      "objects, \"turns\" winning over \"prompt\" when a row has both; an optional \"seed\" (integer >= 0) "
+      "replaces --seed for that row; prints one JSON line per prompt");
   add_spec_options(*cmd, args->spec);
   cmd->callback([args] { run_generate(*args); });
 }
