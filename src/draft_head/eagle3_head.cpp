@@ -122,21 +122,7 @@ void Eagle3Head::load_weights() {
   const GgufFile& f = *file_;
   const Eagle3Config& c = config_;
   auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
-    const GgufTensor* t = f.find_tensor(name);
-    if (!t) throw Error(f.name() + ": missing tensor '" + name + "'");
-    if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows)
-      throw Error(f.name() + ": tensor '" + name + "' has shape " + shape_text(t->ne) + ", expected [" +
-                  std::to_string(cols) + ", " + std::to_string(rows) + "]");
-    if (!mm_.kernels().vec_dot[static_cast<uint32_t>(t->type)])
-      throw Error(f.name() + ": tensor '" + name + "' has type " + type_name(static_cast<uint32_t>(t->type)) +
-                  ", which has no matmul kernel");
-    QMatrix m;
-    m.type = t->type;
-    m.data = t->data;
-    m.rows = rows;
-    m.cols = cols;
-    m.row_stride = row_bytes(t->type, cols);
-    return m;
+    return load_matrix(f, name, cols, rows, mm_.kernels());
   };
   auto vector = [&](const std::string& name, int64_t n) {
     const GgufTensor* t = f.find_tensor(name);

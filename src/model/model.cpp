@@ -99,7 +99,8 @@ KVCache Model::make_cache(int32_t n_ctx) const {
   return kv;
 }
 
-QMatrix Model::matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) const {
+QMatrix load_matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows,
+                    const KernelTable& kernels) {
   const GgufTensor* t = f.find_tensor(name);
   if (!t) throw Error(f.name() + ": missing tensor '" + name + "'");
   if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows) {
@@ -108,7 +109,7 @@ QMatrix Model::matrix(const GgufFile& f, const std::string& name, int64_t cols, 
     throw Error(f.name() + ": tensor '" + name + "' has shape [" + actual + "], expected [" +
                 std::to_string(cols) + ", " + std::to_string(rows) + "]");
   }
-  if (!mm_.kernels().vec_dot[static_cast<uint32_t>(t->type)])
+  if (!kernels.vec_dot[static_cast<uint32_t>(t->type)])
     throw Error(f.name() + ": tensor '" + name + "' has type " + type_name(static_cast<uint32_t>(t->type)) +
                 ", which has no matmul kernel");
   QMatrix m;
@@ -118,6 +119,10 @@ QMatrix Model::matrix(const GgufFile& f, const std::string& name, int64_t cols, 
   m.cols = cols;
   m.row_stride = row_bytes(t->type, cols);
   return m;
+}
+
+QMatrix Model::matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) const {
+  return load_matrix(f, name, cols, rows, mm_.kernels());
 }
 
 const float* Model::vector(const GgufFile& f, const std::string& name, int64_t n, bool required) const {

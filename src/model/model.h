@@ -102,6 +102,12 @@ struct ModelOptions {
   std::string kernels = "auto";  // kernel table, see kernels_by_name()
 };
 
+// The 2-D weight `name` of f as a [rows][cols] matrix the kernels of `kernels` can multiply; Error
+// naming the file, the tensor and expected vs actual when it is missing, of another shape or of a
+// type without a kernel. Models and draft heads load their weights through it.
+QMatrix load_matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows,
+                    const KernelTable& kernels);
+
 class Model {
  public:
   // Reads the config, checks every tensor's type and shape, and picks the architecture.

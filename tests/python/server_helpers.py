@@ -2,7 +2,6 @@
 it over raw sockets or HTTP, run the CLI for expected outputs, read the process's memory."""
 import json
 import os
-import pathlib
 import re
 import signal
 import socket
@@ -12,10 +11,9 @@ import time
 import urllib.error
 import urllib.request
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
-SMOLLM2 = REPO / "models" / "smollm2-135m-instruct-q4_1.gguf"
-GEMMA = REPO / "models" / "gemma-3-270m-q4_k_m.gguf"
+from repo_paths import BIN, MODELS, REPO  # noqa: E402
+SMOLLM2 = MODELS["smollm2"]
+GEMMA = MODELS["gemma"]
 # Screenshots and other artifacts of the server tests (ignored by git).
 ARTIFACTS = REPO / "tests" / "artifacts"
 

@@ -11,15 +11,13 @@
 The comparison that fails a run on a mismatch is tested on synthetic records in tests/test_bench.cpp.
 """
 import json
-import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
+from repo_paths import BIN, REPO  # noqa: E402
 MODEL = REPO / "models" / "smollm2-135m-instruct-q4_1.gguf"
 DATASET = REPO.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

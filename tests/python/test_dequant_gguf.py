@@ -6,7 +6,6 @@ dump-tensor` must write the same floats as gguf.quants.dequantize. Both sides co
 dequantizations (small integer times f16 scale, plus f16 min), so they agree to float rounding.
 """
 import json
-import os
 import pathlib
 import subprocess
 import tempfile
@@ -15,12 +14,7 @@ import numpy as np
 import pytest
 
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
-MODELS = {
-    "gemma": REPO / "models" / "gemma-3-270m-q4_k_m.gguf",
-    "smollm2": REPO / "models" / "smollm2-135m-instruct-q4_1.gguf",
-}
+from repo_paths import BIN, MODELS  # noqa: E402
 # Types each real file is known to contain: the test fails if one goes missing (wrong file).
 EXPECTED_TYPES = {
     "gemma": {"F32", "Q8_0", "Q5_0", "Q4_K", "Q6_K"},

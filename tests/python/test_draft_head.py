@@ -11,7 +11,6 @@ loads in llama.cpp itself (llama-cpp-python's loader checks the eagle3 metadata 
 tensor's name and shape).
 """
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import sys
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from repo_paths import BIN, MODELS, REPO  # noqa: E402
 sys.path.insert(0, str(REPO / "scripts"))
 
 import draft_head_gguf  # noqa: E402
@@ -29,11 +28,6 @@ from server_helpers import cli_generate  # noqa: E402
 # About a minute for both models on a quiet 2-core machine: left out of scripts/test.sh --quick.
 pytestmark = pytest.mark.slow
 
-BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
-MODELS = {
-    "gemma": REPO / "models" / "gemma-3-270m-q4_k_m.gguf",
-    "smollm2": REPO / "models" / "smollm2-135m-instruct-q4_1.gguf",
-}
 N_PROMPTS = 5
 N_TOKENS = 64
 VOCABS = ["full", "freq", "dynamic", "hybrid"]

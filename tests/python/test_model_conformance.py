@@ -24,7 +24,6 @@ process per model and test.
 """
 import hashlib
 import json
-import os
 import pathlib
 import subprocess
 import tempfile
@@ -43,12 +42,7 @@ from result_cache import file_sha256, source_sha256  # noqa: E402
 # Minutes per model: left out of scripts/test.sh --quick.
 pytestmark = pytest.mark.slow
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
-MODELS = {
-    "gemma": REPO / "models" / "gemma-3-270m-q4_k_m.gguf",
-    "smollm2": REPO / "models" / "smollm2-135m-instruct-q4_1.gguf",
-}
+from repo_paths import BIN, MODELS  # noqa: E402
 N_LONG, MIN_LONG_TOKENS, N_GREEDY, GREEDY_TOKENS = 20, 600, 20, 64
 N_REFERENCE = 2  # long prompts also run through the float64 reference
 COS_STRIDE, REFERENCE_STRIDE = 37, 5

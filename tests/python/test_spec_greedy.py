@@ -29,7 +29,6 @@ mean acceptance length > 2.0 over its prompts (measured 2.18-4.90), the requanti
 (measured 1.63-4.48; the lowest with the dynamic vocabulary's evicting window on SmolLM2).
 """
 import json
-import os
 import pathlib
 import subprocess
 
@@ -44,12 +43,7 @@ import spec_bench  # noqa: E402
 # A real-model sweep (about a minute per model): left out of scripts/test.sh --quick.
 pytestmark = pytest.mark.slow
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
-MODELS = {
-    "gemma": REPO / "models" / "gemma-3-270m-q4_k_m.gguf",
-    "smollm2": REPO / "models" / "smollm2-135m-instruct-q4_1.gguf",
-}
+from repo_paths import BIN, MODELS  # noqa: E402
 POOL, PROMPTS_PER_CONFIG, N_TOKENS = 16, 3, 48
 
 # Draft-layer counts per model: one that drafts well and one that is often wrong.

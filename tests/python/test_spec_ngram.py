@@ -29,12 +29,7 @@ from server_helpers import cli_generate  # noqa: E402
 # A real-model sweep, as test_spec_greedy.py: left out of scripts/test.sh --quick.
 pytestmark = pytest.mark.slow
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
-MODELS = {
-    "gemma": REPO / "models" / "gemma-3-270m-q4_k_m.gguf",
-    "smollm2": REPO / "models" / "smollm2-135m-instruct-q4_1.gguf",
-}
+from repo_paths import BIN, MODELS  # noqa: E402
 N_PROMPTS = int(os.environ.get("MICROSPEC_NGRAM_PROMPTS", "6"))
 N_TOKENS = 128
 

@@ -13,18 +13,12 @@ SpecSamplingPower, where four broken verifiers must fail). Here the real models 
 import collections
 import json
 import math
-import os
 import pathlib
 import subprocess
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
-MODELS = {
-    "gemma": REPO / "models" / "gemma-3-270m-q4_k_m.gguf",
-    "smollm2": REPO / "models" / "smollm2-135m-instruct-q4_1.gguf",
-}
+from repo_paths import BIN, MODELS  # noqa: E402
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 

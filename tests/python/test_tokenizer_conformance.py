@@ -21,11 +21,7 @@ import tempfile
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-MODELS = {
-    "gemma": REPO / "models" / "gemma-3-270m-q4_k_m.gguf",
-    "smollm2": REPO / "models" / "smollm2-135m-instruct-q4_1.gguf",
-}
+from repo_paths import MODELS, REPO  # noqa: E402
 CORPUS = json.loads((pathlib.Path(__file__).parent / "tokenizer_texts.json").read_text(encoding="utf-8"))["texts"]
 
 

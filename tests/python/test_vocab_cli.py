@@ -11,7 +11,6 @@
 import collections
 import csv
 import json
-import os
 import pathlib
 import struct
 import subprocess
@@ -23,8 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import spec_bench  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("MICROSPEC_BIN", str(REPO / "build" / "microspec"))
+from repo_paths import BIN, REPO  # noqa: E402
 SMOL = REPO / "models" / "smollm2-135m-instruct-q4_1.gguf"
 
 
