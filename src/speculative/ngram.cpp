@@ -123,8 +123,10 @@ void NgramDrafter::draft_chain(const NgramMatch& m, const TreeParams& params, Dr
 void NgramDrafter::propose(int32_t root, int32_t, const TreeParams& params, DraftSampling* sampling,
                            DraftTree& tree) {
   const NgramMatch m = match_with_root(root);
-  tree.clear();
-  if (m.length >= index_.params().min_n) draft_chain(m, params, sampling, tree);
+  if (m.length >= index_.params().min_n)
+    draft_chain(m, params, sampling, tree);
+  else
+    tree.clear();
 }
 
 void NgramDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path, const float*) {

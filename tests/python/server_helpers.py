@@ -164,6 +164,17 @@ def metrics(server, headers=None):
 _generated = {}  # one pytest session's `generate` results, shared by every module that asks
 
 
+def output_difference(i, plain, spec):
+    """None when the speculative row `spec` of prompt i (a --prompts-jsonl output line) has plain
+    decoding's tokens, text and finish reason; else a line naming the first differing token."""
+    if plain["tokens"] == spec["tokens"] and plain["text"] == spec["text"] and \
+            plain["finish_reason"] == spec["finish_reason"]:
+        return None
+    a, b = plain["tokens"], spec["tokens"]
+    first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"prompt {i}: first difference at token {first} ({a[first:first + 3]} vs {b[first:first + 3]})"
+
+
 def cli_generate(model, prompts, n_predict, chat, extra=()):
     """`microspec generate --json` over prompts (batch mode): one dict per prompt. Deterministic
     runs (greedy, or a fixed seed) are run once per session: plain-decoding baselines that several

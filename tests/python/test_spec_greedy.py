@@ -44,6 +44,7 @@ import spec_bench  # noqa: E402
 pytestmark = pytest.mark.slow
 
 from repo_paths import BIN, MODELS  # noqa: E402
+from server_helpers import output_difference  # noqa: E402
 POOL, PROMPTS_PER_CONFIG, N_TOKENS = 16, 3, 48
 
 # Draft-layer counts per model: one that drafts well and one that is often wrong.
@@ -143,11 +144,9 @@ def test_spec_greedy_equals_plain(model, index, name, draft_model, tmp_path):
     mismatches = []
     for i, a, b in zip(chosen, base, rows):
         assert a["prompt_ids"] == b["prompt_ids"]
-        if a["tokens"] != b["tokens"] or a["text"] != b["text"] or a["finish_reason"] != b["finish_reason"]:
-            first = next((j for j, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y),
-                         min(len(a["tokens"]), len(b["tokens"])))
-            mismatches.append(f"prompt {i}: first difference at token {first} "
-                              f"({a['tokens'][first:first + 3]} vs {b['tokens'][first:first + 3]})")
+        difference = output_difference(i, a, b)
+        if difference:
+            mismatches.append(difference)
         s = b["spec"]
         assert s["steps"] >= 1 or len(b["tokens"]) <= 1
         assert s["accepted_draft_tokens"] <= s["drafted_tokens"]

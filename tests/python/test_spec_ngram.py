@@ -24,7 +24,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import spec_bench  # noqa: E402
-from server_helpers import cli_generate  # noqa: E402
+from server_helpers import cli_generate, output_difference  # noqa: E402
 
 # A real-model sweep, as test_spec_greedy.py: left out of scripts/test.sh --quick.
 pytestmark = pytest.mark.slow
@@ -72,11 +72,9 @@ def test_ngram_greedy_equals_plain(model, config, tmp_path):
     mismatches = []
     for i, (a, b) in enumerate(zip(base, rows)):
         assert a["prompt_ids"] == b["prompt_ids"]
-        if a["tokens"] != b["tokens"] or a["text"] != b["text"] or a["finish_reason"] != b["finish_reason"]:
-            first = next((j for j, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y),
-                         min(len(a["tokens"]), len(b["tokens"])))
-            mismatches.append(f"prompt {i}: first difference at token {first} "
-                              f"({a['tokens'][first:first + 3]} vs {b['tokens'][first:first + 3]})")
+        difference = output_difference(i, a, b)
+        if difference:
+            mismatches.append(difference)
         s = b["spec"]
         assert s["accepted_draft_tokens"] <= s["drafted_tokens"]
     assert not mismatches, f"{model} {config}: {len(mismatches)} of {len(rows)} prompts differ:\n" + "\n".join(
