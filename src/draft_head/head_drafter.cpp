@@ -1,7 +1,6 @@
 #include "draft_head/head_drafter.h"
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <string>
 
@@ -113,14 +112,7 @@ void HeadDrafter::expand(std::span<const int32_t> frontier, std::span<const Tree
   next_slot_ = batch_.start + rows;
   if (slot_hidden_.size() < size_t(next_slot_) * H) slot_hidden_.resize(size_t(next_slot_) * H);
   std::copy_n(prenorm_.data(), size_t(rows) * H, slot_hidden_.data() + size_t(batch_.start) * H);
-
-  const int32_t V = vocab_.size();
-  logits_.resize(size_t(rows) * V);
-  const auto t0 = std::chrono::steady_clock::now();
-  vocab_.logits(target_, normed_.data(), rows, logits_.data());
-  lm_head_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (int32_t r = 0; r < rows; ++r)
-    pick_children(logits_.data() + size_t(r) * V, V, vocab_.ids(), k, sampling, r, out + size_t(r) * k);
+  score_and_pick(vocab_, target_, normed_.data(), rows, k, sampling, logits_, lm_head_seconds_, out);
 }
 
 void HeadDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,

@@ -61,13 +61,18 @@ void ModelTreeExpander::expand(std::span<const int32_t> frontier, std::span<cons
     const int32_t slot = batch_.start + batch_.output_rows[r];
     std::copy_n(out_.residual.data() + size_t(r) * d, d, slot_residual_.data() + size_t(slot) * d);
   }
-  const int32_t rows = out_.n_rows, V = vocab_.size();
-  logits_.resize(size_t(rows) * V);
+  score_and_pick(vocab_, model_, out_.hidden.data(), out_.n_rows, k, sampling, logits_, lm_head_seconds_, out);
+}
+
+void score_and_pick(DraftVocabulary& vocab, Model& model, const float* hidden, int32_t rows, int32_t k,
+                    DraftSampling* sampling, std::vector<float>& logits, double& lm_head_seconds, Proposal* out) {
+  const int32_t V = vocab.size();
+  logits.resize(size_t(rows) * V);
   const auto t0 = std::chrono::steady_clock::now();
-  vocab_.logits(model_, out_.hidden.data(), rows, logits_.data());
-  lm_head_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  vocab.logits(model, hidden, rows, logits.data());
+  lm_head_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int32_t r = 0; r < rows; ++r)
-    pick_children(logits_.data() + size_t(r) * V, V, vocab_.ids(), k, sampling, r, out + size_t(r) * k);
+    pick_children(logits.data() + size_t(r) * V, V, vocab.ids(), k, sampling, r, out + size_t(r) * k);
 }
 
 SelfDrafter::SelfDrafter(Model& target, KVCache& target_kv, int32_t n_layers, DraftVocabulary vocab)

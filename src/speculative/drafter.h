@@ -75,6 +75,13 @@ class Drafter {
   virtual void target_features(const float* features, int32_t rows) {}
 };
 
+// The draft LM-head step every drafter shares: scores `rows` normed hidden states
+// ([rows][n_embd]) with `vocab` through `model`'s LM-head rows into `logits` ([rows][vocab.size()],
+// resized; capacity kept across calls), adds the LM head's wall time to `lm_head_seconds`, and
+// picks each row's k children into out[r * k ..] (pick_children).
+void score_and_pick(DraftVocabulary& vocab, Model& model, const float* hidden, int32_t rows, int32_t k,
+                    DraftSampling* sampling, std::vector<float>& logits, double& lm_head_seconds, Proposal* out);
+
 // Runs tree candidates through a model (or its first N layers) writing into a KV cache's pending
 // region, and scores their children with a DraftVocabulary. Shared by both drafters.
 class ModelTreeExpander : public TreeExpander {
