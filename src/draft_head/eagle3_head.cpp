@@ -14,12 +14,6 @@ namespace microspec {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& ne) {
-  std::string s = "[";
-  for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
-  return s + "]";
-}
-
 // A metadata integer that must equal what the target (or the head's own shapes) imply.
 void expect_equal(const GgufFile& f, const std::string& what, int64_t expected, int64_t actual) {
   if (expected != actual)
@@ -124,17 +118,7 @@ void Eagle3Head::load_weights() {
   auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
     return load_matrix(f, name, cols, rows, mm_.kernels());
   };
-  auto vector = [&](const std::string& name, int64_t n) {
-    const GgufTensor* t = f.find_tensor(name);
-    if (!t) throw Error(f.name() + ": missing tensor '" + name + "'");
-    if (t->type != GgmlType::F32)
-      throw Error(f.name() + ": tensor '" + name + "' has type " + type_name(static_cast<uint32_t>(t->type)) +
-                  ", expected F32");
-    if (t->ne.size() != 1 || t->ne[0] != n)
-      throw Error(f.name() + ": tensor '" + name + "' has shape " + shape_text(t->ne) + ", expected [" +
-                  std::to_string(n) + "]");
-    return reinterpret_cast<const float*>(t->data);
-  };
+  auto vector = [&](const std::string& name, int64_t n) { return load_vector(f, name, n); };
   const int64_t H = c.n_embd;
   fc_ = matrix("fc.weight", c.n_features(), H);
   if (c.norm_before_fc) fc_norm_ = vector("enc.output_norm.weight", c.n_features());

@@ -99,16 +99,24 @@ KVCache Model::make_cache(int32_t n_ctx) const {
   return kv;
 }
 
+namespace {
+
+// "[a, b]" for a tensor's dimensions, as the shape errors print them.
+std::string shape_text(const std::vector<int64_t>& ne) {
+  std::string s = "[";
+  for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "]";
+}
+
+}  // namespace
+
 QMatrix load_matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows,
                     const KernelTable& kernels) {
   const GgufTensor* t = f.find_tensor(name);
   if (!t) throw Error(f.name() + ": missing tensor '" + name + "'");
-  if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows) {
-    std::string actual;
-    for (size_t i = 0; i < t->ne.size(); ++i) actual += (i ? ", " : "") + std::to_string(t->ne[i]);
-    throw Error(f.name() + ": tensor '" + name + "' has shape [" + actual + "], expected [" +
+  if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows)
+    throw Error(f.name() + ": tensor '" + name + "' has shape " + shape_text(t->ne) + ", expected [" +
                 std::to_string(cols) + ", " + std::to_string(rows) + "]");
-  }
   if (!kernels.vec_dot[static_cast<uint32_t>(t->type)])
     throw Error(f.name() + ": tensor '" + name + "' has type " + type_name(static_cast<uint32_t>(t->type)) +
                 ", which has no matmul kernel");
@@ -125,21 +133,22 @@ QMatrix Model::matrix(const GgufFile& f, const std::string& name, int64_t cols, 
   return load_matrix(f, name, cols, rows, mm_.kernels());
 }
 
-const float* Model::vector(const GgufFile& f, const std::string& name, int64_t n, bool required) const {
+const float* load_vector(const GgufFile& f, const std::string& name, int64_t n) {
   const GgufTensor* t = f.find_tensor(name);
-  if (!t) {
-    if (required) throw Error(f.name() + ": missing tensor '" + name + "'");
-    return nullptr;
-  }
+  if (!t) throw Error(f.name() + ": missing tensor '" + name + "'");
   if (t->type != GgmlType::F32)
     throw Error(f.name() + ": tensor '" + name + "' has type " + type_name(static_cast<uint32_t>(t->type)) +
                 ", expected F32");
   if (t->ne.size() != 1 || t->ne[0] != n)
-    throw Error(f.name() + ": tensor '" + name + "' has " + std::to_string(t->n_elements()) +
-                " elements in " + std::to_string(t->ne.size()) + " dims, expected [" + std::to_string(n) +
-                "]");
+    throw Error(f.name() + ": tensor '" + name + "' has shape " + shape_text(t->ne) + ", expected [" +
+                std::to_string(n) + "]");
   // The data section is aligned (>= 32 bytes, checked by the reader), so f32 access is aligned.
   return reinterpret_cast<const float*>(t->data);
+}
+
+const float* Model::vector(const GgufFile& f, const std::string& name, int64_t n, bool required) const {
+  if (!required && !f.find_tensor(name)) return nullptr;
+  return load_vector(f, name, n);
 }
 
 void Model::matmul(const QMatrix& w, const float* x, int32_t n, float* y) {

@@ -107,6 +107,9 @@ struct ModelOptions {
 // type without a kernel. Models and draft heads load their weights through it.
 QMatrix load_matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows,
                     const KernelTable& kernels);
+// The 1-D F32 weight `name` of f with n elements; Error naming the file, the tensor and expected vs
+// actual when it is missing, of another type or of another shape.
+const float* load_vector(const GgufFile& f, const std::string& name, int64_t n);
 
 class Model {
  public:
