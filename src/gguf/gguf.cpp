@@ -1,16 +1,12 @@
 #include "gguf/gguf.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
 
 #include "util/error.h"
+#include "util/mapped_file.h"
 
 namespace microspec {
 
@@ -190,31 +186,8 @@ int64_t GgufTensor::rows() const {
 std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->name_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw Error(path + ": cannot stat: " + std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error(path + ": not a regular file");
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
-  if (size == 0) {
-    ::close(fd);
-    throw Error(path + ": file is empty (0 bytes), not a GGUF file");
-  }
-  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  ::close(fd);  // the mapping keeps the file referenced
-  if (map == MAP_FAILED)
-    throw Error(path + ": cannot map " + std::to_string(size) + " bytes: " + std::strerror(err));
-  f->mapping_ = map;
-  f->mapping_size_ = size;
-  f->parse(static_cast<const uint8_t*>(map), size);
+  f->mapping_ = std::make_unique<MappedFile>(path, "GGUF file");
+  f->parse(f->mapping_->data(), f->mapping_->size());
   return f;
 }
 
@@ -225,9 +198,7 @@ std::unique_ptr<GgufFile> GgufFile::from_memory(const uint8_t* data, size_t size
   return f;
 }
 
-GgufFile::~GgufFile() {
-  if (mapping_) munmap(mapping_, mapping_size_);
-}
+GgufFile::~GgufFile() = default;
 
 void GgufFile::parse(const uint8_t* data, size_t size) {
   Cursor c(data, size, name_);

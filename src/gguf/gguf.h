@@ -14,6 +14,8 @@
 
 namespace microspec {
 
+class MappedFile;
+
 enum class GgufType : int32_t {
   U8 = 0,
   I8 = 1,
@@ -100,8 +102,7 @@ class GgufFile {
   size_t alignment_ = 32;
   size_t file_size_ = 0;
   size_t data_offset_ = 0;
-  void* mapping_ = nullptr;
-  size_t mapping_size_ = 0;
+  std::unique_ptr<MappedFile> mapping_;  // null for from_memory()
   std::unordered_map<std::string, GgufValue> kv_;
   std::vector<std::string> key_order_;
   std::vector<GgufTensor> tensors_;
