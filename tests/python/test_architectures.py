@@ -138,6 +138,22 @@ def test_no_bos_file_tokenizes_as_llama_cpp(tmp_path):
     assert all(ids[0] != 1 for ids in ours)
 
 
+@pytest.mark.parametrize("kind,defect,message", [
+    ("qwen3", "rope_scaling_yarn", "rope scaling 'yarn' is not supported"),
+    ("phi3", "fused_qkv_rows", "tensor 'blk.0.attn_qkv.weight' has shape [64, 120], expected [64, 128]"),
+    ("llama3", "rope_freqs_length", "tensor 'rope_freqs.weight' has shape [9], expected [8]"),
+])
+def test_bad_files_are_refused_at_load(kind, defect, message, tmp_path):
+    """A file whose metadata or tensor shapes do not fit its architecture: a one-line error naming
+    the file and what was expected against what was found, non-zero exit, no crash."""
+    from tiny_gguf import write_tiny_model
+    path = write_tiny_model(kind, tmp_path / f"{kind}-{defect}.gguf", defect=defect)
+    res = subprocess.run([BIN, "generate", "-m", str(path), "--prompt-ids", "1 5 7", "-n", "1", "-t", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode not in (0, -6, -11), res.stderr
+    assert message in res.stderr and path.name in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize("name", GOLDEN)
 def test_transformers_golden(name):
     """microspec on the GGUF that llama.cpp's converter wrote from a transformers model, against

@@ -70,8 +70,13 @@ def n_vocab(kind):
     return SPECS[kind]["vocab"]
 
 
-def write_tiny_model(kind, path, seed=1):
-    """Writes a random model of `kind` (a key of SPECS) to path."""
+# Defects write_tiny_model can put into a file, for the load-time checks.
+DEFECTS = ("rope_scaling_yarn", "fused_qkv_rows", "rope_freqs_length")
+
+
+def write_tiny_model(kind, path, seed=1, defect=None):
+    """Writes a random model of `kind` (a key of SPECS) to path, with one of DEFECTS if named."""
+    assert defect is None or defect in DEFECTS
     s = SPECS[kind]
     arch, V, n_layer, hd = s["arch"], s["vocab"], s["layers"], s["head_dim"]
     rng = np.random.default_rng(seed)
@@ -89,6 +94,9 @@ def write_tiny_model(kind, path, seed=1):
         w.add_value_length(hd)
     if s["n_rot"] != hd:
         w.add_rope_dimension_count(s["n_rot"])
+    if defect == "rope_scaling_yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(4.0)
     if kind == "gemma2":
         w.add_sliding_window(GEMMA2_WINDOW)
         w.add_attn_logit_softcapping(GEMMA2_ATTN_CAP)
@@ -120,7 +128,8 @@ def write_tiny_model(kind, path, seed=1):
     if kind in ("qwen3", "llama3", "phi3"):  # an untied LM head: tied random models mostly repeat their input
         matrix("output.weight", N_EMBD, V, 1.0)
     if kind == "llama3":
-        w.add_tensor("rope_freqs.weight", llama3_rope_factors(hd, s["base"]))
+        factors = llama3_rope_factors(hd, s["base"])
+        w.add_tensor("rope_freqs.weight", np.append(factors, np.float32(1.0)).astype(np.float32) if defect == "rope_freqs_length" else factors)
     if kind == "phi3":  # [n_rot/2] each, LongRoPE's divisors
         w.add_tensor("rope_factors_long.weight", (1.0 + rng.uniform(0, 6, s["n_rot"] // 2)).astype(np.float32))
         w.add_tensor("rope_factors_short.weight", (1.0 + rng.uniform(0, 0.2, s["n_rot"] // 2)).astype(np.float32))
@@ -128,7 +137,8 @@ def write_tiny_model(kind, path, seed=1):
         p = f"blk.{layer}."
         vector(p + "attn_norm.weight", N_EMBD, 1.0, 0.1)
         if kind == "phi3":
-            matrix(p + "attn_qkv.weight", N_EMBD, q_dim + 2 * kv_dim, N_EMBD ** -0.5)
+            rows = q_dim + 2 * kv_dim - (8 if defect == "fused_qkv_rows" else 0)
+            matrix(p + "attn_qkv.weight", N_EMBD, rows, N_EMBD ** -0.5)
         else:
             matrix(p + "attn_q.weight", N_EMBD, q_dim, N_EMBD ** -0.5)
             matrix(p + "attn_k.weight", N_EMBD, kv_dim, N_EMBD ** -0.5)
