@@ -110,8 +110,10 @@ ModelConfig read_model_config(const GgufFile& f) {
       // than head_dim; llama.cpp recognises them by their layer count.
       if (c.n_layer == (gemma2 ? 46 : 62))
         c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head));
-      // Gemma 2 always soft-caps attention (50 unless the file says); Gemma 3 has no attention cap.
-      if (gemma2 && c.attn_softcap == 0.0f) c.attn_softcap = 50.0f;
+      // Gemma 2 always soft-caps attention and logits (llama.cpp's defaults 50 and 30 unless the
+      // file says); Gemma 3 has no attention cap and caps logits only if the file says.
+      if (gemma2 && !f.has(p + "attn_logit_softcapping")) c.attn_softcap = 50.0f;
+      if (gemma2 && !f.has(p + "final_logit_softcapping")) c.final_softcap = 30.0f;
       if (!gemma2 && c.attn_softcap != 0.0f) throw Error(f.name() + ": gemma3 has no attention soft-capping");
       // Gemma 2: every other layer slides (window 4096 by default); Gemma 3: five of every six.
       c.sliding_window = static_cast<int32_t>(
@@ -120,7 +122,7 @@ ModelConfig read_model_config(const GgufFile& f) {
       c.rope_base_local = static_cast<float>(
           f.get_float_opt(p + "rope.freq_base_swa").value_or(gemma2 ? c.rope_base : 10000.0));
       const int64_t pattern = f.get_int_opt(p + "attention.sliding_window_pattern").value_or(gemma2 ? 2 : 6);
-      if (pattern < 0 || pattern > c.n_layer + 1)
+      if (pattern < 0 || pattern > 4096)
         throw Error(f.name() + ": attention.sliding_window_pattern " + std::to_string(pattern) + " is out of range");
       for (int il = 0; il < c.n_layer; ++il)
         c.layer_is_sliding[il] = c.sliding_window > 0 && (pattern == 0 || il % pattern < pattern - 1);

@@ -36,7 +36,7 @@ class ReferenceModel:
         self.window = f(f"{a}.attention.sliding_window", {"gemma2": 4096}.get(a, 0)) if self.gemma else 0
         self.pattern = f(f"{a}.attention.sliding_window_pattern", {"gemma2": 2, "gemma3": 6}.get(a, 1))
         self.attn_cap = f(f"{a}.attn_logit_softcapping", 50.0 if a == "gemma2" else 0.0)
-        self.final_cap = f(f"{a}.final_logit_softcapping", 0.0)
+        self.final_cap = f(f"{a}.final_logit_softcapping", 30.0 if a == "gemma2" else 0.0)
         self.scale = 1.0 / np.sqrt(self.hd)
         if self.gemma and self.n_layer == {"gemma2": 46, "gemma3": 62}[a]:  # the 27B models
             self.scale = 1.0 / np.sqrt(self.d // self.n_head)
