@@ -54,6 +54,13 @@ MODELS = {
                     rope_parameters=dict(full_attention=dict(rope_type="default", rope_theta=1e6),
                                          sliding_attention=dict(rope_type="default", rope_theta=1e4)),
                     hidden_activation="gelu_pytorch_tanh")),
+    # Gemma 3 4B/12B/27B's text config: linear RoPE scaling (factor 8) on the global layers only.
+    "gemma3_linear": ("Gemma3ForCausalLM", "Gemma3TextConfig",
+                      dict(num_hidden_layers=6, head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
+                           rope_parameters=dict(
+                               full_attention=dict(rope_type="linear", rope_theta=1e6, factor=8.0),
+                               sliding_attention=dict(rope_type="default", rope_theta=1e4)),
+                           hidden_activation="gelu_pytorch_tanh")),
     "phi3": ("Phi3ForCausalLM", "Phi3Config",
              dict(num_hidden_layers=2, max_position_embeddings=128, original_max_position_embeddings=32,
                   sliding_window=2047,
@@ -83,7 +90,7 @@ def train_tokenizer(out_dir):
 def build(name, work, sp_model):
     cls_name, cfg_name, over = MODELS[name]
     cfg = getattr(transformers, cfg_name)(**{**COMMON, **over})
-    if name in ("gemma2", "gemma3"):
+    if name.startswith("gemma"):
         cfg._attn_implementation = "eager"  # soft-capping and windows as written
     torch.manual_seed(SEED)
     model = getattr(transformers, cls_name)(cfg).eval()

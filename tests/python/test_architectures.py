@@ -7,7 +7,8 @@ real structure (GGUF as llama.cpp names it):
 - the same files: speculative greedy decoding (self-draft with the full and with a dynamic draft
   vocabulary) equals plain greedy decoding token for token;
 - transformers goldens (scripts/make_arch_goldens.py, tests/data/arch_golden): models of the real
-  transformers classes (Qwen3, Llama with llama3 rope_scaling, Mistral, Gemma2, Gemma3 text-only,
+  transformers classes (Qwen3, Llama with llama3 rope_scaling, Mistral, Gemma2, Gemma3 text-only
+  with and without 4B+'s linear RoPE scaling,
   Phi3 with LongRoPE and partial rotary), converted by llama.cpp's own convert_hf_to_gguf.py, and
   transformers' float32 logits for one sequence: microspec's logits must match them.
 
@@ -29,7 +30,7 @@ from repo_paths import BIN, REPO  # noqa: E402
 from test_model_conformance import cosines, run_eval  # noqa: E402
 
 TINY = ["qwen3", "llama3", "gemma2", "phi3"]
-GOLDEN = ["qwen3", "llama3", "mistral", "gemma2", "gemma3", "phi3"]
+GOLDEN = ["qwen3", "llama3", "mistral", "gemma2", "gemma3", "gemma3_linear", "phi3"]
 GOLDEN_DIR = REPO / "tests/data/arch_golden"
 
 
