@@ -8,7 +8,7 @@ convert_hf_to_gguf.py, and transformers' float32 logits for one token sequence.
     /work/torchenv/bin/python scripts/make_arch_goldens.py [-o tests/data/arch_golden]
         [--llama-cpp /tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp]
 
-Needs torch, transformers and sentencepiece (the venv, not CI). Weights are rounded to float16
+Needs torch, transformers and sentencepiece (scripts/requirements-train.txt; the venv, not CI). Weights are rounded to float16
 before the logits are computed, so the F16 GGUF holds exactly the weights transformers ran; norms
 stay float32. The tokenizer is a SentencePiece model trained here on tests/python/tokenizer_texts.json
 (vocabulary VOCAB), written as tokenizer.model into each checkpoint so the converter can read it.
