@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "test_helpers.h"
+#include "tiny_model.h"
 #include "util/error.h"
 
 namespace microspec {
@@ -163,6 +165,22 @@ TEST(ModelBatch, MixedSequencesGiveTheirOwnLogitsSmolLM2) {
 // 600 positions: past Gemma 3's 512-token sliding window.
 TEST(ModelBatch, MixedSequencesGiveTheirOwnLogitsGemma3) {
   check_mixed_batch(test::gemma_path(), 600);
+}
+
+// The newer architectures on tiny files: phi3 rotates each sequence with the LongRoPE factors its
+// own cache calls for, gemma2 soft-caps and slides (window 8) inside a mixed call; qwen3's q/k norms.
+TEST(ModelBatch, MixedSequencesGiveTheirOwnLogitsTinyArchitectures) {
+  for (const char* arch : {"phi3", "gemma2", "qwen3"}) {
+    test::TinyModelSpec spec;
+    spec.arch = arch;
+    spec.n_layer = 4;
+    const std::string path =
+        (std::filesystem::temp_directory_path() / ("microspec_batch_" + spec.arch + ".gguf")).string();
+    test::write_tiny_model(spec, path);
+    SCOPED_TRACE(arch);
+    check_mixed_batch(path, 40);
+    std::filesystem::remove(path);
+  }
 }
 
 // Sequences of one call must not share a cache, and the call must fit n_batch.

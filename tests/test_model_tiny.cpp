@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <vector>
@@ -152,6 +153,75 @@ TEST(ModelTiny, TreeLlama) {
   spec.arch = "llama";
   spec.weight_type = GgmlType::Q4_1;
   check_tree(spec);
+}
+
+// The newer architectures' trees: q/k norms (qwen3); soft-capped attention and logits with a window
+// on even layers (gemma2, 4 layers, window 8 so the tree straddles it); fused QKV and gate/up,
+// partial rotary and LongRoPE's long factors (phi3: the 256-slot cache exceeds its original
+// context of 64); Llama 3's frequency divisors (llama + rope_freqs).
+TEST(ModelTiny, TreeQwen3) {
+  test::TinyModelSpec spec;
+  spec.arch = "qwen3";
+  check_tree(spec);
+}
+
+TEST(ModelTiny, TreeGemma2SoftCapsAndWindow) {
+  test::TinyModelSpec spec;
+  spec.arch = "gemma2";
+  spec.n_layer = 4;
+  check_tree(spec);
+}
+
+TEST(ModelTiny, TreePhi3FusedPartialRotaryLongRope) {
+  test::TinyModelSpec spec;
+  spec.arch = "phi3";
+  spec.untied_output = true;
+  check_tree(spec);
+}
+
+TEST(ModelTiny, TreeLlama3RopeFreqs) {
+  test::TinyModelSpec spec;
+  spec.arch = "llama";
+  spec.llama3_rope = true;
+  check_tree(spec);
+}
+
+// Gemma 2 soft-caps its logits at 20 in every LM-head path: the full head, chosen rows, and rows
+// packed into a draft vocabulary's own matrix give the same (capped) values.
+TEST(ModelTiny, Gemma2FinalSoftCapInEveryHeadPath) {
+  test::TinyModelSpec spec;
+  spec.arch = "gemma2";
+  spec.n_layer = 4;
+  Tiny t(spec);
+  Model& m = *t.model;
+  const int32_t V = spec.n_vocab, d = spec.n_embd;
+  std::vector<float> hidden(static_cast<size_t>(d));
+  for (int32_t i = 0; i < d; ++i) hidden[i] = 40.0f * std::sin(0.7f * float(i));  // large: logits cap
+  std::vector<float> full(static_cast<size_t>(V));
+  m.lm_head(hidden.data(), 1, full.data());
+  float top = 0.0f;
+  for (float x : full) {
+    ASSERT_LT(std::fabs(x), 20.0f);
+    top = std::max(top, std::fabs(x));
+  }
+  EXPECT_GT(top, 15.0f) << "the test's hidden state should push logits into the cap";
+  const std::vector<int32_t> rows = {0, 7, 100, V - 1};
+  std::vector<float> some(rows.size());
+  m.lm_head_rows(hidden.data(), 1, rows.data(), static_cast<int32_t>(rows.size()), some.data());
+  const QMatrix& head = m.output_matrix();
+  std::vector<uint8_t> packed_bytes(rows.size() * head.row_stride);
+  for (size_t j = 0; j < rows.size(); ++j)
+    std::memcpy(packed_bytes.data() + j * head.row_stride, head.data + size_t(rows[j]) * head.row_stride,
+                head.row_stride);
+  QMatrix packed = head;
+  packed.data = packed_bytes.data();
+  packed.rows = static_cast<int64_t>(rows.size());
+  std::vector<float> from_packed(rows.size());
+  m.lm_head_packed(hidden.data(), 1, packed, from_packed.data());
+  for (size_t j = 0; j < rows.size(); ++j) {
+    EXPECT_EQ(some[j], full[rows[j]]) << "row " << rows[j];
+    EXPECT_EQ(from_packed[j], full[rows[j]]) << "row " << rows[j];
+  }
 }
 
 TEST(ModelTiny, WrongTensorShapeIsAClearError) {

@@ -83,6 +83,12 @@ void* CudaModel::alloc(size_t bytes) {
 
 std::unique_ptr<CudaModel> CudaModel::load(const GgufFile& f, const CudaModelOptions& options) {
   ModelConfig c = read_model_config(f);
+  // The CUDA path implements gemma3, llama and qwen2 without RoPE scaling, partial rotary or soft-capping.
+  const bool cuda_arch = c.arch == Arch::Gemma3 || c.arch == Arch::Llama || c.arch == Arch::Qwen2;
+  if (!cuda_arch || c.n_rot != c.head_dim || c.rope_freq_scale != 1.0f || c.rope_attn_factor != 1.0f ||
+      c.final_softcap != 0.0f || f.find_tensor("rope_freqs.weight"))
+    throw Error(f.name() + ": the CUDA path runs gemma3, llama and qwen2 files without RoPE scaling or "
+                "soft-capping; run this " + c.arch_name + " file on the CPU");
   const GgufTensor* embd = f.find_tensor("token_embd.weight");
   if (!embd || embd->ne.size() != 2) throw Error(f.name() + ": missing or malformed tensor 'token_embd.weight'");
   c.n_vocab = static_cast<int32_t>(embd->ne[1]);

@@ -1,6 +1,8 @@
-// Gemma 3: sandwich norms around attention and FFN, per-head RMS norms on q and k, NEOX RoPE with a
-// local base on sliding-window layers and the file's base on global ones, GELU-tanh gated FFN,
-// embeddings scaled by sqrt(n_embd), LM head tied to the embeddings.
+// Gemma 3 (270M, 1B text-only, and the text part of 4B/12B/27B): sandwich norms around attention and
+// FFN, per-head RMS norms on q and k, NEOX RoPE with a local base on sliding-window layers (five of
+// every six) and the file's base and linear scaling on global ones, GELU-tanh gated FFN, embeddings
+// scaled by sqrt(n_embd), LM head tied to the embeddings, final logit soft-capping if the file has
+// it. Multimodal checkpoints' vision tower is a separate file (mmproj) in llama.cpp's layout.
 // Norm weights in GGUF already hold (1 + w): they are used as stored.
 #include <cmath>
 #include <string>
@@ -69,15 +71,15 @@ class Gemma3Model final : public Model {
     float* up = act_.up.data();      // [n][n_ff]
     for (int32_t il = first; il < end; ++il) {
       const Layer& L = layers_[il];
-      const float rope_base = c.layer_is_sliding[il] ? c.rope_base_local : c.rope_base;
+      const RopeSpec rot = rope_spec(il, /*freq_factors=*/nullptr);
 
       // Attention block.
       rms_norm(x, L.attn_norm, n, d, xn);
       project_qkv(L.wq, L.wk, L.wv, xn, n, q, k, v);
       rms_norm(q, L.q_norm, n * c.n_head, c.head_dim, q);
       rms_norm(k, L.k_norm, n * c.n_head_kv, c.head_dim, k);
-      rope(q, n, c.n_head, positions, rope_base);
-      rope(k, n, c.n_head_kv, positions, rope_base);
+      rope(q, n, c.n_head, positions, rot);
+      rope(k, n, c.n_head_kv, positions, rot);
       attention(il, rows, q, k, v, attn);
       matmul(L.wo, attn, n, o);
       rms_norm(o, L.post_attn_norm, n, d, o);

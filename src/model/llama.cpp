@@ -1,5 +1,9 @@
-// Llama family (SmolLM2, Llama 3.x) and Qwen2 (Llama plus biases on Q, K and V, NEOX RoPE):
+// Llama family (SmolLM2, Llama 3.x, Mistral) and Qwen2 (Llama plus biases on Q, K and V, NEOX RoPE):
 // pre-norm residual blocks, grouped-query attention, SiLU-gated FFN, tied or separate LM head.
+// Llama 3.x's RoPE scaling comes as per-frequency divisors, the tensor rope_freqs.weight, which
+// llama.cpp's converter computes from rope_scaling (rope_type llama3). Mistral files are `llama`:
+// llama.cpp's converter writes MistralForCausalLM so and neither it nor llama.cpp applies Mistral's
+// sliding window, so every layer attends to the whole context here too.
 #include <cmath>
 #include <string>
 
@@ -17,6 +21,7 @@ class LlamaModel final : public Model {
     const ModelConfig& c = config_;
     const int32_t d = c.n_embd;
     const bool biases = c.arch == Arch::Qwen2;
+    rope_freqs_ = vector(f, "rope_freqs.weight", c.n_rot / 2, /*required=*/false);
     layers_.resize(c.n_layer);
     for (int32_t il = 0; il < c.n_layer; ++il) {
       const std::string p = "blk." + std::to_string(il) + ".";
@@ -79,8 +84,9 @@ class LlamaModel final : public Model {
       add_bias(q, L.bq, n, c.q_dim());
       add_bias(k, L.bk, n, c.kv_dim());
       add_bias(v, L.bv, n, c.kv_dim());
-      rope(q, n, c.n_head, positions, c.rope_base);
-      rope(k, n, c.n_head_kv, positions, c.rope_base);
+      const RopeSpec rot = rope_spec(il, rope_freqs_);
+      rope(q, n, c.n_head, positions, rot);
+      rope(k, n, c.n_head_kv, positions, rot);
       attention(il, rows, q, k, v, attn);
       matmul(L.wo, attn, n, o);
       add_block_output(o, n, x);
@@ -92,7 +98,8 @@ class LlamaModel final : public Model {
     }
   }
 
-  std::vector<Layer> layers_;  // [n_layer]
+  const float* rope_freqs_ = nullptr;  // [n_rot/2] frequency divisors (Llama 3.x), else null
+  std::vector<Layer> layers_;          // [n_layer]
 };
 
 }  // namespace

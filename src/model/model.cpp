@@ -41,11 +41,17 @@ void Batch::set_sequence(std::span<const int32_t> toks, int32_t pos0, bool outpu
 std::unique_ptr<Model> Model::load(const GgufFile& file, const ModelOptions& options) {
   ModelConfig config = read_model_config(file);
   switch (config.arch) {
+    case Arch::Gemma2:
+      return make_gemma2(file, options);
     case Arch::Gemma3:
       return make_gemma3(file, options);
     case Arch::Llama:
     case Arch::Qwen2:
       return make_llama(file, options);
+    case Arch::Phi3:
+      return make_phi3(file, options);
+    case Arch::Qwen3:
+      return make_qwen3(file, options);
   }
   throw Error(file.name() + ": unsupported architecture");
 }
@@ -146,6 +152,16 @@ const float* load_vector(const GgufFile& f, const std::string& name, int64_t n) 
   return reinterpret_cast<const float*>(t->data);
 }
 
+QMatrix matrix_rows(const QMatrix& m, int64_t first, int64_t count) {
+  if (first < 0 || count < 0 || first + count > m.rows)
+    throw Error("matrix_rows: rows [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                ") outside a matrix of " + std::to_string(m.rows) + " rows");
+  QMatrix v = m;
+  v.data = m.data + size_t(first) * m.row_stride;
+  v.rows = count;
+  return v;
+}
+
 const float* Model::vector(const GgufFile& f, const std::string& name, int64_t n, bool required) const {
   if (!required && !f.find_tensor(name)) return nullptr;
   return load_vector(f, name, n);
@@ -195,16 +211,26 @@ void Model::rms_norm(const float* x, const float* weight, int32_t n_rows, int32_
   }
 }
 
-void Model::rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions, float base) const {
+Model::RopeSpec Model::rope_spec(int32_t il, const float* freq_factors) const {
+  const bool sliding = config_.layer_is_sliding[il];
+  return RopeSpec{.base = sliding ? config_.rope_base_local : config_.rope_base,
+                  .freq_scale = sliding ? config_.rope_freq_scale_local : config_.rope_freq_scale,
+                  .freq_factors = freq_factors,
+                  .attn_factor = config_.rope_attn_factor};
+}
+
+void Model::rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions, const RopeSpec& spec) const {
   const int32_t hd = config_.head_dim, half = config_.n_rot / 2;
   const bool neox = config_.rope_style == RopeStyle::Neox;
+  // theta_j = pos * base^(-2j / n_rot), built up by repeated multiplication as ggml does, then
+  // divided by the frequency factor and multiplied by the linear scale.
+  const float theta_scale = std::pow(spec.base, -2.0f / config_.n_rot);
   for (int32_t t = 0; t < n; ++t) {
-    const float pos = static_cast<float>(positions[t]);
-    // theta_j = pos * base^(-2j / n_rot), built up by repeated multiplication as ggml does.
-    const float theta_scale = std::pow(base, -2.0f / config_.n_rot);
-    float theta = pos;
-    for (int32_t j = 0; j < half; ++j, theta *= theta_scale) {
-      const float c = std::cos(theta), s = std::sin(theta);
+    float theta_base = static_cast<float>(positions[t]);
+    for (int32_t j = 0; j < half; ++j, theta_base *= theta_scale) {
+      const float theta =
+          (spec.freq_factors ? theta_base / spec.freq_factors[j] : theta_base) * spec.freq_scale;
+      const float c = std::cos(theta) * spec.attn_factor, s = std::sin(theta) * spec.attn_factor;
       for (int32_t h = 0; h < n_heads; ++h) {
         float* xh = x + (size_t(t) * n_heads + h) * hd;
         const int32_t i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
@@ -214,6 +240,12 @@ void Model::rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions,
       }
     }
   }
+}
+
+void Model::soft_cap(float* x, size_t count, float cap) {
+  if (cap == 0.0f) return;
+  const float inv = 1.0f / cap;
+  for (size_t i = 0; i < count; ++i) x[i] = cap * std::tanh(x[i] * inv);
 }
 
 void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const float* k, const float* v,
@@ -255,9 +287,11 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
       // q is rounded to half floats for the dot products with the half-float keys, as llama.cpp does.
       f16.round(q + (size_t(i) * config_.n_head + h) * hd, q16, hd);
       const int32_t koff = (h / group) * hd;
+      const float cap = config_.attn_softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
       auto score = [&](int32_t slot) {
         if (window != 0 && qpos - kv.position(slot) >= window) return kMasked;
-        return f16.dot(q16, kv.k(il, slot) + koff, hd) * config_.attn_scale;
+        const float s = f16.dot(q16, kv.k(il, slot) + koff, hd) * config_.attn_scale;
+        return cap > 0.0f ? cap * std::tanh(s * inv_cap) : s;  // Gemma 2's attention soft-capping
       };
       float max_score = kMasked;
       int32_t n_keys = 0;
@@ -456,6 +490,7 @@ void Model::run_layers_capturing(const ForwardRows& rows, int32_t first, int32_t
 void Model::lm_head(const float* hidden, int32_t n, float* logits) {
   const auto t0 = Clock::now();
   microspec::matmul(mm_, output_, hidden, n, logits, output_.rows);
+  soft_cap(logits, size_t(n) * output_.rows, config_.final_softcap);
   timings_.lm_head_seconds += seconds_since(t0);
 }
 
@@ -464,6 +499,7 @@ void Model::lm_head_rows(const float* hidden, int32_t n, const int32_t* rows, in
     if (rows[j] < 0 || rows[j] >= config_.n_vocab) throw Error("lm_head_rows: row id out of range");
   const auto t0 = Clock::now();
   microspec::matmul_rows(mm_, output_, rows, n_rows, hidden, n, logits, n_rows);
+  soft_cap(logits, size_t(n) * n_rows, config_.final_softcap);  // as lm_head, so drafts see the same logits
   timings_.lm_head_seconds += seconds_since(t0);
 }
 
@@ -472,6 +508,7 @@ void Model::lm_head_packed(const float* hidden, int32_t n, const QMatrix& packed
     throw Error("lm_head_packed: rows are not in the LM head's format");
   const auto t0 = Clock::now();
   microspec::matmul(mm_, packed, hidden, n, logits, packed.rows);
+  soft_cap(logits, size_t(n) * packed.rows, config_.final_softcap);
   timings_.lm_head_seconds += seconds_since(t0);
 }
 

@@ -110,6 +110,9 @@ QMatrix load_matrix(const GgufFile& f, const std::string& name, int64_t cols, in
 // The 1-D F32 weight `name` of f with n elements; Error naming the file, the tensor and expected vs
 // actual when it is missing, of another type or of another shape.
 const float* load_vector(const GgufFile& f, const std::string& name, int64_t n);
+// Rows [first, first + count) of m as a matrix of their own (a view: rows are stored independently
+// in every format), for fused weights such as phi3's attn_qkv and gate/up.
+QMatrix matrix_rows(const QMatrix& m, int64_t first, int64_t count);
 
 class Model {
  public:
@@ -174,8 +177,18 @@ class Model {
   void matmul(const QMatrix& w, const float* x, int32_t n, float* y);
   // y = x / rms(x) * weight for each of n_rows rows of dim elements (y may be x).
   void rms_norm(const float* x, const float* weight, int32_t n_rows, int32_t dim, float* y) const;
-  // Rotates x ([n][n_heads][head_dim]) in place by each token's position.
-  void rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions, float base) const;
+  // The rotation of one layer: base and linear scale (the local ones on sliding-window layers) and
+  // optional per-frequency divisors ([n_rot/2]: Llama 3's rope_freqs.weight), as ggml's rope_ext.
+  struct RopeSpec {
+    float base = 10000.0f;
+    float freq_scale = 1.0f;
+    const float* freq_factors = nullptr;  // [n_rot/2] or null
+    float attn_factor = 1.0f;             // multiplies cos and sin
+  };
+  RopeSpec rope_spec(int32_t il, const float* freq_factors) const;
+  // Rotates the first n_rot dimensions of each head of x ([n][n_heads][head_dim]) in place by each
+  // token's position; the rest of a head (partial rotary) is left as is.
+  void rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions, const RopeSpec& spec) const;
   enum class Activation { GeluTanh, Silu };
   // q ([n][q_dim]), k, v ([n][kv_dim]) = Wq, Wk, Wv times xn ([n][n_embd]).
   void project_qkv(const QMatrix& wq, const QMatrix& wk, const QMatrix& wv, const float* xn, int32_t n, float* q,
@@ -184,6 +197,8 @@ class Model {
   // are its working rows.
   void gated_ffn(const QMatrix& w_gate, const QMatrix& w_up, const QMatrix& w_down, Activation act,
                  const float* xn, int32_t n, float* gate, float* up, float* out);
+  // x ([count]) = cap * tanh(x / cap) in place (logit soft-capping); no-op when cap is 0.
+  static void soft_cap(float* x, size_t count, float cap);
   // x += block_out, both [n][n_embd].
   void add_block_output(const float* block_out, int32_t n, float* x) const;
   // Checks one sequence of a forward call (tokens, parents, positions, output rows, room in its cache).

@@ -1,0 +1,96 @@
+// Gemma 2: sandwich norms around attention and FFN, NEOX RoPE, attention logit soft-capping
+// (Config::attn_softcap, in the shared attention block), every other layer a sliding-window layer
+// (even layers, as llama.cpp and transformers), GELU-tanh gated FFN, embeddings scaled by
+// sqrt(n_embd), LM head tied to the embeddings with final logit soft-capping (Config::final_softcap,
+// in every LM-head path). Norm weights in GGUF already hold (1 + w): they are used as stored.
+#include <string>
+
+#include "gguf/gguf.h"
+#include "model/architectures.h"
+#include "model/model.h"
+
+namespace microspec {
+
+namespace {
+
+class Gemma2Model final : public Model {
+ public:
+  Gemma2Model(const GgufFile& f, const ModelOptions& options) : Model(f, options) {
+    const ModelConfig& c = config_;
+    const int32_t d = c.n_embd;
+    layers_.resize(c.n_layer);
+    for (int32_t il = 0; il < c.n_layer; ++il) {
+      const std::string p = "blk." + std::to_string(il) + ".";
+      Layer& L = layers_[il];
+      L.attn_norm = vector(f, p + "attn_norm.weight", d);
+      L.wq = matrix(f, p + "attn_q.weight", d, c.q_dim());
+      L.wk = matrix(f, p + "attn_k.weight", d, c.kv_dim());
+      L.wv = matrix(f, p + "attn_v.weight", d, c.kv_dim());
+      L.wo = matrix(f, p + "attn_output.weight", c.q_dim(), d);
+      L.post_attn_norm = vector(f, p + "post_attention_norm.weight", d);
+      L.ffn_norm = vector(f, p + "ffn_norm.weight", d);
+      L.w_gate = matrix(f, p + "ffn_gate.weight", d, c.n_ff);
+      L.w_up = matrix(f, p + "ffn_up.weight", d, c.n_ff);
+      L.w_down = matrix(f, p + "ffn_down.weight", c.n_ff, d);
+      L.post_ffw_norm = vector(f, p + "post_ffw_norm.weight", d);
+    }
+  }
+
+ private:
+  struct Layer {
+    const float* attn_norm;       // [n_embd]
+    QMatrix wq;                   // [n_head*head_dim rows][n_embd]
+    QMatrix wk, wv;               // [n_head_kv*head_dim rows][n_embd]
+    QMatrix wo;                   // [n_embd rows][n_head*head_dim]
+    const float* post_attn_norm;  // [n_embd]
+    const float* ffn_norm;        // [n_embd]
+    QMatrix w_gate, w_up;         // [n_ff rows][n_embd]
+    QMatrix w_down;               // [n_embd rows][n_ff]
+    const float* post_ffw_norm;   // [n_embd]
+  };
+
+  // One layer: x += post_norm(attention(norm(x))), then x += post_norm(ffn(norm(x))).
+  void run_layers(const ForwardRows& rows, int32_t first, int32_t end, float* x) override {
+    const ModelConfig& c = config_;
+    const int32_t n = rows.n, d = c.n_embd;
+    const int32_t* positions = rows.positions;
+    float* xn = act_.xn.data();      // [n][n_embd]
+    float* q = act_.q.data();        // [n][n_head][head_dim]
+    float* k = act_.k.data();        // [n][n_head_kv][head_dim]
+    float* v = act_.v.data();        // [n][n_head_kv][head_dim]
+    float* attn = act_.attn.data();  // [n][n_head*head_dim]
+    float* o = act_.o.data();        // [n][n_embd]
+    float* gate = act_.gate.data();  // [n][n_ff]
+    float* up = act_.up.data();      // [n][n_ff]
+    for (int32_t il = first; il < end; ++il) {
+      const Layer& L = layers_[il];
+      const RopeSpec rot = rope_spec(il, /*freq_factors=*/nullptr);
+
+      // Attention block (soft-capped scores, a window on even layers).
+      rms_norm(x, L.attn_norm, n, d, xn);
+      project_qkv(L.wq, L.wk, L.wv, xn, n, q, k, v);
+      rope(q, n, c.n_head, positions, rot);
+      rope(k, n, c.n_head_kv, positions, rot);
+      attention(il, rows, q, k, v, attn);
+      matmul(L.wo, attn, n, o);
+      rms_norm(o, L.post_attn_norm, n, d, o);
+      add_block_output(o, n, x);
+
+      // Feed-forward block.
+      rms_norm(x, L.ffn_norm, n, d, xn);
+      gated_ffn(L.w_gate, L.w_up, L.w_down, Activation::GeluTanh, xn, n, gate, up, o);
+      rms_norm(o, L.post_ffw_norm, n, d, o);
+      add_block_output(o, n, x);
+    }
+  }
+
+  std::vector<Layer> layers_;  // [n_layer]
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_gemma2(const GgufFile& file, const ModelOptions& options) {
+  return std::make_unique<Gemma2Model>(file, options);
+}
+
+}  // namespace microspec
