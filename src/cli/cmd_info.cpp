@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "checkpoint/hf_folder.h"
 #include "cli/commands.h"
 #include "gguf/gguf.h"
 #include "kernels/types.h"
@@ -148,7 +149,7 @@ std::string mib(uint64_t bytes) {
 }
 
 void run_info(const InfoArgs& a) {
-  auto f = GgufFile::open(a.model_path);
+  auto f = open_model_file(a.model_path);
   uint64_t data_bytes = 0;
   for (const GgufTensor& t : f->tensors()) data_bytes += t.n_bytes;
   const std::vector<std::string> keys = f->keys();
@@ -215,7 +216,7 @@ void run_info(const InfoArgs& a) {
 void add_info_command(CLI::App& app) {
   auto args = std::make_shared<InfoArgs>();
   CLI::App* cmd = app.add_subcommand("info", "Print the metadata and tensor table of a GGUF file");
-  cmd->add_option("-m,--model", args->model_path, "GGUF file")->required();
+  cmd->add_option("-m,--model", args->model_path, "GGUF file or Hugging Face folder (shown as translated)")->required();
   cmd->add_option("--array-limit", args->array_limit, "Print arrays of up to this many elements in full")
       ->capture_default_str();
   cmd->add_option("--string-limit", args->string_limit, "Cut strings after this many bytes")

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf_folder.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "gguf/gguf.h"
@@ -216,7 +217,7 @@ void run_tokenize(const TokenizeOptions& o) {
       (o.prompt ? 1 : 0) + (o.file.empty() ? 0 : 1) + (o.use_stdin ? 1 : 0) + (o.batch.empty() ? 0 : 1);
   if (sources != 1) throw Error("tokenize: give exactly one of -p, -f, --stdin, --batch-jsonl");
   if (o.ids && o.pieces) throw Error("tokenize: --ids and --pieces exclude each other");
-  const auto file = GgufFile::open(o.model);
+  const auto file = open_model_file(o.model);
   const auto tok = Tokenizer::from_gguf(*file);
   if (!o.batch.empty()) {
     run_batch(o, *file, *tok);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf_folder.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "gguf/gguf.h"
@@ -88,7 +89,7 @@ void count_file(Counter& c, const std::string& path) {
 
 void run_vocab_freq(const VocabFreqArgs& a) {
   if (a.corpus.empty()) throw Error("vocab-freq: give at least one --corpus file");
-  auto file = GgufFile::open(a.model);
+  auto file = open_model_file(a.model);
   auto tok = Tokenizer::from_gguf(*file);
   Counter c{*tok, std::vector<uint64_t>(size_t(tok->n_vocab()), 0)};
   for (size_t i = 0; i < a.corpus.size(); ++i) {

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <thread>
 
+#include "checkpoint/hf_folder.h"
 #include "speculative/settings.h"
 #include "util/error.h"
 
@@ -11,7 +12,10 @@ namespace microspec::cli {
 
 void ModelArgs::add_to(CLI::App& cmd, int32_t default_batch) {
   n_batch = default_batch;
-  cmd.add_option("-m,--model", model_path, "GGUF model file")->required();
+  cmd.add_option("-m,--model", model_path, "GGUF model file or Hugging Face model folder")->required();
+  cmd.add_option("--hf-type", hf_type,
+                 "Hugging Face folder: store the weights as this type on load (f32, f16, bf16, q8_0, q4_k, ...; "
+                 "default: the checkpoint's own)");
   cmd.add_option("-t,--threads", threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
   cmd.add_option("-c,--ctx-size", n_ctx, "context size in tokens")
       ->capture_default_str()
@@ -47,7 +51,9 @@ void add_spec_options(CLI::App& cmd, SpecConfig& c) {
 
 LoadedModel load_model(const ModelArgs& args) {
   LoadedModel m;
-  m.file = GgufFile::open(args.model_path);
+  HfFolderOptions hf;
+  if (!args.hf_type.empty()) hf.weight_type = parse_weight_type(args.hf_type);
+  m.file = open_model_file(args.model_path, hf);
   ModelOptions opt;
   opt.n_threads =
       args.threads > 0 ? args.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -198,6 +198,14 @@ std::unique_ptr<GgufFile> GgufFile::from_memory(const uint8_t* data, size_t size
   return f;
 }
 
+std::unique_ptr<GgufFile> GgufFile::from_bytes(std::vector<uint8_t> bytes, std::string name) {
+  std::unique_ptr<GgufFile> f(new GgufFile());
+  f->name_ = std::move(name);
+  f->owned_bytes_ = std::move(bytes);
+  f->parse(f->owned_bytes_.data(), f->owned_bytes_.size());
+  return f;
+}
+
 GgufFile::~GgufFile() = default;
 
 void GgufFile::parse(const uint8_t* data, size_t size) {

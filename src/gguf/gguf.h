@@ -64,6 +64,8 @@ class GgufFile {
   static std::unique_ptr<GgufFile> open(const std::string& path);
   // Parses a buffer that the caller keeps alive (used by tests and the fuzzer).
   static std::unique_ptr<GgufFile> from_memory(const uint8_t* data, size_t size, std::string name);
+  // Parses a buffer that the file then owns (a GGUF built in memory, e.g. from a Hugging Face folder).
+  static std::unique_ptr<GgufFile> from_bytes(std::vector<uint8_t> bytes, std::string name);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
@@ -102,7 +104,8 @@ class GgufFile {
   size_t alignment_ = 32;
   size_t file_size_ = 0;
   size_t data_offset_ = 0;
-  std::unique_ptr<MappedFile> mapping_;  // null for from_memory()
+  std::unique_ptr<MappedFile> mapping_;  // null for from_memory() and from_bytes()
+  std::vector<uint8_t> owned_bytes_;     // [file size] the whole file, for from_bytes() only
   std::unordered_map<std::string, GgufValue> kv_;
   std::vector<std::string> key_order_;
   std::vector<GgufTensor> tensors_;

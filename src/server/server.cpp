@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "checkpoint/hf_folder.h"
 #include "gguf/gguf.h"
 #include "server/api.h"
 #include "server/chat_page.h"
@@ -522,7 +523,7 @@ void run_server(const ServerOptions& o) {
   pthread_sigmask(SIG_BLOCK, &signals, &previous);
   std::signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not a dead server
 
-  auto file = GgufFile::open(o.model_path);
+  auto file = open_model_file(o.model_path);
   auto tokenizer = Tokenizer::from_gguf(*file);
   // One model (one set of scratch buffers, one compute thread pool) for every slot: the batch
   // scheduler runs all sequences' steps on it.

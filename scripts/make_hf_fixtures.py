@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Builds the tiny Hugging Face checkpoints of tests/data/hf/ and their transformers goldens.
+
+Run with the torch venv (not part of CI):  /work/torchenv/bin/python scripts/make_hf_fixtures.py
+
+For each architecture a model of the real transformers class (LlamaForCausalLM, Qwen2ForCausalLM,
+Gemma3ForCausalLM) with a small config of the real kind (GQA, the real RoPE and norm settings),
+random weights from a fixed seed, and a byte-level BPE tokenizer trained offline with `tokenizers`
+on the tokenizer conformance corpus (tests/python/tokenizer_texts.json), each with that family's
+pre-tokenizer, special tokens and chat template. Saved with save_pretrained:
+  llama   float32, sharded (model.safetensors.index.json + 2 shards), tied embeddings, BOS added
+  qwen2   bfloat16, q/k/v biases, untied LM head, vocab_size padded past the tokenizer, no BOS,
+          an NFC normalizer (as Qwen's own tokenizer.json has)
+  gemma3  float16, sandwich norms, Q/K norms, sliding window 8 (in play at 24 tokens), tied
+Goldens per folder (golden.json): transformers' token ids for every corpus text (special tokens
+added as the tokenizer does), and transformers' float32 logits under teacher forcing for two token
+sequences (golden_logits.npy, [2, T, vocab]); models saved in BF16/F16 are evaluated in float32 on
+the weights as saved (rounded), so the goldens are exactly what the saved files compute.
+"""
+import json
+import pathlib
+import shutil
+
+import numpy as np
+import torch
+import transformers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+OUT = REPO / "tests" / "data" / "hf"
+TEXTS = [t["text"] for t in json.loads((REPO / "tests/python/tokenizer_texts.json").read_text())["texts"] if "text" in t]
+SEQ_LEN, N_SEQ = 24, 2
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+LLAMA3_CHAT = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+               "{{ m['content'] }}<|eot_id|>{% endfor %}"
+               "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+GEMMA_CHAT = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+              "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+# Per family: pre-tokenizer, special tokens (bos, eos, others), whether BOS is added, chat template.
+FAMILIES = {
+    "llama": dict(split=LLAMA3_SPLIT, ignore_merges=True, bos="<|begin_of_text|>", eos="<|end_of_text|>",
+                  extra=["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], add_bos=True, chat=LLAMA3_CHAT),
+    "qwen2": dict(split=QWEN2_SPLIT, ignore_merges=False, nfc=True, bos=None, eos="<|im_end|>",
+                  extra=["<|endoftext|>", "<|im_start|>"], add_bos=False, chat=CHATML),
+    "gemma3": dict(split=None, ignore_merges=False, bos="<bos>", eos="<eos>",
+                   extra=["<pad>", "<start_of_turn>", "<end_of_turn>"], add_bos=True, chat=GEMMA_CHAT),
+}
+VOCAB_TARGET = 1400
+
+
+def train_tokenizer(family):
+    f = FAMILIES[family]
+    tok = Tokenizer(models.BPE(ignore_merges=f["ignore_merges"]))
+    if f.get("nfc"):
+        tok.normalizer = normalizers.NFC()
+    if f["split"]:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(f["split"]), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    specials = [t for t in [f["bos"], f["eos"]] + f["extra"] if t]
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_TARGET, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXTS * 3, trainer)
+    if f["add_bos"]:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{f['bos']} $A", pair=f"{f['bos']} $A {f['bos']} $B",
+            special_tokens=[(f["bos"], tok.token_to_id(f["bos"]))])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    kwargs = dict(tokenizer_object=tok, eos_token=f["eos"])
+    if f["bos"]:
+        kwargs["bos_token"] = f["bos"]
+    fast = transformers.PreTrainedTokenizerFast(**kwargs)
+    fast.chat_template = f["chat"]
+    return fast
+
+
+def make_model(family, vocab):
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    if family == "llama":
+        cfg = transformers.LlamaConfig(**common, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                                       rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+        return transformers.LlamaForCausalLM(cfg), torch.float32
+    if family == "qwen2":
+        cfg = transformers.Qwen2Config(**common, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+        return transformers.Qwen2ForCausalLM(cfg), torch.bfloat16
+    cfg = transformers.Gemma3TextConfig(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                                        rms_norm_eps=1e-6, tie_word_embeddings=True)
+    cfg.num_hidden_layers = 2
+    return transformers.Gemma3ForCausalLM(cfg), torch.float16
+
+
+def randomize(model, seed):
+    """Weights of a trained model's scale: N(0, 0.02) matrices, norm weights near their identity
+    (gemma's stored weight is added to 1), biases small."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 and "norm" in name:
+                base = 0.0 if "Gemma" in type(model).__name__ else 1.0
+                p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))
+            elif p.ndim == 1:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.08 * torch.randn(p.shape, generator=g))
+
+
+def build(family, seed):
+    out = OUT / family
+    shutil.rmtree(out, ignore_errors=True)
+    tok = train_tokenizer(family)
+    n_tok = len(tok)
+    vocab = n_tok + 64 if family == "qwen2" else n_tok  # Qwen pads its embedding past the tokenizer
+    torch.manual_seed(seed)
+    model, dtype = make_model(family, vocab)
+    randomize(model, seed)
+    model = model.to(dtype).to(torch.float32).eval()  # the weights as saved, evaluated in float32
+    to_save = model.to(dtype) if dtype != torch.float32 else model
+    shard = {"max_shard_size": "300KB"} if family == "llama" else {}
+    to_save.save_pretrained(out, **shard)
+    tok.save_pretrained(out)
+    model = model.to(torch.float32)
+
+    rng = np.random.default_rng(seed)
+    seqs = [[int(t) for t in rng.integers(0, n_tok, SEQ_LEN)] for _ in range(N_SEQ)]
+    with torch.no_grad():
+        logits = np.stack([model(torch.tensor([s])).logits[0].float().numpy() for s in seqs]).astype(np.float32)
+    reloaded = transformers.AutoTokenizer.from_pretrained(out)
+    golden = {
+        "transformers": transformers.__version__,
+        "n_tokenizer": n_tok,
+        "sequences": seqs,
+        "texts": [{"text": t, "ids": reloaded(t)["input_ids"]} for t in TEXTS],
+    }
+    (out / "golden.json").write_text(json.dumps(golden, ensure_ascii=False))
+    np.save(out / "golden_logits.npy", logits)
+    files = sorted(p.name for p in out.iterdir())
+    print(family, "vocab", vocab, "tokenizer", n_tok, "files", files,
+          "bytes", sum(p.stat().st_size for p in out.iterdir()))
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    for i, family in enumerate(FAMILIES):
+        build(family, 1000 + i)

@@ -1,0 +1,189 @@
+"""Hugging Face model folders: loaded directly and converted by `microspec convert --hf`.
+
+The folders in tests/data/hf/ are tiny transformers checkpoints of the real classes built by
+scripts/make_hf_fixtures.py (LlamaForCausalLM float32 sharded, Qwen2ForCausalLM bfloat16 with an
+untied head and a padded vocabulary, Gemma3ForCausalLM float16 with a sliding window of 8), with
+their byte-level BPE tokenizers trained offline and transformers' goldens (token ids of the
+tokenizer corpus, float32 logits under teacher forcing). Checked here, without torch:
+- microspec on the folder vs transformers' float32 logits: max |difference| <= 3e-3 at every
+  position of two 24-token sequences (logits up to 3 in size; the KV cache is F16), top-1 equal
+  wherever transformers' top-2 margin >= 0.01;
+- token ids of every corpus text equal transformers' (special tokens added as it adds them), except,
+  for Qwen's NFC-normalizing tokenizer, the texts that NFC changes (llama.cpp does not normalize
+  either; the converter says so in a notice);
+- `microspec convert` output (the checkpoint's own float types, and q8_0) loads in llama.cpp, and
+  llama.cpp's logits agree with microspec's on the same file (cosine >= 0.9999 float, >= 0.999
+  q8_0; top-1 equal where llama.cpp's margin >= 0.05), and the float file gives microspec exactly
+  the folder's logits;
+- speculative greedy (self-drafting) equals plain greedy on a folder;
+- each kind of bad folder is a one-line error naming the file and the mismatch.
+"""
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import unicodedata
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+import peer as peer_lib  # noqa: E402
+from repo_paths import BIN, REPO  # noqa: E402
+from test_model_conformance import run_eval  # noqa: E402
+
+HF = REPO / "tests" / "data" / "hf"
+ARCHS = ["llama", "qwen2", "gemma3"]
+MAX_ABS_DIFF = 3e-3  # measured 1.3e-3 (llama), 1.4e-3 (qwen2), 2.3e-3 (gemma3); logits up to 3 in size
+NEAR_TIE = 0.01
+
+
+def golden(arch):
+    return json.loads((HF / arch / "golden.json").read_text(encoding="utf-8"))
+
+
+def all_positions(seqs):
+    return [(ids, list(range(len(ids)))) for ids in seqs]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_transformers(arch):
+    g = golden(arch)
+    want = np.load(HF / arch / "golden_logits.npy")
+    ours = run_eval(HF / arch, all_positions(g["sequences"]))
+    worst, ties = 0.0, 0
+    for (top1, rows), ref in zip(ours, want):
+        assert rows.shape == ref.shape
+        worst = max(worst, float(np.abs(rows - ref).max()))
+        srt = np.sort(ref, axis=1)
+        decisive = srt[:, -1] - srt[:, -2] >= NEAR_TIE
+        ties += int((~decisive).sum())
+        assert (top1[decisive] == ref.argmax(1)[decisive]).all()
+    print(f"{arch}: max |microspec - transformers| = {worst:.2e}, near-ties skipped {ties}")
+    assert worst <= MAX_ABS_DIFF
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tokenizer_ids_match_transformers(arch, tmp_path):
+    texts = golden(arch)["texts"]
+    if arch == "qwen2":  # NFC normalizer: not applied (see the module docstring)
+        texts = [t for t in texts if unicodedata.normalize("NFC", t["text"]) == t["text"]]
+        assert len(texts) >= len(golden(arch)["texts"]) - 2
+    req = tmp_path / "req.jsonl"
+    req.write_text("".join(json.dumps({"op": "encode", "text": t["text"]}) + "\n" for t in texts), encoding="utf-8")
+    res = subprocess.run([BIN, "tokenize", "-m", str(HF / arch), "--batch-jsonl", str(req)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    got = [json.loads(line)["ids"] for line in res.stdout.splitlines() if line.strip()]
+    bad = [(t["text"], t["ids"], ids) for t, ids in zip(texts, got) if ids != t["ids"]]
+    assert len(got) == len(texts)
+    assert not bad, bad[:3]
+
+
+def convert(arch, out, type_=None):
+    cmd = [BIN, "convert", "--hf", str(HF / arch), "-o", str(out)] + (["--type", type_] if type_ else [])
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def cosines(a, b):
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_convert_agrees_with_llama_cpp(arch, tmp_path):
+    seqs = golden(arch)["sequences"]
+    folder = run_eval(HF / arch, all_positions(seqs))
+    for type_, min_cos in [(None, 0.9999), ("q8_0", 0.999)]:
+        path = convert(arch, tmp_path / f"{arch}-{type_ or 'float'}.gguf", type_)
+        ours = run_eval(path, all_positions(seqs))
+        if type_ is None:  # the same tensors as the folder's translation: the same logits
+            for (t_f, r_f), (t_o, r_o) in zip(folder, ours):
+                assert np.array_equal(r_f, r_o)
+        peer = peer_lib.Peer(path, n_ctx=64)
+        theirs = [peer.teacher_forcing(ids, [], list(range(len(ids))))[2].astype(np.float32) for ids in seqs]
+        peer.close()
+        cos = np.concatenate([cosines(r, t) for (_, r), t in zip(ours, theirs)])
+        agree = []
+        for (top1, _), t in zip(ours, theirs):
+            srt = np.sort(t, axis=1)
+            decisive = srt[:, -1] - srt[:, -2] >= 0.05
+            agree.append(top1[decisive] == t.argmax(1)[decisive])
+        print(f"{arch} {type_ or 'float'}: cosine to llama.cpp min {cos.min():.6f}")
+        assert cos.min() >= min_cos
+        assert np.concatenate(agree).all()
+
+
+def test_speculative_greedy_equals_plain_on_folder():
+    prompts = ["The quick brown fox", "It was the best of times"]
+    outputs = {}
+    for name, extra in [("plain", []), ("self", ["--spec", "self", "--draft-layers", "1"])]:
+        jsonl = "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
+        res = subprocess.run([BIN, "generate", "-m", str(HF / "llama"), "--prompts-jsonl", "/dev/stdin", "-n", "24",
+                              "--ignore-eos", *extra], input=jsonl, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        outputs[name] = [json.loads(line)["tokens"] for line in res.stdout.splitlines() if line.strip()]
+    assert len(outputs["plain"]) == len(prompts)
+    assert all(len(ids) >= 24 for ids in outputs["plain"])
+    assert outputs["self"] == outputs["plain"]
+
+
+def broken_folder(tmp_path, arch="llama"):
+    d = tmp_path / arch
+    shutil.copytree(HF / arch, d)
+    return d
+
+
+def edit_json(path, change):
+    data = json.loads(path.read_text(encoding="utf-8"))
+    change(data)
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def run_bad(folder):
+    res = subprocess.run([BIN, "eval", "-m", str(folder), "--ids", "1 2 3"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode != 0
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    return lines[0]
+
+
+def test_missing_shard(tmp_path):
+    d = broken_folder(tmp_path)
+    (d / "model-00002-of-00002.safetensors").unlink()
+    err = run_bad(d)
+    assert "model.safetensors.index.json" in err and "model-00002-of-00002.safetensors" in err and "missing" in err
+
+
+def test_shape_mismatch(tmp_path):
+    d = broken_folder(tmp_path)
+    edit_json(d / "config.json", lambda c: c.update(intermediate_size=96))
+    err = run_bad(d)
+    assert "model-00002-of-00002.safetensors" in err and "config.json" in err
+    assert "has shape [64, 128]" in err and "implies [64, 96]" in err
+
+
+def test_unknown_architecture(tmp_path):
+    d = broken_folder(tmp_path)
+    edit_json(d / "config.json", lambda c: c.update(model_type="mamba"))
+    err = run_bad(d)
+    assert "config.json" in err and "'mamba'" in err
+
+
+def test_tokenizer_of_another_vocabulary(tmp_path):
+    d = broken_folder(tmp_path)
+    shutil.copy(HF / "gemma3" / "tokenizer.json", d / "tokenizer.json")  # gemma3's tokenizer is smaller...
+    edit_json(d / "config.json", lambda c: c.update(vocab_size=1000))    # ...and this model's smaller still
+    err = run_bad(d)
+    assert "tokenizer.json" in err and "vocab_size 1000" in err
+
+
+def test_missing_config_key(tmp_path):
+    d = broken_folder(tmp_path)
+    edit_json(d / "config.json", lambda c: c.pop("num_hidden_layers"))
+    err = run_bad(d)
+    assert "config.json" in err and "num_hidden_layers" in err
