@@ -10,7 +10,9 @@ continuous batching in both), warmed up, then every client count runs --repeats 
 Reported per engine and client count: aggregate completion tokens per second (all clients' tokens
 / wall time of the round; median over repeats), time to first token p50/p95 and inter-token
 latency p50/p95 (per request: (time of last token - time of first token) / (tokens - 1); pooled
-over repeats), and the microspec / llama-server ratio of aggregate tok/s. Without streaming
+over repeats), and the microspec / llama-server ratios of aggregate tok/s (higher is better for
+microspec), of TTFT p95 and of inter-token latency p50 (lower is better). --spec takes several
+modes (none,self): each is one microspec server in the same run. Without streaming
 (--no-stream) TTFT is the whole request's latency and inter-token latency is not measured.
 
 llama-server is built from the llama.cpp sources the setup fetched (benchmarks/build_llama_server.sh,
@@ -248,7 +250,10 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
     ap.add_argument("-c", "--ctx", type=int, default=2048, help="context per sequence")
     ap.add_argument("--no-stream", dest="stream", action="store_false")
-    ap.add_argument("--spec", default="none", help="microspec's --spec (none, self, ...)")
+    ap.add_argument("--spec", default="none",
+                    help="microspec's --spec, comma-separated for several microspec servers (none,self)")
+    ap.add_argument("--spec-max-batch", type=int, default=None,
+                    help="microspec's --spec-max-batch (default: the server's)")
     ap.add_argument("--microspec", default=str(REPO / "build" / "microspec"))
     ap.add_argument("--llama-server", default="", help="llama-server binary (default: build it, cached)")
     ap.add_argument("--no-peer", action="store_true", help="microspec only")
@@ -262,8 +267,13 @@ def main():
         out.mkdir(parents=True, exist_ok=True)
     logdir = out or pathlib.Path("/tmp")
 
-    engines = [("microspec", [args.microspec, "serve", "-m", args.model, "--parallel", str(np_), "--queue", str(np_),
-                              "-t", str(args.threads), "-c", str(args.ctx), "--spec", args.spec])]
+    engines = []
+    for spec in args.spec.split(","):
+        cmd = [args.microspec, "serve", "-m", args.model, "--parallel", str(np_), "--queue", str(np_),
+               "-t", str(args.threads), "-c", str(args.ctx), "--spec", spec]
+        if args.spec_max_batch is not None:
+            cmd += ["--spec-max-batch", str(args.spec_max_batch)]
+        engines.append((f"microspec --spec {spec}", cmd))
     if not args.no_peer:
         engines.append(("llama-server", [llama_server_binary(args), "-m", args.model, "-np", str(np_),
                                          "-t", str(args.threads), "-c", str(args.ctx * np_), "--host", "127.0.0.1",
@@ -281,16 +291,23 @@ def main():
 
     lines = [f"CPU: {cpu_name()}; threads {args.threads}; max_tokens {args.max_tokens}; "
              f"{args.requests} requests per client per round; {args.repeats} rounds; "
-             f"{'streaming' if args.stream else 'not streaming'}; microspec --spec {args.spec}", "",
-             "| engine | clients | aggregate tok/s | vs llama-server | TTFT p50 / p95 (ms) | ITL p50 / p95 (ms) |",
-             "|---|---|---|---|---|---|"]
+             f"{'streaming' if args.stream else 'not streaming'}", "",
+             "ratios: engine / llama-server at the same client count (tok/s: higher is better; TTFT p95 and "
+             "ITL p50: lower is better)", "",
+             "| engine | clients | aggregate tok/s | tok/s ratio | TTFT p50 / p95 (ms) | TTFT p95 ratio "
+             "| ITL p50 / p95 (ms) | ITL p50 ratio |",
+             "|---|---|---|---|---|---|---|---|"]
     peer = {r["clients"]: r for r in results.get("llama-server", [])}
+
+    def ratio(r, key):
+        p = peer.get(r["clients"])
+        return f"{r[key] / p[key]:.2f}x" if p and p[key] and p[key] == p[key] else "-"
+
     for name, rows in results.items():
         for r in rows:
-            ratio = f"{r['tok_s'] / peer[r['clients']]['tok_s']:.2f}x" if r["clients"] in peer else "-"
-            lines.append(f"| {name} | {r['clients']} | {r['tok_s']:.1f} | {ratio} | "
-                         f"{r['ttft_p50'] * 1000:.0f} / {r['ttft_p95'] * 1000:.0f} | "
-                         f"{r['itl_p50'] * 1000:.1f} / {r['itl_p95'] * 1000:.1f} |")
+            lines.append(f"| {name} | {r['clients']} | {r['tok_s']:.1f} | {ratio(r, 'tok_s')} | "
+                         f"{r['ttft_p50'] * 1000:.0f} / {r['ttft_p95'] * 1000:.0f} | {ratio(r, 'ttft_p95')} | "
+                         f"{r['itl_p50'] * 1000:.1f} / {r['itl_p95'] * 1000:.1f} | {ratio(r, 'itl_p50')} |")
     table = "\n".join(lines)
     print(table)
     if out:

@@ -4,6 +4,7 @@
 // prompt + output, stop strings, token limits and a full context.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "math/select.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
+#include "server/batch_scheduler.h"
 #include "speculative/drafter.h"
 #include "speculative/decoder.h"
 #include "speculative/ngram.h"
@@ -246,6 +248,85 @@ TEST_F(SpecTiny, StopsExactlyWherePlainStops) {
         },
         tree, "draft, context " + std::to_string(n_ctx));
   }
+}
+
+// The batching server's way of stepping: several generations, each with its own cache and
+// drafter, draft their trees (of a shape that changes from step to step, as the server's draft
+// policy changes it with the load), and all their verification rows go through ONE forward call;
+// each then accepts its own path. Every generation's tokens equal plain greedy decoding's.
+TEST_F(SpecTiny, TreesOfSeveralSequencesVerifiedInOneForwardMatchPlain) {
+  for (const char* arch : {"gemma3", "llama"}) {
+    Tiny t = load_tiny(spec(arch, 11), (dir_ / (std::string(arch) + ".gguf")).string());
+    GenerateParams params;
+    params.max_new_tokens = 30;  // past the sliding window of 8
+    params.ignore_eos = true;
+    const std::vector<std::vector<int32_t>> prompts = {kPrompt, {5, 9, 200}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}};
+    const TreeParams configured[] = {{3, 2, 6}, {4, 1, 5}, {2, 3, 8}};
+    // Shapes the steps cycle through: the configured tree, a short chain, none.
+    const auto shape_at = [](const TreeParams& full, int step) -> TreeParams {
+      if (step % 3 == 0) return full;
+      if (step % 3 == 1) return {.depth = 1, .top_k = 1, .total_tokens = std::min(2, full.total_tokens)};
+      return {.depth = 0, .top_k = 1, .total_tokens = 0};
+    };
+    std::vector<std::unique_ptr<Generator>> gens;
+    std::vector<std::unique_ptr<Drafter>> drafters;
+    std::vector<std::unique_ptr<Decoder>> decoders;
+    std::vector<std::unique_ptr<Decoder::Run>> runs;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      gens.push_back(std::make_unique<Generator>(*t.model, *tok_, 128));
+      // All three layers for the first (the draft is the target: its trees are accepted), fewer after.
+      drafters.push_back(std::make_unique<SelfDrafter>(*t.model, gens[i]->cache(), int32_t(3 - i),
+                                                       DraftVocabulary::full(kVocab)));
+      decoders.push_back(std::make_unique<Decoder>(*gens[i], *tok_, drafters[i].get(), configured[i]));
+      runs.push_back(std::make_unique<Decoder::Run>(*tok_, params, nullptr, kVocab));
+    }
+    std::vector<bool> running(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) running[i] = decoders[i]->start(*runs[i], prompts[i]);
+    std::vector<SequenceForward> call;
+    std::vector<size_t> in_call;
+    int32_t shared_drafts = 0;
+    for (int step = 0; std::count(running.begin(), running.end(), true) > 0; ++step) {
+      call.clear();
+      in_call.clear();
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        if (!running[i]) continue;
+        shared_drafts += decoders[i]->draft_step(*runs[i], shape_at(configured[i], step + int(i)));
+        call.push_back(decoders[i]->verify_rows(*runs[i]));
+        in_call.push_back(i);
+      }
+      t.model->forward(call, decoders[0]->verify_options());
+      for (size_t i : in_call) running[i] = decoders[i]->accept_step(*runs[i]);
+    }
+    EXPECT_GT(shared_drafts, 10) << arch;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      decoders[i]->finish(*runs[i]);
+      Generator plain(*t.model, *tok_, 128);
+      const GenerateResult expected = plain.generate(prompts[i], params);
+      EXPECT_EQ(expected.tokens, runs[i]->res.gen.tokens) << arch << " sequence " << i;
+      EXPECT_EQ(expected.finish, runs[i]->res.gen.finish) << arch << " sequence " << i;
+      if (i == 0) EXPECT_GT(runs[i]->res.stats.accepted_draft, 10) << arch;
+    }
+  }
+}
+
+// The server's draft policy (one table, server/batch_scheduler.h): the configured tree at low
+// load, a chain of at most 2 tokens up to --spec-max-batch sequences in flight, nothing above.
+TEST(DraftPolicy, ShapeShrinksWithTheSequencesInFlight) {
+  const TreeParams tree{3, 2, 6};
+  const auto shape = [&](int in_flight, int max_batch) { return server::draft_shape(tree, in_flight, max_batch); };
+  for (int n : {1, 2}) EXPECT_EQ(shape(n, 4).total_tokens, 6) << n;
+  for (int n : {3, 4}) {
+    EXPECT_EQ(shape(n, 4).total_tokens, 2) << n;
+    EXPECT_EQ(shape(n, 4).top_k, 1) << n;
+    EXPECT_EQ(shape(n, 4).depth, 1) << n;
+  }
+  EXPECT_EQ(shape(5, 4).total_tokens, 0);
+  EXPECT_EQ(shape(8, 16).total_tokens, 6);
+  EXPECT_EQ(shape(16, 16).total_tokens, 2);
+  EXPECT_EQ(shape(2, 0).total_tokens, 0);  // 0: draft only alone
+  EXPECT_EQ(shape(1, 0).total_tokens, 6);
+  EXPECT_EQ(server::draft_shape({3, 1, 1}, 3, 4).total_tokens, 1);  // never more than configured
+  EXPECT_EQ(server::draft_shape({3, 1, 1}, 3, 4).depth, 0);
 }
 
 // Plain decoding is the Decoder without a drafter: the same tokens, text, finish and counters as

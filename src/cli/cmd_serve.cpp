@@ -78,6 +78,11 @@ void add_serve_command(CLI::App& app) {
                   "pieces while the other sequences keep decoding)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--spec-max-batch", s.spec_max_batch,
+                  "with --spec: sequences in flight up to which speculative sequences still draft (the configured "
+                  "tree up to half of it, a chain of 2 tokens up to it, nothing above; 0: draft only when alone)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   add_spec_options(*cmd, s.spec);
   cmd->footer(
       "-t sets the compute threads of the one model all slots share (default: all cores). -c is each slot's context.\n"

@@ -14,11 +14,30 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 }  // namespace
 
+TreeParams draft_shape(const TreeParams& configured, int in_flight, int spec_max_batch) {
+  // The table: sequences in flight -> what each speculative sequence drafts per step.
+  //   1 .. max(1, spec_max_batch / 2)   the configured tree
+  //   .. spec_max_batch                 a chain of at most kShortChain tokens
+  //   more                              nothing (a plain decoding row)
+  constexpr int32_t kShortChain = 2;
+  if (in_flight <= std::max(1, spec_max_batch / 2)) return configured;
+  if (in_flight <= spec_max_batch) {
+    const int32_t n = std::min(kShortChain, configured.total_tokens);
+    return {.depth = std::max(0, n - 1), .top_k = 1, .total_tokens = n};
+  }
+  return {.depth = 0, .top_k = 1, .total_tokens = 0};
+}
+
 BatchScheduler::BatchScheduler(Model& model, const Tokenizer& tokenizer, std::vector<SequenceSlot> slots,
-                               int32_t prefill_chunk)
-    : model_(model), tokenizer_(tokenizer), slots_(std::move(slots)), prefill_chunk_(prefill_chunk) {
+                               int32_t prefill_chunk, int spec_max_batch)
+    : model_(model),
+      tokenizer_(tokenizer),
+      slots_(std::move(slots)),
+      prefill_chunk_(prefill_chunk),
+      spec_max_batch_(spec_max_batch) {
   if (slots_.empty()) throw Error("the scheduler needs at least one slot");
   if (prefill_chunk_ < 1) throw Error("--prefill-chunk must be >= 1");
+  if (spec_max_batch_ < 0) throw Error("--spec-max-batch must be >= 0");
   if (int32_t(slots_.size()) > model_.n_batch())
     throw Error("--parallel " + std::to_string(slots_.size()) + " exceeds the batch size " +
                 std::to_string(model_.n_batch()) + ": every running sequence needs a row per step (raise -b)");
@@ -142,6 +161,7 @@ bool BatchScheduler::stop_requested(const Running& seq) {
 void BatchScheduler::batched_step(std::vector<Running*>& ended) {
   call_.clear();
   in_call_.clear();
+  ForwardOptions options{.logits = true};
   // Decoding sequences first (one row each), then prompt pieces within the step's budget, in
   // admission order so an earlier request's prompt finishes first.
   int32_t rows = 0;
@@ -157,19 +177,29 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
     in_call_.push_back(seq.get());
     ++rows;
   }
-  // Speculative sequences join the batched pass with their root only while other sequences run
-  // (policy: the draft budget is zero at batch size > 1); alone they take full speculative steps.
+  // Speculative sequences join the batched pass while other sequences run (alone, they take whole
+  // steps of their own in the loop): each drafts a tree of the shape the policy gives for the
+  // sequences in flight, and its root and tree become its rows of the pass.
   if (running_.size() > 1) {
+    const int in_flight = static_cast<int>(running_.size());
+    int32_t waiting = 0;  // started speculative sequences still to add: each needs a row at least
+    for (auto& seq : running_) waiting += seq->req->speculative && seq->started;
     for (auto& seq : running_) {
       if (!seq->req->speculative || !seq->started) continue;
+      --waiting;
       seq->stepped = true;  // this round's step is taken here (or the sequence ends here)
       if (stop_requested(*seq)) {
         ended.push_back(seq.get());
         continue;
       }
-      call_.push_back(slots_[seq->slot].decoder->prepare_root_step(*seq->run));
+      Decoder& decoder = *slots_[seq->slot].decoder;
+      TreeParams shape = draft_shape(decoder.tree_params(), in_flight, spec_max_batch_);
+      shape.total_tokens = std::min(shape.total_tokens, model_.n_batch() - rows - waiting - 1);
+      decoder.draft_step(*seq->run, shape);
+      call_.push_back(decoder.verify_rows(*seq->run));
       in_call_.push_back(seq.get());
-      ++rows;
+      rows += call_.back().batch->size();
+      options = decoder.verify_options();  // the same for every slot: one server configuration
     }
   }
   int32_t budget = std::min(prefill_chunk_, model_.n_batch() - rows);
@@ -204,11 +234,12 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
   }
   if (call_.empty()) return;
 
-  model_.forward(call_, {.logits = true});
+  model_.forward(call_, options);
   const Clock::time_point now = Clock::now();
   for (Running* seq : in_call_) {
     if (seq->req->speculative) {
-      if (!slots_[seq->slot].decoder->finish_root_step(*seq->run)) ended.push_back(seq);
+      if (seq->run->drafted && call_.size() > 1) ++seq->run->res.stats.shared_drafting_steps;
+      if (!slots_[seq->slot].decoder->accept_step(*seq->run)) ended.push_back(seq);
       continue;
     }
     KVCache& kv = slots_[seq->slot].gen->cache();

@@ -8,13 +8,15 @@
 // served), so decoding sequences keep producing a token every step.
 //
 // Each slot (sequence) has its own KV cache (its Generator's) and, with --spec, its own Decoder
-// and drafter over the shared model. Policy for speculative generations (the draft budget from
-// the batch size): alone in the server, a speculative sequence runs full speculative steps (draft
-// tree, its own verification pass, accept); while other sequences run, it drafts nothing and its
-// root joins the batched forward pass as a row (Decoder::prepare_root_step / finish_root_step),
-// which is a plain decoding step through the same decoder (its MicroSpec window keeps being
-// updated). Its prompt is prefilled in one go through its Decoder. Draft trees are never verified
-// inside the batched pass yet (see README, "Server").
+// and drafter over the shared model (its own MicroSpec window and draft vocabulary). A speculative
+// sequence alone in the server runs whole speculative steps (Decoder::advance: draft, its own
+// verification pass, accept). While other sequences run, each speculative sequence drafts its tree
+// (Decoder::draft_step, with the shape draft_shape() gives for the sequences in flight), and the
+// roots and trees of all of them are verified in the same batched forward pass as the plain rows
+// and the prompt pieces (Decoder::verify_rows); then each accepts its path and compacts its own
+// cache (Decoder::accept_step). A speculative sequence's prompt is prefilled in one go through its
+// Decoder (it gathers the draft vocabulary's prompt statistics on the way). The drafters' own
+// forward passes run one sequence after the other (not batched across sequences yet).
 //
 // Exactness: every kernel is per row and batch invariant, so a sequence's logits do not depend on
 // what shares its forward pass or how its prompt was cut into pieces; each sequence samples with
@@ -48,12 +50,20 @@ struct SequenceSlot {
   std::unique_ptr<Decoder> decoder;  // the server's speculative settings (--spec none: plain decoding)
 };
 
+// The draft policy: the tree a speculative sequence drafts in one step when `in_flight` sequences
+// (speculative or not) share the server. Speculation pays most at low load; at high load the batch
+// itself fills the machine and a tree's extra rows cost more than they save. Up to half of
+// spec_max_batch (--spec-max-batch) sequences the configured tree, up to spec_max_batch a chain
+// of at most 2 tokens, above it none (total_tokens 0: the sequence decodes one token per step).
+TreeParams draft_shape(const TreeParams& configured, int in_flight, int spec_max_batch);
+
 class BatchScheduler {
  public:
   // slots: one per --parallel sequence, all over `model`. prefill_chunk: most prompt tokens one
   // step takes over all sequences (at least 1; capped by the model's n_batch minus the decoding
-  // sequences' tokens).
-  BatchScheduler(Model& model, const Tokenizer& tokenizer, std::vector<SequenceSlot> slots, int32_t prefill_chunk);
+  // sequences' rows). spec_max_batch: the draft policy's threshold (draft_shape).
+  BatchScheduler(Model& model, const Tokenizer& tokenizer, std::vector<SequenceSlot> slots, int32_t prefill_chunk,
+                 int spec_max_batch);
   ~BatchScheduler();
   BatchScheduler(const BatchScheduler&) = delete;
   BatchScheduler& operator=(const BatchScheduler&) = delete;
@@ -97,14 +107,14 @@ class BatchScheduler {
     // Speculative decoding through the slot's Decoder, one step per round:
     std::unique_ptr<Decoder::Run> run;
     bool started = false;
-    bool stepped = false;  // this round's step ran as a root-only row of the batched pass
+    bool stepped = false;  // this round's step ran in the batched pass
   };
 
   void loop();
   std::unique_ptr<Running> admit(int slot, Request* req);
-  // The batched forward step of the plain sequences: a prompt piece of each prefilling one (within
-  // the step's prefill budget), the newest token of each decoding one. Returns the sequences that
-  // ended.
+  // The batched forward step: the newest token of each plain decoding sequence, the root and draft
+  // tree of each speculative one (while others run), a prompt piece of each prefilling one (within
+  // the step's prefill budget and the rows left). Returns the sequences that ended.
   void batched_step(std::vector<Running*>& ended);
   // One step of a speculative sequence (its prefill first). False when it ended.
   bool speculative_step(Running& seq);
@@ -120,6 +130,7 @@ class BatchScheduler {
   const Tokenizer& tokenizer_;
   std::vector<SequenceSlot> slots_;
   const int32_t prefill_chunk_;
+  const int spec_max_batch_;
 
   std::mutex mu_;
   std::condition_variable wake_;            // the scheduler waits on it for work

@@ -44,6 +44,7 @@ void Metrics::record_generation(const GenerationReport& r, Outcome outcome) {
     ++spec_generations_;
     spec_steps_ += uint64_t(st.steps);
     drafted_tokens_ += uint64_t(st.drafted);
+    shared_drafting_steps_ += uint64_t(st.shared_drafting_steps);
     accepted_draft_tokens_ += uint64_t(st.accepted_draft);
     const double a = st.mean_acceptance_length();
     size_t b = 0;
@@ -102,6 +103,9 @@ std::string Metrics::render(const GaugeSnapshot& gauges) const {
   line(out, "microspec_spec_generations_total %llu", static_cast<unsigned long long>(spec_generations_));
   header(out, "microspec_spec_steps_total", "counter", "Speculative verification passes.");
   line(out, "microspec_spec_steps_total %llu", static_cast<unsigned long long>(spec_steps_));
+  header(out, "microspec_spec_shared_drafting_steps_total", "counter",
+         "Speculative steps whose draft tree was verified in one batched forward pass with other sequences.");
+  line(out, "microspec_spec_shared_drafting_steps_total %llu", static_cast<unsigned long long>(shared_drafting_steps_));
   header(out, "microspec_spec_drafted_tokens_total", "counter", "Draft tokens proposed.");
   line(out, "microspec_spec_drafted_tokens_total %llu", static_cast<unsigned long long>(drafted_tokens_));
   header(out, "microspec_spec_accepted_tokens_total", "counter", "Draft tokens accepted by the target.");

@@ -540,7 +540,7 @@ void run_server(const ServerOptions& o) {
     slot.decoder = std::make_unique<Decoder>(o.spec, *file, *slot.gen, *tokenizer);
     slots.push_back(std::move(slot));
   }
-  BatchScheduler scheduler(*model, *tokenizer, std::move(slots), o.prefill_chunk);
+  BatchScheduler scheduler(*model, *tokenizer, std::move(slots), o.prefill_chunk, o.spec_max_batch);
   std::fprintf(stderr,
                "serve: %d slot%s x %d tokens of context, one batch, %d thread%s%s | memory after setup: %.0f MiB\n",
                o.parallel, o.parallel == 1 ? "" : "s", o.n_ctx, mopt.n_threads, mopt.n_threads == 1 ? "" : "s",

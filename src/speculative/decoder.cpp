@@ -93,7 +93,10 @@ bool Decoder::start(Run& run, const std::vector<int32_t>& prompt, const DecodeOb
 }
 
 bool Decoder::advance(Run& run, const DecodeObserver* observer) {
-  return step(&run.root, run.sampling, run.sink, observer, run.res);
+  const bool drafted = draft_step(run, params_);
+  set_verify_rows(run.root, run.step_position);
+  verify(drafted ? drafter_->resume_for(tree_) : VerifyResume{}, run.res.stats);
+  return accept_step(run, observer);
 }
 
 void Decoder::finish(Run& run) {
@@ -126,54 +129,54 @@ int32_t Decoder::prefill(const std::vector<int32_t>& prompt, Sampling& sampling,
   return first;
 }
 
-bool Decoder::step(int32_t* root, Sampling& sampling, TokenSink& sink, const DecodeObserver* observer,
-                   SpecResult& res) {
-  const int32_t position = gen_.cache().n_past();
-  const bool drafted = draft(*root, position, sampling, res.stats);
-  verify(*root, position, drafted ? drafter_->resume_for(tree_) : VerifyResume{}, res.stats);
-  accept_and_commit(sampling, res.stats);
-  update_drafter(*root, res.stats);
-  const bool running = emit(position, sink, observer, res);
-  *root = emitted_.back();
-  return running;
+bool Decoder::draft_step(Run& run, const TreeParams& shape) {
+  run.step_position = gen_.cache().n_past();
+  run.drafted = draft(run.root, run.step_position, shape, run.sampling, run.res.stats);
+  return run.drafted;
 }
 
-SequenceForward Decoder::prepare_root_step(Run& run) {
-  run.step_position = gen_.cache().n_past();
-  run.step_start = Clock::now();
-  tree_.clear();
-  batch_.set_sequence(std::span<const int32_t>(&run.root, 1), run.step_position, false);
+SequenceForward Decoder::verify_rows(Run& run) {
+  set_verify_rows(run.root, run.step_position);
+  run.verify_start = Clock::now();
   return {.batch = &batch_, .kv = &gen_.cache(), .out = &out_};
 }
 
-bool Decoder::finish_root_step(Run& run) {
-  run.res.stats.verify_seconds += since(run.step_start);  // the shared forward pass included
+ForwardOptions Decoder::verify_options() const {
+  return {.logits = true,
+          .capture_layers = drafter_ ? drafter_->feature_layers() : std::span<const int32_t>{}};
+}
+
+bool Decoder::accept_step(Run& run, const DecodeObserver* observer) {
+  if (run.verify_start != Clock::time_point{}) {  // verified in the caller's pass (its whole time counts)
+    run.res.stats.verify_seconds += since(run.verify_start);
+    run.verify_start = {};
+  }
   accept_and_commit(run.sampling, run.res.stats);
   update_drafter(run.root, run.res.stats);
-  const bool running = emit(run.step_position, run.sink, nullptr, run.res);
+  const bool running = emit(run.step_position, run.sink, observer, run.res);
   run.root = emitted_.back();
   return running;
 }
 
-bool Decoder::draft(int32_t root, int32_t position, Sampling& sampling, SpecStats& st) {
+bool Decoder::draft(int32_t root, int32_t position, const TreeParams& shape, Sampling& sampling, SpecStats& st) {
   tree_.clear();
   // Near the end of the context the step degrades to a plain one (root only), so it never needs
-  // more room than plain decoding.
+  // more room than plain decoding. A shape larger than the configured tree would not fit the
+  // buffers sized for it.
   const int32_t room = gen_.cache().n_ctx() - position;
-  if (!drafter_ || !drafter_->fits(params_, room) || params_.total_tokens + 1 > room) return false;
+  if (!drafter_ || shape.total_tokens == 0 || !drafter_->fits(shape, room) || shape.total_tokens + 1 > room)
+    return false;
+  if (shape.total_tokens > params_.total_tokens || shape.top_k > params_.top_k)
+    throw Error("decoder: a step's draft shape exceeds the configured tree");
   const auto t0 = Clock::now();
-  drafter_->propose(root, position, params_, sampling.for_drafter(), tree_);
+  drafter_->propose(root, position, shape, sampling.for_drafter(), tree_);
   st.draft_seconds += since(t0);
   st.active_vocab_sum += drafter_->active_vocab_size();
   ++st.drafting_steps;
   return true;
 }
 
-void Decoder::verify(int32_t root, int32_t position, const VerifyResume& resume, SpecStats& st) {
-  const auto t0 = Clock::now();
-  Model& model = gen_.model();
-  KVCache& kv = gen_.cache();
-  const double head0 = model.timings().lm_head_seconds;
+void Decoder::set_verify_rows(int32_t root, int32_t position) {
   batch_.clear();
   batch_.tokens.push_back(root);
   batch_.positions.push_back(position);
@@ -183,8 +186,15 @@ void Decoder::verify(int32_t root, int32_t position, const VerifyResume& resume,
     batch_.positions.push_back(position + node.depth);
     batch_.parents.push_back(node.parent + 1);
   }
+  for (int32_t i = 0; i < batch_.size(); ++i) batch_.output_rows.push_back(i);
+}
+
+void Decoder::verify(const VerifyResume& resume, SpecStats& st) {
+  const auto t0 = Clock::now();
+  Model& model = gen_.model();
+  KVCache& kv = gen_.cache();
+  const double head0 = model.timings().lm_head_seconds;
   const int32_t n = batch_.size(), d = model.config().n_embd;
-  for (int32_t i = 0; i < n; ++i) batch_.output_rows.push_back(i);
   // A draft head's features of every verification row come out of the same pass.
   const std::span<const int32_t> features = drafter_ ? drafter_->feature_layers() : std::span<const int32_t>{};
   if (resume.rows > 0 && resume.layer > 0) {

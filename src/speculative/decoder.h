@@ -45,6 +45,9 @@ struct SpecStats {
   double bookkeeping_seconds = 0.0;     // acceptance, KV commit, draft-vocabulary updates, emitting
   int64_t active_vocab_sum = 0;         // draft vocabulary size summed over steps that drafted
   int32_t drafting_steps = 0;           // steps with a draft tree
+  // Drafting steps whose tree was verified in one forward pass together with other sequences (the
+  // batching server); counted by the caller that ran that pass.
+  int32_t shared_drafting_steps = 0;
   double draft_backbone_seconds() const { return draft_seconds - draft_lm_head_seconds; }
   double lm_head_seconds() const { return draft_lm_head_seconds + verify_lm_head_seconds; }
   double mean_active_vocab() const {
@@ -120,37 +123,48 @@ class Decoder {
     TokenSink sink;  // writes into res.gen
     Sampling sampling;
     std::chrono::steady_clock::time_point decode_start;
-    double draft_head0 = 0.0;  // the drafter's LM-head seconds before the run
-    int32_t root = -1;         // newest token, not yet in the cache
-    int32_t step_position = 0;  // cache position of the root of a root-only step
-    std::chrono::steady_clock::time_point step_start;
+    double draft_head0 = 0.0;   // the drafter's LM-head seconds before the run
+    int32_t root = -1;          // newest token, not yet in the cache
+    int32_t step_position = 0;  // cache position of the current step's root
+    bool drafted = false;       // the current step has a draft tree
+    std::chrono::steady_clock::time_point verify_start;  // when the current step's rows were handed out
   };
   // Prefills the prompt and takes the first token. False when the generation already ended.
   bool start(Run& run, const std::vector<int32_t>& prompt, const DecodeObserver* observer = nullptr);
-  // One step (draft, verify, accept, emit). False once the generation ended.
+  // One step: draft_step with the configured tree, the verification pass of its own (resuming
+  // what a self-drafter already ran), accept_step. False once the generation ended.
   bool advance(Run& run, const DecodeObserver* observer = nullptr);
   void finish(Run& run);
-  // A root-only step whose forward pass the caller runs, batched with other sequences (the
-  // batching server's policy: no draft tree while other sequences share the step, the batch
-  // itself fills the machine). prepare_root_step() returns this sequence's part of the caller's
-  // Model::forward call (root at the cache's first pending slot, its logits asked for);
-  // finish_root_step() then samples, commits, updates the drafter (its MicroSpec window too) and
-  // emits, exactly as a step without a tree does. False once the generation ended.
-  SequenceForward prepare_root_step(Run& run);
-  bool finish_root_step(Run& run);
+
+  // The parts of one step, for a caller that verifies several sequences' trees in ONE forward pass
+  // (the batching server: Model::forward over every sequence's verify_rows, with
+  // verify_options()). advance() is draft_step, its own pass over the same rows, accept_step.
+  //   draft_step   the drafter proposes a tree no larger than `shape` (total_tokens 0, or no
+  //                drafter: no tree, the step is a plain decoding step). True when it drafted.
+  //   verify_rows  this sequence's part of the caller's forward call: the root at the cache's
+  //                first pending slot, tree node i at slot i + 1, every row's logits asked for.
+  //                Every row runs from the embeddings (bitwise what advance()'s resumed pass gives).
+  //   accept_step  accepts the longest agreed path plus the bonus token, commits it, updates the
+  //                drafter (its MicroSpec window too) and emits. False once the generation ended.
+  bool draft_step(Run& run, const TreeParams& shape);
+  SequenceForward verify_rows(Run& run);
+  bool accept_step(Run& run, const DecodeObserver* observer = nullptr);
+  // What the caller's forward call must ask for: every row's logits, and the target features a
+  // draft head reads (empty for other drafters).
+  ForwardOptions verify_options() const;
+  // The tree --tree-depth / --tree-topk / --tree-tokens configured.
+  const TreeParams& tree_params() const { return params_; }
 
  private:
-
   // Checks that a step fits the batch size and sizes the step buffers.
   void size_step_buffers();
   // Prefill; returns the first generated token.
   int32_t prefill(const std::vector<int32_t>& prompt, Sampling& sampling, const DecodeObserver* observer);
-  // One step after *root; sets *root to the step's last token. False when the generation ended.
-  bool step(int32_t* root, Sampling& sampling, TokenSink& sink, const DecodeObserver* observer,
-            SpecResult& res);
   // The step's parts, in order (see the top of this file).
-  bool draft(int32_t root, int32_t position, Sampling& sampling, SpecStats& st);
-  void verify(int32_t root, int32_t position, const VerifyResume& resume, SpecStats& st);
+  bool draft(int32_t root, int32_t position, const TreeParams& shape, Sampling& sampling, SpecStats& st);
+  // Fills batch_ with the verification rows: the root, then the tree's nodes.
+  void set_verify_rows(int32_t root, int32_t position);
+  void verify(const VerifyResume& resume, SpecStats& st);
   void accept_and_commit(Sampling& sampling, SpecStats& st);
   void update_drafter(int32_t root, SpecStats& st);
   bool emit(int32_t position, TokenSink& sink, const DecodeObserver* observer, SpecResult& res);
