@@ -2,7 +2,9 @@
 # Fuzzes parsers with libFuzzer + ASan + UBSan for a bounded time each:
 #   gguf: the GGUF reader (fuzz/fuzz_gguf.cpp)
 #   http: the server's HTTP request reader, head and body, with its limits (fuzz/fuzz_http.cpp)
-#   scripts/fuzz.sh [SECONDS=60] [gguf|http ...] [extra libFuzzer flags...]   (default: both targets)
+#   checkpoint: the safetensors reader, the restricted unpickler and torch.save's zip archives
+#         (fuzz/fuzz_checkpoint.cpp)
+#   scripts/fuzz.sh [SECONDS=60] [gguf|http|checkpoint ...] [extra libFuzzer flags...]   (default: all)
 # Builds in build-fuzz/ with clang++ (the library is instrumented too), writes seed corpora (the
 # GGUF writer plus truncated headers of the real models; a few requests for http), and keeps the
 # evolving corpora in build-fuzz/corpus/<target> between runs. Exits non-zero on any crash, leak,
@@ -12,10 +14,10 @@ set -euo pipefail
 
 secs="${1:-60}"
 shift || true
-case "$secs" in '' | *[!0-9]*) echo "usage: $0 [SECONDS] [gguf|http ...] [libFuzzer flags...]" >&2; exit 2 ;; esac
+case "$secs" in '' | *[!0-9]*) echo "usage: $0 [SECONDS] [gguf|http|checkpoint ...] [libFuzzer flags...]" >&2; exit 2 ;; esac
 targets=()
-while [ $# -gt 0 ] && { [ "$1" = gguf ] || [ "$1" = http ]; }; do targets+=("$1"); shift; done
-[ ${#targets[@]} -gt 0 ] || targets=(gguf http)
+while [ $# -gt 0 ] && { [ "$1" = gguf ] || [ "$1" = http ] || [ "$1" = checkpoint ]; }; do targets+=("$1"); shift; done
+[ ${#targets[@]} -gt 0 ] || targets=(gguf http checkpoint)
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${MICROSPEC_FUZZ_BUILD_DIR:-$root/build-fuzz}"
@@ -24,7 +26,7 @@ sanitizers="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=un
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DMICROSPEC_FUZZ=ON -DMICROSPEC_TESTS=OFF -DMICROSPEC_CUDA=OFF -DCMAKE_CXX_FLAGS="$sanitizers" >/dev/null
-cmake --build "$build" -j"$jobs" --target fuzz_gguf make_gguf_seeds fuzz_http
+cmake --build "$build" -j"$jobs" --target fuzz_gguf make_gguf_seeds fuzz_http fuzz_checkpoint
 
 artifacts="$build/artifacts"
 mkdir -p "$artifacts"
@@ -60,6 +62,36 @@ fuzz_http() {
     -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=64 \
     -dict="$root/fuzz/http.dict" -artifact_prefix="$artifacts/" -print_final_stats=1 "$@"
   echo "fuzz.sh: http: no crash in ${secs}s; corpus: $(ls "$corpus" | wc -l) files in $corpus"
+}
+
+fuzz_checkpoint() {
+  local seeds="$build/seeds/checkpoint" corpus="$build/corpus/checkpoint"
+  rm -rf "$seeds"
+  mkdir -p "$seeds" "$corpus"
+  # The first byte picks the reader (0 safetensors, 1 bare pickle, 2 torch.save zip): the committed
+  # fixtures (a real torch.save archive, hostile pickles, a non-contiguous view), their data.pkl,
+  # and a small safetensors file.
+  python3 - "$root/tests/data/checkpoint" "$seeds" <<'PY'
+import json, pathlib, struct, sys, zipfile
+src, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+for f in sorted(src.glob("*.bin")):
+    data = f.read_bytes()
+    (out / (f.stem + ".zip")).write_bytes(b"\x02" + data)
+    try:
+        with zipfile.ZipFile(f) as z:
+            pkl = [n for n in z.namelist() if n.endswith("/data.pkl")]
+            if pkl:
+                (out / (f.stem + ".pkl")).write_bytes(b"\x01" + z.read(pkl[0]))
+    except zipfile.BadZipFile:
+        pass
+header = json.dumps({"__metadata__": {"format": "pt"}, "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                     "b": {"dtype": "BF16", "shape": [3], "data_offsets": [16, 22]}}).encode()
+(out / "tiny.safetensors").write_bytes(b"\x00" + struct.pack("<Q", len(header)) + header + bytes(range(22)))
+PY
+  "$build/fuzz_checkpoint" "$corpus" "$seeds" \
+    -max_total_time="$secs" -max_len=16384 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256 \
+    -artifact_prefix="$artifacts/" -print_final_stats=1 "$@"
+  echo "fuzz.sh: checkpoint: no crash in ${secs}s; corpus: $(ls "$corpus" | wc -l) files in $corpus"
 }
 
 for target in "${targets[@]}"; do "fuzz_$target" "$@"; done

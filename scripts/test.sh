@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suite, in two tiers.
 #   scripts/test.sh          the whole suite (what CI runs): a bounded fuzzing run of the GGUF
-#                            parser and the server's HTTP request reader (libFuzzer, ASan/UBSan),
+#                            parser, the server's HTTP request reader and the checkpoint readers
+#                            (safetensors, the restricted unpickler; libFuzzer, ASan/UBSan),
 #                            the C++ unit and model tests (ctest),
 #                            then every Python test against llama.cpp and the gguf package (pytest).
 #   scripts/test.sh --quick  the fast tier for development: the C++ tests and the Python tests not
@@ -19,8 +20,9 @@ esac
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" >/dev/null
 if [ "$quick" = 0 ]; then
-  bash scripts/fuzz.sh 60 gguf
-  bash scripts/fuzz.sh 30 http
+  bash scripts/fuzz.sh 45 gguf
+  bash scripts/fuzz.sh 25 http
+  bash scripts/fuzz.sh 20 checkpoint
 fi
 ctest --test-dir build --output-on-failure -j1
 if [ "$quick" = 1 ]; then
