@@ -1,5 +1,7 @@
 """Fixtures shared by every test module: the on-disk cache of peer / reference results
-(result_cache.py) and plain greedy decoding baselines, computed once per session; and a per-module
+(result_cache.py: committed goldens first, then pytest's cache; every golden that had to be
+recomputed is named in the summary) and plain greedy decoding baselines, computed once per
+session; and a per-module
 account of wall time and CPU time (this process and its children), printed at the end of the run
 so that timings taken on a shared machine can be compared by CPU-seconds."""
 import collections
@@ -12,14 +14,27 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
+from repo_paths import REPO  # noqa: E402
 from result_cache import ResultCache  # noqa: E402
+
+GOLDEN_DIR = REPO / "tests" / "golden"
+
+
+_caches = []  # the session's ResultCache, for the summary
 
 
 @pytest.fixture(scope="session")
 def result_cache(request):
-    cache = ResultCache(request.config.cache.mkdir("microspec-results"))
-    yield cache
-    print(f"\nresult cache {cache.dir}: {cache.hits} hits, {cache.misses} computed")
+    cache = ResultCache(request.config.cache.mkdir("microspec-results"), golden_dir=GOLDEN_DIR,
+                        write_goldens=request.config.getoption("write_goldens"))
+    _caches.append(cache)
+    return cache
+
+
+def pytest_addoption(parser):
+    parser.addoption("--write-goldens", action="store_true", default=False,
+                     help="compute every golden entry (llama.cpp's and the float64 reference's results) afresh "
+                          "and write it to tests/golden/; scripts/make_goldens.py runs this")
 
 
 def pytest_configure(config):
@@ -49,9 +64,17 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_terminal_summary(terminalreporter):
+    tr = terminalreporter
+    for cache in _caches:
+        tr.section("peer and reference results (result_cache.py)")
+        tr.write_line(f"{cache.golden_hits} read from committed goldens ({GOLDEN_DIR}), {cache.hits} from {cache.dir}, "
+                      f"{cache.misses} computed")
+        for name in cache.written_goldens:
+            tr.write_line(f"golden written: {name}")
+        for entry in cache.recomputed_goldens:
+            tr.write_line(f"golden RECOMPUTED (run scripts/make_goldens.py): {entry}", yellow=True, bold=True)
     if not _module_times:
         return
-    tr = terminalreporter
     tr.section("time per module (wall / CPU seconds incl. child processes)")
     rows = sorted(_module_times.items(), key=lambda kv: -kv[1][1])
     for name, (n, wall, cpu) in rows:

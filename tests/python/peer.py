@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 # Bump when what these functions compute changes: it is part of every cache key.
-CODE_VERSION = 1
+CODE_VERSION = 2
 # Greedy continuations keep llama.cpp's GREEDY_TOP best (id, logit) pairs per step: enough to know
 # its margin over any token microspec could have chosen (a token outside them trails by more).
 GREEDY_TOP = 32
@@ -68,12 +68,12 @@ class Peer:
         self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
 
     def teacher_forcing(self, ids, top1_positions, row_positions):
-        """Argmax and top-2 margin at top1_positions, float16 logits rows at row_positions."""
+        """Argmax and top-2 margin at top1_positions, logits rows (float32) at row_positions."""
         self._clear()
         top1_at, rows_at = {p: k for k, p in enumerate(top1_positions)}, {p: k for k, p in enumerate(row_positions)}
         top1 = np.zeros(len(top1_positions), np.int32)
         margin = np.zeros(len(top1_positions), np.float32)
-        rows = np.zeros((len(row_positions), self.n_vocab), np.float16)
+        rows = np.zeros((len(row_positions), self.n_vocab), np.float32)
         for pos, row in self._decode(ids, 0, set(top1_at) | set(rows_at)):
             if pos in top1_at:
                 two = np.argpartition(row, -2)[-2:]

@@ -89,18 +89,23 @@ class ReferenceModel:
     def logits_many(self, sequences, positions):
         """Logits rows of several sequences, each at its own positions (None = all). The layers run
         outermost, so each layer's weights are dequantized once however many sequences there are."""
-        xs = [self.embd[ids].astype(np.float64) * (np.sqrt(self.d) if self.gemma else 1.0) for ids in sequences]
-        for layer in range(self.n_layer):
-            w = self.layer_weights(layer)
-            xs = [self.block(x, layer, w) for x in xs]
         out = []
-        for x, pos in zip(xs, positions):
-            hn = self.rms(x if pos is None else x[pos], self.w("output_norm.weight")).astype(np.float32)
+        for hn in self.hidden_many(sequences, positions):
             logits = hn @ self.out.T
             if self.final_cap:
                 logits = (self.final_cap * np.tanh(logits.astype(np.float64) / self.final_cap)).astype(np.float32)
             out.append(logits)
         return out
+
+    def hidden_many(self, sequences, positions):
+        """The LM head's inputs (the final norm's output, float32) of several sequences at their
+        positions: a logits row is hn @ out.T (soft-capped when the architecture caps)."""
+        xs = [self.embd[ids].astype(np.float64) * (np.sqrt(self.d) if self.gemma else 1.0) for ids in sequences]
+        for layer in range(self.n_layer):
+            w = self.layer_weights(layer)
+            xs = [self.block(x, layer, w) for x in xs]
+        norm = self.w("output_norm.weight")
+        return [self.rms(x if pos is None else x[pos], norm).astype(np.float32) for x, pos in zip(xs, positions)]
 
     def block(self, x, layer, w):
         n, H, KV, hd = len(x), self.n_head, self.n_kv, self.hd

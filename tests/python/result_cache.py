@@ -8,6 +8,12 @@ gives a new key, so a stale entry is never read; `pytest --cache-clear` empties 
 
 Entries are numpy .npz files under pytest's cache directory (.pytest_cache/d/microspec-results),
 written to a temporary name and renamed, so an interrupted run leaves no half-written entry.
+
+Golden entries (the peer's and the reference's results on the real models) are also committed
+under tests/golden/, named by the same key digest (and carrying the key as JSON), and written by
+scripts/make_goldens.py: CI starts with an empty pytest cache and reads them instead of running
+llama.cpp and the float64 forward pass for minutes. A golden whose inputs changed has another
+name, so it is never read: the entry is computed and the run's summary names it.
 """
 import hashlib
 import json
@@ -38,24 +44,65 @@ def source_sha256(path):
 
 
 class ResultCache:
-    def __init__(self, directory):
+    """get() answers from, in order: the committed goldens (golden entries only), pytest's cache
+    directory, a fresh computation. A golden entry that had to be computed is named in
+    `recomputed_goldens` (with the committed files of its kind, now stale), which conftest.py
+    prints in the run's summary. With `write_goldens` (scripts/make_goldens.py) every golden entry
+    is computed afresh and written to the golden directory, replacing its kind's older files."""
+
+    def __init__(self, directory, golden_dir=None, write_goldens=False):
         self.dir = pathlib.Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.hits = self.misses = 0
+        self.golden_dir = pathlib.Path(golden_dir) if golden_dir else None
+        self.write_goldens = write_goldens
+        self.hits = self.misses = self.golden_hits = 0
+        self.recomputed_goldens = []  # "kind (why)" per golden entry that was not read from its file
+        self.written_goldens = []
 
-    def get(self, kind, key, compute):
-        """The arrays `compute()` returns (a dict name -> array), from disk when `key` (a JSON-able
-        dict) was computed before."""
+    @staticmethod
+    def _name(kind, key):
         digest = hashlib.sha256(json.dumps({"kind": kind, **key}, sort_keys=True).encode()).hexdigest()
-        path = self.dir / f"{kind}-{digest[:24]}.npz"
-        if path.exists():
-            with np.load(path) as z:
-                self.hits += 1
-                return {k: z[k] for k in z.files}
-        self.misses += 1
-        value = compute()
-        fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
+        return f"{kind}-{digest[:24]}.npz"
+
+    @staticmethod
+    def _load(path):
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+
+    @staticmethod
+    def _save(path, value, compressed):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **value)
+            (np.savez_compressed if compressed else np.savez)(f, **value)
         os.replace(tmp, path)
+
+    def get(self, kind, key, compute, golden=False):
+        """The arrays `compute()` returns (a dict name -> array), from disk when `key` (a JSON-able
+        dict) was computed before. A golden entry is first looked up in the golden directory."""
+        name = self._name(kind, key)
+        if golden and not self.write_goldens:
+            path = self.golden_dir / name
+            if path.exists():
+                value = self._load(path)
+                if str(value.pop("key", "")) == json.dumps(key, sort_keys=True):
+                    self.golden_hits += 1
+                    return value
+            stale = sorted(p.name for p in self.golden_dir.glob(f"{kind}-*.npz"))
+            self.recomputed_goldens.append(
+                f"{kind} (key changed; stale: {', '.join(stale)})" if stale else f"{kind} (no committed file)")
+        path = self.dir / name
+        if path.exists() and not (golden and self.write_goldens):
+            self.hits += 1
+            value = self._load(path)
+        else:
+            self.misses += 1
+            value = compute()
+            self._save(path, value, compressed=False)
+        if golden and self.write_goldens:
+            for old in self.golden_dir.glob(f"{kind}-*.npz"):
+                old.unlink()
+            self._save(self.golden_dir / name, {"key": np.array(json.dumps(key, sort_keys=True)), **value},
+                       compressed=True)
+            self.written_goldens.append(name)
+        value.pop("key", None)
         return value

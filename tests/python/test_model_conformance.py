@@ -17,10 +17,15 @@ On both real models, with token ids as input (so the tokenizer is out of the pic
 llama.cpp quantizes activations to 8 bits like we do but keeps its KV cache in F16 and computes
 some ops in other orders, so small logit differences are expected; the thresholds allow for that.
 
-llama.cpp's and the float64 reference's results do not depend on microspec: they are computed once
-and kept on disk (result_cache.py), keyed by the model's sha256, the peer's version (or the
-reference's source) and the exact token ids; microspec's side runs in one `eval` / `generate`
-process per model and test.
+llama.cpp's and the float64 reference's results on the real models do not depend on microspec:
+they are committed goldens under tests/golden/ (written by scripts/make_goldens.py), keyed by the
+model's sha256, the peer's version (or the reference's source), the gguf package's version, the
+prompts and the code version; a golden whose key changed is computed afresh and named in the
+run's summary (result_cache.py). Logits rows are stored as LM-head coordinates (lm_head_rows.py).
+llama.cpp runs live on the real models too: greedy continuations of N_LIVE = 3 further prompts per
+model with the same first-difference rule (test_live_llama_cpp_greedy_continuations), so a broken
+peer install fails the suite. microspec's side runs in one `eval` / `generate` process per model
+and test.
 """
 import hashlib
 import json
@@ -35,6 +40,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
+import lm_head_rows  # noqa: E402
 import peer as peer_lib  # noqa: E402
 import spec_bench  # noqa: E402
 from result_cache import file_sha256, source_sha256  # noqa: E402
@@ -45,6 +51,13 @@ pytestmark = pytest.mark.slow
 from repo_paths import BIN, MODELS  # noqa: E402
 N_LONG, MIN_LONG_TOKENS, N_GREEDY, GREEDY_TOKENS = 20, 600, 20, 64
 N_REFERENCE = 2  # long prompts also run through the float64 reference
+N_LIVE = 3  # further prompts whose greedy continuations llama.cpp computes live in every run
+HERE = pathlib.Path(__file__).parent
+
+
+def gguf_version():
+    from importlib.metadata import version
+    return version("gguf")
 COS_STRIDE, REFERENCE_STRIDE = 37, 5
 
 
@@ -106,11 +119,12 @@ def long_prompt_ids(peer, texts):
 @pytest.fixture(scope="module")
 def peer_long(model, result_cache):
     """The long prompts and llama.cpp's teacher forcing on them: argmax and top-2 margin at every
-    position, logits rows (float16) at the cosine positions (and the reference positions of the
+    position, logits rows at the cosine positions (and the reference positions of the
     first N_REFERENCE prompts)."""
     name, path = model
     texts = spec_bench.first_turns()
     key = {"model": file_sha256(path), "peer": peer_lib.version(), "code": peer_lib.CODE_VERSION,
+           "rows": source_sha256(HERE / "lm_head_rows.py"), "gguf": gguf_version(),
            "texts": texts_key(texts), "n": N_LONG, "min": MIN_LONG_TOKENS, "cos": COS_STRIDE,
            "ref": [N_REFERENCE, REFERENCE_STRIDE]}
 
@@ -121,26 +135,46 @@ def peer_long(model, result_cache):
             n = len(ids)
             rows_at = sorted(set(cos_positions(n)) | (set(reference_positions(n)) if i < N_REFERENCE else set()))
             top1, margin, rows = peer.teacher_forcing(ids, list(range(n)), rows_at)
+            coords, residual = lm_head_rows.coordinates(path, rows)
             out.update({f"ids{i}": np.array(ids, np.int32), f"top1{i}": top1, f"margin{i}": margin,
-                        f"rows_at{i}": np.array(rows_at, np.int32), f"rows{i}": rows})
+                        f"rows_at{i}": np.array(rows_at, np.int32), f"coords{i}": coords, f"residual{i}": residual})
         peer.close()
         return out
 
-    z = result_cache.get(f"peer-teacher-{name}", key, compute)
+    z = result_cache.get(f"peer-teacher-{name}", key, compute, golden=True)
     n = sum(1 for k in z if k.startswith("ids"))
-    return [{k: z[f"{k}{i}"] for k in ("ids", "top1", "margin", "rows_at", "rows")} for i in range(n)]
+    return [{k: z[f"{k}{i}"] for k in ("ids", "top1", "margin", "rows_at", "coords", "residual")} | {"path": path}
+            for i in range(n)]
 
 
 def rows_of(p, positions):
+    """llama.cpp's logits rows at positions, from their LM-head coordinates (lm_head_rows.py)."""
     index = {int(q): k for k, q in enumerate(p["rows_at"])}
-    return p["rows"][[index[q] for q in positions]].astype(np.float32)
+    assert p["residual"].max() <= lm_head_rows.MAX_RESIDUAL
+    return lm_head_rows.rows_from(p["path"], p["coords"][[index[q] for q in positions]])
 
 
 def cosines(a, b):
     return np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def test_teacher_forcing_matches_llama_cpp(model, peer_long):
+@pytest.fixture(scope="module")
+def ours_long(model, peer_long):
+    """microspec's teacher forcing on the long prompts, one `eval` process for both tests below:
+    per prompt the argmax at every position and a function from positions to logits rows (the
+    cosine positions, and the reference positions of the first N_REFERENCE prompts)."""
+    _, path = model
+    asked = [sorted(set(cos_positions(len(p["ids"]))) |
+                    (set(reference_positions(len(p["ids"]))) if i < N_REFERENCE else set()))
+             for i, p in enumerate(peer_long)]
+    out = []
+    for positions, (top1, rows) in zip(asked, run_eval(path, [(p["ids"], pos) for p, pos in zip(peer_long, asked)])):
+        index = {q: k for k, q in enumerate(positions)}
+        out.append((top1, lambda wanted, rows=rows, index=index: rows[[index[q] for q in wanted]]))
+    return out
+
+
+def test_teacher_forcing_matches_llama_cpp(model, peer_long, ours_long):
     """Both engines quantize activations to 8 bits, so neither reproduces the exact model: on these
     files llama.cpp's own argmax agrees with the float64 reference at only ~96% of positions (the
     270M/135M models have many near-ties). Raw top-1 agreement between the two engines therefore
@@ -149,7 +183,7 @@ def test_teacher_forcing_matches_llama_cpp(model, peer_long):
     close to the float64 reference as llama.cpp is."""
     name, path = model
     assert len(peer_long) == N_LONG and all(len(p["ids"]) >= MIN_LONG_TOKENS for p in peer_long)
-    ours = run_eval(path, [(p["ids"], cos_positions(len(p["ids"]))) for p in peer_long])
+    ours = [(top1, rows_at(cos_positions(len(p["ids"])))) for p, (top1, rows_at) in zip(peer_long, ours_long)]
     agree = total = agree_conf = total_conf = 0
     cos_all = []
     for p, (ours_top1, ours_rows) in zip(peer_long, ours):
@@ -171,32 +205,33 @@ def test_teacher_forcing_matches_llama_cpp(model, peer_long):
 @pytest.fixture(scope="module")
 def reference_long(model, peer_long, result_cache):
     """The float64 reference on the first N_REFERENCE long prompts: argmax at every position and
-    logits rows (float16) at the reference positions."""
-    from importlib.metadata import version
+    logits rows at the reference positions (stored as the LM head's inputs, float32: a row is
+    hidden @ out.T, the reference's own last step)."""
     from reference_forward import ReferenceModel
 
     name, path = model
     prompts = [p["ids"] for p in peer_long[:N_REFERENCE]]
-    key = {"model": file_sha256(path), "gguf": version("gguf"),
-           "source": source_sha256(pathlib.Path(__file__).parent / "reference_forward.py"),
+    key = {"model": file_sha256(path), "gguf": gguf_version(), "code": 2,
+           "source": source_sha256(HERE / "reference_forward.py"),
            "ids": [list(map(int, ids)) for ids in prompts], "stride": REFERENCE_STRIDE}
 
     def compute():
-        rows = ReferenceModel(path).logits_many(prompts, [None] * len(prompts))
+        reference = ReferenceModel(path)
         out = {}
-        for i, r in enumerate(rows):
-            out[f"top1{i}"] = r.argmax(1).astype(np.int32)
-            out[f"rows{i}"] = r[reference_positions(len(r))].astype(np.float16)
+        for i, hidden in enumerate(reference.hidden_many(prompts, [None] * len(prompts))):
+            out[f"top1{i}"] = np.concatenate([(h @ reference.out.T).argmax(1) for h in np.split(
+                hidden, range(64, len(hidden), 64))]).astype(np.int32)
+            out[f"hidden{i}"] = hidden[reference_positions(len(hidden))]
         return out
 
-    z = result_cache.get(f"reference-{name}", key, compute)
-    return [(z[f"top1{i}"], z[f"rows{i}"].astype(np.float32)) for i in range(len(prompts))]
+    z = result_cache.get(f"reference-{name}", key, compute, golden=True)
+    return [(z[f"top1{i}"], lm_head_rows.rows_from(path, z[f"hidden{i}"])) for i in range(len(prompts))]
 
 
-def test_as_close_to_float64_reference_as_llama_cpp(model, peer_long, reference_long):
+def test_as_close_to_float64_reference_as_llama_cpp(model, peer_long, reference_long, ours_long):
     name, path = model
     prompts = peer_long[:N_REFERENCE]
-    ours = run_eval(path, [(p["ids"], reference_positions(len(p["ids"]))) for p in prompts])
+    ours = [(top1, rows_at(reference_positions(len(p["ids"])))) for p, (top1, rows_at) in zip(prompts, ours_long)]
     ours_hits = peer_hits = n = 0
     ours_cos, peer_cos = [], []
     for p, (truth_top1, truth_rows), (ours_top1, ours_rows) in zip(prompts, reference_long, ours):
@@ -233,7 +268,7 @@ def peer_greedy(model, result_cache):
         peer.close()
         return out
 
-    z = result_cache.get(f"peer-greedy-{name}", key, compute)
+    z = result_cache.get(f"peer-greedy-{name}", key, compute, golden=True)
     return [{k: z[f"{k}{i}"] for k in ("ids", "tokens", "top_ids", "top_logits")} for i in range(len(texts))]
 
 
@@ -252,14 +287,9 @@ def run_generate_ids(path, prompts, n):
     return [r["tokens"] for r in rows]
 
 
-def test_greedy_continuations_match_llama_cpp(model, peer_greedy):
-    """Greedy continuations of 64 tokens. Like the teacher-forcing test, two 8-bit-activation engines
-    part ways at near-ties (llama.cpp itself matches the float64 model's argmax at only ~96% of
-    positions), and after the first difference the texts go their own ways. So we require: every
-    continuation that differs first differs where llama.cpp's own logits are a near-tie (its choice
-    beats ours by less than 0.5 logits), and at least 20% are identical throughout."""
-    name, path = model
-    ours_all = run_generate_ids(path, [g["ids"] for g in peer_greedy], GREEDY_TOKENS)
+def first_difference_margins(peer_greedy, ours_all):
+    """(number of continuations identical to llama.cpp's, common prefix lengths, and per differing
+    continuation llama.cpp's margin between its choice and ours at the first difference)."""
     same, prefix_lens, gaps = 0, [], []
     for g, ours in zip(peer_greedy, ours_all):
         ref = [int(t) for t in g["tokens"]]
@@ -274,11 +304,42 @@ def test_greedy_continuations_match_llama_cpp(model, peer_greedy):
         # A token outside llama.cpp's best GREEDY_TOP trails its choice by at least the spread of those.
         ours_logit = top_logits[top_ids.index(ours[j])] if ours[j] in top_ids else top_logits[-1]
         gaps.append(float(top_logits[0] - ours_logit))
+    return same, prefix_lens, gaps
+
+
+def test_greedy_continuations_match_llama_cpp(model, peer_greedy):
+    """Greedy continuations of 64 tokens. Like the teacher-forcing test, two 8-bit-activation engines
+    part ways at near-ties (llama.cpp itself matches the float64 model's argmax at only ~96% of
+    positions), and after the first difference the texts go their own ways. So we require: every
+    continuation that differs first differs where llama.cpp's own logits are a near-tie (its choice
+    beats ours by less than 0.5 logits), and at least 20% are identical throughout."""
+    name, path = model
+    ours_all = run_generate_ids(path, [g["ids"] for g in peer_greedy], GREEDY_TOKENS)
+    same, prefix_lens, gaps = first_difference_margins(peer_greedy, ours_all)
     print(f"{name}: {same}/{len(peer_greedy)} greedy continuations of {GREEDY_TOKENS} tokens identical; median common "
           f"prefix {int(np.median(prefix_lens))} tokens; llama.cpp's margin at the first difference: "
           f"max {max(gaps, default=0):.3f} logits")
     assert all(g < 0.5 for g in gaps), gaps
     assert same >= 0.2 * len(peer_greedy)
+
+
+def test_live_llama_cpp_greedy_continuations(model):
+    """The committed goldens spare CI from running llama.cpp on the real models for minutes; this
+    test runs it live in every run (no cache), so that a broken or missing peer fails the suite: its
+    greedy continuations of N_LIVE further SpecBench prompts (after the golden's N_GREEDY), with the
+    rule above: every first difference from ours at a llama.cpp margin < 0.5 logits."""
+    name, path = model
+    peer = peer_lib.Peer(path)
+    live = []
+    for text in spec_bench.first_turns(N_GREEDY + N_LIVE)[N_GREEDY:]:
+        ids = peer.tokenize(text)
+        tokens, top_ids, top_logits = peer.greedy(ids, GREEDY_TOKENS)
+        live.append({"ids": ids, "tokens": tokens, "top_ids": top_ids, "top_logits": top_logits})
+    peer.close()
+    ours_all = run_generate_ids(path, [g["ids"] for g in live], GREEDY_TOKENS)
+    same, _, gaps = first_difference_margins(live, ours_all)
+    print(f"{name}: live llama.cpp: {same}/{N_LIVE} continuations identical, margins at the first difference {gaps}")
+    assert all(g < 0.5 for g in gaps), gaps
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
