@@ -21,6 +21,7 @@ tokenizer corpus, float32 logits under teacher forcing). Checked here, without t
 import json
 import pathlib
 import shutil
+import struct
 import subprocess
 import sys
 import unicodedata
@@ -120,7 +121,8 @@ def test_convert_agrees_with_llama_cpp(arch, tmp_path):
 def test_speculative_greedy_equals_plain_on_folder():
     prompts = ["The quick brown fox", "It was the best of times"]
     outputs = {}
-    for name, extra in [("plain", []), ("self", ["--spec", "self", "--draft-layers", "1"])]:
+    for name, extra in [("plain", []), ("self", ["--spec", "self", "--draft-layers", "1"]),
+                        ("draft", ["--spec", "draft", "--draft-model", str(HF / "llama"), "--hf-type", "q8_0"])]:
         jsonl = "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
         res = subprocess.run([BIN, "generate", "-m", str(HF / "llama"), "--prompts-jsonl", "/dev/stdin", "-n", "24",
                               "--ignore-eos", *extra], input=jsonl, capture_output=True, text=True, timeout=300)
@@ -129,6 +131,60 @@ def test_speculative_greedy_equals_plain_on_folder():
     assert len(outputs["plain"]) == len(prompts)
     assert all(len(ids) >= 24 for ids in outputs["plain"])
     assert outputs["self"] == outputs["plain"]
+    assert outputs["draft"] != [] and outputs["draft"] == run_quantized_plain(prompts)
+
+
+def run_quantized_plain(prompts):
+    """Plain greedy on the folder quantized to q8_0 on load (the draft run's target)."""
+    jsonl = "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
+    res = subprocess.run([BIN, "generate", "-m", str(HF / "llama"), "--prompts-jsonl", "/dev/stdin", "-n", "24",
+                          "--ignore-eos", "--hf-type", "q8_0"], input=jsonl, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return [json.loads(line)["tokens"] for line in res.stdout.splitlines() if line.strip()]
+
+
+def read_safetensors(path):
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def write_safetensors(path, tensors):
+    header, blobs, at = {}, [], 0
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(raw)]}
+        blobs.append(raw)
+        at += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def test_multimodal_gemma3_checkpoint_skips_vision_tensors(tmp_path):
+    """A Gemma3ForConditionalGeneration layout (text config nested, language-model tensors under
+    model.language_model., a vision tower and projector) gives the text model's logits exactly,
+    with one notice for the skipped tensors."""
+    d = tmp_path / "gemma3-mm"
+    shutil.copytree(HF / "gemma3", d)
+    tensors = {n.replace("model.", "model.language_model.", 1): t
+               for n, t in read_safetensors(d / "model.safetensors").items()}
+    tensors["model.vision_tower.vision_model.embeddings.patch_embedding.weight"] = ("F32", [4, 4], bytes(64))
+    tensors["model.multi_modal_projector.mm_input_projection_weight"] = ("F32", [4, 64], bytes(1024))
+    write_safetensors(d / "model.safetensors", tensors)
+    text = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+                                               "text_config": text, "vision_config": {"model_type": "siglip_vision_model"}}))
+    seqs = golden("gemma3")["sequences"]
+    res = subprocess.run([BIN, "eval", "-m", str(d), "--ids", " ".join(map(str, seqs[0]))], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("skipped 2 vision tensors") == 1
+    mm, = run_eval(d, all_positions(seqs[:1]))
+    text_only, = run_eval(HF / "gemma3", all_positions(seqs[:1]))
+    assert np.array_equal(mm[1], text_only[1])
 
 
 def broken_folder(tmp_path, arch="llama"):
