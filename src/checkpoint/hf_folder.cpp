@@ -1,6 +1,7 @@
 #include "checkpoint/hf_folder.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -643,6 +644,38 @@ std::string pre_tokenizer_name(const json& tok, const std::string& file) {
   throw Error(file + ": pre-tokenizer " + pre.dump().substr(0, 200) + " is not one microspec knows");
 }
 
+// SentencePiece-style tokenizer.json: spaces become U+2581 (a Replace normalizer, or a Metaspace
+// pre-tokenizer), optionally with one prepended at the start (Prepend normalizer, or Metaspace's
+// prepend_scheme). Returns whether it is prepended (tokenizer.ggml.add_space_prefix).
+bool sentencepiece_space_prefix(const json& normalizer, const json& pre, const std::string& file) {
+  static const std::string kMarker = "\xE2\x96\x81";
+  bool replaces = false, prepends = false;
+  std::vector<json> steps;
+  if (normalizer.is_object() && normalizer.value("type", "") == "Sequence")
+    steps = normalizer.value("normalizers", std::vector<json>{});
+  else if (normalizer.is_object())
+    steps = {normalizer};
+  for (const json& n : steps) {
+    const std::string type = n.value("type", "");
+    if (type == "Prepend" && n.value("prepend", "") == kMarker) {
+      prepends = true;
+    } else if (type == "Replace" && n.value("content", "") == kMarker && n.contains("pattern") &&
+               n["pattern"].value("String", "") == " ") {
+      replaces = true;
+    } else {
+      throw Error(file + ": normalizer step " + n.dump().substr(0, 120) + " is not supported");
+    }
+  }
+  if (pre.is_object() && pre.value("type", "") == "Metaspace" && pre.value("replacement", "") == kMarker) {
+    replaces = true;
+    prepends = prepends || pre.value("prepend_scheme", "always") != "never";
+  } else if (!pre.is_null()) {
+    throw Error(file + ": pre-tokenizer " + pre.dump().substr(0, 120) + " of a SentencePiece-style tokenizer is not supported");
+  }
+  if (!replaces) throw Error(file + ": SentencePiece-style tokenizer without the space-to-U+2581 rule");
+  return prepends;
+}
+
 bool has_byte_level(const json& j) {
   if (j.is_object()) {
     if (j.value("type", "") == "ByteLevel") return true;
@@ -690,18 +723,23 @@ int64_t add_tokenizer(GgufWriter& w, const fs::path& dir, const HfConfig& config
   if (!model.is_object() || model.value("type", "") != "BPE")
     throw Error(tok_file + ": tokenizer model type " + model.value("type", std::string("(none)")) +
                 " is not supported (byte-level BPE only)");
-  if (!has_byte_level(tok))
-    throw Error(tok_file + ": a BPE tokenizer without byte-level pre-tokenizer (SentencePiece style) is not "
-                           "supported yet");
-
-  // Qwen's NFC normalizer: llama.cpp does not apply it either; text already in NFC (most text) is
-  // unaffected, decomposed accents may split differently.
+  const bool byte_level = has_byte_level(tok);
+  if (!byte_level && !model.value("byte_fallback", false))
+    throw Error(tok_file + ": a BPE tokenizer that is neither byte-level nor byte-fallback (SentencePiece "
+                           "style) is not supported");
   const json normalizer = tok.value("normalizer", json());
-  if (normalizer.is_object() && normalizer.value("type", "") == "NFC")
-    notice(tok_file + ": its NFC normalizer is not applied (as in llama.cpp): text not in NFC may tokenize "
-                      "differently");
-  else if (!normalizer.is_null())
-    throw Error(tok_file + ": normalizer " + normalizer.dump().substr(0, 120) + " is not supported");
+  bool add_space_prefix = false;
+  if (byte_level) {
+    // Qwen's NFC normalizer: llama.cpp does not apply it either; text already in NFC (most text)
+    // is unaffected, decomposed accents may split differently.
+    if (normalizer.is_object() && normalizer.value("type", "") == "NFC")
+      notice(tok_file + ": its NFC normalizer is not applied (as in llama.cpp): text not in NFC may tokenize "
+                        "differently");
+    else if (!normalizer.is_null())
+      throw Error(tok_file + ": normalizer " + normalizer.dump().substr(0, 120) + " is not supported");
+  } else {
+    add_space_prefix = sentencepiece_space_prefix(normalizer, tok.value("pre_tokenizer", json()), tok_file);
+  }
 
   std::map<int64_t, std::pair<std::string, int32_t>> by_id;  // id -> (text, type)
   if (!model.contains("vocab") || !model["vocab"].is_object()) throw Error(tok_file + ": model.vocab is missing");
@@ -744,11 +782,41 @@ int64_t add_tokenizer(GgufWriter& w, const fs::path& dir, const HfConfig& config
       throw Error(tok_file + ": a merge is neither \"a b\" nor [\"a\", \"b\"]: " + m.dump());
   }
 
-  w.add_string("tokenizer.ggml.model", "gpt2");
-  w.add_string("tokenizer.ggml.pre", pre_tokenizer_name(tok, tok_file));
-  w.add_string_array("tokenizer.ggml.tokens", tokens);
-  w.add_i32_array("tokenizer.ggml.token_type", types);
-  w.add_string_array("tokenizer.ggml.merges", merges);
+  if (byte_level) {
+    w.add_string("tokenizer.ggml.model", "gpt2");
+    w.add_string("tokenizer.ggml.pre", pre_tokenizer_name(tok, tok_file));
+    w.add_string_array("tokenizer.ggml.tokens", tokens);
+    w.add_i32_array("tokenizer.ggml.token_type", types);
+    w.add_string_array("tokenizer.ggml.merges", merges);
+  } else {
+    // SentencePiece style: llama.cpp merges the adjacent pair whose concatenation scores highest,
+    // HF the pair of the lowest-ranked merge; a token's score is minus the rank of the first merge
+    // that makes it, so both pick the same pair. Byte tokens <0xXX> are typed as such.
+    std::map<std::string, int64_t, std::less<>> id_of_text;
+    for (int64_t i = 0; i < n_tokens; ++i) id_of_text.emplace(tokens[i], i);
+    std::vector<float> scores(static_cast<size_t>(n_tokens), -float(merges.size()));  // [n_tokens]
+    for (size_t rank = merges.size(); rank-- > 0;) {
+      const std::string& m = merges[rank];
+      const size_t space = m.find(' ');
+      if (auto it = id_of_text.find(m.substr(0, space) + m.substr(space + 1)); it != id_of_text.end())
+        scores[it->second] = -float(rank);
+    }
+    const std::string unk = model.value("unk_token", json()).is_string() ? model["unk_token"].get<std::string>() : "";
+    for (int64_t i = 0; i < n_tokens; ++i) {
+      const std::string& t = tokens[i];
+      if (types[i] != kNormal) continue;
+      if (t.size() == 6 && t.starts_with("<0x") && t.back() == '>' && std::isxdigit(t[3]) && std::isxdigit(t[4]))
+        types[i] = kByte;
+      else if (t == unk)
+        types[i] = kUnknown;
+    }
+    w.add_string("tokenizer.ggml.model", "llama");
+    w.add_string("tokenizer.ggml.pre", "default");
+    w.add_string_array("tokenizer.ggml.tokens", tokens);
+    w.add_f32_array("tokenizer.ggml.scores", scores);
+    w.add_i32_array("tokenizer.ggml.token_type", types);
+    w.add_bool("tokenizer.ggml.add_space_prefix", add_space_prefix);
+  }
 
   // Special tokens: tokenizer_config.json names them by text; config.json's ids fill the gaps.
   const fs::path cfg_path = dir / "tokenizer_config.json";
