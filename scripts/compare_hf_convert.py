@@ -7,7 +7,10 @@ For each fixture folder of tests/data/hf/ both converters write F32 GGUFs; print
 only one side has, values that differ, tensors that differ in name, type, shape or data.
 The fixtures' tokenizers are trained here, so llama.cpp's pre-tokenizer detection (a hash of known
 tokenizers' output) cannot know them: the converter is told the name microspec derived from the
-tokenizer.json's regex (the same family's name) instead.
+tokenizer.json's regex (the same family's name) instead. Expected differences: general.name,
+keys only one converter writes, Gemma's norm weights (+1 in F16 there, in F32 here), and the Gemma
+fixture's SentencePiece-style tokenizer, which llama.cpp's converter (without a tokenizer.model)
+writes as a byte-level one.
 """
 import pathlib
 import subprocess
