@@ -12,7 +12,9 @@ keys only one converter writes, Gemma's norm weights (+1 in F16 there, in F32 he
 fixture's SentencePiece-style tokenizer, which llama.cpp's converter (without a tokenizer.model)
 writes as a byte-level one.
 """
+import json
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,10 +64,22 @@ def compare(theirs, ours):
     print(f"  {len(set(ta) & set(tb))} tensors compared")
 
 
+def llama3_rope_variant(d):
+    """The Llama fixture with Llama 3.1's RoPE scaling (rope_freqs.weight) in its config."""
+    folder = pathlib.Path(d) / "llama3-rope"
+    shutil.copytree(REPO / "tests" / "data" / "hf" / "llama", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
 def main():
     with tempfile.TemporaryDirectory() as d:
-        for arch, pre in PRE.items():
-            folder = REPO / "tests" / "data" / "hf" / arch
+        cases = [(arch, pre, REPO / "tests" / "data" / "hf" / arch) for arch, pre in PRE.items()]
+        cases.append(("llama3-rope", "llama-bpe", llama3_rope_variant(d)))
+        for arch, pre, folder in cases:
             theirs, ours = f"{d}/{arch}-llama-cpp.gguf", f"{d}/{arch}-microspec.gguf"
             code = RUN_LLAMA_CPP.format(lcpp=str(LCPP), pre=pre, folder=str(folder), out=theirs)
             subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

@@ -996,7 +996,7 @@ std::unique_ptr<GgufFile> open_model_file(const std::string& path, const HfFolde
     if (fs::is_directory(path, ec)) throw Error(path + ": a directory without config.json (not a Hugging Face folder)");
     return GgufFile::open(path);
   }
-  return GgufFile::from_bytes(hf_folder_to_gguf(path, options).to_bytes(), path);
+  return GgufFile::from_bytes(hf_folder_to_gguf(path, options).take_bytes(), path);
 }
 
 GgmlType parse_weight_type(std::string_view name) {

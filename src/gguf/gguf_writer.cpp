@@ -181,11 +181,19 @@ std::vector<uint8_t> GgufWriter::header() const {
 }
 
 std::vector<uint8_t> GgufWriter::to_bytes() const {
+  GgufWriter copy = *this;
+  return std::move(copy).take_bytes();
+}
+
+std::vector<uint8_t> GgufWriter::take_bytes() && {
   std::vector<uint8_t> out = header();
   const size_t data_start = out.size();
   out.resize(data_start + data_size_, 0);
-  for (const Tensor& t : tensors_)
+  for (Tensor& t : tensors_) {
     if (!t.data.empty()) std::memcpy(out.data() + data_start + t.offset, t.data.data(), t.data.size());
+    std::vector<uint8_t>().swap(t.data);
+  }
+  tensors_.clear();
   return out;
 }
 
