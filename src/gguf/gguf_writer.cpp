@@ -188,11 +188,15 @@ std::vector<uint8_t> GgufWriter::to_bytes() const {
 std::vector<uint8_t> GgufWriter::take_bytes() && {
   std::vector<uint8_t> out = header();
   const size_t data_start = out.size();
-  out.resize(data_start + data_size_, 0);
+  // Reserved, not resized: pages are touched only as tensors are appended (in offset order), each
+  // tensor's own copy freed right after.
+  out.reserve(data_start + data_size_);
   for (Tensor& t : tensors_) {
-    if (!t.data.empty()) std::memcpy(out.data() + data_start + t.offset, t.data.data(), t.data.size());
+    out.resize(data_start + t.offset, 0);
+    out.insert(out.end(), t.data.begin(), t.data.end());
     std::vector<uint8_t>().swap(t.data);
   }
+  out.resize(data_start + data_size_, 0);
   tensors_.clear();
   return out;
 }
