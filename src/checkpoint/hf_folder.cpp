@@ -43,11 +43,12 @@ struct LayerTensor {
 
 // One config.json key copied to a GGUF key ("{arch}." + gguf).
 enum class KeyKind { U32, F32 };
+enum class IfAbsent { Error, Skip, WriteZero };
 struct ConfigKey {
   const char* hf;
   const char* gguf;
   KeyKind kind;
-  bool required;
+  IfAbsent if_absent;
 };
 
 struct HfArch {
@@ -59,18 +60,19 @@ struct HfArch {
   bool write_rope_dims;                  // {arch}.rope.dimension_count (partial_rotary_factor * head dim)
   bool trim_embeddings_to_tokenizer;     // Gemma 3: token_embd keeps only the tokenizer's rows
   bool default_head_dim_256;             // Gemma: key/value length written even when config.json omits it
+  bool write_rope_base;                  // {arch}.rope.freq_base (llama.cpp leaves it out for Gemma 2)
   std::vector<ConfigKey> extra_keys;
   std::vector<LayerTensor> layer_tensors;
 };
 
 const std::vector<ConfigKey> kCommonKeys = {
-    {"max_position_embeddings", "context_length", KeyKind::U32, true},
-    {"hidden_size", "embedding_length", KeyKind::U32, true},
-    {"num_hidden_layers", "block_count", KeyKind::U32, true},
-    {"intermediate_size", "feed_forward_length", KeyKind::U32, true},
-    {"num_attention_heads", "attention.head_count", KeyKind::U32, true},
-    {"num_key_value_heads", "attention.head_count_kv", KeyKind::U32, false},
-    {"rms_norm_eps", "attention.layer_norm_rms_epsilon", KeyKind::F32, true},
+    {"max_position_embeddings", "context_length", KeyKind::U32, IfAbsent::Error},
+    {"hidden_size", "embedding_length", KeyKind::U32, IfAbsent::Error},
+    {"num_hidden_layers", "block_count", KeyKind::U32, IfAbsent::Error},
+    {"intermediate_size", "feed_forward_length", KeyKind::U32, IfAbsent::Error},
+    {"num_attention_heads", "attention.head_count", KeyKind::U32, IfAbsent::Error},
+    {"num_key_value_heads", "attention.head_count_kv", KeyKind::U32, IfAbsent::Skip},
+    {"rms_norm_eps", "attention.layer_norm_rms_epsilon", KeyKind::F32, IfAbsent::Error},
 };
 
 std::vector<LayerTensor> attention_tensors(bool with_bias, bool with_qk_norm) {
@@ -128,6 +130,7 @@ const std::vector<HfArch>& architectures() {
        .write_rope_dims = true,
        .trim_embeddings_to_tokenizer = false,
        .default_head_dim_256 = false,
+       .write_rope_base = true,
        .extra_keys = {},
        .layer_tensors = concat({attention_tensors(false, false), kGatedMlp, kPreNorms})},
       {.model_types = {"qwen2"},
@@ -138,6 +141,7 @@ const std::vector<HfArch>& architectures() {
        .write_rope_dims = false,
        .trim_embeddings_to_tokenizer = false,
        .default_head_dim_256 = false,
+       .write_rope_base = true,
        .extra_keys = {},
        .layer_tensors = concat({attention_tensors(true, false), kGatedMlp, kPreNorms})},
       {.model_types = {"qwen3"},
@@ -148,6 +152,7 @@ const std::vector<HfArch>& architectures() {
        .write_rope_dims = false,
        .trim_embeddings_to_tokenizer = false,
        .default_head_dim_256 = false,
+       .write_rope_base = true,
        .extra_keys = {},
        .layer_tensors = concat({attention_tensors(false, true), kGatedMlp, kPreNorms})},
       {.model_types = {"gemma3_text", "gemma3"},
@@ -158,8 +163,9 @@ const std::vector<HfArch>& architectures() {
        .write_rope_dims = false,
        .trim_embeddings_to_tokenizer = true,
        .default_head_dim_256 = true,
-       .extra_keys = {{"sliding_window", "attention.sliding_window", KeyKind::U32, false},
-                      {"final_logit_softcapping", "final_logit_softcapping", KeyKind::F32, false}},
+       .write_rope_base = true,
+       .extra_keys = {{"sliding_window", "attention.sliding_window", KeyKind::U32, IfAbsent::Skip},
+                      {"final_logit_softcapping", "final_logit_softcapping", KeyKind::F32, IfAbsent::Skip}},
        .layer_tensors = concat({attention_tensors(false, true), kGatedMlp, kSandwichNorms})},
       {.model_types = {"gemma2"},
        .gguf_arch = "gemma2",
@@ -169,9 +175,10 @@ const std::vector<HfArch>& architectures() {
        .write_rope_dims = false,
        .trim_embeddings_to_tokenizer = false,
        .default_head_dim_256 = true,
-       .extra_keys = {{"sliding_window", "attention.sliding_window", KeyKind::U32, false},
-                      {"attn_logit_softcapping", "attn_logit_softcapping", KeyKind::F32, false},
-                      {"final_logit_softcapping", "final_logit_softcapping", KeyKind::F32, false}},
+       .write_rope_base = false,
+       .extra_keys = {{"sliding_window", "attention.sliding_window", KeyKind::U32, IfAbsent::Skip},
+                      {"attn_logit_softcapping", "attn_logit_softcapping", KeyKind::F32, IfAbsent::Skip},
+                      {"final_logit_softcapping", "final_logit_softcapping", KeyKind::F32, IfAbsent::Skip}},
        .layer_tensors = concat({attention_tensors(false, false), kGatedMlp, kSandwichNorms})},
       {.model_types = {"phi3"},
        .gguf_arch = "phi3",
@@ -181,9 +188,10 @@ const std::vector<HfArch>& architectures() {
        .write_rope_dims = true,
        .trim_embeddings_to_tokenizer = false,
        .default_head_dim_256 = false,
-       .extra_keys = {{"sliding_window", "attention.sliding_window", KeyKind::U32, false},
+       .write_rope_base = true,
+       .extra_keys = {{"sliding_window", "attention.sliding_window", KeyKind::U32, IfAbsent::WriteZero},
                       {"original_max_position_embeddings", "rope.scaling.original_context_length", KeyKind::U32,
-                       false}},
+                       IfAbsent::Skip}},
        .layer_tensors = concat({{{"self_attn.qkv_proj.weight", "attn_qkv.weight", {Dim::QkvDim, Dim::Embd}},
                                  {"self_attn.o_proj.weight", "attn_output.weight", {Dim::Embd, Dim::QDim}},
                                  {"mlp.gate_up_proj.weight", "ffn_up.weight", {Dim::Ff2, Dim::Embd}},
@@ -413,7 +421,8 @@ void check_supported_settings(const HfConfig& c, const HfArch& arch, const Dims&
 
 void add_config_key(GgufWriter& w, const HfConfig& c, const std::string& prefix, const ConfigKey& k) {
   if (!c.find(k.hf)) {
-    if (k.required) throw Error(c.file + ": missing key '" + k.hf + "'");
+    if (k.if_absent == IfAbsent::Error) throw Error(c.file + ": missing key '" + k.hf + "'");
+    if (k.if_absent == IfAbsent::WriteZero) w.add_u32(prefix + k.gguf, 0);
     return;
   }
   if (k.kind == KeyKind::U32)
@@ -438,7 +447,7 @@ void add_model_metadata(GgufWriter& w, const HfConfig& c, const HfArch& arch, co
     const double partial = c.find("partial_rotary_factor") ? c.get_float("partial_rotary_factor") : 1.0;
     w.add_u32(p + "rope.dimension_count", uint32_t(std::lround(partial * double(d.head_dim))));
   }
-  if (rope.theta) w.add_f32(p + "rope.freq_base", float(*rope.theta));
+  if (rope.theta && arch.write_rope_base) w.add_f32(p + "rope.freq_base", float(*rope.theta));
   if (rope.theta_swa) w.add_f32(p + "rope.freq_base_swa", float(*rope.theta_swa));
   if (rope.type == "linear") {
     w.add_string(p + "rope.scaling.type", "linear");
