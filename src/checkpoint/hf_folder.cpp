@@ -339,6 +339,8 @@ Dims read_dims(const HfConfig& c, const HfArch& arch) {
   else
     throw Error(c.file + ": hidden_size " + std::to_string(d.embd) + " is not a multiple of num_attention_heads " +
                 std::to_string(d.n_head) + " and head_dim is absent");
+  if (d.head_dim > 65536 || d.head_dim % 2 != 0)
+    throw Error(c.file + ": head dimension " + std::to_string(d.head_dim) + " is odd or above 65536");
   if (d.n_head % d.n_head_kv != 0)
     throw Error(c.file + ": num_attention_heads " + std::to_string(d.n_head) +
                 " is not a multiple of num_key_value_heads " + std::to_string(d.n_head_kv));
@@ -936,11 +938,9 @@ GgufWriter hf_folder_to_gguf(const std::string& dir_text, const HfFolderOptions&
   check_supported_settings(config, arch, dims);
   const Rope rope = read_rope(config);
 
-  GgufWriter w;
-  add_model_metadata(w, config, arch, dims, rope, folder_name(dir));
-  const int64_t n_tokens = add_tokenizer(w, dir, config, arch, dims.vocab, notice);
-
   // Tensors: named, shape-checked against config.json, in GGUF order (globals, then layer by layer).
+  // First, so that the sizes config.json gives are backed by the checkpoint before anything is
+  // sized by them.
   const Checkpoint ck = open_checkpoint(dir);
   std::vector<MappedTensor> mapped;
   int64_t n_vision = 0;
@@ -966,6 +966,12 @@ GgufWriter hf_folder_to_gguf(const std::string& dir_text, const HfFolderOptions&
     return std::pair<int, std::string>{m.layer, m.gguf_name};
   };
   std::sort(mapped.begin(), mapped.end(), [&](const MappedTensor& a, const MappedTensor& b) { return order(a) < order(b); });
+  if (mapped.empty() || mapped.front().gguf_name != "token_embd.weight")
+    throw Error(dir_text + ": the checkpoint has no token embedding (model.embed_tokens.weight)");
+
+  GgufWriter w;
+  add_model_metadata(w, config, arch, dims, rope, folder_name(dir));
+  const int64_t n_tokens = add_tokenizer(w, dir, config, arch, dims.vocab, notice);
 
   if (rope.type == "llama3") {
     if (std::string(arch.gguf_arch) != "llama")

@@ -249,10 +249,12 @@ def test_unknown_architecture(tmp_path):
 
 def test_tokenizer_of_another_vocabulary(tmp_path):
     d = broken_folder(tmp_path)
-    shutil.copy(HF / "gemma3" / "tokenizer.json", d / "tokenizer.json")  # gemma3's tokenizer is smaller...
-    edit_json(d / "config.json", lambda c: c.update(vocab_size=1000))    # ...and this model's smaller still
+    edit_json(d / "tokenizer.json",  # a tokenizer with ids past the model's 1400 rows
+              lambda t: t["added_tokens"].append({"id": 1450, "content": "<extra>", "single_word": False,
+                                                  "lstrip": False, "rstrip": False, "normalized": False,
+                                                  "special": True}))
     err = run_bad(d)
-    assert "tokenizer.json" in err and "vocab_size 1000" in err
+    assert "tokenizer.json" in err and "token id 1450" in err and "vocab_size 1400" in err
 
 
 def test_missing_config_key(tmp_path):
