@@ -18,7 +18,9 @@ tokenizer corpus, float32 logits under teacher forcing). Checked here, without t
   but one with a NUL byte);
 - a multimodal Gemma 3 layout skips its vision tensors with one notice;
 - speculative greedy (self-drafting) equals plain greedy on a folder;
-- each kind of bad folder is a one-line error naming the file and the mismatch.
+- each kind of bad folder (missing shard, tensor shape against config.json, unknown model_type,
+  tokenizer ids past the model's vocabulary, missing config key, config.json that is not JSON, a
+  directory without config.json) is a one-line error naming the file and the mismatch.
 """
 import json
 import pathlib
@@ -262,3 +264,15 @@ def test_missing_config_key(tmp_path):
     edit_json(d / "config.json", lambda c: c.pop("num_hidden_layers"))
     err = run_bad(d)
     assert "config.json" in err and "num_hidden_layers" in err
+
+
+def test_config_that_is_not_json(tmp_path):
+    d = broken_folder(tmp_path)
+    (d / "config.json").write_text('{"model_type": "llama",', encoding="utf-8")
+    err = run_bad(d)
+    assert "config.json" in err and "not valid JSON" in err
+
+
+def test_directory_without_config(tmp_path):
+    err = run_bad(tmp_path)
+    assert str(tmp_path) in err and "config.json" in err
