@@ -7,9 +7,14 @@ For each fixture folder of tests/data/hf/ both converters write F32 GGUFs; print
 only one side has, values that differ, tensors that differ in name, type, shape or data.
 The fixtures' tokenizers are trained here, so llama.cpp's pre-tokenizer detection (a hash of known
 tokenizers' output) cannot know them: the converter is told the name microspec derived from the
-tokenizer.json's regex (the same family's name) instead.
+tokenizer.json's regex (the same family's name) instead. Expected differences: general.name,
+keys only one converter writes, Gemma's norm weights (+1 in F16 there, in F32 here), and the Gemma
+fixture's SentencePiece-style tokenizer, which llama.cpp's converter (without a tokenizer.model)
+writes as a byte-level one.
 """
+import json
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,6 +31,11 @@ import runpy, sys
 sys.path.insert(0, {lcpp!r}); sys.path.insert(0, {lcpp!r} + "/gguf-py")
 import conversion.base as base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: {pre!r}
+# Gemma 2 and Phi-3 read a tokenizer.model (SentencePiece) that these folders do not have: their
+# byte-level tokenizer.json is converted as for the other byte-level models.
+import conversion.gemma, conversion.phi
+conversion.gemma.Gemma2Model.set_vocab = base.TextModel._set_vocab_gpt2
+conversion.phi.Phi3MiniModel.set_vocab = base.TextModel._set_vocab_gpt2
 sys.argv = [{lcpp!r} + "/convert_hf_to_gguf.py", {folder!r}, "--outfile", {out!r}, "--outtype", "f32"]
 runpy.run_path({lcpp!r} + "/convert_hf_to_gguf.py", run_name="__main__")
 """
@@ -59,13 +69,56 @@ def compare(theirs, ours):
     print(f"  {len(set(ta) & set(tb))} tensors compared")
 
 
+def llama3_rope_variant(d):
+    """The Llama fixture with Llama 3.1's RoPE scaling (rope_freqs.weight) in its config."""
+    folder = pathlib.Path(d) / "llama3-rope"
+    shutil.copytree(REPO / "tests" / "data" / "hf" / "llama", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def other_architectures(d):
+    """Tiny float32 checkpoints of the architectures microspec maps but has no fixture of
+    (Qwen3, Mistral, Gemma 2, Phi-3), with the Llama fixture's tokenizer: their keys, names and
+    transforms against llama.cpp's converter, whatever microspec's loaders support."""
+    import torch
+    import transformers
+    common = dict(vocab_size=1400, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    specs = {
+        "qwen3": (transformers.Qwen3ForCausalLM, transformers.Qwen3Config(**common, head_dim=16)),
+        "mistral": (transformers.MistralForCausalLM, transformers.MistralConfig(**common, sliding_window=64)),
+        "gemma2": (transformers.Gemma2ForCausalLM, transformers.Gemma2Config(**common, head_dim=16,
+                                                                            query_pre_attn_scalar=16)),
+        "phi3": (transformers.Phi3ForCausalLM, transformers.Phi3Config(**common, pad_token_id=0,
+                                                                      partial_rotary_factor=0.5)),
+    }
+    folders = []
+    for name, (cls, cfg) in specs.items():
+        torch.manual_seed(0)
+        folder = pathlib.Path(d) / name
+        cls(cfg).save_pretrained(folder)
+        for f in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]:
+            shutil.copy(REPO / "tests" / "data" / "hf" / "llama" / f, folder / f)
+        folders.append((name, "llama-bpe", folder))
+    return folders
+
+
 def main():
     with tempfile.TemporaryDirectory() as d:
-        for arch, pre in PRE.items():
-            folder = REPO / "tests" / "data" / "hf" / arch
+        cases = [(arch, pre, REPO / "tests" / "data" / "hf" / arch) for arch, pre in PRE.items()]
+        cases.append(("llama3-rope", "llama-bpe", llama3_rope_variant(d)))
+        cases += other_architectures(d)
+        for arch, pre, folder in cases:
             theirs, ours = f"{d}/{arch}-llama-cpp.gguf", f"{d}/{arch}-microspec.gguf"
             code = RUN_LLAMA_CPP.format(lcpp=str(LCPP), pre=pre, folder=str(folder), out=theirs)
-            subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+            res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+            if res.returncode != 0:
+                print(arch, "llama.cpp's converter failed:", res.stderr.strip().splitlines()[-1])
+                continue
             subprocess.run([BIN, "convert", "--hf", str(folder), "-o", ours, "--type", "f32"], check=True,
                            capture_output=True)
             print(arch)

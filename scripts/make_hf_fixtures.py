@@ -11,7 +11,8 @@ pre-tokenizer, special tokens and chat template. Saved with save_pretrained:
   llama   float32, sharded (model.safetensors.index.json + 2 shards), tied embeddings, BOS added
   qwen2   bfloat16, q/k/v biases, untied LM head, vocab_size padded past the tokenizer, no BOS,
           an NFC normalizer (as Qwen's own tokenizer.json has)
-  gemma3  float16, sandwich norms, Q/K norms, sliding window 8 (in play at 24 tokens), tied
+  gemma3  float16, sandwich norms, Q/K norms, sliding window 8 (in play at 24 tokens), tied,
+          a SentencePiece-style tokenizer (spaces as U+2581, byte fallback), as Gemma's
 Goldens per folder (golden.json): transformers' token ids for every corpus text (special tokens
 added as the tokenizer does), and transformers' float32 logits under teacher forcing for two token
 sequences (golden_logits.npy, [2, T, vocab]); models saved in BF16/F16 are evaluated in float32 on
@@ -50,14 +51,46 @@ FAMILIES = {
                   extra=["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], add_bos=True, chat=LLAMA3_CHAT),
     "qwen2": dict(split=QWEN2_SPLIT, ignore_merges=False, nfc=True, bos=None, eos="<|im_end|>",
                   extra=["<|endoftext|>", "<|im_start|>"], add_bos=False, chat=CHATML),
-    "gemma3": dict(split=None, ignore_merges=False, bos="<bos>", eos="<eos>",
+    "gemma3": dict(sentencepiece=True, split=None, ignore_merges=False, bos="<bos>", eos="<eos>",
                    extra=["<pad>", "<start_of_turn>", "<end_of_turn>"], add_bos=True, chat=GEMMA_CHAT),
 }
 VOCAB_TARGET = 1400
 
 
+def train_sentencepiece_style(f):
+    """Gemma's kind of tokenizer.json: BPE over text whose spaces are U+2581, byte fallback to
+    <0xXX> tokens, and merges listed as Hugging Face's converter lists them for a SentencePiece
+    model: every split of every token into two tokens, ordered by the token's rank."""
+    specials = [f["bos"], f["eos"]] + f["extra"]
+    base = Tokenizer(models.BPE())
+    base.normalizer = normalizers.Replace(" ", "\u2581")
+    base.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never", split=True)
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_TARGET - 256 - len(specials) - 1, show_progress=False)
+    # Without "<|": no chat marker of another family (<|im_end|>) becomes a learned token here, which
+    # llama.cpp (and microspec) would take for an end-of-generation control token by its text.
+    base.train_from_iterator([t.replace("<|", "") for t in TEXTS] * 3, trainer)
+    trained = json.loads(base.to_str())["model"]["vocab"]
+    vocab = {"<unk>": 0}
+    for t in specials:
+        vocab[t] = len(vocab)
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for t, _ in sorted(trained.items(), key=lambda kv: kv[1]):
+        vocab.setdefault(t, len(vocab))
+    merges = sorted(((a, t[len(a):]) for t in vocab for i in range(1, len(t))
+                     for a in [t[:i]] if a in vocab and t[i:] in vocab and vocab[t] > 256 + len(specials)),
+                    key=lambda m: (vocab[m[0] + m[1]], vocab[m[0]], vocab[m[1]]))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens(specials + ["<unk>"])
+    return tok
+
+
 def train_tokenizer(family):
     f = FAMILIES[family]
+    if f.get("sentencepiece"):
+        return wrap(f, train_sentencepiece_style(f))
     tok = Tokenizer(models.BPE(ignore_merges=f["ignore_merges"]))
     if f.get("nfc"):
         tok.normalizer = normalizers.NFC()
@@ -78,6 +111,14 @@ def train_tokenizer(family):
             special_tokens=[(f["bos"], tok.token_to_id(f["bos"]))])
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return wrap(f, tok)
+
+
+def wrap(f, tok):
+    if f["add_bos"] and tok.post_processor is None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{f['bos']} $A", pair=f"{f['bos']} $A {f['bos']} $B",
+            special_tokens=[(f["bos"], tok.token_to_id(f["bos"]))])
     kwargs = dict(tokenizer_object=tok, eos_token=f["eos"])
     if f["bos"]:
         kwargs["bos_token"] = f["bos"]

@@ -1,6 +1,7 @@
 #include "checkpoint/hf_folder.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -42,11 +43,12 @@ struct LayerTensor {
 
 // One config.json key copied to a GGUF key ("{arch}." + gguf).
 enum class KeyKind { U32, F32 };
+enum class IfAbsent { Error, Skip, WriteZero };
 struct ConfigKey {
   const char* hf;
   const char* gguf;
   KeyKind kind;
-  bool required;
+  IfAbsent if_absent;
 };
 
 struct HfArch {
@@ -58,18 +60,19 @@ struct HfArch {
   bool write_rope_dims;                  // {arch}.rope.dimension_count (partial_rotary_factor * head dim)
   bool trim_embeddings_to_tokenizer;     // Gemma 3: token_embd keeps only the tokenizer's rows
   bool default_head_dim_256;             // Gemma: key/value length written even when config.json omits it
+  bool write_rope_base;                  // {arch}.rope.freq_base (llama.cpp leaves it out for Gemma 2)
   std::vector<ConfigKey> extra_keys;
   std::vector<LayerTensor> layer_tensors;
 };
 
 const std::vector<ConfigKey> kCommonKeys = {
-    {"max_position_embeddings", "context_length", KeyKind::U32, true},
-    {"hidden_size", "embedding_length", KeyKind::U32, true},
-    {"num_hidden_layers", "block_count", KeyKind::U32, true},
-    {"intermediate_size", "feed_forward_length", KeyKind::U32, true},
-    {"num_attention_heads", "attention.head_count", KeyKind::U32, true},
-    {"num_key_value_heads", "attention.head_count_kv", KeyKind::U32, false},
-    {"rms_norm_eps", "attention.layer_norm_rms_epsilon", KeyKind::F32, true},
+    {"max_position_embeddings", "context_length", KeyKind::U32, IfAbsent::Error},
+    {"hidden_size", "embedding_length", KeyKind::U32, IfAbsent::Error},
+    {"num_hidden_layers", "block_count", KeyKind::U32, IfAbsent::Error},
+    {"intermediate_size", "feed_forward_length", KeyKind::U32, IfAbsent::Error},
+    {"num_attention_heads", "attention.head_count", KeyKind::U32, IfAbsent::Error},
+    {"num_key_value_heads", "attention.head_count_kv", KeyKind::U32, IfAbsent::Skip},
+    {"rms_norm_eps", "attention.layer_norm_rms_epsilon", KeyKind::F32, IfAbsent::Error},
 };
 
 std::vector<LayerTensor> attention_tensors(bool with_bias, bool with_qk_norm) {
@@ -127,6 +130,7 @@ const std::vector<HfArch>& architectures() {
        .write_rope_dims = true,
        .trim_embeddings_to_tokenizer = false,
        .default_head_dim_256 = false,
+       .write_rope_base = true,
        .extra_keys = {},
        .layer_tensors = concat({attention_tensors(false, false), kGatedMlp, kPreNorms})},
       {.model_types = {"qwen2"},
@@ -137,6 +141,7 @@ const std::vector<HfArch>& architectures() {
        .write_rope_dims = false,
        .trim_embeddings_to_tokenizer = false,
        .default_head_dim_256 = false,
+       .write_rope_base = true,
        .extra_keys = {},
        .layer_tensors = concat({attention_tensors(true, false), kGatedMlp, kPreNorms})},
       {.model_types = {"qwen3"},
@@ -147,6 +152,7 @@ const std::vector<HfArch>& architectures() {
        .write_rope_dims = false,
        .trim_embeddings_to_tokenizer = false,
        .default_head_dim_256 = false,
+       .write_rope_base = true,
        .extra_keys = {},
        .layer_tensors = concat({attention_tensors(false, true), kGatedMlp, kPreNorms})},
       {.model_types = {"gemma3_text", "gemma3"},
@@ -157,8 +163,9 @@ const std::vector<HfArch>& architectures() {
        .write_rope_dims = false,
        .trim_embeddings_to_tokenizer = true,
        .default_head_dim_256 = true,
-       .extra_keys = {{"sliding_window", "attention.sliding_window", KeyKind::U32, false},
-                      {"final_logit_softcapping", "final_logit_softcapping", KeyKind::F32, false}},
+       .write_rope_base = true,
+       .extra_keys = {{"sliding_window", "attention.sliding_window", KeyKind::U32, IfAbsent::Skip},
+                      {"final_logit_softcapping", "final_logit_softcapping", KeyKind::F32, IfAbsent::Skip}},
        .layer_tensors = concat({attention_tensors(false, true), kGatedMlp, kSandwichNorms})},
       {.model_types = {"gemma2"},
        .gguf_arch = "gemma2",
@@ -168,9 +175,10 @@ const std::vector<HfArch>& architectures() {
        .write_rope_dims = false,
        .trim_embeddings_to_tokenizer = false,
        .default_head_dim_256 = true,
-       .extra_keys = {{"sliding_window", "attention.sliding_window", KeyKind::U32, false},
-                      {"attn_logit_softcapping", "attn_logit_softcapping", KeyKind::F32, false},
-                      {"final_logit_softcapping", "final_logit_softcapping", KeyKind::F32, false}},
+       .write_rope_base = false,
+       .extra_keys = {{"sliding_window", "attention.sliding_window", KeyKind::U32, IfAbsent::Skip},
+                      {"attn_logit_softcapping", "attn_logit_softcapping", KeyKind::F32, IfAbsent::Skip},
+                      {"final_logit_softcapping", "final_logit_softcapping", KeyKind::F32, IfAbsent::Skip}},
        .layer_tensors = concat({attention_tensors(false, false), kGatedMlp, kSandwichNorms})},
       {.model_types = {"phi3"},
        .gguf_arch = "phi3",
@@ -180,9 +188,10 @@ const std::vector<HfArch>& architectures() {
        .write_rope_dims = true,
        .trim_embeddings_to_tokenizer = false,
        .default_head_dim_256 = false,
-       .extra_keys = {{"sliding_window", "attention.sliding_window", KeyKind::U32, false},
+       .write_rope_base = true,
+       .extra_keys = {{"sliding_window", "attention.sliding_window", KeyKind::U32, IfAbsent::WriteZero},
                       {"original_max_position_embeddings", "rope.scaling.original_context_length", KeyKind::U32,
-                       false}},
+                       IfAbsent::Skip}},
        .layer_tensors = concat({{{"self_attn.qkv_proj.weight", "attn_qkv.weight", {Dim::QkvDim, Dim::Embd}},
                                  {"self_attn.o_proj.weight", "attn_output.weight", {Dim::Embd, Dim::QDim}},
                                  {"mlp.gate_up_proj.weight", "ffn_up.weight", {Dim::Ff2, Dim::Embd}},
@@ -330,6 +339,8 @@ Dims read_dims(const HfConfig& c, const HfArch& arch) {
   else
     throw Error(c.file + ": hidden_size " + std::to_string(d.embd) + " is not a multiple of num_attention_heads " +
                 std::to_string(d.n_head) + " and head_dim is absent");
+  if (d.head_dim > 65536 || d.head_dim % 2 != 0)
+    throw Error(c.file + ": head dimension " + std::to_string(d.head_dim) + " is odd or above 65536");
   if (d.n_head % d.n_head_kv != 0)
     throw Error(c.file + ": num_attention_heads " + std::to_string(d.n_head) +
                 " is not a multiple of num_key_value_heads " + std::to_string(d.n_head_kv));
@@ -412,7 +423,8 @@ void check_supported_settings(const HfConfig& c, const HfArch& arch, const Dims&
 
 void add_config_key(GgufWriter& w, const HfConfig& c, const std::string& prefix, const ConfigKey& k) {
   if (!c.find(k.hf)) {
-    if (k.required) throw Error(c.file + ": missing key '" + k.hf + "'");
+    if (k.if_absent == IfAbsent::Error) throw Error(c.file + ": missing key '" + k.hf + "'");
+    if (k.if_absent == IfAbsent::WriteZero) w.add_u32(prefix + k.gguf, 0);
     return;
   }
   if (k.kind == KeyKind::U32)
@@ -437,7 +449,7 @@ void add_model_metadata(GgufWriter& w, const HfConfig& c, const HfArch& arch, co
     const double partial = c.find("partial_rotary_factor") ? c.get_float("partial_rotary_factor") : 1.0;
     w.add_u32(p + "rope.dimension_count", uint32_t(std::lround(partial * double(d.head_dim))));
   }
-  if (rope.theta) w.add_f32(p + "rope.freq_base", float(*rope.theta));
+  if (rope.theta && arch.write_rope_base) w.add_f32(p + "rope.freq_base", float(*rope.theta));
   if (rope.theta_swa) w.add_f32(p + "rope.freq_base_swa", float(*rope.theta_swa));
   if (rope.type == "linear") {
     w.add_string(p + "rope.scaling.type", "linear");
@@ -643,6 +655,38 @@ std::string pre_tokenizer_name(const json& tok, const std::string& file) {
   throw Error(file + ": pre-tokenizer " + pre.dump().substr(0, 200) + " is not one microspec knows");
 }
 
+// SentencePiece-style tokenizer.json: spaces become U+2581 (a Replace normalizer, or a Metaspace
+// pre-tokenizer), optionally with one prepended at the start (Prepend normalizer, or Metaspace's
+// prepend_scheme). Returns whether it is prepended (tokenizer.ggml.add_space_prefix).
+bool sentencepiece_space_prefix(const json& normalizer, const json& pre, const std::string& file) {
+  static const std::string kMarker = "\xE2\x96\x81";
+  bool replaces = false, prepends = false;
+  std::vector<json> steps;
+  if (normalizer.is_object() && normalizer.value("type", "") == "Sequence")
+    steps = normalizer.value("normalizers", std::vector<json>{});
+  else if (normalizer.is_object())
+    steps = {normalizer};
+  for (const json& n : steps) {
+    const std::string type = n.value("type", "");
+    if (type == "Prepend" && n.value("prepend", "") == kMarker) {
+      prepends = true;
+    } else if (type == "Replace" && n.value("content", "") == kMarker && n.contains("pattern") &&
+               n["pattern"].value("String", "") == " ") {
+      replaces = true;
+    } else {
+      throw Error(file + ": normalizer step " + n.dump().substr(0, 120) + " is not supported");
+    }
+  }
+  if (pre.is_object() && pre.value("type", "") == "Metaspace" && pre.value("replacement", "") == kMarker) {
+    replaces = true;
+    prepends = prepends || pre.value("prepend_scheme", "always") != "never";
+  } else if (!pre.is_null()) {
+    throw Error(file + ": pre-tokenizer " + pre.dump().substr(0, 120) + " of a SentencePiece-style tokenizer is not supported");
+  }
+  if (!replaces) throw Error(file + ": SentencePiece-style tokenizer without the space-to-U+2581 rule");
+  return prepends;
+}
+
 bool has_byte_level(const json& j) {
   if (j.is_object()) {
     if (j.value("type", "") == "ByteLevel") return true;
@@ -690,18 +734,23 @@ int64_t add_tokenizer(GgufWriter& w, const fs::path& dir, const HfConfig& config
   if (!model.is_object() || model.value("type", "") != "BPE")
     throw Error(tok_file + ": tokenizer model type " + model.value("type", std::string("(none)")) +
                 " is not supported (byte-level BPE only)");
-  if (!has_byte_level(tok))
-    throw Error(tok_file + ": a BPE tokenizer without byte-level pre-tokenizer (SentencePiece style) is not "
-                           "supported yet");
-
-  // Qwen's NFC normalizer: llama.cpp does not apply it either; text already in NFC (most text) is
-  // unaffected, decomposed accents may split differently.
+  const bool byte_level = has_byte_level(tok);
+  if (!byte_level && !model.value("byte_fallback", false))
+    throw Error(tok_file + ": a BPE tokenizer that is neither byte-level nor byte-fallback (SentencePiece "
+                           "style) is not supported");
   const json normalizer = tok.value("normalizer", json());
-  if (normalizer.is_object() && normalizer.value("type", "") == "NFC")
-    notice(tok_file + ": its NFC normalizer is not applied (as in llama.cpp): text not in NFC may tokenize "
-                      "differently");
-  else if (!normalizer.is_null())
-    throw Error(tok_file + ": normalizer " + normalizer.dump().substr(0, 120) + " is not supported");
+  bool add_space_prefix = false;
+  if (byte_level) {
+    // Qwen's NFC normalizer: llama.cpp does not apply it either; text already in NFC (most text)
+    // is unaffected, decomposed accents may split differently.
+    if (normalizer.is_object() && normalizer.value("type", "") == "NFC")
+      notice(tok_file + ": its NFC normalizer is not applied (as in llama.cpp): text not in NFC may tokenize "
+                        "differently");
+    else if (!normalizer.is_null())
+      throw Error(tok_file + ": normalizer " + normalizer.dump().substr(0, 120) + " is not supported");
+  } else {
+    add_space_prefix = sentencepiece_space_prefix(normalizer, tok.value("pre_tokenizer", json()), tok_file);
+  }
 
   std::map<int64_t, std::pair<std::string, int32_t>> by_id;  // id -> (text, type)
   if (!model.contains("vocab") || !model["vocab"].is_object()) throw Error(tok_file + ": model.vocab is missing");
@@ -744,11 +793,41 @@ int64_t add_tokenizer(GgufWriter& w, const fs::path& dir, const HfConfig& config
       throw Error(tok_file + ": a merge is neither \"a b\" nor [\"a\", \"b\"]: " + m.dump());
   }
 
-  w.add_string("tokenizer.ggml.model", "gpt2");
-  w.add_string("tokenizer.ggml.pre", pre_tokenizer_name(tok, tok_file));
-  w.add_string_array("tokenizer.ggml.tokens", tokens);
-  w.add_i32_array("tokenizer.ggml.token_type", types);
-  w.add_string_array("tokenizer.ggml.merges", merges);
+  if (byte_level) {
+    w.add_string("tokenizer.ggml.model", "gpt2");
+    w.add_string("tokenizer.ggml.pre", pre_tokenizer_name(tok, tok_file));
+    w.add_string_array("tokenizer.ggml.tokens", tokens);
+    w.add_i32_array("tokenizer.ggml.token_type", types);
+    w.add_string_array("tokenizer.ggml.merges", merges);
+  } else {
+    // SentencePiece style: llama.cpp merges the adjacent pair whose concatenation scores highest,
+    // HF the pair of the lowest-ranked merge; a token's score is minus the rank of the first merge
+    // that makes it, so both pick the same pair. Byte tokens <0xXX> are typed as such.
+    std::map<std::string, int64_t, std::less<>> id_of_text;
+    for (int64_t i = 0; i < n_tokens; ++i) id_of_text.emplace(tokens[i], i);
+    std::vector<float> scores(static_cast<size_t>(n_tokens), -float(merges.size()));  // [n_tokens]
+    for (size_t rank = merges.size(); rank-- > 0;) {
+      const std::string& m = merges[rank];
+      const size_t space = m.find(' ');
+      if (auto it = id_of_text.find(m.substr(0, space) + m.substr(space + 1)); it != id_of_text.end())
+        scores[it->second] = -float(rank);
+    }
+    const std::string unk = model.value("unk_token", json()).is_string() ? model["unk_token"].get<std::string>() : "";
+    for (int64_t i = 0; i < n_tokens; ++i) {
+      const std::string& t = tokens[i];
+      if (types[i] != kNormal) continue;
+      if (t.size() == 6 && t.starts_with("<0x") && t.back() == '>' && std::isxdigit(t[3]) && std::isxdigit(t[4]))
+        types[i] = kByte;
+      else if (t == unk)
+        types[i] = kUnknown;
+    }
+    w.add_string("tokenizer.ggml.model", "llama");
+    w.add_string("tokenizer.ggml.pre", "default");
+    w.add_string_array("tokenizer.ggml.tokens", tokens);
+    w.add_f32_array("tokenizer.ggml.scores", scores);
+    w.add_i32_array("tokenizer.ggml.token_type", types);
+    w.add_bool("tokenizer.ggml.add_space_prefix", add_space_prefix);
+  }
 
   // Special tokens: tokenizer_config.json names them by text; config.json's ids fill the gaps.
   const fs::path cfg_path = dir / "tokenizer_config.json";
@@ -859,11 +938,9 @@ GgufWriter hf_folder_to_gguf(const std::string& dir_text, const HfFolderOptions&
   check_supported_settings(config, arch, dims);
   const Rope rope = read_rope(config);
 
-  GgufWriter w;
-  add_model_metadata(w, config, arch, dims, rope, folder_name(dir));
-  const int64_t n_tokens = add_tokenizer(w, dir, config, arch, dims.vocab, notice);
-
   // Tensors: named, shape-checked against config.json, in GGUF order (globals, then layer by layer).
+  // First, so that the sizes config.json gives are backed by the checkpoint before anything is
+  // sized by them.
   const Checkpoint ck = open_checkpoint(dir);
   std::vector<MappedTensor> mapped;
   int64_t n_vision = 0;
@@ -889,6 +966,12 @@ GgufWriter hf_folder_to_gguf(const std::string& dir_text, const HfFolderOptions&
     return std::pair<int, std::string>{m.layer, m.gguf_name};
   };
   std::sort(mapped.begin(), mapped.end(), [&](const MappedTensor& a, const MappedTensor& b) { return order(a) < order(b); });
+  if (mapped.empty() || mapped.front().gguf_name != "token_embd.weight")
+    throw Error(dir_text + ": the checkpoint has no token embedding (model.embed_tokens.weight)");
+
+  GgufWriter w;
+  add_model_metadata(w, config, arch, dims, rope, folder_name(dir));
+  const int64_t n_tokens = add_tokenizer(w, dir, config, arch, dims.vocab, notice);
 
   if (rope.type == "llama3") {
     if (std::string(arch.gguf_arch) != "llama")
@@ -928,7 +1011,7 @@ std::unique_ptr<GgufFile> open_model_file(const std::string& path, const HfFolde
     if (fs::is_directory(path, ec)) throw Error(path + ": a directory without config.json (not a Hugging Face folder)");
     return GgufFile::open(path);
   }
-  return GgufFile::from_bytes(hf_folder_to_gguf(path, options).to_bytes(), path);
+  return GgufFile::from_bytes(hf_folder_to_gguf(path, options).take_bytes(), path);
 }
 
 GgmlType parse_weight_type(std::string_view name) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf_folder.h"
 #include "cli/commands.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
@@ -38,7 +39,7 @@ int64_t parse_row(const std::string& s, int64_t fallback) {
 }
 
 void run_dump(const DumpArgs& a) {
-  const auto file = GgufFile::open(a.model);
+  const auto file = open_model_file(a.model);
   const GgufTensor* t = file->find_tensor(a.tensor);
   if (!t) throw Error(a.model + ": no tensor named '" + a.tensor + "'");
   const int64_t cols = t->ne.empty() ? 1 : t->ne[0];

@@ -181,11 +181,23 @@ std::vector<uint8_t> GgufWriter::header() const {
 }
 
 std::vector<uint8_t> GgufWriter::to_bytes() const {
+  GgufWriter copy = *this;
+  return std::move(copy).take_bytes();
+}
+
+std::vector<uint8_t> GgufWriter::take_bytes() && {
   std::vector<uint8_t> out = header();
   const size_t data_start = out.size();
+  // Reserved, not resized: pages are touched only as tensors are appended (in offset order), each
+  // tensor's own copy freed right after.
+  out.reserve(data_start + data_size_);
+  for (Tensor& t : tensors_) {
+    out.resize(data_start + t.offset, 0);
+    out.insert(out.end(), t.data.begin(), t.data.end());
+    std::vector<uint8_t>().swap(t.data);
+  }
   out.resize(data_start + data_size_, 0);
-  for (const Tensor& t : tensors_)
-    if (!t.data.empty()) std::memcpy(out.data() + data_start + t.offset, t.data.data(), t.data.size());
+  tensors_.clear();
   return out;
 }
 

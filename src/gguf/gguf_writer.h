@@ -45,6 +45,9 @@ class GgufWriter {
                   std::span<const uint8_t> data);
 
   std::vector<uint8_t> to_bytes() const;
+  // The same bytes, freeing each tensor's copy as it is placed: peak memory is the file plus one
+  // tensor instead of twice the file (a whole model built in memory). Leaves the writer unusable.
+  std::vector<uint8_t> take_bytes() &&;
   void write_file(const std::string& path) const;  // throws Error on I/O failure
 
   size_t n_tensors() const { return tensors_.size(); }

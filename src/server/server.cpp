@@ -523,7 +523,9 @@ void run_server(const ServerOptions& o) {
   pthread_sigmask(SIG_BLOCK, &signals, &previous);
   std::signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not a dead server
 
-  auto file = open_model_file(o.model_path);
+  HfFolderOptions hf;
+  if (!o.hf_type.empty()) hf.weight_type = parse_weight_type(o.hf_type);
+  auto file = open_model_file(o.model_path, hf);
   auto tokenizer = Tokenizer::from_gguf(*file);
   // One model (one set of scratch buffers, one compute thread pool) for every slot: the batch
   // scheduler runs all sequences' steps on it.

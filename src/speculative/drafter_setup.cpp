@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "checkpoint/hf_folder.h"
 #include "draft_head/head_drafter.h"
 #include "speculative/ngram.h"
 #include "util/error.h"
@@ -96,7 +97,7 @@ void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile
                                               make_vocabulary(config, target_file.name(), target, tokenizer, &vocab));
     b.describe = "EAGLE-3 head " + path;
   } else if (mode == SpecMode::Draft) {
-    b.file = GgufFile::open(config.draft_model);
+    b.file = open_model_file(config.draft_model);  // a GGUF file or a Hugging Face folder
     check_same_vocabulary(target_file, *b.file);
     // The draft runs on the target's threads, batch size and kernel table (--kernels).
     ModelOptions opt;

@@ -14,13 +14,18 @@ tokenizer corpus, float32 logits under teacher forcing). Checked here, without t
 - `microspec convert` output (the checkpoint's own float types, and q8_0) loads in llama.cpp, and
   llama.cpp's logits agree with microspec's on the same file (cosine >= 0.9999 float, >= 0.999
   q8_0; top-1 equal where llama.cpp's margin >= 0.05), and the float file gives microspec exactly
-  the folder's logits;
+  the folder's logits; llama.cpp's token ids on the converted file equal microspec's (corpus texts
+  but one with a NUL byte);
+- a multimodal Gemma 3 layout skips its vision tensors with one notice;
 - speculative greedy (self-drafting) equals plain greedy on a folder;
-- each kind of bad folder is a one-line error naming the file and the mismatch.
+- each kind of bad folder (missing shard, tensor shape against config.json, unknown model_type,
+  tokenizer ids past the model's vocabulary, missing config key, config.json that is not JSON, a
+  directory without config.json) is a one-line error naming the file and the mismatch.
 """
 import json
 import pathlib
 import shutil
+import struct
 import subprocess
 import sys
 import unicodedata
@@ -115,12 +120,28 @@ def test_convert_agrees_with_llama_cpp(arch, tmp_path):
         print(f"{arch} {type_ or 'float'}: cosine to llama.cpp min {cos.min():.6f}")
         assert cos.min() >= min_cos
         assert np.concatenate(agree).all()
+    # The tokenizer metadata as llama.cpp reads it: the same ids as microspec (and so transformers').
+    # Left out: the text with a NUL byte, which llama.cpp's SentencePiece path does not merge into
+    # the learned token "\x00\x01" (transformers and microspec do).
+    texts = [t["text"] for t in golden(arch)["texts"] if "\x00" not in t["text"]]
+    peer = peer_lib.Peer(path, n_ctx=64)
+    theirs = [peer.tokenize(t) for t in texts]
+    peer.close()
+    req = tmp_path / "req.jsonl"
+    req.write_text("".join(json.dumps({"op": "encode", "text": t, "special": False}) + "\n" for t in texts),
+                   encoding="utf-8")
+    res = subprocess.run([BIN, "tokenize", "-m", str(path), "--batch-jsonl", str(req)], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    ours = [json.loads(line)["ids"] for line in res.stdout.splitlines() if line.strip()]
+    assert ours == theirs
 
 
 def test_speculative_greedy_equals_plain_on_folder():
     prompts = ["The quick brown fox", "It was the best of times"]
     outputs = {}
-    for name, extra in [("plain", []), ("self", ["--spec", "self", "--draft-layers", "1"])]:
+    for name, extra in [("plain", []), ("self", ["--spec", "self", "--draft-layers", "1"]),
+                        ("draft", ["--spec", "draft", "--draft-model", str(HF / "llama"), "--hf-type", "q8_0"])]:
         jsonl = "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
         res = subprocess.run([BIN, "generate", "-m", str(HF / "llama"), "--prompts-jsonl", "/dev/stdin", "-n", "24",
                               "--ignore-eos", *extra], input=jsonl, capture_output=True, text=True, timeout=300)
@@ -129,6 +150,60 @@ def test_speculative_greedy_equals_plain_on_folder():
     assert len(outputs["plain"]) == len(prompts)
     assert all(len(ids) >= 24 for ids in outputs["plain"])
     assert outputs["self"] == outputs["plain"]
+    assert outputs["draft"] != [] and outputs["draft"] == run_quantized_plain(prompts)
+
+
+def run_quantized_plain(prompts):
+    """Plain greedy on the folder quantized to q8_0 on load (the draft run's target)."""
+    jsonl = "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
+    res = subprocess.run([BIN, "generate", "-m", str(HF / "llama"), "--prompts-jsonl", "/dev/stdin", "-n", "24",
+                          "--ignore-eos", "--hf-type", "q8_0"], input=jsonl, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return [json.loads(line)["tokens"] for line in res.stdout.splitlines() if line.strip()]
+
+
+def read_safetensors(path):
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def write_safetensors(path, tensors):
+    header, blobs, at = {}, [], 0
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(raw)]}
+        blobs.append(raw)
+        at += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def test_multimodal_gemma3_checkpoint_skips_vision_tensors(tmp_path):
+    """A Gemma3ForConditionalGeneration layout (text config nested, language-model tensors under
+    model.language_model., a vision tower and projector) gives the text model's logits exactly,
+    with one notice for the skipped tensors."""
+    d = tmp_path / "gemma3-mm"
+    shutil.copytree(HF / "gemma3", d)
+    tensors = {n.replace("model.", "model.language_model.", 1): t
+               for n, t in read_safetensors(d / "model.safetensors").items()}
+    tensors["model.vision_tower.vision_model.embeddings.patch_embedding.weight"] = ("F32", [4, 4], bytes(64))
+    tensors["model.multi_modal_projector.mm_input_projection_weight"] = ("F32", [4, 64], bytes(1024))
+    write_safetensors(d / "model.safetensors", tensors)
+    text = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+                                               "text_config": text, "vision_config": {"model_type": "siglip_vision_model"}}))
+    seqs = golden("gemma3")["sequences"]
+    res = subprocess.run([BIN, "eval", "-m", str(d), "--ids", " ".join(map(str, seqs[0]))], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("skipped 2 vision tensors") == 1
+    mm, = run_eval(d, all_positions(seqs[:1]))
+    text_only, = run_eval(HF / "gemma3", all_positions(seqs[:1]))
+    assert np.array_equal(mm[1], text_only[1])
 
 
 def broken_folder(tmp_path, arch="llama"):
@@ -176,10 +251,12 @@ def test_unknown_architecture(tmp_path):
 
 def test_tokenizer_of_another_vocabulary(tmp_path):
     d = broken_folder(tmp_path)
-    shutil.copy(HF / "gemma3" / "tokenizer.json", d / "tokenizer.json")  # gemma3's tokenizer is smaller...
-    edit_json(d / "config.json", lambda c: c.update(vocab_size=1000))    # ...and this model's smaller still
+    edit_json(d / "tokenizer.json",  # a tokenizer with ids past the model's 1400 rows
+              lambda t: t["added_tokens"].append({"id": 1450, "content": "<extra>", "single_word": False,
+                                                  "lstrip": False, "rstrip": False, "normalized": False,
+                                                  "special": True}))
     err = run_bad(d)
-    assert "tokenizer.json" in err and "vocab_size 1000" in err
+    assert "tokenizer.json" in err and "token id 1450" in err and "vocab_size 1400" in err
 
 
 def test_missing_config_key(tmp_path):
@@ -187,3 +264,15 @@ def test_missing_config_key(tmp_path):
     edit_json(d / "config.json", lambda c: c.pop("num_hidden_layers"))
     err = run_bad(d)
     assert "config.json" in err and "num_hidden_layers" in err
+
+
+def test_config_that_is_not_json(tmp_path):
+    d = broken_folder(tmp_path)
+    (d / "config.json").write_text('{"model_type": "llama",', encoding="utf-8")
+    err = run_bad(d)
+    assert "config.json" in err and "not valid JSON" in err
+
+
+def test_directory_without_config(tmp_path):
+    err = run_bad(tmp_path)
+    assert str(tmp_path) in err and "config.json" in err
