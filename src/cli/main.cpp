@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   microspec::cli::add_coverage_command(app);
   microspec::cli::add_bench_command(app);
   microspec::cli::add_serve_command(app);
+  microspec::cli::add_convert_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
