@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from repo_paths import BIN, MODELS, REPO  # noqa: E402
 from server_helpers import cli_generate  # noqa: E402
@@ -24,6 +26,7 @@ def convert(*args):
     return subprocess.run([BIN, "convert", *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # ~10 s: conversions and generations on SmolLM2
 def test_converted_eagle2_head_drafts_losslessly(tmp_path):
     head = tmp_path / "eagle2.gguf"
     out = convert("--eagle", FIXTURES / "eagle2_smollm2", "--target", MODELS["smollm2"], "-o", head, "--type", "q8_0")
@@ -103,6 +106,7 @@ def write_eagle3_checkpoint(folder, seed=5):
     return ids
 
 
+@pytest.mark.slow
 def test_converted_eagle3_head_with_own_lm_head_loads_in_llama_cpp_and_drafts_losslessly(tmp_path):
     write_eagle3_checkpoint(tmp_path / "eagle3")
     head = tmp_path / "eagle3.gguf"
