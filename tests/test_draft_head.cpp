@@ -177,6 +177,28 @@ TEST_F(DraftHead, RefusesHeadsThatDoNotFitTheTarget) {
   }
 }
 
+TEST_F(DraftHead, OwnLmHeadAndD2tAreCheckedAgainstTheTarget) {
+  test::TinyHeadSpec s;
+  s.own_lm_rows = 4;
+  s.d2t = {7, 3, 200, 319};
+  auto head = load_head(head_file(s));
+  EXPECT_EQ(head->config().n_draft_vocab, 4);
+  EXPECT_EQ(head->draft_to_target(), (std::vector<int32_t>{7, 3, 200, 319}));
+  s.d2t = {7, 3, 200, 320};
+  std::string e = load_error(s);
+  EXPECT_NE(e.find("d2t[3] is target id 320, outside the target's vocabulary of 320"), std::string::npos) << e;
+  s.d2t = {7, 3, 7, 1};
+  e = load_error(s);
+  EXPECT_NE(e.find("d2t maps two rows to target id 7"), std::string::npos) << e;
+  s.d2t = {7, 3, 1};
+  e = load_error(s);
+  EXPECT_NE(e.find("d2t must be I64 [4]"), std::string::npos) << e;
+  EXPECT_NE(e.find("found I64 of 3 elements"), std::string::npos) << e;
+  s.d2t.clear();
+  e = load_error(s);  // 4 own rows and no map to the target's 320 ids
+  EXPECT_NE(e.find("output.weight has 4 rows but no d2t maps them to the target's 320 ids"), std::string::npos) << e;
+}
+
 TEST_F(DraftHead, RefusesBrokenFiles) {
   {
     test::TinyHeadSpec s;
@@ -201,7 +223,7 @@ TEST_F(DraftHead, RefusesBrokenFiles) {
   {
     // A file of another architecture: the target model itself.
     const std::string e = test::error_of([&] { load_head((dir_ / "target.gguf").string()); });
-    EXPECT_NE(e.find("general.architecture is 'llama', expected 'eagle3'"), std::string::npos) << e;
+    EXPECT_NE(e.find("general.architecture is 'llama', expected 'eagle3' or 'eagle2'"), std::string::npos) << e;
   }
 }
 

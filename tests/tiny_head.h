@@ -26,6 +26,8 @@ struct TinyHeadSpec {
   std::string nan_tensor;         // a tensor whose first element is NaN
   GgmlType weight_type = GgmlType::F16;
   float scale = 1.0f;             // multiplies every random matrix
+  int64_t own_lm_rows = 0;        // > 0: an own LM head (output.weight) of this many rows
+  std::vector<int64_t> d2t;       // written as the I64 tensor d2t when not empty (absolute target ids)
   uint32_t seed = 5;
 };
 
@@ -87,6 +89,10 @@ inline void write_tiny_head(const TinyHeadSpec& s, const std::string& path) {
   add_matrix("blk.0.ffn_up.weight", H, s.n_ff);
   add_matrix("blk.0.ffn_down.weight", s.n_ff, H);
   add_vector("output_norm.weight", H);
+  if (s.own_lm_rows > 0) add_matrix("output.weight", H, s.own_lm_rows);
+  if (!s.d2t.empty())
+    w.add_tensor("d2t", static_cast<GgmlType>(27) /* I64 */, {int64_t(s.d2t.size())},
+                 std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.d2t.data()), s.d2t.size() * 8));
   w.write_file(path);
 }
 

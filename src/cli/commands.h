@@ -17,6 +17,6 @@ void add_vocab_freq_command(CLI::App& app);   // cmd_vocab_freq.cpp: token frequ
 void add_coverage_command(CLI::App& app);     // cmd_coverage.cpp: draft-vocabulary coverage of greedy decoding
 void add_bench_command(CLI::App& app);        // cmd_bench.cpp: benchmark harness (speed, acceptance, output check)
 void add_serve_command(CLI::App& app);        // cmd_serve.cpp: OpenAI-compatible HTTP server
-void add_convert_command(CLI::App& app);      // cmd_convert.cpp: Hugging Face folder -> GGUF
+void add_convert_command(CLI::App& app);      // cmd_convert.cpp: Hugging Face folders and EAGLE heads -> GGUF
 
 }  // namespace microspec::cli

@@ -22,6 +22,7 @@ void expect_equal(const GgufFile& f, const std::string& what, int64_t expected, 
 
 // Every element of a tensor is finite (weights of any supported type, dequantized row by row).
 void check_finite(const GgufFile& f, const GgufTensor& t) {
+  if (t.type == static_cast<GgmlType>(26) || t.type == static_cast<GgmlType>(27)) return;  // I32/I64 ids (d2t)
   const int64_t cols = t.ne.empty() ? 0 : t.ne[0], rows = t.rows();
   const size_t stride = row_bytes(t.type, cols);
   std::vector<float> row(size_t(std::max<int64_t>(cols, 1)));
@@ -42,10 +43,11 @@ Eagle3Head::Eagle3Head(std::unique_ptr<GgufFile> file, Model& target, int32_t n_
   const ModelConfig& tc = target.config();
   if (n_batch_ < 1) throw Error("draft head: batch size must be >= 1");
   const std::string arch(f.get_string("general.architecture"));
-  if (arch != "eagle3")
-    throw Error(f.name() + ": general.architecture is '" + arch + "', expected 'eagle3' (an EAGLE-3 draft head)");
-  const std::string a = "eagle3.";
+  if (arch != "eagle3" && arch != "eagle2")
+    throw Error(f.name() + ": general.architecture is '" + arch + "', expected 'eagle3' or 'eagle2' (an EAGLE draft head)");
+  const std::string a = arch + ".";
   Eagle3Config& c = config_;
+  c.arch = arch == "eagle3" ? HeadArch::Eagle3 : HeadArch::Eagle2;
   c.n_embd = static_cast<int32_t>(f.get_int(a + "embedding_length"));
   expect_equal(f, a + "block_count", 1, f.get_int(a + "block_count"));
   c.n_head = static_cast<int32_t>(f.get_int(a + "attention.head_count"));
@@ -69,8 +71,12 @@ Eagle3Head::Eagle3Head(std::unique_ptr<GgufFile> file, Model& target, int32_t n_
   expect_equal(f, a + "target_hidden_size (the target's embedding length)", tc.n_embd, c.target_hidden);
   expect_equal(f, a + "embedding_length (the target's, whose embeddings and LM head the head uses)", tc.n_embd,
                c.n_embd);
-  c.target_layers = f.get_i32_array(a + "target_layers");
-  expect_equal(f, a + "target_layers count", 3, static_cast<int64_t>(c.target_layers.size()));
+  if (c.arch == HeadArch::Eagle2) {
+    c.target_layers = {tc.n_layer};  // the stream after the last layer, normed in fuse()
+  } else {
+    c.target_layers = f.get_i32_array(a + "target_layers");
+    expect_equal(f, a + "target_layers count", 3, static_cast<int64_t>(c.target_layers.size()));
+  }
   for (size_t i = 0; i < c.target_layers.size(); ++i) {
     const int32_t l = c.target_layers[i];
     if (l < 0 || l > tc.n_layer)
@@ -86,19 +92,14 @@ Eagle3Head::Eagle3Head(std::unique_ptr<GgufFile> file, Model& target, int32_t n_
   if (f.has("tokenizer.ggml.tokens"))
     expect_equal(f, "tokenizer.ggml.tokens count (the target's vocabulary)", tc.n_vocab,
                  static_cast<int64_t>(f.get_string_array("tokenizer.ggml.tokens").size()));
-  if (f.find_tensor("d2t") || f.find_tensor("output.weight"))
-    throw Error(f.name() + ": the head has its own LM head (output.weight / d2t); microspec drafts through the "
-                "target's LM head rows (so the draft vocabularies apply) and needs a head without one");
-  if (f.find_tensor("blk.0.rope_freqs.weight"))
-    throw Error(f.name() + ": rope frequency factors (blk.0.rope_freqs.weight) are not supported");
-
   load_weights();
+  load_own_lm_head();
   for (const GgufTensor& t : f.tensors()) check_finite(f, t);
 
   const int32_t H = c.n_embd, B = n_batch_;
   act_.features.assign(c.norm_before_fc ? size_t(B) * c.n_features() : 0, 0.0f);
   act_.embd.assign(size_t(B) * H, 0.0f);
-  act_.x.assign(size_t(B) * 2 * H, 0.0f);
+  act_.x.assign(size_t(B) * 2 * H, 0.0f);  // EAGLE-3: attention input; EAGLE-2: fc input
   act_.gn.assign(size_t(B) * H, 0.0f);
   act_.q.assign(size_t(B) * c.q_dim(), 0.0f);
   act_.k.assign(size_t(B) * c.kv_dim(), 0.0f);
@@ -108,6 +109,7 @@ Eagle3Head::Eagle3Head(std::unique_ptr<GgufFile> file, Model& target, int32_t n_
   act_.gate.assign(size_t(B) * c.n_ff, 0.0f);
   act_.up.assign(size_t(B) * c.n_ff, 0.0f);
   mm_.reserve(B, std::max({c.n_features(), 2 * H, c.n_ff, c.q_dim()}));
+  if (c.arch == HeadArch::Eagle2) target_norm_ = target.output_norm_weights();
 }
 
 Eagle3Head::~Eagle3Head() = default;
@@ -120,8 +122,17 @@ void Eagle3Head::load_weights() {
   };
   auto vector = [&](const std::string& name, int64_t n) { return load_vector(f, name, n); };
   const int64_t H = c.n_embd;
-  fc_ = matrix("fc.weight", c.n_features(), H);
-  if (c.norm_before_fc) fc_norm_ = vector("enc.output_norm.weight", c.n_features());
+  const int64_t in = c.attn_input();
+  if (c.arch == HeadArch::Eagle3) {
+    fc_ = matrix("fc.weight", c.n_features(), H);
+    if (c.norm_before_fc) fc_norm_ = vector("enc.output_norm.weight", c.n_features());
+    embd_norm_ = vector("blk.0.attn_norm.weight", H);
+    hidden_norm_ = vector("blk.0.attn_norm_2.weight", H);
+    output_norm_ = vector("output_norm.weight", H);
+  } else {
+    fc_ = matrix("fc.weight", 2 * H, H);
+    if (f.find_tensor("fc.bias")) fc_bias_ = vector("fc.bias", H);
+  }
   if (const GgufTensor* e = f.find_tensor("token_embd.weight")) {
     if (e->ne.size() == 2 && e->ne[1] != target_.config().n_vocab)
       throw Error(f.name() + ": token_embd.weight has " + std::to_string(e->ne[1]) + " rows, expected the target's " +
@@ -130,17 +141,61 @@ void Eagle3Head::load_weights() {
   } else {
     token_embd_ = target_.embedding_matrix();
   }
-  embd_norm_ = vector("blk.0.attn_norm.weight", H);
-  hidden_norm_ = vector("blk.0.attn_norm_2.weight", H);
-  wq_ = matrix("blk.0.attn_q.weight", 2 * H, c.q_dim());
-  wk_ = matrix("blk.0.attn_k.weight", 2 * H, c.kv_dim());
-  wv_ = matrix("blk.0.attn_v.weight", 2 * H, c.kv_dim());
+  if (f.find_tensor("rope_freqs.weight")) rope_freqs_ = vector("rope_freqs.weight", c.head_dim / 2);
+  wq_ = matrix("blk.0.attn_q.weight", in, c.q_dim());
+  wk_ = matrix("blk.0.attn_k.weight", in, c.kv_dim());
+  wv_ = matrix("blk.0.attn_v.weight", in, c.kv_dim());
   wo_ = matrix("blk.0.attn_output.weight", c.q_dim(), H);
   ffn_norm_ = vector("blk.0.ffn_norm.weight", H);
   w_gate_ = matrix("blk.0.ffn_gate.weight", H, c.n_ff);
   w_up_ = matrix("blk.0.ffn_up.weight", H, c.n_ff);
   w_down_ = matrix("blk.0.ffn_down.weight", c.n_ff, H);
-  output_norm_ = vector("output_norm.weight", H);
+}
+
+void Eagle3Head::load_own_lm_head() {
+  const GgufFile& f = *file_;
+  Eagle3Config& c = config_;
+  const int64_t n_vocab = target_.config().n_vocab;
+  const GgufTensor* out = f.find_tensor("output.weight");
+  const GgufTensor* d2t = f.find_tensor("d2t");
+  if (!out) {
+    if (d2t) throw Error(f.name() + ": d2t without output.weight (the own LM head it maps)");
+    return;
+  }
+  if (out->ne.size() != 2 || out->ne[1] < 1)
+    throw Error(f.name() + ": output.weight must be a matrix of [" + std::to_string(c.n_embd) + " cols][draft rows]");
+  const int64_t n_draft = out->ne[1];
+  if (n_draft > n_vocab)
+    throw Error(f.name() + ": output.weight has " + std::to_string(n_draft) + " rows, more than the target's vocabulary of " +
+                std::to_string(n_vocab));
+  output_ = load_matrix(f, "output.weight", c.n_embd, n_draft, mm_.kernels());
+  c.n_draft_vocab = static_cast<int32_t>(n_draft);
+  d2t_.resize(size_t(n_draft));
+  if (!d2t) {
+    if (n_draft != n_vocab)
+      throw Error(f.name() + ": output.weight has " + std::to_string(n_draft) + " rows but no d2t maps them to the target's " +
+                  std::to_string(n_vocab) + " ids");
+    for (int64_t i = 0; i < n_draft; ++i) d2t_[size_t(i)] = static_cast<int32_t>(i);
+    return;
+  }
+  if (d2t->type != static_cast<GgmlType>(27) || d2t->ne.size() != 1 || d2t->ne[0] != n_draft)
+    throw Error(f.name() + ": d2t must be I64 [" + std::to_string(n_draft) + "] (one target id per output.weight row), found " +
+                type_name(static_cast<uint32_t>(d2t->type)) + " of " + std::to_string(d2t->n_elements()) + " elements");
+  std::vector<uint8_t> seen(size_t(n_vocab), 0);
+  for (int64_t i = 0; i < n_draft; ++i) {
+    int64_t id = 0;
+    std::memcpy(&id, d2t->data + 8 * i, 8);
+    if (id < 0 || id >= n_vocab)
+      throw Error(f.name() + ": d2t[" + std::to_string(i) + "] is target id " + std::to_string(id) +
+                  ", outside the target's vocabulary of " + std::to_string(n_vocab) +
+                  " (llama.cpp stores absolute ids: offsets + row index)");
+    if (seen[size_t(id)]++) throw Error(f.name() + ": d2t maps two rows to target id " + std::to_string(id));
+    d2t_[size_t(i)] = static_cast<int32_t>(id);
+  }
+}
+
+void Eagle3Head::own_logits(const float* normed, int32_t n, const int32_t* rows, int32_t n_rows, float* logits) {
+  matmul_rows(mm_, output_, rows, n_rows, normed, n, logits, n_rows);
 }
 
 void Eagle3Head::rms_norm(const float* x, const float* w, int32_t n, int32_t dim, float* y) const {
@@ -161,7 +216,8 @@ void Eagle3Head::rope(float* x, int32_t n, int32_t n_heads, const int32_t* posit
   for (int32_t t = 0; t < n; ++t) {
     float theta = static_cast<float>(positions[t]);
     for (int32_t j = 0; j < half; ++j, theta *= theta_scale) {
-      const float cs = std::cos(theta), sn = std::sin(theta);
+      const float angle = rope_freqs_ ? theta / rope_freqs_[j] : theta;
+      const float cs = std::cos(angle), sn = std::sin(angle);
       for (int32_t h = 0; h < n_heads; ++h) {
         float* xh = x + (size_t(t) * n_heads + h) * hd;
         const float a = xh[2 * j], b = xh[2 * j + 1];
@@ -222,6 +278,17 @@ void Eagle3Head::attention(const Batch& batch, KVCache& kv, const float* q, cons
 
 void Eagle3Head::fuse(const float* features, int32_t n, float* fused) {
   if (n > n_batch_) throw Error("draft head: " + std::to_string(n) + " rows exceed its batch size");
+  if (config_.arch == HeadArch::Eagle2) {
+    for (int32_t r = 0; r < n; ++r) {  // the target's final norm, with the target's epsilon
+      const float* xr = features + size_t(r) * config_.n_embd;
+      float* yr = fused + size_t(r) * config_.n_embd;
+      double ss = 0.0;
+      for (int32_t i = 0; i < config_.n_embd; ++i) ss += double(xr[i]) * xr[i];
+      const float scale = 1.0f / std::sqrt(float(ss / config_.n_embd) + target_.config().rms_eps);
+      for (int32_t i = 0; i < config_.n_embd; ++i) yr[i] = xr[i] * scale * target_norm_[i];
+    }
+    return;
+  }
   const float* in = features;
   if (config_.norm_before_fc) {
     rms_norm(features, fc_norm_, n, config_.n_features(), act_.features.data());
@@ -256,25 +323,37 @@ void Eagle3Head::forward(const Batch& batch, const float* g, KVCache& kv, float*
   for (int32_t i = 0; i < n; ++i)
     dequantize_row(token_embd_.type, token_embd_.data + size_t(batch.tokens[i]) * token_embd_.row_stride,
                    embd + size_t(i) * H, H);
-  rms_norm(g, hidden_norm_, n, H, gn);
-  for (int32_t i = 0; i < n; ++i) {
-    rms_norm(embd + size_t(i) * H, embd_norm_, 1, H, x + size_t(i) * 2 * H);
-    std::copy_n(gn + size_t(i) * H, H, x + size_t(i) * 2 * H + H);
+  if (c.arch == HeadArch::Eagle3) {  // [attn_norm(embd) ; attn_norm_2(g)]
+    rms_norm(g, hidden_norm_, n, H, gn);
+    for (int32_t i = 0; i < n; ++i) {
+      rms_norm(embd + size_t(i) * H, embd_norm_, 1, H, x + size_t(i) * 2 * H);
+      std::copy_n(gn + size_t(i) * H, H, x + size_t(i) * 2 * H + H);
+    }
+  } else {  // EAGLE-2: gn = fc([embd ; g]) + bias, the layer's input and residual
+    for (int32_t i = 0; i < n; ++i) {
+      std::copy_n(embd + size_t(i) * H, H, x + size_t(i) * 2 * H);
+      std::copy_n(g + size_t(i) * H, H, x + size_t(i) * 2 * H + H);
+    }
+    matmul(mm_, fc_, x, n, gn, fc_.rows);
+    if (fc_bias_)
+      for (int32_t i = 0; i < n; ++i)
+        for (int32_t j = 0; j < H; ++j) gn[size_t(i) * H + j] += fc_bias_[j];
   }
+  const float* attn_in = c.arch == HeadArch::Eagle3 ? x : gn;  // [n][attn_input()]
 
   // Attention block, its residual the raw g (or its norm with norm_before_residual).
   float* q = act_.q.data();        // [n][n_head][head_dim]
   float* k = act_.k.data();        // [n][n_head_kv][head_dim]
   float* v = act_.v.data();        // [n][n_head_kv][head_dim]
   float* attn = act_.attn.data();  // [n][q_dim]
-  matmul(mm_, wq_, x, n, q, wq_.rows);
-  matmul(mm_, wk_, x, n, k, wk_.rows);
-  matmul(mm_, wv_, x, n, v, wv_.rows);
+  matmul(mm_, wq_, attn_in, n, q, wq_.rows);
+  matmul(mm_, wk_, attn_in, n, k, wk_.rows);
+  matmul(mm_, wv_, attn_in, n, v, wv_.rows);
   rope(q, n, c.n_head, batch.positions.data());
   rope(k, n, c.n_head_kv, batch.positions.data());
   attention(batch, kv, q, k, v, attn);
   matmul(mm_, wo_, attn, n, prenorm, wo_.rows);
-  const float* residual = c.norm_before_residual ? gn : g;
+  const float* residual = c.arch == HeadArch::Eagle2 ? gn : c.norm_before_residual ? gn : g;
   for (size_t j = 0; j < size_t(n) * H; ++j) prenorm[j] += residual[j];
 
   // Feed-forward block (SiLU-gated), added onto the stream in prenorm.
@@ -288,7 +367,10 @@ void Eagle3Head::forward(const Batch& batch, const float* g, KVCache& kv, float*
   matmul(mm_, w_down_, gate, n, embd, w_down_.rows);  // embd is free again: the FFN output
   for (size_t j = 0; j < size_t(n) * H; ++j) prenorm[j] += embd[j];
 
-  rms_norm(prenorm, output_norm_, n, H, normed);
+  if (c.arch == HeadArch::Eagle3)
+    rms_norm(prenorm, output_norm_, n, H, normed);
+  else
+    std::copy_n(prenorm, size_t(n) * H, normed);  // EAGLE-2 has no final norm
 }
 
 }  // namespace microspec

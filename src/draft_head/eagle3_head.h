@@ -15,10 +15,19 @@
 //   blk.0.ffn_norm, ffn_gate/ffn_up [H cols][n_ff rows], ffn_down [n_ff cols][H rows]
 //   output_norm.weight      [H]
 //   token_embd.weight       optional own embeddings [H cols][n_vocab rows]; else the target's
-//   output.weight, d2t      an own (reduced) LM head with d2t = absolute target ids per draft row
-//                           (the converter adds the HF offsets to the row index): refused here,
-//                           because this head scores the target's own LM head rows through a
-//                           DraftVocabulary (full/freq/dynamic/hybrid apply unchanged).
+//   output.weight           optional own LM head [H cols][n_draft rows] (every published EAGLE-3
+//                           head has one, over a reduced draft vocabulary)
+//   d2t                     I64 [n_draft]: the target id of each own LM-head row, absolute (llama.cpp's
+//                           converter adds the Hugging Face offsets to the row index); absent: the
+//                           own head covers the target's whole vocabulary in id order
+//   rope_freqs.weight       optional [head_dim / 2] frequency divisors (Llama 3 rope scaling)
+//
+// Scoring (HeadDrafter): without an own LM head, the target's LM head rows through the
+// DraftVocabulary, so full/freq/dynamic/hybrid apply unchanged. With one, the head scores its own
+// rows: those whose target id (d2t) the draft vocabulary holds (full: every own row; freq /
+// dynamic / hybrid: the active set intersected with the head's vocabulary, gathered from the own
+// rows in the vocabulary's order) and proposes their target ids. Verification is the target's,
+// so greedy output stays exactly plain decoding's whatever the head scores.
 //
 // One row's forward (llama.cpp's graph, NORM RoPE, attention scale 1/sqrt(head_dim)):
 //   g  = fc(features) (level 1) or the previous level's prenorm output (deeper levels)
@@ -27,6 +36,19 @@
 //   h  = r + Wdown(silu(Wgate ffn_norm(r)) * Wup ffn_norm(r))               (prenorm output)
 //   logits = target LM head (output_norm(h))
 // The row at position i pairs the target's features at position i with the token at i + 1.
+//
+// EAGLE-2 heads (arch "eagle2", ours; converted from SafeAILab/EAGLE's cnets1.py checkpoints by
+// checkpoint/eagle_checkpoint.h): the same keys under "eagle2." (no target_layers: the one
+// feature is the target's last hidden state after its final norm, captured as the stream after
+// its last layer and normed here with the target's output_norm), tensors
+//   fc.weight [2H cols][H rows], fc.bias [H] (optional), blk.0.attn_{q,k,v} [H cols], attn_output,
+//   blk.0.ffn_norm, ffn_gate/up/down, optional token_embd, optional rope_freqs.
+// One row's forward:
+//   g  = output_norm_target(target's last stream) (level 1) or the previous level's output
+//   x  = fc([embed(token) ; g]) + fc.bias                                      (no input norm)
+//   r  = Wo attention(rope(Wq x), rope(Wk x), Wv x) + x
+//   h  = r + Wdown(silu(Wgate ffn_norm(r)) * Wup ffn_norm(r))      (fed back as is: no final norm)
+//   logits = LM head (h)
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -40,7 +62,10 @@ namespace microspec {
 
 class GgufFile;
 
+enum class HeadArch { Eagle3, Eagle2 };
+
 struct Eagle3Config {
+  HeadArch arch = HeadArch::Eagle3;
   int32_t n_embd = 0;  // H, equal to the target's
   int32_t n_head = 0;
   int32_t n_head_kv = 0;
@@ -52,6 +77,8 @@ struct Eagle3Config {
   int32_t target_hidden = 0;           // H_t
   bool norm_before_residual = false;
   bool norm_before_fc = false;
+  int32_t n_draft_vocab = 0;           // rows of the own LM head; 0: the target's LM head is used
+  int32_t attn_input() const { return arch == HeadArch::Eagle3 ? 2 * n_embd : n_embd; }
   int32_t q_dim() const { return n_head * head_dim; }
   int32_t kv_dim() const { return n_head_kv * head_dim; }
   int32_t n_features() const { return static_cast<int32_t>(target_layers.size()) * target_hidden; }
@@ -70,8 +97,13 @@ class Eagle3Head {
   int32_t n_batch() const { return n_batch_; }
   KVCache make_cache(int32_t n_ctx) const { return KVCache(1, n_ctx, config_.kv_dim()); }
 
-  // fused ([n][H]) = fc(features), features [n][3][H_t] as ForwardOutput::layer_inputs holds them.
+  // fused ([n][H]) = the level-1 hidden input from the target's features ([n][n_features()] as
+  // ForwardOutput::layer_inputs holds them): EAGLE-3 fc(features), EAGLE-2 the target's final norm.
   void fuse(const float* features, int32_t n, float* fused);
+  // The own LM head (config().n_draft_vocab > 0): logits ([n][n_rows]) of own rows `rows` for
+  // normed ([n][H]), and each own row's target id ([n_draft_vocab]).
+  void own_logits(const float* normed, int32_t n, const int32_t* rows, int32_t n_rows, float* logits);
+  const std::vector<int32_t>& draft_to_target() const { return d2t_; }
   // The decoder layer on batch's tokens at its positions and parents (as Model::forward takes
   // them; output_rows is ignored: every row is computed), with g ([n][H]) each row's hidden input.
   // Writes the rows' keys and values into kv's pending slots from batch.start. prenorm ([n][H]):
@@ -81,6 +113,7 @@ class Eagle3Head {
 
  private:
   void load_weights();
+  void load_own_lm_head();
   void rms_norm(const float* x, const float* w, int32_t n, int32_t dim, float* y) const;
   void rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions) const;
   void attention(const Batch& batch, KVCache& kv, const float* q, const float* k, const float* v, float* out);
@@ -92,7 +125,12 @@ class Eagle3Head {
   MatmulContext mm_;
 
   // Weights: views into the mapped file (token_embd_ and the LM head may be the target's).
-  QMatrix fc_;                           // [H rows][3*H_t]
+  QMatrix fc_;                           // [H rows][3*H_t] (EAGLE-2: [H rows][2H])
+  const float* fc_bias_ = nullptr;       // [H] EAGLE-2 only, optional
+  const float* rope_freqs_ = nullptr;    // [head_dim / 2] optional frequency divisors
+  const float* target_norm_ = nullptr;   // [H] EAGLE-2: the target's output_norm
+  QMatrix output_;                       // [n_draft rows][H] own LM head (n_draft_vocab > 0)
+  std::vector<int32_t> d2t_;             // [n_draft] target id of each own row
   const float* fc_norm_ = nullptr;       // [3*H_t] (norm_before_fc only)
   QMatrix token_embd_;                   // [n_vocab rows][H]
   const float* embd_norm_ = nullptr;     // [H] attn_norm

@@ -1,6 +1,7 @@
 #include "draft_head/head_drafter.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <string>
 
@@ -19,6 +20,41 @@ HeadDrafter::HeadDrafter(std::unique_ptr<Eagle3Head> head, Model& target, int32_
   prenorm_.assign(rows * H, 0.0f);
   normed_.assign(rows * H, 0.0f);
   root_features_.assign(size_t(feature_size_), 0.0f);
+  const std::vector<int32_t>& d2t = head_->draft_to_target();
+  if (!d2t.empty()) {
+    own_row_of_.assign(size_t(target.config().n_vocab), -1);
+    for (size_t r = 0; r < d2t.size(); ++r) own_row_of_[size_t(d2t[r])] = static_cast<int32_t>(r);
+    own_rows_.reserve(d2t.size());
+    own_ids_.reserve(d2t.size());
+  }
+}
+
+void HeadDrafter::select_own_rows() {
+  own_rows_.clear();
+  own_ids_.clear();
+  const std::vector<int32_t>& d2t = head_->draft_to_target();
+  if (!vocab_.ids()) {  // the full vocabulary: every own row
+    for (size_t r = 0; r < d2t.size(); ++r) own_rows_.push_back(static_cast<int32_t>(r));
+    own_ids_ = d2t;
+    return;
+  }
+  for (int32_t j = 0; j < vocab_.size(); ++j) {
+    const int32_t id = vocab_.token(j), r = own_row_of_[size_t(id)];
+    if (r >= 0) {
+      own_rows_.push_back(r);
+      own_ids_.push_back(id);
+    }
+  }
+}
+
+void HeadDrafter::score_own_rows(int32_t rows, int32_t k, DraftSampling* sampling, Proposal* out) {
+  const int32_t V = static_cast<int32_t>(own_rows_.size());
+  logits_.resize(size_t(rows) * V);
+  const auto t0 = std::chrono::steady_clock::now();
+  head_->own_logits(normed_.data(), rows, own_rows_.data(), V, logits_.data());
+  lm_head_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int32_t r = 0; r < rows; ++r)
+    pick_children(logits_.data() + size_t(r) * V, V, own_ids_.data(), k, sampling, r, out + size_t(r) * k);
 }
 
 void HeadDrafter::target_features(const float* features, int32_t rows) {
@@ -78,6 +114,10 @@ void HeadDrafter::propose(int32_t root, int32_t position, const TreeParams& para
   slot_of_.clear();
   // An empty draft vocabulary has nothing to propose: the step verifies the root alone.
   if (vocab_.size() == 0) return;
+  if (head_->config().n_draft_vocab) {
+    select_own_rows();
+    if (own_rows_.empty()) return;  // none of the active ids is in the head's vocabulary
+  }
   builder_.build(params, *this, tree, sampling);
 }
 
@@ -112,7 +152,10 @@ void HeadDrafter::expand(std::span<const int32_t> frontier, std::span<const Tree
   next_slot_ = batch_.start + rows;
   if (slot_hidden_.size() < size_t(next_slot_) * H) slot_hidden_.resize(size_t(next_slot_) * H);
   std::copy_n(prenorm_.data(), size_t(rows) * H, slot_hidden_.data() + size_t(batch_.start) * H);
-  score_and_pick(vocab_, target_, normed_.data(), rows, k, sampling, logits_, lm_head_seconds_, out);
+  if (head_->config().n_draft_vocab)
+    score_own_rows(rows, k, sampling, out);
+  else
+    score_and_pick(vocab_, target_, normed_.data(), rows, k, sampling, logits_, lm_head_seconds_, out);
 }
 
 void HeadDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,

@@ -4,7 +4,9 @@
 // the head's first level; deeper levels feed the head its own previous output, as EAGLE does. The
 // head keeps its own KV cache: one row per committed position i (the target's features at i with
 // the token at i + 1), then the draft tree in the pending region. Logits come from the target's LM
-// head rows through a DraftVocabulary, so full/freq/dynamic/hybrid apply unchanged.
+// head rows through a DraftVocabulary, so full/freq/dynamic/hybrid apply unchanged; a head with
+// its own (reduced) LM head scores its own rows whose target ids the vocabulary holds (see
+// eagle3_head.h: the active set intersected with the head's vocabulary).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -34,7 +36,9 @@ class HeadDrafter final : public Drafter, private TreeExpander {
                 const float* verify_logits) override;
   bool fits(const TreeParams& params, int32_t room) const override;
   double lm_head_seconds() const override { return lm_head_seconds_; }
-  int32_t active_vocab_size() const override { return vocab_.size(); }
+  int32_t active_vocab_size() const override {
+    return head_->config().n_draft_vocab ? static_cast<int32_t>(own_rows_.size()) : vocab_.size();
+  }
   const Eagle3Head& head() const { return *head_; }
 
  private:
@@ -44,6 +48,9 @@ class HeadDrafter final : public Drafter, private TreeExpander {
   // head and commits them: they hold the target's own features, so they never change.
   void run_committed(std::span<const int32_t> tokens, const float* features);
   const float* feature_row(int32_t row) const;  // row of the last target_features() call
+  // Own LM head: this step's rows, the vocabulary's active ids that the head has, in its order.
+  void select_own_rows();
+  void score_own_rows(int32_t rows, int32_t k, DraftSampling* sampling, Proposal* out);
 
   std::unique_ptr<Eagle3Head> head_;
   Model& target_;
@@ -71,6 +78,9 @@ class HeadDrafter final : public Drafter, private TreeExpander {
   std::vector<float> prenorm_;         // [n_batch][H]
   std::vector<float> normed_;          // [n_batch][H]
   std::vector<float> logits_;          // [rows][vocab size] draft logits of one expansion
+  std::vector<int32_t> own_row_of_;    // [target n_vocab] own LM-head row of a target id, -1 if none
+  std::vector<int32_t> own_rows_;      // [<= n_draft] own rows scored this step
+  std::vector<int32_t> own_ids_;       // [<= n_draft] their target ids
   double lm_head_seconds_ = 0.0;
 };
 

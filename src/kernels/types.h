@@ -29,7 +29,7 @@ struct TypeTraits {
   const char* name;
   int64_t block_elems;  // elements per block (1 for plain float types)
   size_t block_bytes;   // bytes per block
-  bool supported;       // whether microspec has kernels for it
+  bool supported;       // whether microspec reads it: kernels for weight types; I32/I64 index tensors (d2t)
 };
 
 // Traits of a raw type id from a file; returns nullptr for ids ggml does not define.

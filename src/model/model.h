@@ -149,6 +149,9 @@ class Model {
   const QMatrix& output_matrix() const { return output_; }
   // The token embedding rows as stored ([n_vocab rows][n_embd], before any embed_scale).
   const QMatrix& embedding_matrix() const { return token_embd_; }
+  // The final norm's weights ([n_embd]), applied as rms_norm before the LM head (an EAGLE-2 head
+  // reads the target's last hidden state after it).
+  const float* output_norm_weights() const { return output_norm_; }
   ModelTimings& timings() { return timings_; }
 
  protected:

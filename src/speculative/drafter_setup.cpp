@@ -93,9 +93,11 @@ void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile
       throw Error("--spec " + std::string(name_of(config.mode)) + " needs --draft-head FILE (no head at " + path + ")");
     // The head runs on the target's thread pool and kernel table, rows up to the target's batch size.
     auto head = std::make_unique<Eagle3Head>(GgufFile::open(path), target, target.n_batch());
+    const Eagle3Config& hc = head->config();
+    b.describe = std::string(hc.arch == HeadArch::Eagle3 ? "EAGLE-3" : "EAGLE-2") + " head " + path +
+                 (hc.n_draft_vocab ? " (own LM head, " + std::to_string(hc.n_draft_vocab) + " rows)" : "");
     b.drafter = std::make_unique<HeadDrafter>(std::move(head), target, gen.cache().n_ctx(),
                                               make_vocabulary(config, target_file.name(), target, tokenizer, &vocab));
-    b.describe = "EAGLE-3 head " + path;
   } else if (mode == SpecMode::Draft) {
     b.file = open_model_file(config.draft_model);  // a GGUF file or a Hugging Face folder
     check_same_vocabulary(target_file, *b.file);
