@@ -132,6 +132,49 @@ TEST(PytorchCheckpoint, EveryTruncationAndCorruptionIsAnError) {
             std::string::npos);
 }
 
+// One stored entry in a zip64 archive: sizes and the local header's offset in the zip64 extra
+// field, the entry count and directory place in the zip64 end record (what a > 4 GB torch.save
+// archive holds). flags: the entry's general-purpose flags (bit 0: encrypted).
+std::vector<uint8_t> zip64_archive(const std::string& name, const std::string& data, uint16_t flags = 0) {
+  std::vector<uint8_t> z;
+  auto put = [&](uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) z.push_back(uint8_t(v >> (8 * i)));
+  };
+  const uint32_t crc = ZipArchive::crc32(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()), data.size()));
+  put(0x04034b50, 4), put(45, 2), put(flags, 2), put(0, 2), put(0, 4), put(crc, 4);
+  put(0xFFFFFFFF, 4), put(0xFFFFFFFF, 4), put(name.size(), 2), put(20, 2);
+  z.insert(z.end(), name.begin(), name.end());
+  put(1, 2), put(16, 2), put(data.size(), 8), put(data.size(), 8);
+  z.insert(z.end(), data.begin(), data.end());
+  const uint64_t cd = z.size();
+  put(0x02014b50, 4), put(45, 2), put(45, 2), put(flags, 2), put(0, 2), put(0, 4), put(crc, 4);
+  put(0xFFFFFFFF, 4), put(0xFFFFFFFF, 4), put(name.size(), 2), put(28, 2), put(0, 2), put(0, 2), put(0, 2), put(0, 4);
+  put(0xFFFFFFFF, 4);
+  z.insert(z.end(), name.begin(), name.end());
+  put(1, 2), put(24, 2), put(data.size(), 8), put(data.size(), 8), put(0, 8);
+  const uint64_t cd_size = z.size() - cd, end64 = z.size();
+  put(0x06064b50, 4), put(44, 8), put(45, 2), put(45, 2), put(0, 4), put(0, 4), put(1, 8), put(1, 8), put(cd_size, 8),
+      put(cd, 8);
+  put(0x07064b50, 4), put(0, 4), put(end64, 8), put(1, 4);
+  put(0x06054b50, 4), put(0, 2), put(0, 2), put(0xFFFF, 2), put(0xFFFF, 2), put(0xFFFFFFFF, 4), put(0xFFFFFFFF, 4), put(0, 2);
+  return z;
+}
+
+TEST(ZipReader, ReadsZip64AndRefusesEncryptedEntries) {
+  const std::vector<uint8_t> z = zip64_archive("archive/data/0", "hello zip64");
+  const ZipArchive zip(z.data(), z.size(), "big.bin");
+  ASSERT_EQ(zip.entries().size(), 1u);
+  EXPECT_EQ(zip.entries()[0].name, "archive/data/0");
+  EXPECT_EQ(std::string(zip.entries()[0].data.begin(), zip.entries()[0].data.end()), "hello zip64");
+  EXPECT_TRUE(ZipArchive::crc_ok(zip.entries()[0]));
+  const std::vector<uint8_t> enc = zip64_archive("archive/data.pkl", "x", 1);
+  EXPECT_NE(error_of([&] { ZipArchive(enc.data(), enc.size(), "enc.bin"); })
+                .find("enc.bin: entry 'archive/data.pkl': encrypted entries are not supported"),
+            std::string::npos);
+  for (size_t n = 0; n < z.size(); ++n)
+    EXPECT_EQ(error_of([&] { ZipArchive(z.data(), n, "cut.bin"); }).rfind("cut.bin: ", 0), 0u) << n;
+}
+
 TEST(Unpickler, MalformedPicklesGiveClearErrors) {
   auto err = [](std::vector<uint8_t> p) {
     return error_of([&] { unpickle_state_dict(p, "p"); });
