@@ -293,7 +293,8 @@ def main():
              f"{args.requests} requests per client per round; {args.repeats} rounds; "
              f"{'streaming' if args.stream else 'not streaming'}", "",
              "ratios: engine / llama-server at the same client count (tok/s: higher is better; TTFT p95 and "
-             "ITL p50: lower is better)", "",
+             "ITL p50: lower is better)" if "llama-server" in results else "no llama-server in this run: no ratios",
+             "",
              "| engine | clients | aggregate tok/s | tok/s ratio | TTFT p50 / p95 (ms) | TTFT p95 ratio "
              "| ITL p50 / p95 (ms) | ITL p50 ratio |",
              "|---|---|---|---|---|---|---|---|"]

@@ -17,21 +17,24 @@ namespace {
 
 using test::error_of;
 
+template <typename T>
+void append(std::vector<uint8_t>& v, T x);
+void append(std::vector<uint8_t>& v, const std::string& s) { v.insert(v.end(), s.begin(), s.end()); }
+
 // A safetensors file: 8-byte little-endian header length, the header, then `data`.
 std::vector<uint8_t> safetensors_bytes(const std::string& header, const std::vector<uint8_t>& data) {
-  std::vector<uint8_t> out(8);
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out[i] = uint8_t(n >> (8 * i));
-  out.insert(out.end(), header.begin(), header.end());
+  std::vector<uint8_t> out;
+  append(out, uint64_t(header.size()));
+  append(out, header);
   out.insert(out.end(), data.begin(), data.end());
   return out;
 }
 
 template <typename T>
 void append(std::vector<uint8_t>& v, T x) {
-  uint8_t b[sizeof(T)];
-  std::memcpy(b, &x, sizeof(T));
-  v.insert(v.end(), b, b + sizeof(T));
+  const size_t at = v.size();
+  v.resize(at + sizeof(T));
+  std::memcpy(v.data() + at, &x, sizeof(T));
 }
 
 std::string parse_error(const std::string& header, const std::vector<uint8_t>& data) {

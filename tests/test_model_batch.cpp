@@ -1,6 +1,7 @@
 // Multi-sequence forward calls on the real models: a call that mixes several sequences (their
-// prefills in chunks, their draft trees) must give each sequence exactly, bit for bit, the hidden
-// states and logits it gets when it runs alone. Gemma's sequence runs past the sliding window
+// prefills in chunks, their draft trees, with or without leading rows resumed after the first
+// layers) must give each sequence exactly, bit for bit, the hidden states and logits it gets when
+// it runs alone. Gemma's sequence runs past the sliding window
 // (512 positions), so its local layers mask inside a mixed call too.
 #include <gtest/gtest.h>
 
@@ -64,6 +65,9 @@ struct SeqResult {
   std::vector<float> prefill_logits;  // [n_vocab] last prefix position
   std::vector<float> tree_hidden;     // [tree][n_embd]
   std::vector<float> tree_logits;     // [tree][n_vocab]
+  // The tree again, its leading rows run through the first layers beforehand (as a self-drafter
+  // runs them) and resumed in the mixed call (SequenceForward::resumed_rows).
+  std::vector<float> resumed_tree_logits;  // [tree][n_vocab]
 };
 
 // The sequence alone: its prefix in chunks of `chunk` tokens, then its tree.
@@ -131,6 +135,27 @@ std::vector<SeqResult> run_together(Model& model, const std::vector<SeqCase>& ca
     results[s].tree_hidden = outs[s].hidden;
     results[s].tree_logits = outs[s].logits;
   }
+  // The same trees (nothing was committed: the pending slots are written again), now with the
+  // leading rows of each sequence run through the first layers on their own first: all rows of
+  // sequence 0, half of sequence 1's, none of the others'.
+  const int32_t layer = model.config().n_layer / 2;
+  std::vector<Batch> lead(S);
+  std::vector<ForwardOutput> lead_out(S);
+  for (size_t s = 0; s < S; ++s) {
+    const int32_t n = batches[s].size(), r = s == 0 ? n : s == 1 ? n / 2 : 0;
+    if (r > 0) {
+      lead[s].tokens.assign(batches[s].tokens.begin(), batches[s].tokens.begin() + r);
+      lead[s].positions.assign(batches[s].positions.begin(), batches[s].positions.begin() + r);
+      lead[s].parents.assign(batches[s].parents.begin(), batches[s].parents.begin() + r);
+      for (int32_t i = 0; i < r; ++i) lead[s].output_rows.push_back(i);
+      model.forward(lead[s], kvs[s], lead_out[s], {.end_layer = layer});
+      call[s].resumed_rows = r;
+      call[s].resumed_layer = layer;
+      call[s].resumed = lead_out[s].residual.data();
+    }
+  }
+  model.forward(call, {.logits = true});
+  for (size_t s = 0; s < S; ++s) results[s].resumed_tree_logits = outs[s].logits;
   return results;
 }
 
@@ -155,6 +180,8 @@ void check_mixed_batch(const std::string& path, int32_t long_prefix) {
     EXPECT_TRUE(bitwise_equal(alone.prefill_logits, together[s].prefill_logits)) << "prefill of sequence " << s;
     EXPECT_TRUE(bitwise_equal(alone.tree_hidden, together[s].tree_hidden)) << "tree hidden of sequence " << s;
     EXPECT_TRUE(bitwise_equal(alone.tree_logits, together[s].tree_logits)) << "tree logits of sequence " << s;
+    EXPECT_TRUE(bitwise_equal(alone.tree_logits, together[s].resumed_tree_logits))
+        << "tree logits of sequence " << s << " with resumed rows";
   }
 }
 
@@ -200,6 +227,20 @@ TEST(ModelBatch, RefusesSharedCacheAndOversizedCall) {
   EXPECT_NE(test::error_of([&] { model->forward(shared, {}); }).find("share a KV cache"), std::string::npos);
   std::vector<SequenceForward> big = {{.batch = &a, .kv = &kv, .out = &oa}, {.batch = &b, .kv = &kv2, .out = &ob}};
   EXPECT_NE(test::error_of([&] { model->forward(big, {}); }).find("exceeds n_batch"), std::string::npos);
+  // Resumed rows: one layer for the whole call, no more rows than the sequence has, from layer 0.
+  std::vector<float> streams(size_t(3) * model->config().n_embd);
+  Batch c;
+  c.set_sequence(std::vector<int32_t>{4, 5, 6}, 0, false);
+  std::vector<SequenceForward> uneven = {
+      {.batch = &a, .kv = &kv, .out = &oa, .resumed_rows = 1, .resumed_layer = 1, .resumed = streams.data()},
+      {.batch = &c, .kv = &kv2, .out = &ob, .resumed_rows = 1, .resumed_layer = 2, .resumed = streams.data()}};
+  EXPECT_NE(test::error_of([&] { model->forward(uneven, {}); }).find("different layers"), std::string::npos);
+  uneven[1].resumed_layer = 1;
+  uneven[0].resumed_rows = 4;
+  EXPECT_NE(test::error_of([&] { model->forward(uneven, {}); }).find("resumed rows 4"), std::string::npos);
+  uneven[0].resumed_rows = 1;
+  EXPECT_NE(test::error_of([&] { model->forward(uneven, {.end_layer = 0}); }).find("past the call"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -95,6 +95,11 @@ Model::Model(const GgufFile& file, const ModelOptions& options)
   act_.positions.assign(B, 0);
   act_.row_seq.assign(B, 0);
   act_.seq_first_row.assign(B, 0);
+  act_.x_fresh.assign(B * d, 0.0f);
+  act_.fresh_positions.assign(B, 0);
+  act_.fresh_row_seq.assign(B, 0);
+  act_.fresh_first_row.assign(B, 0);
+  act_.seq_skip.assign(B, 0);
   q16_.assign(size_t(pool_.size()) * config_.head_dim, 0);
   mm_.reserve(n_batch_, std::max(config_.n_ff, std::max(config_.q_dim(), d)));
 }
@@ -256,7 +261,7 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
   for (int32_t i = 0; i < n; ++i) {
     const int32_t s = rows.row_seq[i];
     const SequenceForward& seq = rows.seqs[s];
-    const int32_t slot = seq.kv->n_past() + seq.batch->start + (i - rows.seq_first_row[s]);
+    const int32_t slot = seq.kv->n_past() + seq.batch->start + rows.local(i);
     f16.round(k + size_t(i) * kvd, seq.kv->k(il, slot), kvd);
     f16.round(v + size_t(i) * kvd, seq.kv->v(il, slot), kvd);
   }
@@ -275,7 +280,7 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
       // Row i is token `local` of its sequence, which attends to its own cache only.
       const SequenceForward& seq = rows.seqs[rows.row_seq[i]];
       const KVCache& kv = *seq.kv;
-      const int32_t local = i - rows.seq_first_row[rows.row_seq[i]];
+      const int32_t local = rows.local(i);
       const int32_t n_past = kv.n_past();
       const int32_t qpos = rows.positions[i];
       if (i != last_query) {
@@ -335,6 +340,12 @@ void Model::check_sequence(const SequenceForward& seq, int32_t first_layer) cons
   const int32_t n = batch.size();
   if (first_layer > 0 && !seq.resume_residual)
     throw Error("forward: starting at a later layer needs the residual streams");
+  if (seq.resumed_rows < 0 || seq.resumed_rows > batch.size() || (seq.resumed_rows > 0 && !seq.resumed))
+    throw Error("forward: resumed rows " + std::to_string(seq.resumed_rows) + " of a sequence of " +
+                std::to_string(batch.size()) + " tokens, or without their streams");
+  if (seq.resumed_rows > 0 && (first_layer > 0 || seq.resumed_layer < 1 || seq.resumed_layer > config_.n_layer))
+    throw Error("forward: resumed rows need a call from layer 0 and a resumed layer in [1, " +
+                std::to_string(config_.n_layer) + "], got " + std::to_string(seq.resumed_layer));
   if (n == 0) throw Error("forward: empty batch");
   if (batch.positions.size() != size_t(n) || batch.parents.size() != size_t(n))
     throw Error("forward: batch positions/parents do not match its tokens");
@@ -370,12 +381,24 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
 
   // The rows of all sequences, one after the other; every check before anything is written.
   int64_t n_total = 0;
+  int32_t resumed_layer = 0;  // of the sequences with resumed rows (0: none has any)
   for (size_t s = 0; s < seqs.size(); ++s) {
     check_sequence(seqs[s], first_layer);
+    if (seqs[s].resumed_rows > 0) {
+      if (resumed_layer != 0 && seqs[s].resumed_layer != resumed_layer)
+        throw Error("forward: the sequences of one call resume at different layers (" +
+                    std::to_string(resumed_layer) + " and " + std::to_string(seqs[s].resumed_layer) + ")");
+      resumed_layer = seqs[s].resumed_layer;
+    }
     for (size_t t = 0; t < s; ++t)
       if (seqs[t].kv == seqs[s].kv) throw Error("forward: two sequences of one call share a KV cache");
     n_total += seqs[s].batch->size();
   }
+  if (resumed_layer > end_layer)
+    throw Error("forward: rows resumed after layer " + std::to_string(resumed_layer) + ", past the call's last layer " +
+                std::to_string(end_layer));
+  if (resumed_layer > 0 && !options.capture_layers.empty() && options.capture_layers.front() < resumed_layer)
+    throw Error("forward: a capture layer before the resumed layer " + std::to_string(resumed_layer));
   if (n_total > n_batch_)
     throw Error("forward: batch of " + std::to_string(n_total) + " tokens exceeds n_batch " +
                 std::to_string(n_batch_));
@@ -419,7 +442,8 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
                          .seqs = seqs,
                          .row_seq = act_.row_seq.data(),
                          .seq_first_row = act_.seq_first_row.data()};
-  run_layers_capturing(rows, first_layer, end_layer, options.capture_layers, x);
+  if (resumed_layer > 0) run_fresh_rows(seqs, resumed_layer, x);
+  run_layers_capturing(rows, std::max(first_layer, resumed_layer), end_layer, options.capture_layers, x);
 
   // Each sequence's output rows: residual and final norm, then one LM head over all of them.
   int32_t n_out_total = 0;
@@ -456,6 +480,40 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
   for (const SequenceForward& seq : seqs) {
     seq.out->logits.assign(head_logits_.data() + size_t(at) * V, head_logits_.data() + size_t(at + seq.out->n_rows) * V);
     at += seq.out->n_rows;
+  }
+}
+
+void Model::run_fresh_rows(std::span<const SequenceForward> seqs, int32_t layer, float* x) {
+  // The fresh rows (every row but the resumed ones), packed, through layers [0, layer).
+  const int32_t d = config_.n_embd;
+  int32_t n_fresh = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int32_t skip = seqs[s].resumed_rows, n_s = seqs[s].batch->size();
+    act_.seq_skip[s] = skip;
+    act_.fresh_first_row[s] = n_fresh;
+    const int32_t first = act_.seq_first_row[s];
+    for (int32_t i = skip; i < n_s; ++i, ++n_fresh) {
+      std::memcpy(act_.x_fresh.data() + size_t(n_fresh) * d, x + size_t(first + i) * d, sizeof(float) * d);
+      act_.fresh_positions[n_fresh] = act_.positions[first + i];
+      act_.fresh_row_seq[n_fresh] = static_cast<int32_t>(s);
+    }
+  }
+  if (n_fresh > 0) {
+    const ForwardRows fresh{.n = n_fresh,
+                            .positions = act_.fresh_positions.data(),
+                            .seqs = seqs,
+                            .row_seq = act_.fresh_row_seq.data(),
+                            .seq_first_row = act_.fresh_first_row.data(),
+                            .seq_skip = act_.seq_skip.data()};
+    run_layers(fresh, 0, layer, act_.x_fresh.data());
+  }
+  // Every row's stream after `layer` layers, in the call's layout: resumed ones, then fresh ones.
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int32_t skip = seqs[s].resumed_rows, n_s = seqs[s].batch->size(), first = act_.seq_first_row[s];
+    if (skip > 0) std::memcpy(x + size_t(first) * d, seqs[s].resumed, sizeof(float) * size_t(skip) * d);
+    if (n_s > skip)
+      std::memcpy(x + size_t(first + skip) * d, act_.x_fresh.data() + size_t(act_.fresh_first_row[s]) * d,
+                  sizeof(float) * size_t(n_s - skip) * d);
   }
 }
 

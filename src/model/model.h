@@ -68,11 +68,21 @@ struct ForwardOutput {
 // One sequence's part of a multi-sequence forward call: its tokens, its own cache (distinct from
 // every other sequence's in the call), where its results go, and, when the call starts at a later
 // layer, the residual streams it resumes from ([batch->size()][n_embd]).
+//
+// A call from the embeddings (first_layer 0) may also take, per sequence, leading rows that already
+// ran the first layers elsewhere: a self-drafter runs the root and tree nodes through the target's
+// first `resumed_layer` layers at the very pending slots verification uses. The call runs every
+// other row of every sequence through layers [0, resumed_layer) first, puts the resumed rows'
+// streams beside them, and then runs all rows on: bitwise what running every row from the
+// embeddings gives (layers are per token), without recomputing the drafter's rows.
 struct SequenceForward {
   const Batch* batch = nullptr;
   KVCache* kv = nullptr;
   ForwardOutput* out = nullptr;
-  const float* resume_residual = nullptr;
+  const float* resume_residual = nullptr;  // [batch->size()][n_embd] when the call starts at a later layer
+  int32_t resumed_rows = 0;                // leading rows that ran layers [0, resumed_layer) already
+  int32_t resumed_layer = 0;               // the same for every sequence of a call that has resumed rows
+  const float* resumed = nullptr;          // [resumed_rows][n_embd] their residual streams after them
 };
 
 // Wall time spent in the LM head since the last reset, for the statistics lines and benchmarks.
@@ -165,8 +175,20 @@ class Model {
     std::span<const SequenceForward> seqs;    // the sequences, rows in this order
     const int32_t* row_seq = nullptr;         // [n] index into seqs of each row
     const int32_t* seq_first_row = nullptr;   // [seqs.size()] first row of each sequence
+    // [seqs.size()] pending index of each sequence's first row relative to its batch's start (the
+    // rows a call skips: resumed rows); null: 0 for all.
+    const int32_t* seq_skip = nullptr;
+    // Row i's pending index in its sequence's batch (from batch->start).
+    int32_t local(int32_t i) const {
+      const int32_t s = row_seq[i];
+      return i - seq_first_row[s] + (seq_skip ? seq_skip[s] : 0);
+    }
   };
   virtual void run_layers(const ForwardRows& rows, int32_t first, int32_t end, float* x) = 0;
+  // Runs the rows that are not resumed (SequenceForward::resumed_rows) of every sequence through
+  // layers [0, layer), the layers the resumed ones already ran, and lays out every row's stream
+  // after them in x ([n][n_embd], the call's row order).
+  void run_fresh_rows(std::span<const SequenceForward> seqs, int32_t layer, float* x);
   // run_layers over [first, end), copying the stream entering each layer of `capture` (see
   // ForwardOptions::capture_layers) for every sequence's output rows into its out->layer_inputs.
   void run_layers_capturing(const ForwardRows& rows, int32_t first, int32_t end, std::span<const int32_t> capture,
@@ -224,6 +246,13 @@ class Model {
     std::vector<int32_t> positions;      // [n_batch] positions of all rows of a call
     std::vector<int32_t> row_seq;        // [n_batch] sequence of each row
     std::vector<int32_t> seq_first_row;  // [n_batch] first row of each sequence (a sequence has >= 1 row)
+    // The rows of a call that are not resumed (SequenceForward::resumed_rows), run through the
+    // first layers on their own: their streams and the same row tables for them.
+    std::vector<float> x_fresh;             // [n_batch][n_embd]
+    std::vector<int32_t> fresh_positions;   // [n_batch]
+    std::vector<int32_t> fresh_row_seq;     // [n_batch]
+    std::vector<int32_t> fresh_first_row;   // [n_batch] first fresh row of each sequence
+    std::vector<int32_t> seq_skip;          // [n_batch] resumed rows of each sequence
   };
 
   ModelConfig config_;

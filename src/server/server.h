@@ -29,7 +29,7 @@ struct ServerOptions {
   int queue = 16;         // requests that may wait for a slot; more get 429
   int threads = 0;        // compute threads of the one shared model; 0 = all cores
   int32_t prefill_chunk = 64;  // most prompt tokens per batched step, over all newcomers
-  int spec_max_batch = 4;      // draft policy (draft_shape): sequences in flight up to which speculative ones draft
+  int spec_max_batch = 2;      // draft policy (draft_shape): sequences in flight up to which speculative ones draft
   int32_t n_ctx = 4096;   // tokens per slot
   int32_t n_batch = 512;  // most tokens one forward pass takes (all sequences of a step together)
   std::string kernels = "auto";

@@ -56,7 +56,6 @@ void Decoder::size_step_buffers() {
                 std::to_string(params_.top_k) + " must fit the batch size " + std::to_string(n_batch) +
                 " (raise -b)");
   out_.logits.reserve(size_t(rows) * model.config().n_vocab);
-  resume_x_.resize(size_t(rows) * model.config().n_embd);
   argmax_.reserve(size_t(rows));
 }
 
@@ -93,9 +92,8 @@ bool Decoder::start(Run& run, const std::vector<int32_t>& prompt, const DecodeOb
 }
 
 bool Decoder::advance(Run& run, const DecodeObserver* observer) {
-  const bool drafted = draft_step(run, params_);
-  set_verify_rows(run.root, run.step_position);
-  verify(drafted ? drafter_->resume_for(tree_) : VerifyResume{}, run.res.stats);
+  draft_step(run, params_);
+  verify(verify_rows(run), run.res.stats);
   return accept_step(run, observer);
 }
 
@@ -137,8 +135,17 @@ bool Decoder::draft_step(Run& run, const TreeParams& shape) {
 
 SequenceForward Decoder::verify_rows(Run& run) {
   set_verify_rows(run.root, run.step_position);
+  SequenceForward rows{.batch = &batch_, .kv = &gen_.cache(), .out = &out_};
+  // A self-drafter ran the leading rows through the target's first layers at these very slots:
+  // the pass resumes them there instead of recomputing them.
+  const VerifyResume resume = run.drafted ? drafter_->resume_for(tree_) : VerifyResume{};
+  if (resume.rows > 0 && resume.layer > 0) {
+    rows.resumed_rows = std::min(resume.rows, batch_.size());
+    rows.resumed_layer = resume.layer;
+    rows.resumed = resume.activations;
+  }
   run.verify_start = Clock::now();
-  return {.batch = &batch_, .kv = &gen_.cache(), .out = &out_};
+  return rows;
 }
 
 ForwardOptions Decoder::verify_options() const {
@@ -147,7 +154,7 @@ ForwardOptions Decoder::verify_options() const {
 }
 
 bool Decoder::accept_step(Run& run, const DecodeObserver* observer) {
-  if (run.verify_start != Clock::time_point{}) {  // verified in the caller's pass (its whole time counts)
+  if (run.verify_start != Clock::time_point{}) {  // the verification pass (a shared one counts whole)
     run.res.stats.verify_seconds += since(run.verify_start);
     run.verify_start = {};
   }
@@ -189,42 +196,11 @@ void Decoder::set_verify_rows(int32_t root, int32_t position) {
   for (int32_t i = 0; i < batch_.size(); ++i) batch_.output_rows.push_back(i);
 }
 
-void Decoder::verify(const VerifyResume& resume, SpecStats& st) {
-  const auto t0 = Clock::now();
+void Decoder::verify(const SequenceForward& rows, SpecStats& st) {
   Model& model = gen_.model();
-  KVCache& kv = gen_.cache();
   const double head0 = model.timings().lm_head_seconds;
-  const int32_t n = batch_.size(), d = model.config().n_embd;
-  // A draft head's features of every verification row come out of the same pass.
-  const std::span<const int32_t> features = drafter_ ? drafter_->feature_layers() : std::span<const int32_t>{};
-  if (resume.rows > 0 && resume.layer > 0) {
-    // The drafter ran the leading rows through the target's first layers at these very slots:
-    // resume them there (bitwise the same result, layers are per token); the rest run those
-    // layers now, and then every row runs the remaining layers together.
-    std::copy_n(resume.activations, size_t(resume.rows) * d, resume_x_.begin());
-    if (resume.rows < n) {
-      tail_.clear();
-      tail_.start = resume.rows;
-      for (int32_t i = resume.rows; i < n; ++i) {
-        tail_.tokens.push_back(batch_.tokens[i]);
-        tail_.positions.push_back(batch_.positions[i]);
-        tail_.parents.push_back(batch_.parents[i]);
-        tail_.output_rows.push_back(i - resume.rows);
-      }
-      model.forward(tail_, kv, tail_out_, {.end_layer = resume.layer});
-      std::copy(tail_out_.residual.begin(), tail_out_.residual.end(),
-                resume_x_.begin() + size_t(resume.rows) * d);
-    }
-    model.forward(batch_, kv, out_,
-                  {.logits = true,
-                   .first_layer = resume.layer,
-                   .resume_residual = resume_x_.data(),
-                   .capture_layers = features});
-  } else {
-    model.forward(batch_, kv, out_, {.logits = true, .capture_layers = features});
-  }
+  model.forward(std::span<const SequenceForward>(&rows, 1), verify_options());
   st.verify_lm_head_seconds += model.timings().lm_head_seconds - head0;
-  st.verify_seconds += since(t0);
 }
 
 void Decoder::accept_and_commit(Sampling& sampling, SpecStats& st) {

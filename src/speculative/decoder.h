@@ -142,8 +142,9 @@ class Decoder {
   //   draft_step   the drafter proposes a tree no larger than `shape` (total_tokens 0, or no
   //                drafter: no tree, the step is a plain decoding step). True when it drafted.
   //   verify_rows  this sequence's part of the caller's forward call: the root at the cache's
-  //                first pending slot, tree node i at slot i + 1, every row's logits asked for.
-  //                Every row runs from the embeddings (bitwise what advance()'s resumed pass gives).
+  //                first pending slot, tree node i at slot i + 1, every row's logits asked for;
+  //                the leading rows a self-drafter already ran through the target's first layers
+  //                resume there (SequenceForward::resumed_rows) instead of being recomputed.
   //   accept_step  accepts the longest agreed path plus the bonus token, commits it, updates the
   //                drafter (its MicroSpec window too) and emits. False once the generation ended.
   bool draft_step(Run& run, const TreeParams& shape);
@@ -164,7 +165,8 @@ class Decoder {
   bool draft(int32_t root, int32_t position, const TreeParams& shape, Sampling& sampling, SpecStats& st);
   // Fills batch_ with the verification rows: the root, then the tree's nodes.
   void set_verify_rows(int32_t root, int32_t position);
-  void verify(const VerifyResume& resume, SpecStats& st);
+  // The verification pass of a sequence alone: its verify_rows in a forward call of their own.
+  void verify(const SequenceForward& rows, SpecStats& st);
   void accept_and_commit(Sampling& sampling, SpecStats& st);
   void update_drafter(int32_t root, SpecStats& st);
   bool emit(int32_t position, TokenSink& sink, const DecodeObserver* observer, SpecResult& res);
@@ -184,9 +186,6 @@ class Decoder {
   std::vector<int32_t> path_;     // accepted node indices
   std::vector<int32_t> emitted_;  // tokens of one step
   std::vector<int32_t> commit_;   // pending slots to commit
-  std::vector<float> resume_x_;   // [1 + tree nodes][n_embd] residuals verification resumes from
-  Batch tail_;                    // verification rows the draft did not run
-  ForwardOutput tail_out_;
   TreeSamplingVerifier verifier_;
   std::vector<int32_t> prompt_top_;  // [prompt][drafter's K_pre] target top ids per prompt position
   std::vector<float> prompt_features_;  // [prompt][drafter's feature layers][n_embd] (a draft head's)
