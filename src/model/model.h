@@ -1,6 +1,7 @@
 #pragma once
 // A loaded model: weights (views into the mapped GGUF file), scratch buffers sized at load, and
-// one forward pass per architecture (gemma3.cpp, llama.cpp) built from the shared blocks.
+// one forward pass per architecture (gemma2.cpp, gemma3.cpp, llama.cpp, phi3.cpp, qwen3.cpp) built
+// from the shared blocks.
 //
 // One forward call may carry several sequences (continuous batching in the server): each brings
 // its own Batch (positions, tree parents, output rows) and its own KVCache. The matmuls run once

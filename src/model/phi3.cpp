@@ -58,13 +58,16 @@ class Phi3Model final : public Model {
     QMatrix w_down;          // [n_embd rows][n_ff]
   };
 
-  // Rotates q and k of each sequence of the call with that sequence's LongRoPE factors.
+  // Rotates q and k of each sequence of the call with that sequence's LongRoPE factors. A
+  // sequence's rows are those from its first row to the next sequence's first row (or the end).
   void rope_per_sequence(int32_t il, const ForwardRows& rows, float* q, float* k) const {
     const ModelConfig& c = config_;
-    for (size_t s = 0; s < rows.seqs.size(); ++s) {
+    const size_t n_seqs = rows.seqs.size();
+    for (size_t s = 0; s < n_seqs; ++s) {
       const bool long_context = rows.seqs[s].kv->n_ctx() > c.rope_orig_context;
       const RopeSpec rot = rope_spec(il, long_context && rope_long_ ? rope_long_ : rope_short_);
-      const int32_t first = rows.seq_first_row[s], count = rows.seqs[s].batch->size();
+      const int32_t first = rows.seq_first_row[s];
+      const int32_t count = (s + 1 < n_seqs ? rows.seq_first_row[s + 1] : rows.n) - first;
       rope(q + size_t(first) * c.q_dim(), count, c.n_head, rows.positions + first, rot);
       rope(k + size_t(first) * c.kv_dim(), count, c.n_head_kv, rows.positions + first, rot);
     }
