@@ -22,8 +22,11 @@ GOLDEN = REPO / "tests" / "golden"
 
 
 def main():
+    args = sys.argv[1:]
+    mode = "stale" if "--stale" in args else "all"
+    args = [a for a in args if a != "--stale"]
     cmd = [sys.executable, "-m", "pytest", "-q", str(REPO / "tests" / "python" /
-           "test_model_conformance.py"), "--write-goldens", *sys.argv[1:]]
+           "test_model_conformance.py"), f"--write-goldens={mode}", *args]
     print(" ".join(cmd), flush=True)
     rc = subprocess.run(cmd, cwd=REPO).returncode
     files = sorted(GOLDEN.glob("*.npz"))

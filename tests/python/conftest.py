@@ -32,9 +32,10 @@ def result_cache(request):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--write-goldens", action="store_true", default=False,
-                     help="compute every golden entry (llama.cpp's and the float64 reference's results) afresh "
-                          "and write it to tests/golden/; scripts/make_goldens.py runs this")
+    parser.addoption("--write-goldens", nargs="?", const="all", default=None, choices=["all", "stale"],
+                     help="compute golden entries (llama.cpp's and the float64 reference's results) and write "
+                          "them to tests/golden/: all of them afresh (all, the default), or only those whose "
+                          "committed file is missing or stale (stale); scripts/make_goldens.py runs this")
 
 
 def pytest_configure(config):

@@ -47,8 +47,10 @@ class ResultCache:
     """get() answers from, in order: the committed goldens (golden entries only), pytest's cache
     directory, a fresh computation. A golden entry that had to be computed is named in
     `recomputed_goldens` (with the committed files of its kind, now stale), which conftest.py
-    prints in the run's summary. With `write_goldens` (scripts/make_goldens.py) every golden entry
-    is computed afresh and written to the golden directory, replacing its kind's older files."""
+    prints in the run's summary. With `write_goldens` "all" (or True; scripts/make_goldens.py) every golden entry
+    is computed afresh and written to the golden directory, replacing its kind's older files; with
+    "stale" (scripts/make_goldens.py --stale) only the entries whose committed file is missing or
+    stale are (from pytest's cache when it has them), and current files are read as usual."""
 
     def __init__(self, directory, golden_dir=None, write_goldens=False):
         self.dir = pathlib.Path(directory)
@@ -80,18 +82,20 @@ class ResultCache:
         """The arrays `compute()` returns (a dict name -> array), from disk when `key` (a JSON-able
         dict) was computed before. A golden entry is first looked up in the golden directory."""
         name = self._name(kind, key)
-        if golden and not self.write_goldens:
+        rewrite = golden and self.write_goldens in (True, "all")
+        if golden and not rewrite:
             path = self.golden_dir / name
             if path.exists():
                 value = self._load(path)
                 if str(value.pop("key", "")) == json.dumps(key, sort_keys=True):
                     self.golden_hits += 1
                     return value
-            stale = sorted(p.name for p in self.golden_dir.glob(f"{kind}-*.npz"))
-            self.recomputed_goldens.append(
-                f"{kind} (key changed; stale: {', '.join(stale)})" if stale else f"{kind} (no committed file)")
+            if not self.write_goldens:
+                stale = sorted(p.name for p in self.golden_dir.glob(f"{kind}-*.npz"))
+                self.recomputed_goldens.append(
+                    f"{kind} (key changed; stale: {', '.join(stale)})" if stale else f"{kind} (no committed file)")
         path = self.dir / name
-        if path.exists() and not (golden and self.write_goldens):
+        if path.exists() and not rewrite:
             self.hits += 1
             value = self._load(path)
         else:

@@ -63,6 +63,27 @@ def test_a_committed_golden_is_read_and_a_changed_key_is_recomputed_and_named(tm
     assert [p.name for p in golden.glob("*.npz")] == writer.written_goldens and name not in writer.written_goldens
 
 
+def test_writing_only_stale_goldens_keeps_current_files(tmp_path):
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    ResultCache(tmp_path / "w", golden_dir=golden, write_goldens="all").get(
+        "peer-x", {"model": "a"}, counting([1])[0], golden=True)
+    (current,) = [p.name for p in golden.glob("*.npz")]
+    ResultCache(tmp_path / "w", golden_dir=golden, write_goldens="all").get(
+        "reference-x", {"model": "a", "source": "old"}, counting([2])[0], golden=True)
+    writer = ResultCache(tmp_path / "s", golden_dir=golden, write_goldens="stale")
+    compute, calls = counting([9])
+    assert writer.get("peer-x", {"model": "a"}, compute, golden=True)["x"].tolist() == [1]  # current: read
+    assert calls == [] and writer.golden_hits == 1
+    compute, calls = counting([3])
+    assert writer.get("reference-x", {"model": "a", "source": "new"}, compute, golden=True)["x"].tolist() == [3]
+    assert len(calls) == 1 and writer.recomputed_goldens == []  # stale: computed and written
+    assert sorted(p.name for p in golden.glob("*.npz")) == sorted([current, *writer.written_goldens])
+    reader = ResultCache(tmp_path / "r", golden_dir=golden)
+    assert reader.get("reference-x", {"model": "a", "source": "new"}, counting([0])[0], golden=True)["x"].tolist() == [3]
+    assert reader.golden_hits == 1
+
+
 def test_entries_that_are_not_goldens_stay_in_the_pytest_cache(tmp_path):
     golden = tmp_path / "golden"
     golden.mkdir()
