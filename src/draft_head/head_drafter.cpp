@@ -30,14 +30,18 @@ HeadDrafter::HeadDrafter(std::unique_ptr<Eagle3Head> head, Model& target, int32_
 }
 
 void HeadDrafter::select_own_rows() {
-  own_rows_.clear();
-  own_ids_.clear();
   const std::vector<int32_t>& d2t = head_->draft_to_target();
-  if (!vocab_.ids()) {  // the full vocabulary: every own row
+  if (!vocab_.ids()) {  // the full vocabulary: every own row, the same every step
+    if (own_rows_are_all_) return;
+    own_rows_.clear();
     for (size_t r = 0; r < d2t.size(); ++r) own_rows_.push_back(static_cast<int32_t>(r));
     own_ids_ = d2t;
+    own_rows_are_all_ = true;
     return;
   }
+  own_rows_.clear();
+  own_ids_.clear();
+  own_rows_are_all_ = false;
   for (int32_t j = 0; j < vocab_.size(); ++j) {
     const int32_t id = vocab_.token(j), r = own_row_of_[size_t(id)];
     if (r >= 0) {

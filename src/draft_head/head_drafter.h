@@ -81,6 +81,7 @@ class HeadDrafter final : public Drafter, private TreeExpander {
   std::vector<int32_t> own_row_of_;    // [target n_vocab] own LM-head row of a target id, -1 if none
   std::vector<int32_t> own_rows_;      // [<= n_draft] own rows scored this step
   std::vector<int32_t> own_ids_;       // [<= n_draft] their target ids
+  bool own_rows_are_all_ = false;      // own_rows_ holds every own row (the full vocabulary, built once)
   double lm_head_seconds_ = 0.0;
 };
 
