@@ -183,7 +183,10 @@ struct RowTiles {
 // Sixteen interleaved row streams defeat the hardware prefetcher, so each tile loop prefetches the
 // next tile while it works. When the next tile's rows are contiguous (matmul): a sequential sweep
 // over its bytes, one slice per loop iteration; otherwise (matmul_rows): in each iteration, the
-// part of each of its rows that the same iteration reads.
+// part of each of its rows that the same iteration reads. Both go to L2 (hint T1), not L1: on Zen 4
+// (2-core EPYC, 2026-12-01) the sweep into L1 evicted the current tile's lines and held the Gemma
+// LM head (Q8_0 262144x640, one token, 2 threads) at 9.7 ms, 18 GB/s; into L2 it runs at 5.5 ms,
+// 31 GB/s, the machine's measured read ceiling.
 struct NextTile {
   const uint8_t* const* rows = nullptr;  // the next tile's 16 rows; null: no next tile
   const uint8_t* base = nullptr;         // non-null when they are contiguous: their first byte
@@ -205,7 +208,7 @@ struct NextTile {
   if (next.base) {
     const size_t b = next.slice * size_t(i), e = b + next.slice < next.bytes ? b + next.slice : next.bytes;
     for (size_t o = b; o < e; o += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(next.base + o), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(next.base + o), _MM_HINT_T1);
     return;
   }
   for (int r = 0; r < 16; ++r)
