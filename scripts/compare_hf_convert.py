@@ -24,7 +24,7 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BIN = sys.argv[1] if len(sys.argv) > 1 else str(REPO / "build" / "microspec")
 LCPP = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp")
-PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "gemma3": "gpt-2"}
+PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "gemma3": "gpt-2", "phi3": "gpt-2", "qwen3": "qwen2"}
 
 RUN_LLAMA_CPP = """
 import runpy, sys

@@ -13,6 +13,11 @@ pre-tokenizer, special tokens and chat template. Saved with save_pretrained:
           an NFC normalizer (as Qwen's own tokenizer.json has)
   gemma3  float16, sandwich norms, Q/K norms, sliding window 8 (in play at 24 tokens), tied,
           a SentencePiece-style tokenizer (spaces as U+2581, byte fallback), as Gemma's
+  phi3    bfloat16, fused QKV and gate/up, partial rotary (half of each head), LongRoPE with an
+          original context of 16 and max_position_embeddings 256 (so the 24-token sequences run
+          on the long factors, and the attention factor is sqrt(2)), untied; a Llama-2-style
+          SentencePiece tokenizer (a U+2581 prepended to the text), no BOS
+  qwen3   bfloat16, Q/K norms, no QKV bias, explicit head_dim, tied, Qwen's byte-level BPE
 Goldens per folder (golden.json): transformers' token ids for every corpus text (special tokens
 added as the tokenizer does), and transformers' float32 logits under teacher forcing for two token
 sequences (golden_logits.npy, [2, T, vocab]); models saved in BF16/F16 are evaluated in float32 on
@@ -54,6 +59,12 @@ FAMILIES = {
     "gemma3": dict(sentencepiece=True, split=None, ignore_merges=False, bos="<bos>", eos="<eos>",
                    extra=["<pad>", "<start_of_turn>", "<end_of_turn>"], add_bos=True, chat=GEMMA_CHAT),
 }
+PHI3_CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+FAMILIES["phi3"] = dict(sentencepiece=True, prepend=True, split=None, ignore_merges=False, bos="<s>",
+                        eos="<|endoftext|>", extra=["</s>", "<|user|>", "<|assistant|>", "<|end|>"], add_bos=False,
+                        chat=PHI3_CHAT)
+FAMILIES["qwen3"] = dict(FAMILIES["qwen2"], nfc=False)
 VOCAB_TARGET = 1400
 
 
@@ -68,7 +79,15 @@ def train_sentencepiece_style(f):
     trainer = trainers.BpeTrainer(vocab_size=VOCAB_TARGET - 256 - len(specials) - 1, show_progress=False)
     # Without "<|": no chat marker of another family (<|im_end|>) becomes a learned token here, which
     # llama.cpp (and microspec) would take for an end-of-generation control token by its text.
-    base.train_from_iterator([t.replace("<|", "") for t in TEXTS] * 3, trainer)
+    # Likewise Gemma's turn markers for a family whose specials they are not (llama.cpp ends
+    # generation on "<end_of_turn>" by its text).
+    foreign = [m for m in ("<start_of_turn>", "<end_of_turn>") if m not in specials]
+    texts = []
+    for t in TEXTS:
+        for m in foreign:
+            t = t.replace(m, "")
+        texts.append(t.replace("<|", ""))
+    base.train_from_iterator(texts * 3, trainer)
     trained = json.loads(base.to_str())["model"]["vocab"]
     vocab = {"<unk>": 0}
     for t in specials:
@@ -82,6 +101,8 @@ def train_sentencepiece_style(f):
                     key=lambda m: (vocab[m[0] + m[1]], vocab[m[0]], vocab[m[1]]))
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True))
     tok.normalizer = normalizers.Replace(" ", "\u2581")
+    if f.get("prepend"):  # Llama 2's (and Phi-3's): one U+2581 before the text
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
     tok.add_special_tokens(specials + ["<unk>"])
     return tok
@@ -138,6 +159,21 @@ def make_model(family, vocab):
         cfg = transformers.Qwen2Config(**common, rms_norm_eps=1e-6, tie_word_embeddings=False,
                                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
         return transformers.Qwen2ForCausalLM(cfg), torch.bfloat16
+    if family == "phi3":
+        # Half of each 16-dimension head rotated: 4 rotated pairs, so 4 LongRoPE factors each.
+        rng = np.random.default_rng(7)
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                "original_max_position_embeddings": 16,
+                "long_factor": [float(x) for x in 1.0 + 3.0 * rng.random(4)],
+                "short_factor": [float(x) for x in 1.0 + 0.5 * rng.random(4)]}
+        cfg = transformers.Phi3Config(**common, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                      original_max_position_embeddings=16, rope_parameters=rope,
+                                      pad_token_id=None, bos_token_id=None, eos_token_id=None)
+        return transformers.Phi3ForCausalLM(cfg), torch.bfloat16
+    if family == "qwen3":
+        cfg = transformers.Qwen3Config(**common, head_dim=24, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+        return transformers.Qwen3ForCausalLM(cfg), torch.bfloat16
     cfg = transformers.Gemma3TextConfig(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
                                         rms_norm_eps=1e-6, tie_word_embeddings=True)
     cfg.num_hidden_layers = 2
@@ -194,6 +230,9 @@ def build(family, seed):
 
 
 if __name__ == "__main__":
+    import sys
     torch.set_num_threads(1)
+    chosen = sys.argv[1:] or list(FAMILIES)  # families to (re)build; all by default
     for i, family in enumerate(FAMILIES):
-        build(family, 1000 + i)
+        if family in chosen:
+            build(family, 1000 + i)

@@ -403,6 +403,59 @@ std::vector<float> llama3_rope_factors(const Rope& r, const HfConfig& c, int64_t
   return factors;
 }
 
+// The share of each head's dimensions that is rotated: top-level in older configs, among the RoPE
+// parameters in transformers 5's.
+double partial_rotary_factor(const HfConfig& c, const Rope& r) {
+  if (c.find("partial_rotary_factor")) return c.get_float("partial_rotary_factor");
+  if (r.params.contains("partial_rotary_factor") && r.params["partial_rotary_factor"].is_number())
+    return r.params["partial_rotary_factor"].get<double>();
+  return 1.0;
+}
+
+int64_t rotary_dims(const HfConfig& c, const Rope& r, const Dims& d) {
+  return std::lround(partial_rotary_factor(c, r) * double(d.head_dim));
+}
+
+bool is_longrope(const Rope& r) {
+  return r.type == "longrope" || r.type == "su";
+}
+
+// LongRoPE's pretraining context: a RoPE parameter in transformers 5's configs, top-level before.
+double longrope_original_context(const Rope& r, const HfConfig& c) {
+  if (r.params.contains("original_max_position_embeddings")) return rope_param(r, c, "original_max_position_embeddings");
+  return c.get_float("original_max_position_embeddings");
+}
+
+// LongRoPE's scale on cos and sin (transformers' rule): attention_factor when given, else from the
+// context extension factor (`factor`, or max_position_embeddings / the original context):
+// sqrt(1 + ln(factor) / ln(original context)), 1 when the factor is at most 1.
+double longrope_attn_factor(const Rope& r, const HfConfig& c) {
+  if (r.params.contains("attention_factor") && r.params["attention_factor"].is_number())
+    return r.params["attention_factor"].get<double>();
+  const double original = longrope_original_context(r, c);
+  const double factor = r.params.contains("factor") && r.params["factor"].is_number()
+                            ? r.params["factor"].get<double>()
+                            : c.get_float("max_position_embeddings") / original;
+  return factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(original));
+}
+
+// LongRoPE's per-frequency divisors (long_factor or short_factor): one per rotated pair.
+std::vector<float> longrope_factors(const Rope& r, const HfConfig& c, const char* key, int64_t n_rot) {
+  if (!r.params.contains(key) || !r.params[key].is_array())
+    throw Error(c.file + ": rope scaling '" + r.type + "' without the list '" + key + "'");
+  const json& list = r.params[key];
+  if (int64_t(list.size()) != n_rot / 2)
+    throw Error(c.file + ": rope scaling " + key + " has " + std::to_string(list.size()) +
+                " entries, expected " + std::to_string(n_rot / 2) + " (rotated dimensions / 2)");
+  std::vector<float> factors;  // [n_rot / 2]
+  for (const json& v : list) {
+    if (!v.is_number() || !(v.get<double>() > 0))
+      throw Error(c.file + ": rope scaling " + key + " holds " + v.dump() + ", not a positive number");
+    factors.push_back(v.get<float>());
+  }
+  return factors;
+}
+
 // Settings llama.cpp's loaders do not read but that change the model: refused rather than ignored.
 void check_supported_settings(const HfConfig& c, const HfArch& arch, const Dims& d) {
   if (std::string(arch.gguf_arch) == "gemma3") {
@@ -445,10 +498,7 @@ void add_model_metadata(GgufWriter& w, const HfConfig& c, const HfArch& arch, co
     w.add_u32(p + "attention.value_length", uint32_t(d.head_dim));
   }
   if (arch.write_vocab_size) w.add_u32(p + "vocab_size", uint32_t(d.vocab));
-  if (arch.write_rope_dims) {
-    const double partial = c.find("partial_rotary_factor") ? c.get_float("partial_rotary_factor") : 1.0;
-    w.add_u32(p + "rope.dimension_count", uint32_t(std::lround(partial * double(d.head_dim))));
-  }
+  if (arch.write_rope_dims) w.add_u32(p + "rope.dimension_count", uint32_t(rotary_dims(c, rope, d)));
   if (rope.theta && arch.write_rope_base) w.add_f32(p + "rope.freq_base", float(*rope.theta));
   if (rope.theta_swa) w.add_f32(p + "rope.freq_base_swa", float(*rope.theta_swa));
   if (rope.type == "linear") {
@@ -459,6 +509,13 @@ void add_model_metadata(GgufWriter& w, const HfConfig& c, const HfArch& arch, co
     w.add_f32(p + "rope.scaling.factor", float(rope_param(rope, c, "factor")));
     w.add_u32(p + "rope.scaling.original_context_length",
               uint32_t(rope_param(rope, c, "original_max_position_embeddings")));
+  } else if (is_longrope(rope)) {
+    // The divisors themselves are tensors (rope_factors_long/short.weight), written with the others.
+    if (std::string(arch.gguf_arch) != "phi3")
+      throw Error(c.file + ": rope type '" + rope.type + "' on architecture " + arch.gguf_arch + " is not supported");
+    w.add_f32(p + "rope.scaling.attn_factor", float(longrope_attn_factor(rope, c)));
+    if (!c.find("original_max_position_embeddings"))
+      w.add_u32(p + "rope.scaling.original_context_length", uint32_t(longrope_original_context(rope, c)));
   } else if (rope.type != "default" && rope.type != "llama3") {
     throw Error(c.file + ": rope type '" + rope.type + "' is not supported");
   }
@@ -979,6 +1036,15 @@ GgufWriter hf_folder_to_gguf(const std::string& dir_text, const HfFolderOptions&
     const std::vector<float> factors = llama3_rope_factors(rope, config, dims.head_dim, rope.theta.value_or(10000.0));
     w.add_tensor("rope_freqs.weight", GgmlType::F32, {int64_t(factors.size())},
                  std::span(reinterpret_cast<const uint8_t*>(factors.data()), factors.size() * 4));
+  }
+  if (is_longrope(rope)) {
+    const int64_t n_rot = rotary_dims(config, rope, dims);
+    for (const auto& [key, name] : {std::pair{"long_factor", "rope_factors_long.weight"},
+                                    std::pair{"short_factor", "rope_factors_short.weight"}}) {
+      const std::vector<float> factors = longrope_factors(rope, config, key, n_rot);  // [n_rot / 2]
+      w.add_tensor(name, GgmlType::F32, {int64_t(factors.size())},
+                   std::span(reinterpret_cast<const uint8_t*>(factors.data()), factors.size() * 4));
+    }
   }
   int64_t n_fallback = 0;
   std::optional<uint32_t> file_type;  // general.file_type: from the first matrix's type

@@ -2,10 +2,12 @@
 
 The folders in tests/data/hf/ are tiny transformers checkpoints of the real classes built by
 scripts/make_hf_fixtures.py (LlamaForCausalLM float32 sharded, Qwen2ForCausalLM bfloat16 with an
-untied head and a padded vocabulary, Gemma3ForCausalLM float16 with a sliding window of 8), with
-their byte-level BPE tokenizers trained offline and transformers' goldens (token ids of the
+untied head and a padded vocabulary, Gemma3ForCausalLM float16 with a sliding window of 8,
+Phi3ForCausalLM bfloat16 with fused QKV / gate-up, partial rotary and LongRoPE (the 24-token
+sequences exceed its original context of 16, so the long factors and the attention factor sqrt(2)
+are in play), Qwen3ForCausalLM bfloat16 with Q/K norms), with their tokenizers trained offline and transformers' goldens (token ids of the
 tokenizer corpus, float32 logits under teacher forcing). Checked here, without torch:
-- microspec on the folder vs transformers' float32 logits: max |difference| <= 3e-3 at every
+- microspec on the folder vs transformers' float32 logits: max |difference| <= 4e-3 at every
   position of two 24-token sequences (logits up to 3 in size; the KV cache is F16), top-1 equal
   wherever transformers' top-2 margin >= 0.01;
 - token ids of every corpus text equal transformers' (special tokens added as it adds them), except,
@@ -40,8 +42,10 @@ from repo_paths import BIN, REPO  # noqa: E402
 from test_model_conformance import run_eval  # noqa: E402
 
 HF = REPO / "tests" / "data" / "hf"
-ARCHS = ["llama", "qwen2", "gemma3"]
-MAX_ABS_DIFF = 3e-3  # measured 1.3e-3 (llama), 1.4e-3 (qwen2), 2.3e-3 (gemma3); logits up to 3 in size
+ARCHS = ["llama", "qwen2", "gemma3", "phi3", "qwen3"]
+# Measured 1.3e-3 (llama), 1.4e-3 (qwen2), 2.3e-3 (gemma3), 1.6e-3 (phi3), 3.2e-3 (qwen3); logits up to 3 in
+# size; the KV cache is F16.
+MAX_ABS_DIFF = 4e-3
 NEAR_TIE = 0.01
 
 
@@ -276,3 +280,19 @@ def test_config_that_is_not_json(tmp_path):
 def test_directory_without_config(tmp_path):
     err = run_bad(tmp_path)
     assert str(tmp_path) in err and "config.json" in err
+
+
+def test_longrope_factors_of_the_wrong_length(tmp_path):
+    d = broken_folder(tmp_path, "phi3")
+    edit_json(d / "config.json", lambda c: c["rope_parameters"].update(long_factor=[1.0, 2.0, 3.0]))
+    err = run_bad(d)
+    assert "config.json" in err and "long_factor has 3 entries, expected 4" in err
+
+
+def test_longrope_on_another_architecture(tmp_path):
+    d = broken_folder(tmp_path)
+    edit_json(d / "config.json", lambda c: c.update(rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16,
+        "long_factor": [1.0] * 8, "short_factor": [1.0] * 8}))
+    err = run_bad(d)
+    assert "config.json" in err and "'longrope' on architecture llama is not supported" in err
