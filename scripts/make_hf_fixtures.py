@@ -18,6 +18,10 @@ pre-tokenizer, special tokens and chat template. Saved with save_pretrained:
           on the long factors, and the attention factor is sqrt(2)), untied; a Llama-2-style
           SentencePiece tokenizer (a U+2581 prepended to the text), no BOS
   qwen3   bfloat16, Q/K norms, no QKV bias, explicit head_dim, tied, Qwen's byte-level BPE
+  gemma2  float16, attention and final logit soft-capping at values that bite (0.5 and 2.0),
+          sliding window 8 on alternate layers, sandwich norms, tied, Gemma's tokenizer kind
+  mistral float32, Mistral 7B v0.1's kind (sliding window 4096, beyond these sequences), a
+          Llama-2-style SentencePiece tokenizer with BOS
 Goldens per folder (golden.json): transformers' token ids for every corpus text (special tokens
 added as the tokenizer does), and transformers' float32 logits under teacher forcing for two token
 sequences (golden_logits.npy, [2, T, vocab]); models saved in BF16/F16 are evaluated in float32 on
@@ -65,6 +69,11 @@ FAMILIES["phi3"] = dict(sentencepiece=True, prepend=True, split=None, ignore_mer
                         eos="<|endoftext|>", extra=["</s>", "<|user|>", "<|assistant|>", "<|end|>"], add_bos=False,
                         chat=PHI3_CHAT)
 FAMILIES["qwen3"] = dict(FAMILIES["qwen2"], nfc=False)
+FAMILIES["gemma2"] = dict(FAMILIES["gemma3"])
+MISTRAL_CHAT = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+                "{% else %}{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}")
+FAMILIES["mistral"] = dict(sentencepiece=True, prepend=True, split=None, ignore_merges=False, bos="<s>", eos="</s>",
+                           extra=["[INST]", "[/INST]"], add_bos=True, chat=MISTRAL_CHAT)
 VOCAB_TARGET = 1400
 
 
@@ -174,6 +183,15 @@ def make_model(family, vocab):
         cfg = transformers.Qwen3Config(**common, head_dim=24, rms_norm_eps=1e-6, tie_word_embeddings=True,
                                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
         return transformers.Qwen3ForCausalLM(cfg), torch.bfloat16
+    if family == "gemma2":
+        cfg = transformers.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                                        attn_logit_softcapping=0.5, final_logit_softcapping=2.0,
+                                        rms_norm_eps=1e-6, tie_word_embeddings=True)
+        return transformers.Gemma2ForCausalLM(cfg), torch.float16
+    if family == "mistral":
+        cfg = transformers.MistralConfig(**common, sliding_window=4096, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        return transformers.MistralForCausalLM(cfg), torch.float32
     cfg = transformers.Gemma3TextConfig(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
                                         rms_norm_eps=1e-6, tie_word_embeddings=True)
     cfg.num_hidden_layers = 2

@@ -5,7 +5,9 @@ scripts/make_hf_fixtures.py (LlamaForCausalLM float32 sharded, Qwen2ForCausalLM 
 untied head and a padded vocabulary, Gemma3ForCausalLM float16 with a sliding window of 8,
 Phi3ForCausalLM bfloat16 with fused QKV / gate-up, partial rotary and LongRoPE (the 24-token
 sequences exceed its original context of 16, so the long factors and the attention factor sqrt(2)
-are in play), Qwen3ForCausalLM bfloat16 with Q/K norms), with their tokenizers trained offline and transformers' goldens (token ids of the
+are in play), Qwen3ForCausalLM bfloat16 with Q/K norms, Gemma2ForCausalLM float16 with attention
+and final soft-capping that bite (0.5, 2.0) and a sliding window of 8 on alternate layers,
+MistralForCausalLM float32), with their tokenizers trained offline and transformers' goldens (token ids of the
 tokenizer corpus, float32 logits under teacher forcing). Checked here, without torch:
 - microspec on the folder vs transformers' float32 logits: max |difference| <= 4e-3 at every
   position of two 24-token sequences (logits up to 3 in size; the KV cache is F16), top-1 equal
@@ -42,8 +44,9 @@ from repo_paths import BIN, REPO  # noqa: E402
 from test_model_conformance import run_eval  # noqa: E402
 
 HF = REPO / "tests" / "data" / "hf"
-ARCHS = ["llama", "qwen2", "gemma3", "phi3", "qwen3"]
-# Measured 1.3e-3 (llama), 1.4e-3 (qwen2), 2.3e-3 (gemma3), 1.6e-3 (phi3), 3.2e-3 (qwen3); logits up to 3 in
+ARCHS = ["llama", "qwen2", "gemma3", "phi3", "qwen3", "gemma2", "mistral"]
+# Measured 1.3e-3 (llama), 1.4e-3 (qwen2), 2.3e-3 (gemma3), 1.6e-3 (phi3), 3.2e-3 (qwen3), 1.5e-3 (gemma2),
+# 2.0e-3 (mistral); logits up to 3 in
 # size; the KV cache is F16.
 MAX_ABS_DIFF = 4e-3
 NEAR_TIE = 0.01
