@@ -36,7 +36,7 @@ base.TextModel.get_vocab_base_pre = lambda self, tokenizer: {pre!r}
 import conversion.gemma, conversion.phi
 conversion.gemma.Gemma2Model.set_vocab = base.TextModel._set_vocab_gpt2
 conversion.phi.Phi3MiniModel.set_vocab = base.TextModel._set_vocab_gpt2
-sys.argv = [{lcpp!r} + "/convert_hf_to_gguf.py", {folder!r}, "--outfile", {out!r}, "--outtype", "f32"]
+sys.argv = [{lcpp!r} + "/convert_hf_to_gguf.py", {folder!r}, "--outfile", {out!r}, "--outtype", "f32"] + {extra!r}
 runpy.run_path({lcpp!r} + "/convert_hf_to_gguf.py", run_name="__main__")
 """
 
@@ -107,19 +107,37 @@ def other_architectures(d):
     return folders
 
 
+def eagle3_head(d):
+    """A random EAGLE-3 head in the published layout for the Llama fixture (float32): converted by
+    llama.cpp's converter with --target-model-dir and by `microspec convert --eagle --target`."""
+    sys.path.insert(0, str(REPO / "tests" / "python"))
+    from eagle3_checkpoint import write_eagle3_checkpoint
+    folder = pathlib.Path(d) / "eagle3-llama"
+    shape = dict(H=64, V=1400, D=256, nh=4, nkv=2, hd=16, ff=96, id_range=1400)
+    # The fixture has 2 layers: EAGLE-3's default picks (2, L/2, L-3) do not exist there.
+    write_eagle3_checkpoint(folder, seed=11, shape=shape, dtype="float32", target_layers=[0, 1, 1])
+    return folder
+
+
 def main():
+    hf = REPO / "tests" / "data" / "hf"
     with tempfile.TemporaryDirectory() as d:
-        cases = [(arch, pre, REPO / "tests" / "data" / "hf" / arch) for arch, pre in PRE.items()]
-        cases.append(("llama3-rope", "llama-bpe", llama3_rope_variant(d)))
-        cases += other_architectures(d)
-        for arch, pre, folder in cases:
+        # (name, llama.cpp pre-tokenizer, folder, llama.cpp's extra arguments, microspec's arguments)
+        cases = [(arch, pre, hf / arch, [], ["--hf", hf / arch]) for arch, pre in PRE.items()]
+        rope = llama3_rope_variant(d)
+        cases.append(("llama3-rope", "llama-bpe", rope, [], ["--hf", rope]))
+        cases += [(arch, pre, folder, [], ["--hf", folder]) for arch, pre, folder in other_architectures(d)]
+        head = eagle3_head(d)
+        cases.append(("eagle3-head", "llama-bpe", head, ["--target-model-dir", str(hf / "llama")],
+                      ["--eagle", head, "--target", hf / "llama"]))
+        for arch, pre, folder, extra, ours_args in cases:
             theirs, ours = f"{d}/{arch}-llama-cpp.gguf", f"{d}/{arch}-microspec.gguf"
-            code = RUN_LLAMA_CPP.format(lcpp=str(LCPP), pre=pre, folder=str(folder), out=theirs)
+            code = RUN_LLAMA_CPP.format(lcpp=str(LCPP), pre=pre, folder=str(folder), out=theirs, extra=extra)
             res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
             if res.returncode != 0:
                 print(arch, "llama.cpp's converter failed:", res.stderr.strip().splitlines()[-1])
                 continue
-            subprocess.run([BIN, "convert", "--hf", str(folder), "-o", ours, "--type", "f32"], check=True,
+            subprocess.run([BIN, "convert", *map(str, ours_args), "-o", ours, "--type", "f32"], check=True,
                            capture_output=True)
             print(arch)
             compare(theirs, ours)

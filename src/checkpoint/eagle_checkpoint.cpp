@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/hf_folder.h"
 #include "checkpoint/pytorch_checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "gguf/gguf.h"
@@ -445,7 +446,9 @@ EagleConvertResult convert_eagle_checkpoint(const EagleConvertOptions& o) {
   const fs::path dir(o.checkpoint_dir);
   const json cfg = read_config(dir);
   const Checkpoint ckpt = open_checkpoint(dir);
-  const auto target = GgufFile::open(o.target_path);
+  // A GGUF file or a Hugging Face folder (translated in memory, weights included: only its sizes and
+  // tokenizer are read here).
+  const auto target = open_model_file(o.target_path);
   HeadWriter hw(ckpt, o.matrix_type);
 
   // The kind: fc's input width (3 target features for EAGLE-3, embedding + hidden for EAGLE-2).

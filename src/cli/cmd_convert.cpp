@@ -61,7 +61,7 @@ void add_convert_command(CLI::App& app) {
                     ->check(CLI::ExistingDirectory);
   hf->excludes(eagle);
   cmd->add_option("--target", args->target,
-                  "--eagle: the target model's GGUF (sizes and tokenizer are checked against it)");
+                  "--eagle: the target model (a GGUF file or a Hugging Face folder; sizes and tokenizer are checked against it)");
   cmd->add_option("-o,--output", args->output, "GGUF file to write")->required();
   cmd->add_option("--type", args->type,
                   "weight type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (--hf; default: the "

@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from repo_paths import BIN, MODELS, REPO  # noqa: E402
+from eagle3_checkpoint import write_eagle3_checkpoint  # noqa: E402
 from server_helpers import cli_generate  # noqa: E402
 
 FIXTURES = REPO / "tests" / "data" / "eagle_checkpoint"
@@ -60,52 +61,6 @@ def test_convert_needs_a_target(tmp_path):
     assert "needs --target MODEL.gguf" in out.stderr
 
 
-def write_eagle3_checkpoint(folder, seed=5):
-    """A random EAGLE-3 head for SmolLM2 in the published layout (config.json + model.safetensors
-    in F16, written with numpy): SmolLM2's attention shape, FFN 128, its own LM head over 2048
-    draft ids with d2t offsets and t2d, the target layers EAGLE-3 picks by default."""
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    H, V, D, nh, nkv, hd, ff = 576, 49152, 2048, 9, 3, 64, 128
-    ids = np.sort(rng.choice(8192, D, replace=False))
-    t = {
-        "fc.weight": rng.standard_normal((H, 3 * H)) / np.sqrt(3 * H),
-        "midlayer.hidden_norm.weight": 1 + 0.1 * rng.standard_normal(H),
-        "midlayer.input_layernorm.weight": 1 + 0.1 * rng.standard_normal(H),
-        "midlayer.self_attn.q_proj.weight": rng.standard_normal((nh * hd, 2 * H)) / np.sqrt(2 * H),
-        "midlayer.self_attn.k_proj.weight": rng.standard_normal((nkv * hd, 2 * H)) / np.sqrt(2 * H),
-        "midlayer.self_attn.v_proj.weight": rng.standard_normal((nkv * hd, 2 * H)) / np.sqrt(2 * H),
-        "midlayer.self_attn.o_proj.weight": rng.standard_normal((H, nh * hd)) / np.sqrt(nh * hd),
-        "midlayer.post_attention_layernorm.weight": 1 + 0.1 * rng.standard_normal(H),
-        "midlayer.mlp.gate_proj.weight": rng.standard_normal((ff, H)) / np.sqrt(H),
-        "midlayer.mlp.up_proj.weight": rng.standard_normal((ff, H)) / np.sqrt(H),
-        "midlayer.mlp.down_proj.weight": rng.standard_normal((H, ff)) / np.sqrt(ff),
-        "norm.weight": 1 + 0.1 * rng.standard_normal(H),
-        "lm_head.weight": rng.standard_normal((D, H)) / np.sqrt(H),
-    }
-    arrays = {k: v.astype(np.float16) for k, v in t.items()}
-    arrays["d2t"] = (ids - np.arange(D)).astype(np.int64)
-    t2d = np.zeros(V, dtype=np.bool_)
-    t2d[ids] = True
-    arrays["t2d"] = t2d
-    names = {np.dtype(np.float16): "F16", np.dtype(np.int64): "I64", np.dtype(np.bool_): "BOOL"}
-    header, offset = {}, 0
-    for k, a in arrays.items():
-        header[k] = {"dtype": names[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-    raw = json.dumps(header).encode()
-    folder.mkdir()
-    with open(folder / "model.safetensors", "wb") as f:
-        f.write(len(raw).to_bytes(8, "little") + raw)
-        for a in arrays.values():
-            f.write(np.ascontiguousarray(a).tobytes())
-    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": H, "intermediate_size": ff,
-           "num_attention_heads": nh, "num_key_value_heads": nkv, "num_hidden_layers": 1, "rms_norm_eps": 1e-5,
-           "rope_theta": 100000.0, "max_position_embeddings": 2048, "vocab_size": V, "draft_vocab_size": D}
-    (folder / "config.json").write_text(json.dumps(cfg))
-    return ids
-
-
 @pytest.mark.slow
 def test_converted_eagle3_head_with_own_lm_head_loads_in_llama_cpp_and_drafts_losslessly(tmp_path):
     write_eagle3_checkpoint(tmp_path / "eagle3")
@@ -127,3 +82,22 @@ def test_converted_eagle3_head_with_own_lm_head_loads_in_llama_cpp_and_drafts_lo
         for p_row, s_row in zip(plain, spec):
             assert s_row["tokens"] == p_row["tokens"], vocab
         assert sum(s["spec"]["drafted_tokens"] for s in spec) > 0, vocab
+
+
+def test_target_may_be_a_hugging_face_folder(tmp_path):
+    """--target takes a Hugging Face folder as every model path does: the head written against the
+    folder is byte for byte the one written against the folder's own conversion to GGUF."""
+    folder = REPO / "tests" / "data" / "hf" / "llama"
+    head = tmp_path / "eagle3"
+    write_eagle3_checkpoint(head, seed=11, shape=dict(H=64, V=1400, D=256, nh=4, nkv=2, hd=16, ff=96, id_range=1400),
+                            dtype="float32", target_layers=[0, 1, 1])
+    target_gguf = tmp_path / "llama.gguf"
+    out = convert("--hf", folder, "-o", target_gguf)
+    assert out.returncode == 0, out.stderr
+    heads = []
+    for target in (folder, target_gguf):
+        path = tmp_path / f"head-{target.name}.gguf"
+        out = convert("--eagle", head, "--target", target, "-o", path, "--type", "f32")
+        assert out.returncode == 0, out.stderr
+        heads.append(path.read_bytes())
+    assert heads[0] == heads[1]
