@@ -25,10 +25,11 @@ Decoder::Sampling::Sampling(const SamplingParams& params, int32_t n_vocab) : tar
 }
 
 Decoder::Decoder(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
-                 const Tokenizer& tokenizer)
+                 const Tokenizer& tokenizer, const Decoder* share_draft_model_of)
     : gen_(gen), tokenizer_(tokenizer), params_(config.tree), verifier_(gen.model().config().n_vocab) {
   config.validate();
-  built_ = build_drafter(config, target_file, gen, tokenizer);
+  built_ = build_drafter(config, target_file, gen, tokenizer,
+                         share_draft_model_of ? share_draft_model_of->built_.draft_model : nullptr);
   drafter_ = built_.drafter.get();
   describe_ = "plain decoding";
   if (drafter_)

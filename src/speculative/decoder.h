@@ -90,7 +90,10 @@ class Decoder {
   // The drafter config asks for (none for --spec none) over gen's model; gen's cache is shared
   // with a self-drafter. target_file, gen and tokenizer must outlive the decoder. Throws Error for
   // invalid settings.
-  Decoder(const SpecConfig& config, const GgufFile& target_file, Generator& gen, const Tokenizer& tokenizer);
+  // share_draft_model_of: a decoder whose --spec draft model this one runs on as well (must
+  // outlive it; see build_drafter), null to load its own.
+  Decoder(const SpecConfig& config, const GgufFile& target_file, Generator& gen, const Tokenizer& tokenizer,
+          const Decoder* share_draft_model_of = nullptr);
   // With a drafter made elsewhere (tests), or none (nullptr: plain decoding); not owned.
   Decoder(Generator& gen, const Tokenizer& tokenizer, Drafter* drafter, const TreeParams& tree);
 
@@ -101,7 +104,7 @@ class Decoder {
   // One line describing drafter and tree ("plain decoding" without a drafter).
   const std::string& describe() const { return describe_; }
   // The separate draft model of --spec draft (null otherwise).
-  const Model* draft_model() const { return built_.model.get(); }
+  const Model* draft_model() const { return built_.draft_model; }
 
  private:
   // The generation's sampling state, an argument of every part that samples: the target's
