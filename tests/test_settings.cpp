@@ -139,7 +139,8 @@ TEST(SpecSettings, ErrorsNameTheValidValuesAndRanges) {
   EXPECT_STREQ(name_of(DraftVocabKind::Freq), "freq");
 }
 
-// --kernels reference --spec draft: the draft model runs on the reference kernels too.
+// --kernels reference --spec draft: the draft model runs on the reference kernels too, and a
+// second decoder can share it.
 TEST(SpecSettings, DraftModelLoadsWithTheTargetsKernels) {
   const std::string path = test::smollm_path();
   test::require_file(path);
@@ -159,6 +160,10 @@ TEST(SpecSettings, DraftModelLoadsWithTheTargetsKernels) {
   ASSERT_NE(decoder.draft_model(), nullptr);
   EXPECT_STREQ(decoder.draft_model()->kernels().name, "reference");
   EXPECT_EQ(decoder.draft_model()->n_batch(), 16);
+  // A second sequence's decoder (the server's next slot) runs on the same draft model, not a copy.
+  Generator gen2(*model, *tok, 64);
+  Decoder second(c, *file, gen2, *tok, &decoder);
+  EXPECT_EQ(second.draft_model(), decoder.draft_model());
   Decoder plain(SpecConfig{}, *file, gen, *tok);
   EXPECT_FALSE(plain.speculative());
   EXPECT_EQ(plain.draft_model(), nullptr);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -251,8 +252,9 @@ TEST_F(SpecTiny, StopsExactlyWherePlainStops) {
 }
 
 // The batching server's way of stepping: several generations, each with its own cache and
-// drafter, draft their trees (of a shape that changes from step to step, as the server's draft
-// policy changes it with the load), and all their verification rows go through ONE forward call;
+// drafter, draft their trees together (Decoder::draft_steps: one draft forward per tree level over
+// all of them) of a shape that changes from step to step, as the server's draft policy changes it
+// with the load, and all their verification rows go through ONE forward call;
 // each then accepts its own path. Every generation's tokens equal plain greedy decoding's.
 TEST_F(SpecTiny, TreesOfSeveralSequencesVerifiedInOneForwardMatchPlain) {
   // Self-drafters over all 3 layers (the draft is the target: trees are accepted, the pass resumes
@@ -287,15 +289,23 @@ TEST_F(SpecTiny, TreesOfSeveralSequencesVerifiedInOneForwardMatchPlain) {
     for (size_t i = 0; i < prompts.size(); ++i) running[i] = decoders[i]->start(*runs[i], prompts[i]);
     std::vector<SequenceForward> call;
     std::vector<size_t> in_call;
+    std::vector<Decoder::DraftStep> steps;
+    std::vector<DraftJob> jobs(prompts.size());
     int32_t shared_drafts = 0;
     for (int step = 0; std::count(running.begin(), running.end(), true) > 0; ++step) {
       call.clear();
       in_call.clear();
+      steps.clear();
       for (size_t i = 0; i < prompts.size(); ++i) {
         if (!running[i]) continue;
-        shared_drafts += decoders[i]->draft_step(*runs[i], shape_at(configured[i], step + int(i)));
-        call.push_back(decoders[i]->verify_rows(*runs[i]));
+        steps.push_back({.decoder = decoders[i].get(), .run = runs[i].get(), .shape = shape_at(configured[i], step + int(i))});
         in_call.push_back(i);
+      }
+      // The trees are drafted together (one draft forward per level over all sequences), as the server does.
+      Decoder::draft_steps(steps, jobs);
+      for (size_t i : in_call) {
+        shared_drafts += runs[i]->drafted;
+        call.push_back(decoders[i]->verify_rows(*runs[i]));
       }
       t.model->forward(call, decoders[0]->verify_options());
       for (size_t i : in_call) running[i] = decoders[i]->accept_step(*runs[i]);
@@ -308,6 +318,103 @@ TEST_F(SpecTiny, TreesOfSeveralSequencesVerifiedInOneForwardMatchPlain) {
       EXPECT_EQ(expected.tokens, runs[i]->res.gen.tokens) << arch << " layers " << layers << " sequence " << i;
       EXPECT_EQ(expected.finish, runs[i]->res.gen.finish) << arch << " sequence " << i;
       if (layers == 3) EXPECT_GT(runs[i]->res.stats.accepted_draft, 10) << arch << " sequence " << i;
+      EXPECT_GT(runs[i]->res.stats.shared_draft_forwards, 0) << arch << " sequence " << i;
+    }
+  }
+}
+
+// The batching server drafts the trees of several sequences together (draft_together): each tree
+// level's draft forward is ONE call over all the sequences' rows. Each sequence, with its own cache
+// and its own draft vocabulary (packed LM-head rows, different per sequence), must get bitwise the
+// tree it gets alone, and hand verification the same resumed rows. Self-drafters over the target's
+// first 2 layers; draft models sharing one draft Model, whose root level also carries the committed
+// tokens the draft cache has not run yet (the accepted chain's last node); greedy and sampled trees.
+TEST_F(SpecTiny, DraftingTogetherGivesEachSequenceItsTreeAlone) {
+  Tiny t = load_tiny(spec("gemma3", 11), (dir_ / "t.gguf").string());
+  Tiny d = load_tiny(spec("llama", 5), (dir_ / "d.gguf").string());
+  const std::vector<std::vector<int32_t>> prompts = {kPrompt, {5, 9, 200, 7, 3, 250, 11, 12, 13, 14, 15}};
+  std::vector<int32_t> vocab_of[2];  // sequence 0: even ids, sequence 1: odd ids
+  for (int32_t id = 0; id < kVocab; ++id) vocab_of[id % 2].push_back(id);
+  std::vector<std::unique_ptr<Generator>> gens;
+  std::vector<std::unique_ptr<Drafter>> self, draft;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    gens.push_back(std::make_unique<Generator>(*t.model, *tok_, 128));
+    gens[i]->prefill(prompts[i]);
+    self.push_back(std::make_unique<SelfDrafter>(*t.model, gens[i]->cache(), 2,
+                                                 DraftVocabulary::packed(*t.model, vocab_of[i])));
+    draft.push_back(std::make_unique<ModelDrafter>(*d.model, 128, DraftVocabulary::packed(*d.model, vocab_of[i])));
+    draft[i]->begin(prompts[i], {});
+  }
+  const auto same_tree = [](const DraftTree& a, const DraftTree& b) {
+    if (a.size() != b.size() || a.q.size() != b.q.size()) return false;
+    for (int32_t i = 0; i < a.size(); ++i) {
+      const TreeNode &x = a.nodes[i], &y = b.nodes[i];
+      if (x.token != y.token || x.parent != y.parent || x.depth != y.depth || x.candidate != y.candidate ||
+          std::memcmp(&x.score, &y.score, sizeof(float)) != 0)
+        return false;
+    }
+    for (size_t i = 0; i < a.q.size(); ++i)
+      if (a.q[i] != b.q[i]) return false;
+    return true;
+  };
+  const int32_t d_embd = t.model->config().n_embd;
+  std::vector<int32_t> position(prompts.size());  // each draft model's committed tokens so far
+  for (size_t i = 0; i < prompts.size(); ++i) position[i] = int32_t(prompts[i].size());
+  for (const bool sampled : {false, true})
+  for (const TreeParams& shape : {TreeParams{3, 2, 6}, TreeParams{3, 1, 4}}) {
+    const std::string what = std::string(sampled ? "sampled" : "greedy") + " tree " + std::to_string(shape.top_k);
+    for (int step = 0; step < 4; ++step) {
+      for (auto* drafters : {&self, &draft}) {
+        const bool is_self = drafters == &self;
+        DraftTree alone[2], together[2];
+        std::vector<float> alone_resumed[2];
+        std::vector<std::unique_ptr<Sampler>> samplers;  // the same seed alone and together
+        std::vector<DraftSampling> sampling(2 * prompts.size());
+        for (auto& ds : sampling) {
+          samplers.push_back(std::make_unique<Sampler>(SamplingParams{.temperature = 0.9f, .seed = 7}, kVocab));
+          ds.sampler = samplers.back().get();
+        }
+        const auto root = [&](size_t i) { return int32_t(3 + 41 * step + 97 * i) % kVocab; };
+        const auto pos = [&](size_t i) { return is_self ? gens[i]->cache().n_past() : position[i]; };
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          (*drafters)[i]->propose(root(i), pos(i), shape, sampled ? &sampling[i] : nullptr, alone[i]);
+          const VerifyResume r = (*drafters)[i]->resume_for(alone[i]);
+          alone_resumed[i].assign(r.activations, r.activations + size_t(r.rows) * (r.rows ? d_embd : 0));
+        }
+        DraftJob jobs[2];
+        for (size_t i = 0; i < prompts.size(); ++i)
+          jobs[i] = {.growth = (*drafters)[i]->begin_propose(root(i), pos(i), shape,
+                                                             sampled ? &sampling[2 + i] : nullptr, together[i]),
+                     .tree = &together[i]};
+        draft_together(jobs);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          const std::string where = what + (is_self ? " self" : " draft model") + " step " + std::to_string(step) +
+                                    " sequence " + std::to_string(i);
+          ASSERT_GT(alone[i].size(), 0) << where;
+          EXPECT_TRUE(same_tree(alone[i], together[i])) << where;
+          EXPECT_EQ(jobs[i].levels, shape.depth + 1) << where;
+          EXPECT_EQ(jobs[i].shared_forwards, jobs[i].levels) << where;  // every level ran with the other sequence
+          for (const TreeNode& node : together[i].nodes)
+            EXPECT_EQ(node.token % 2, int32_t(i)) << where << ": a token outside the sequence's vocabulary";
+          const VerifyResume r = (*drafters)[i]->resume_for(together[i]);
+          if (is_self) EXPECT_GT(r.rows, 1) << where;
+          ASSERT_EQ(size_t(r.rows) * (r.rows ? d_embd : 0), alone_resumed[i].size()) << where;
+          if (r.rows > 0)
+            EXPECT_EQ(0, std::memcmp(r.activations, alone_resumed[i].data(), alone_resumed[i].size() * sizeof(float)))
+                << where;
+          if (is_self) continue;
+          // The draft model's sequence commits the root and its tree's first branch (root to leaf):
+          // the leaf was never run through the draft, so the next root level carries it.
+          std::vector<int32_t> path;
+          for (int32_t cur = -1, n = 0; n < together[i].size(); ++n)
+            if (together[i].nodes[n].parent == cur) {
+              path.push_back(n);
+              cur = n;
+            }
+          (*drafters)[i]->accepted(root(i), together[i], path, nullptr);
+          position[i] += 1 + int32_t(path.size());
+        }
+      }
     }
   }
 }

@@ -45,6 +45,9 @@ BatchScheduler::BatchScheduler(Model& model, const Tokenizer& tokenizer, std::ve
   running_.reserve(slots_.size());
   call_.reserve(slots_.size());
   in_call_.reserve(slots_.size());
+  draft_steps_.reserve(slots_.size());
+  draft_jobs_.resize(slots_.size());
+  drafting_.reserve(slots_.size());
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -180,10 +183,15 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
   // Speculative sequences join the batched pass while other sequences run (alone, they take whole
   // steps of their own in the loop): each drafts a tree of the shape the policy gives for the
   // sequences in flight, and its root and tree become its rows of the pass.
+  // Their trees are drafted together: each tree level's draft forward is one call over all of them
+  // (Decoder::draft_steps).
   if (running_.size() > 1) {
     const int in_flight = static_cast<int>(running_.size());
     int32_t waiting = 0;  // started speculative sequences still to add: each needs a row at least
     for (auto& seq : running_) waiting += seq->req->speculative && seq->started;
+    draft_steps_.clear();
+    drafting_.clear();
+    int32_t reserved = rows;  // rows of the pass so far, with each drafting sequence's largest tree
     for (auto& seq : running_) {
       if (!seq->req->speculative || !seq->started) continue;
       --waiting;
@@ -194,12 +202,17 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
       }
       Decoder& decoder = *slots_[seq->slot].decoder;
       TreeParams shape = draft_shape(decoder.tree_params(), in_flight, spec_max_batch_);
-      shape.total_tokens = std::min(shape.total_tokens, model_.n_batch() - rows - waiting - 1);
-      decoder.draft_step(*seq->run, shape);
-      call_.push_back(decoder.verify_rows(*seq->run));
-      in_call_.push_back(seq.get());
-      rows += call_.back().batch->size();
+      shape.total_tokens = std::min(shape.total_tokens, model_.n_batch() - reserved - waiting - 1);
+      draft_steps_.push_back({.decoder = &decoder, .run = seq->run.get(), .shape = shape});
+      drafting_.push_back(seq.get());
+      reserved += shape.total_tokens + 1;  // the root and at most total_tokens nodes
       options = decoder.verify_options();  // the same for every slot: one server configuration
+    }
+    Decoder::draft_steps(draft_steps_, draft_jobs_);
+    for (Running* seq : drafting_) {
+      call_.push_back(slots_[seq->slot].decoder->verify_rows(*seq->run));
+      in_call_.push_back(seq);
+      rows += call_.back().batch->size();
     }
   }
   int32_t budget = std::min(prefill_chunk_, model_.n_batch() - rows);

@@ -11,12 +11,14 @@
 // and drafter over the shared model (its own MicroSpec window and draft vocabulary). A speculative
 // sequence alone in the server runs whole speculative steps (Decoder::advance: draft, its own
 // verification pass, accept). While other sequences run, each speculative sequence drafts its tree
-// (Decoder::draft_step, with the shape draft_shape() gives for the sequences in flight), and the
+// (Decoder::draft_steps, with the shape draft_shape() gives for the sequences in flight), and the
 // roots and trees of all of them are verified in the same batched forward pass as the plain rows
 // and the prompt pieces (Decoder::verify_rows); then each accepts its path and compacts its own
 // cache (Decoder::accept_step). A speculative sequence's prompt is prefilled in one go through its
-// Decoder (it gathers the draft vocabulary's prompt statistics on the way). The drafters' own
-// forward passes run one sequence after the other (not batched across sequences yet).
+// Decoder (it gathers the draft vocabulary's prompt statistics on the way). The speculative
+// sequences of a step draft together (Decoder::draft_steps): at each tree level ONE draft forward
+// runs all their frontier rows (self-drafters: the target's first layers, read once per level for
+// all sequences), while each keeps its own cache, MicroSpec window, draft LM head rows and tree.
 //
 // Exactness: every kernel is per row and batch invariant, so a sequence's logits do not depend on
 // what shares its forward pass or how its prompt was cut into pieces; each sequence samples with
@@ -140,6 +142,9 @@ class BatchScheduler {
   std::vector<std::unique_ptr<Running>> running_;  // [slots] in admission order (scheduler thread only)
   std::vector<SequenceForward> call_;           // [slots] the batched forward's sequences
   std::vector<Running*> in_call_;               // [slots] the sequence of each call_ entry
+  std::vector<Decoder::DraftStep> draft_steps_;  // [slots] the speculative sequences drafting this step
+  std::vector<DraftJob> draft_jobs_;             // [slots] Decoder::draft_steps' scratch
+  std::vector<Running*> drafting_;               // [slots] the sequence of each draft_steps_ entry
   std::thread thread_;
 };
 

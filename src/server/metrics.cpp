@@ -45,6 +45,7 @@ void Metrics::record_generation(const GenerationReport& r, Outcome outcome) {
     spec_steps_ += uint64_t(st.steps);
     drafted_tokens_ += uint64_t(st.drafted);
     shared_drafting_steps_ += uint64_t(st.shared_drafting_steps);
+    shared_draft_forwards_ += uint64_t(st.shared_draft_forwards);
     accepted_draft_tokens_ += uint64_t(st.accepted_draft);
     const double a = st.mean_acceptance_length();
     size_t b = 0;
@@ -106,6 +107,10 @@ std::string Metrics::render(const GaugeSnapshot& gauges) const {
   header(out, "microspec_spec_shared_drafting_steps_total", "counter",
          "Speculative steps whose draft tree was verified in one batched forward pass with other sequences.");
   line(out, "microspec_spec_shared_drafting_steps_total %llu", static_cast<unsigned long long>(shared_drafting_steps_));
+  header(out, "microspec_spec_shared_draft_forwards_total", "counter",
+         "Draft tree levels whose draft forward ran in one call with other sequences' draft rows, summed over "
+         "sequences.");
+  line(out, "microspec_spec_shared_draft_forwards_total %llu", static_cast<unsigned long long>(shared_draft_forwards_));
   header(out, "microspec_spec_drafted_tokens_total", "counter", "Draft tokens proposed.");
   line(out, "microspec_spec_drafted_tokens_total %llu", static_cast<unsigned long long>(drafted_tokens_));
   header(out, "microspec_spec_accepted_tokens_total", "counter", "Draft tokens accepted by the target.");

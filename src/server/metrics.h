@@ -49,6 +49,7 @@ class Metrics {
   uint64_t spec_steps_ = 0;
   uint64_t drafted_tokens_ = 0;
   uint64_t shared_drafting_steps_ = 0;  // drafting steps verified together with other sequences
+  uint64_t shared_draft_forwards_ = 0;  // draft forwards (tree levels) run together with other sequences'
   uint64_t accepted_draft_tokens_ = 0;
   std::array<uint64_t, kAcceptanceBounds.size() + 1> acceptance_buckets_{};  // per bucket, +Inf last
   double acceptance_sum_ = 0.0;

@@ -535,11 +535,14 @@ void run_server(const ServerOptions& o) {
   mopt.n_batch = o.n_batch;
   mopt.kernels = o.kernels;
   std::unique_ptr<Model> model = Model::load(*file, mopt);
+  // With --spec draft every slot's drafter runs on the first slot's draft model: one copy, and the
+  // slots' tree levels drafted in one forward call (draft_together).
   std::vector<SequenceSlot> slots;
   for (int i = 0; i < o.parallel; ++i) {
     SequenceSlot slot;
     slot.gen = std::make_unique<Generator>(*model, *tokenizer, o.n_ctx);
-    slot.decoder = std::make_unique<Decoder>(o.spec, *file, *slot.gen, *tokenizer);
+    slot.decoder = std::make_unique<Decoder>(o.spec, *file, *slot.gen, *tokenizer,
+                                             slots.empty() ? nullptr : slots.front().decoder.get());
     slots.push_back(std::move(slot));
   }
   BatchScheduler scheduler(*model, *tokenizer, std::move(slots), o.prefill_chunk, o.spec_max_batch);

@@ -25,10 +25,11 @@ Decoder::Sampling::Sampling(const SamplingParams& params, int32_t n_vocab) : tar
 }
 
 Decoder::Decoder(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
-                 const Tokenizer& tokenizer)
+                 const Tokenizer& tokenizer, const Decoder* share_draft_model_of)
     : gen_(gen), tokenizer_(tokenizer), params_(config.tree), verifier_(gen.model().config().n_vocab) {
   config.validate();
-  built_ = build_drafter(config, target_file, gen, tokenizer);
+  built_ = build_drafter(config, target_file, gen, tokenizer,
+                         share_draft_model_of ? share_draft_model_of->built_.draft_model : nullptr);
   drafter_ = built_.drafter.get();
   describe_ = "plain decoding";
   if (drafter_)
@@ -128,9 +129,39 @@ int32_t Decoder::prefill(const std::vector<int32_t>& prompt, Sampling& sampling,
 }
 
 bool Decoder::draft_step(Run& run, const TreeParams& shape) {
-  run.step_position = gen_.cache().n_past();
-  run.drafted = draft(run.root, run.step_position, shape, run.sampling, run.res.stats);
+  const DraftStep step{.decoder = this, .run = &run, .shape = shape};
+  DraftJob job;
+  draft_steps(std::span<const DraftStep>(&step, 1), std::span<DraftJob>(&job, 1));
   return run.drafted;
+}
+
+void Decoder::draft_steps(std::span<const DraftStep> steps, std::span<DraftJob> jobs) {
+  if (jobs.size() < steps.size()) throw Error("decoder: fewer draft jobs than draft steps");
+  jobs = jobs.first(steps.size());
+  // Each sequence starts its tree (a drafter without a level-wise backbone proposes it whole
+  // here), then the trees grow together, level by level.
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Decoder& d = *steps[i].decoder;
+    Run& run = *steps[i].run;
+    run.step_position = d.gen_.cache().n_past();
+    run.drafted = d.will_draft(run.step_position, steps[i].shape);
+    jobs[i] = {.tree = &d.tree_};
+    if (run.drafted)
+      jobs[i].growth =
+          d.drafter_->begin_propose(run.root, run.step_position, steps[i].shape, run.sampling.for_drafter(), d.tree_);
+  }
+  draft_together(jobs);
+  // The shared drafting counts whole for each sequence (as a shared verification pass does).
+  const double seconds = since(t0);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!steps[i].run->drafted) continue;
+    SpecStats& st = steps[i].run->res.stats;
+    st.draft_seconds += seconds;
+    st.active_vocab_sum += steps[i].decoder->drafter_->active_vocab_size();
+    ++st.drafting_steps;
+    st.shared_draft_forwards += jobs[i].shared_forwards;
+  }
 }
 
 SequenceForward Decoder::verify_rows(Run& run) {
@@ -165,7 +196,7 @@ bool Decoder::accept_step(Run& run, const DecodeObserver* observer) {
   return running;
 }
 
-bool Decoder::draft(int32_t root, int32_t position, const TreeParams& shape, Sampling& sampling, SpecStats& st) {
+bool Decoder::will_draft(int32_t position, const TreeParams& shape) {
   tree_.clear();
   // Near the end of the context the step degrades to a plain one (root only), so it never needs
   // more room than plain decoding. A shape larger than the configured tree would not fit the
@@ -175,11 +206,6 @@ bool Decoder::draft(int32_t root, int32_t position, const TreeParams& shape, Sam
     return false;
   if (shape.total_tokens > params_.total_tokens || shape.top_k > params_.top_k)
     throw Error("decoder: a step's draft shape exceeds the configured tree");
-  const auto t0 = Clock::now();
-  drafter_->propose(root, position, shape, sampling.for_drafter(), tree_);
-  st.draft_seconds += since(t0);
-  st.active_vocab_sum += drafter_->active_vocab_size();
-  ++st.drafting_steps;
   return true;
 }
 

@@ -48,6 +48,9 @@ struct SpecStats {
   // Drafting steps whose tree was verified in one forward pass together with other sequences (the
   // batching server); counted by the caller that ran that pass.
   int32_t shared_drafting_steps = 0;
+  // Draft forwards (tree levels) that ran in one forward call with other sequences' draft rows
+  // (Decoder::draft_steps over several sequences: the batching server).
+  int64_t shared_draft_forwards = 0;
   double draft_backbone_seconds() const { return draft_seconds - draft_lm_head_seconds; }
   double lm_head_seconds() const { return draft_lm_head_seconds + verify_lm_head_seconds; }
   double mean_active_vocab() const {
@@ -87,7 +90,10 @@ class Decoder {
   // The drafter config asks for (none for --spec none) over gen's model; gen's cache is shared
   // with a self-drafter. target_file, gen and tokenizer must outlive the decoder. Throws Error for
   // invalid settings.
-  Decoder(const SpecConfig& config, const GgufFile& target_file, Generator& gen, const Tokenizer& tokenizer);
+  // share_draft_model_of: a decoder whose --spec draft model this one runs on as well (must
+  // outlive it; see build_drafter), null to load its own.
+  Decoder(const SpecConfig& config, const GgufFile& target_file, Generator& gen, const Tokenizer& tokenizer,
+          const Decoder* share_draft_model_of = nullptr);
   // With a drafter made elsewhere (tests), or none (nullptr: plain decoding); not owned.
   Decoder(Generator& gen, const Tokenizer& tokenizer, Drafter* drafter, const TreeParams& tree);
 
@@ -98,7 +104,7 @@ class Decoder {
   // One line describing drafter and tree ("plain decoding" without a drafter).
   const std::string& describe() const { return describe_; }
   // The separate draft model of --spec draft (null otherwise).
-  const Model* draft_model() const { return built_.model.get(); }
+  const Model* draft_model() const { return built_.draft_model; }
 
  private:
   // The generation's sampling state, an argument of every part that samples: the target's
@@ -149,6 +155,17 @@ class Decoder {
   //                drafter (its MicroSpec window too) and emits. False once the generation ended.
   bool draft_step(Run& run, const TreeParams& shape);
   SequenceForward verify_rows(Run& run);
+  // draft_step of several sequences together (the batching server): each its own decoder, run and
+  // shape; the drafters' forwards of each tree level run in one forward call over all the
+  // sequences' rows (draft_together: the weights read once per level), and each sequence keeps its
+  // own cache, draft vocabulary and tree. Each tree is the one draft_step gives alone. Sets every
+  // run's `drafted`. jobs: [steps.size()] the caller's scratch (nothing allocated per step).
+  struct DraftStep {
+    Decoder* decoder = nullptr;
+    Run* run = nullptr;
+    TreeParams shape;
+  };
+  static void draft_steps(std::span<const DraftStep> steps, std::span<DraftJob> jobs);
   bool accept_step(Run& run, const DecodeObserver* observer = nullptr);
   // What the caller's forward call must ask for: every row's logits, and the target features a
   // draft head reads (empty for other drafters).
@@ -162,7 +179,8 @@ class Decoder {
   // Prefill; returns the first generated token.
   int32_t prefill(const std::vector<int32_t>& prompt, Sampling& sampling, const DecodeObserver* observer);
   // The step's parts, in order (see the top of this file).
-  bool draft(int32_t root, int32_t position, const TreeParams& shape, Sampling& sampling, SpecStats& st);
+  // Whether a step at `position` drafts a tree of `shape` (clears the tree either way).
+  bool will_draft(int32_t position, const TreeParams& shape);
   // Fills batch_ with the verification rows: the root, then the tree's nodes.
   void set_verify_rows(int32_t root, int32_t position);
   // The verification pass of a sequence alone: its verify_rows in a forward call of their own.

@@ -1,6 +1,7 @@
 #include "speculative/drafter.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <string>
 
@@ -27,6 +28,12 @@ void ModelTreeExpander::start(std::span<const int32_t> prefix, int32_t root, int
 
 void ModelTreeExpander::expand(std::span<const int32_t> frontier, std::span<const TreeNode> cand, int32_t k,
                                DraftSampling* sampling, Proposal* out) {
+  const SequenceForward rows = stage(frontier, cand);
+  model_.forward(std::span<const SequenceForward>(&rows, 1), forward_options());
+  score(k, sampling, out);
+}
+
+SequenceForward ModelTreeExpander::stage(std::span<const int32_t> frontier, std::span<const TreeNode> cand) {
   batch_.clear();
   if (frontier.size() == 1 && frontier[0] < 0) {
     // The root, after any tokens the draft cache has not seen yet, as one sequential run.
@@ -52,7 +59,10 @@ void ModelTreeExpander::expand(std::span<const int32_t> frontier, std::span<cons
     }
     next_slot_ += batch_.size();
   }
-  model_.forward(batch_, kv_, out_, {.end_layer = n_layers_});
+  return {.batch = &batch_, .kv = &kv_, .out = &out_};
+}
+
+void ModelTreeExpander::score(int32_t k, DraftSampling* sampling, Proposal* out) {
   // Keep each run row's residual stream by pending slot: a self-drafter's verification resumes
   // those rows at layer n_layers_ instead of recomputing the layers the draft shares.
   const size_t d = size_t(model_.config().n_embd);
@@ -62,6 +72,59 @@ void ModelTreeExpander::expand(std::span<const int32_t> frontier, std::span<cons
     std::copy_n(out_.residual.data() + size_t(r) * d, d, slot_residual_.data() + size_t(slot) * d);
   }
   score_and_pick(vocab_, model_, out_.hidden.data(), out_.n_rows, k, sampling, logits_, lm_head_seconds_, out);
+}
+
+namespace {
+// Whether two expanders run the same layers of the same model (their rows can share a forward call).
+bool same_backbone(const ModelTreeExpander& a, const ModelTreeExpander& b) {
+  return &a.model() == &b.model() && a.n_layers() == b.n_layers();
+}
+}  // namespace
+
+void draft_together(std::span<DraftJob> jobs) {
+  // One level at a time: every tree still growing expands its frontier once. A tree is pending at
+  // level L while it grows and has run L levels. The first pending tree leads a forward call that
+  // every later pending tree with its backbone joins while the rows fit the batch size (and the
+  // fixed call array: nothing is allocated per step); the rest wait for the next call of the level.
+  constexpr size_t kMaxCall = 64;
+  std::array<SequenceForward, kMaxCall> call;
+  std::array<DraftJob*, kMaxCall> in_call;
+  for (DraftJob& job : jobs) job.levels = job.shared_forwards = 0;
+  const auto pending = [](const DraftJob& job, int32_t level) {
+    return job.growth && !job.growth.builder->done() && job.levels == level;
+  };
+  for (int32_t level = 0;; ++level) {
+    bool any = false;
+    for (size_t lead = 0; lead < jobs.size(); ++lead) {
+      if (!pending(jobs[lead], level)) continue;
+      any = true;
+      ModelTreeExpander& backbone = *jobs[lead].growth.expander;
+      size_t n = 0;
+      int32_t rows = 0;
+      for (size_t j = lead; j < jobs.size() && n < kMaxCall; ++j) {
+        DraftJob& job = jobs[j];
+        if (!pending(job, level) || !same_backbone(backbone, *job.growth.expander)) continue;
+        const TreeBuilder& builder = *job.growth.builder;
+        const int32_t r = job.growth.expander->rows_to_stage(builder.frontier());
+        if (n > 0 && rows + r > backbone.model().n_batch()) continue;
+        call[n] = job.growth.expander->stage(builder.frontier(), builder.candidates());
+        in_call[n++] = &job;
+        rows += r;
+      }
+      backbone.model().forward(std::span<const SequenceForward>(call.data(), n), backbone.forward_options());
+      for (size_t i = 0; i < n; ++i) {
+        DraftJob& job = *in_call[i];
+        TreeBuilder& builder = *job.growth.builder;
+        job.growth.expander->score(builder.top_k(), builder.sampling(), builder.proposals());
+        builder.absorb();
+        ++job.levels;
+        if (n > 1) ++job.shared_forwards;
+      }
+    }
+    if (!any) break;
+  }
+  for (DraftJob& job : jobs)
+    if (job.growth) job.growth.builder->finish(*job.tree);
 }
 
 void score_and_pick(DraftVocabulary& vocab, Model& model, const float* hidden, int32_t rows, int32_t k,
@@ -93,11 +156,18 @@ VerifyResume SelfDrafter::resume_for(const DraftTree& tree) const {
 
 void SelfDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
                           DraftTree& tree) {
+  if (const TreeGrowth growth = begin_propose(root, position, params, sampling, tree)) builder_.grow(expander_, tree);
+}
+
+TreeGrowth SelfDrafter::begin_propose(int32_t root, int32_t position, const TreeParams& params,
+                                      DraftSampling* sampling, DraftTree& tree) {
   expander_.start({}, root, position);
   // An empty draft vocabulary (a window fed only by verifications, before the first one) has
   // nothing to propose: the step verifies the root alone.
-  if (expander_.vocab().size() == 0) return;
-  builder_.build(params, expander_, tree, sampling);
+  tree.clear();
+  if (expander_.vocab().size() == 0) return {};
+  builder_.begin(params, sampling);
+  return {&builder_, &expander_};
 }
 
 ModelDrafter::ModelDrafter(Model& draft, int32_t n_ctx, DraftVocabulary vocab)
@@ -130,6 +200,11 @@ bool ModelDrafter::fits(const TreeParams& params, int32_t room) const {
 
 void ModelDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
                            DraftTree& tree) {
+  if (const TreeGrowth growth = begin_propose(root, position, params, sampling, tree)) builder_.grow(expander_, tree);
+}
+
+TreeGrowth ModelDrafter::begin_propose(int32_t root, int32_t position, const TreeParams& params,
+                                       DraftSampling* sampling, DraftTree& tree) {
   if (position != static_cast<int32_t>(tokens_.size()))
     throw Error("draft model: out of step with the target (" + std::to_string(tokens_.size()) +
                 " tokens vs position " + std::to_string(position) + ")");
@@ -138,8 +213,10 @@ void ModelDrafter::propose(int32_t root, int32_t position, const TreeParams& par
   catch_up(model_.n_batch() - 1);
   expander_.start(std::span<const int32_t>(tokens_.data() + kv_.n_past(), tokens_.size() - kv_.n_past()),
                   root, kv_.n_past());
-  if (expander_.vocab().size() == 0) return;  // nothing to propose (see SelfDrafter::propose)
-  builder_.build(params, expander_, tree, sampling);
+  tree.clear();
+  if (expander_.vocab().size() == 0) return {};  // nothing to propose (see SelfDrafter::begin_propose)
+  builder_.begin(params, sampling);
+  return {&builder_, &expander_};
 }
 
 void ModelDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,

@@ -35,6 +35,17 @@ struct VerifyResume {
   const float* activations = nullptr;  // [rows][n_embd], valid until the drafter's next call
 };
 
+class ModelTreeExpander;
+
+// A draft tree in growth (Drafter::begin_propose): the builder that picks each level's frontier
+// and the expander that runs it through the drafter's model. Empty (null builder): the tree is
+// already complete.
+struct TreeGrowth {
+  TreeBuilder* builder = nullptr;
+  ModelTreeExpander* expander = nullptr;
+  explicit operator bool() const { return builder != nullptr; }
+};
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -50,6 +61,16 @@ class Drafter {
   // children are drawn from the draft distribution and recorded in the tree (see DraftSampling).
   virtual void propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
                        DraftTree& tree) = 0;
+  // propose() in two halves, so that the draft forwards of several sequences' trees can run
+  // together (draft_together). Sets up the tree for `root` as propose() does; when the tree grows
+  // through the drafter's model level by level, returns its builder (begun) and expander, and the
+  // caller grows it into `tree` (TreeBuilder::grow, or draft_together); otherwise proposes the whole
+  // tree here and returns an empty growth (the default: drafters without such a backbone).
+  virtual TreeGrowth begin_propose(int32_t root, int32_t position, const TreeParams& params,
+                                   DraftSampling* sampling, DraftTree& tree) {
+    propose(root, position, params, sampling, tree);
+    return {};
+  }
   // The target committed root and then the nodes `path` of `tree` (root to leaf).
   // verify_logits: the verification pass's target logits, [1 + tree.size()][n_vocab], row 0 at
   // the root and row i + 1 at node i (raw logits, before any sampling filter).
@@ -90,8 +111,25 @@ class ModelTreeExpander : public TreeExpander {
   // Starts a tree: `prefix` tokens (sequential, not yet in the cache, may be empty) then the root,
   // written at pending slots 0.. from position `position0`.
   void start(std::span<const int32_t> prefix, int32_t root, int32_t position0);
+  // expand() is stage, the model's forward over the staged rows (forward_options()), score. A caller
+  // that runs several sequences' rows in one forward call (draft_together) stages each, runs them
+  // together, and scores each.
   void expand(std::span<const int32_t> frontier, std::span<const TreeNode> cand, int32_t k,
               DraftSampling* sampling, Proposal* out) override;
+  // Lays out the frontier's rows at the next pending slots; returns this sequence's part of the
+  // forward call (its rows, its cache, its output), valid until the next stage.
+  SequenceForward stage(std::span<const int32_t> frontier, std::span<const TreeNode> cand);
+  // The layers the forward of the staged rows runs: the expander's first n_layers().
+  ForwardOptions forward_options() const { return {.end_layer = n_layers_}; }
+  // After that forward: keeps the rows' residual streams by slot and writes each row's k children
+  // (scored with this expander's own draft vocabulary) to out[i * k ..].
+  void score(int32_t k, DraftSampling* sampling, Proposal* out);
+  // The rows stage() lays out for `frontier`: its candidates, or at the root level the tokens the
+  // draft cache has not seen yet and the root.
+  int32_t rows_to_stage(std::span<const int32_t> frontier) const {
+    return frontier.size() == 1 && frontier[0] < 0 ? static_cast<int32_t>(prefix_.size()) + 1
+                                                   : static_cast<int32_t>(frontier.size());
+  }
   // Pending slot where a candidate was run, -1 if it was not; the root's is root_slot().
   int32_t slot_of(int32_t candidate) const {
     return candidate < static_cast<int32_t>(slot_of_.size()) ? slot_of_[candidate] : -1;
@@ -135,6 +173,8 @@ class SelfDrafter final : public Drafter {
   }
   void propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
                DraftTree& tree) override;
+  TreeGrowth begin_propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
+                           DraftTree& tree) override;
   void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
                 const float* verify_logits) override {
     expander_.vocab().accepted(root, tree, path, verify_logits);
@@ -157,6 +197,8 @@ class ModelDrafter final : public Drafter {
   void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override;
   void propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
                DraftTree& tree) override;
+  TreeGrowth begin_propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
+                           DraftTree& tree) override;
   void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
                 const float* verify_logits) override;
   bool fits(const TreeParams& params, int32_t room) const override;
@@ -176,6 +218,23 @@ class ModelDrafter final : public Drafter {
   // Runs committed tokens the cache has not seen until at most `keep` are left unseen.
   void catch_up(int32_t keep);
 };
+
+// One sequence's tree in a draft_together call.
+struct DraftJob {
+  TreeGrowth growth;              // from the sequence's Drafter::begin_propose (empty: nothing to grow)
+  DraftTree* tree = nullptr;      // where the finished tree goes
+  int32_t levels = 0;             // out: draft forwards this tree ran (its levels)
+  int32_t shared_forwards = 0;    // out: those of them shared with other sequences' rows
+};
+
+// Grows several sequences' trees level by level. At each level, the trees still growing whose
+// expanders run the same model's same layers (the self-drafters of one server: the target's first
+// layers) stage their frontier rows, and ONE forward call runs all of them (each sequence with its
+// own cache and positions: Model::forward over several sequences; the weights are read once), split
+// only where the rows would exceed the model's batch size; then each tree scores its own rows with
+// its own draft vocabulary and picks its next frontier. Every tree is bitwise the one
+// TreeBuilder::grow gives it alone (the forward is per row, the scoring per sequence).
+void draft_together(std::span<DraftJob> jobs);
 
 // Throws Error unless the two files have identical token lists (and so identical ids).
 void check_same_vocabulary(const GgufFile& target, const GgufFile& draft);

@@ -75,7 +75,7 @@ namespace {
 
 // The model-based drafter of `mode` (self, draft or head) into b.
 void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile& target_file, Generator& gen,
-                         const Tokenizer& tokenizer, BuiltDrafter& b) {
+                         const Tokenizer& tokenizer, Model* shared_draft_model, BuiltDrafter& b) {
   Model& target = gen.model();
   const int32_t n_layer = target.config().n_layer;
   std::string vocab;
@@ -99,17 +99,22 @@ void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile
     b.drafter = std::make_unique<HeadDrafter>(std::move(head), target, gen.cache().n_ctx(),
                                               make_vocabulary(config, target_file.name(), target, tokenizer, &vocab));
   } else if (mode == SpecMode::Draft) {
-    b.file = open_model_file(config.draft_model);  // a GGUF file or a Hugging Face folder
-    check_same_vocabulary(target_file, *b.file);
-    // The draft runs on the target's threads, batch size and kernel table (--kernels).
-    ModelOptions opt;
-    opt.n_threads = target.pool().size();
-    opt.n_batch = target.n_batch();
-    opt.kernels = target.kernels().name;
-    b.model = Model::load(*b.file, opt);
+    if (shared_draft_model) {
+      b.draft_model = shared_draft_model;  // loaded, checked and configured by the build that shared it
+    } else {
+      b.file = open_model_file(config.draft_model);  // a GGUF file or a Hugging Face folder
+      check_same_vocabulary(target_file, *b.file);
+      // The draft runs on the target's threads, batch size and kernel table (--kernels).
+      ModelOptions opt;
+      opt.n_threads = target.pool().size();
+      opt.n_batch = target.n_batch();
+      opt.kernels = target.kernels().name;
+      b.model = Model::load(*b.file, opt);
+      b.draft_model = b.model.get();
+    }
     b.drafter = std::make_unique<ModelDrafter>(
-        *b.model, gen.cache().n_ctx(),
-        make_vocabulary(config, target_file.name(), *b.model, tokenizer, &vocab));
+        *b.draft_model, gen.cache().n_ctx(),
+        make_vocabulary(config, target_file.name(), *b.draft_model, tokenizer, &vocab));
     b.describe = "draft model " + config.draft_model;
   } else {
     throw Error(std::string("no model drafter for --spec ") + name_of(mode));
@@ -120,7 +125,7 @@ void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile
 }  // namespace
 
 BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
-                           const Tokenizer& tokenizer) {
+                           const Tokenizer& tokenizer, Model* shared_draft_model) {
   BuiltDrafter b;
   if (!config.enabled()) return b;
   const NgramParams ngram{config.ngram_min, config.ngram_max};
@@ -133,7 +138,7 @@ BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file
     return b;
   }
   const SpecMode model_mode = fallback_mode(config.mode);
-  build_model_drafter(model_mode, config, target_file, gen, tokenizer, b);
+  build_model_drafter(model_mode, config, target_file, gen, tokenizer, shared_draft_model, b);
   if (uses_ngram(config.mode)) {
     // n-gram first: a match of at least ngram_first tokens drafts, else the model drafter.
     b.drafter = std::make_unique<NgramFirstDrafter>(ngram, config.ngram_first, n_ctx, std::move(b.drafter));

@@ -15,16 +15,20 @@ namespace microspec {
 
 // A drafter with what it owns. Members are destroyed drafter first, then its model and file.
 struct BuiltDrafter {
-  std::unique_ptr<GgufFile> file;    // --spec draft: the draft model's file
-  std::unique_ptr<Model> model;      // --spec draft: the draft model
+  std::unique_ptr<GgufFile> file;    // --spec draft: the draft model's file (null when shared)
+  std::unique_ptr<Model> model;      // --spec draft: the draft model (null when shared)
+  Model* draft_model = nullptr;      // --spec draft: the model the drafter runs on (its own, or shared)
   std::unique_ptr<Drafter> drafter;  // null for --spec none
   std::string describe;              // drafter and draft vocabulary, for statistics lines
 };
 
 // config must be valid (SpecConfig::validate). gen's model is the target, and its cache is shared
 // with a self-drafter; target_file (the target's GGUF) locates the default frequency file and is
-// compared with a draft model's vocabulary. Throws Error.
+// compared with a draft model's vocabulary. shared_draft_model: for --spec draft, a draft model
+// loaded by an earlier build_drafter (BuiltDrafter::draft_model, which must outlive this drafter)
+// to run on instead of loading another copy: the batching server's slots share one, so their tree
+// levels are drafted in one forward call (draft_together). Throws Error.
 BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
-                           const Tokenizer& tokenizer);
+                           const Tokenizer& tokenizer, Model* shared_draft_model = nullptr);
 
 }  // namespace microspec

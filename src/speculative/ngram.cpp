@@ -152,15 +152,21 @@ void NgramFirstDrafter::begin(const std::vector<int32_t>& prompt, std::span<cons
 
 void NgramFirstDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
                                 DraftTree& tree) {
+  const TreeGrowth growth = begin_propose(root, position, params, sampling, tree);
+  if (growth) growth.builder->grow(*growth.expander, tree);
+}
+
+TreeGrowth NgramFirstDrafter::begin_propose(int32_t root, int32_t position, const TreeParams& params,
+                                            DraftSampling* sampling, DraftTree& tree) {
   const NgramMatch m = ngram_.match_with_root(root);
   fallback_drafted_ = m.length < first_min_;
   if (fallback_drafted_) {
     ++fallback_steps_;
-    fallback_->propose(root, position, params, sampling, tree);
-  } else {
-    ++ngram_steps_;
-    ngram_.draft_chain(m, params, sampling, tree);
+    return fallback_->begin_propose(root, position, params, sampling, tree);
   }
+  ++ngram_steps_;
+  ngram_.draft_chain(m, params, sampling, tree);
+  return {};
 }
 
 void NgramFirstDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,

@@ -117,6 +117,9 @@ class NgramFirstDrafter final : public Drafter {
   void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override;
   void propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
                DraftTree& tree) override;
+  // The n-gram chain at once, or the fallback's growth (its tree then grows with other sequences').
+  TreeGrowth begin_propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
+                           DraftTree& tree) override;
   // Both learn the committed tokens (the fallback's cache and draft vocabulary stay in step).
   void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
                 const float* verify_logits) override;

@@ -60,38 +60,53 @@ int32_t pick_children(const float* logits, int32_t n, const int32_t* ids, int32_
 
 void TreeBuilder::build(const TreeParams& params, TreeExpander& expander, DraftTree& tree,
                         DraftSampling* sampling) {
-  params.validate();
-  tree.clear();
-  cand_.clear();
-  if (params.total_tokens == 0) return;
-  // Moves the q of the frontier rows just expanded to their candidates (swaps keep capacity).
-  auto take_q = [&](std::span<const int32_t> frontier) {
-    if (!sampling) return;
-    for (size_t i = 0; i < frontier.size(); ++i) {
-      TokenDistribution& dst = frontier[i] < 0 ? root_q_ : cand_q_[frontier[i]];
-      dst.swap(sampling->row_q[i]);
-    }
-  };
-  const int32_t k = params.top_k;
-  proposals_.resize(size_t(k) * k);
-  const RanksBefore ranks{&cand_};
+  begin(params, sampling);
+  grow(expander, tree);
+}
 
-  // Root level: the root's top-k tokens.
-  const int32_t root = -1;
-  expander.expand(std::span<const int32_t>(&root, 1), cand_, k, sampling, proposals_.data());
-  take_q(std::span<const int32_t>(&root, 1));
-  frontier_.clear();
-  for (int32_t j = 0; j < k; ++j) {
-    const Proposal& p = proposals_[j];
-    if (p.token < 0) continue;
-    cand_.push_back({p.token, -1, 1, p.logprob, static_cast<int32_t>(cand_.size())});
-    frontier_.push_back(cand_.back().candidate);
+void TreeBuilder::grow(TreeExpander& expander, DraftTree& tree) {
+  while (!done()) {
+    expander.expand(frontier_, cand_, params_.top_k, sampling_, proposals_.data());
+    absorb();
   }
+  finish(tree);
+}
 
-  for (int32_t round = 0; round < params.depth && !frontier_.empty(); ++round) {
-    expander.expand(frontier_, cand_, k, sampling, proposals_.data());
-    if (sampling && cand_q_.size() < cand_.size()) cand_q_.resize(cand_.size());
-    take_q(frontier_);
+void TreeBuilder::begin(const TreeParams& params, DraftSampling* sampling) {
+  params.validate();
+  params_ = params;
+  sampling_ = sampling;
+  rounds_ = 0;
+  cand_.clear();
+  frontier_.clear();
+  if (params.total_tokens == 0) return;  // nothing to draft: done at once
+  proposals_.resize(size_t(params.top_k) * params.top_k);
+  frontier_.push_back(-1);  // the root level
+}
+
+void TreeBuilder::take_q() {
+  if (!sampling_) return;
+  if (cand_q_.size() < cand_.size()) cand_q_.resize(cand_.size());
+  for (size_t i = 0; i < frontier_.size(); ++i) {
+    TokenDistribution& dst = frontier_[i] < 0 ? root_q_ : cand_q_[frontier_[i]];
+    dst.swap(sampling_->row_q[i]);  // swaps keep capacity
+  }
+}
+
+void TreeBuilder::absorb() {
+  take_q();
+  const int32_t k = params_.top_k;
+  if (frontier_.size() == 1 && frontier_[0] < 0) {
+    // Root level: the root's top-k tokens.
+    frontier_.clear();
+    for (int32_t j = 0; j < k; ++j) {
+      const Proposal& p = proposals_[j];
+      if (p.token < 0) continue;
+      cand_.push_back({p.token, -1, 1, p.logprob, static_cast<int32_t>(cand_.size())});
+      frontier_.push_back(cand_.back().candidate);
+    }
+  } else {
+    ++rounds_;
     const int32_t first_child = static_cast<int32_t>(cand_.size());
     for (size_t i = 0; i < frontier_.size(); ++i) {
       const TreeNode parent = cand_[frontier_[i]];
@@ -106,15 +121,21 @@ void TreeBuilder::build(const TreeParams& params, TreeExpander& expander, DraftT
     order_.clear();
     for (int32_t c = first_child; c < static_cast<int32_t>(cand_.size()); ++c) order_.push_back(c);
     const size_t keep = std::min(order_.size(), size_t(k));
-    std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), ranks);
+    std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), RanksBefore{&cand_});
     frontier_.assign(order_.begin(), order_.begin() + keep);
   }
+  if (rounds_ >= params_.depth) frontier_.clear();  // every round after the root level is done
+}
 
+void TreeBuilder::finish(DraftTree& tree) {
+  tree.clear();
+  if (params_.total_tokens == 0) return;
+  const RanksBefore ranks{&cand_};
   const int32_t n_cand = static_cast<int32_t>(cand_.size());
   node_of_.assign(n_cand, -1);
-  if (sampling) {
+  if (sampling_) {
     // The first total_tokens candidates in creation order (see the class comment).
-    for (int32_t c = 0; c < std::min(n_cand, params.total_tokens); ++c) node_of_[c] = 0;
+    for (int32_t c = 0; c < std::min(n_cand, params_.total_tokens); ++c) node_of_[c] = 0;
   } else {
     // Keep the total_tokens best candidates. A parent ranks before its children (score order,
     // ties to the earlier candidate), so taking candidates in rank order whose parent is already
@@ -124,7 +145,7 @@ void TreeBuilder::build(const TreeParams& params, TreeExpander& expander, DraftT
     std::sort(order_.begin(), order_.end(), ranks);
     int32_t kept = 0;
     for (int32_t c : order_) {
-      if (kept == params.total_tokens) break;
+      if (kept == params_.total_tokens) break;
       const int32_t parent = cand_[c].parent;
       if (parent >= 0 && node_of_[parent] < 0) continue;
       node_of_[c] = 0;  // marked kept; real indices are assigned in candidate order below
@@ -138,7 +159,7 @@ void TreeBuilder::build(const TreeParams& params, TreeExpander& expander, DraftT
     node.parent = node.parent < 0 ? -1 : node_of_[node.parent];
     tree.nodes.push_back(node);
   }
-  if (sampling) {
+  if (sampling_) {
     tree.q.resize(size_t(tree.size()) + 1);
     tree.q[0].swap(root_q_);
     for (int32_t c = 0; c < n_cand; ++c)

@@ -102,13 +102,37 @@ int32_t pick_children(const float* logits, int32_t n, const int32_t* ids, int32_
 // own token, and still yields a connected tree with each node's kept children a prefix of its
 // draws. (Choosing the frontier by score is fine: it decides whether a node gets children from
 // that node's own value and its relatives', never from the children's.)
+//
+// build() runs every level through one expander. A caller that runs the draft forwards of several
+// trees together (draft_together, drafter.h) drives the same steps itself, level by level:
+//   begin      starts a tree (frontier: the root, candidate id -1);
+//   frontier / candidates / proposals: the level to expand, and where its k children per row go;
+//   absorb     takes the proposals (and with sampling the rows' q) of the frontier just expanded
+//              and picks the next frontier; done() once no level is left;
+//   finish     keeps the tree's nodes (into `tree`).
 class TreeBuilder {
  public:
   // sampling: nullptr for greedy trees; otherwise the same object the expander was given.
   void build(const TreeParams& params, TreeExpander& expander, DraftTree& tree,
              DraftSampling* sampling = nullptr);
 
+  void begin(const TreeParams& params, DraftSampling* sampling);
+  bool done() const { return frontier_.empty(); }
+  std::span<const int32_t> frontier() const { return frontier_; }
+  std::span<const TreeNode> candidates() const { return cand_; }
+  int32_t top_k() const { return params_.top_k; }
+  DraftSampling* sampling() const { return sampling_; }
+  Proposal* proposals() { return proposals_.data(); }  // [frontier][top_k] written by the expansion
+  void absorb();
+  void finish(DraftTree& tree);
+  // The levels left through `expander`, then finish.
+  void grow(TreeExpander& expander, DraftTree& tree);
+
  private:
+  void take_q();  // moves the q of the frontier rows just expanded to their candidates
+  TreeParams params_;
+  DraftSampling* sampling_ = nullptr;
+  int32_t rounds_ = 0;                     // expansion rounds absorbed after the root level
   std::vector<TokenDistribution> cand_q_;  // [candidates] q of each expanded candidate (sampling)
   TokenDistribution root_q_;               // q of the root (sampling)
   std::vector<TreeNode> cand_;             // all candidates; .parent is a candidate id here

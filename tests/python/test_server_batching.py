@@ -11,7 +11,10 @@ streaming client that disconnects after a few chunks. Every answer that runs to 
 equal `microspec generate` (the CLI, one sequence alone) for its prompt and settings, token for
 token: a sequence that leaves the batch (its limit, its stop string, its client gone) must not
 disturb the others. The server's counters prove that speculative sequences drafted trees that were
-verified in a forward pass shared with other sequences.
+verified in a forward pass shared with other sequences. A second round of four speculative clients
+at once (the same server) proves their trees are drafted together too: one draft forward per tree
+level over all of them, each answer still its single-stream output. A small server of its own
+with `--spec draft` shows the slots sharing one draft model and drafting together as well.
 """
 import threading
 
@@ -144,3 +147,68 @@ def test_sixteen_mixed_clients_get_their_single_stream_outputs(server):
     assert delta("microspec_spec_accepted_tokens_total") > 0
     log = server.stderr_text()
     assert "one batch" in log
+
+
+def greedy_at_once(server, chosen):
+    """Greedy chat completions of PROMPTS[i] for i in chosen, all sent at once (every other one
+    streamed); returns their texts in order."""
+    results = [None] * len(chosen)
+    barrier = threading.Barrier(len(chosen))
+
+    def run(k, prompt):
+        client = openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0, timeout=300)
+        kw = {"model": "m", "messages": [{"role": "user", "content": PROMPTS[prompt]}], "max_tokens": N_TOKENS,
+              "temperature": 0}
+        barrier.wait()
+        try:
+            if k % 2:
+                results[k] = "".join(c.choices[0].delta.content or "" for c in
+                                     client.chat.completions.create(stream=True, **kw) if c.choices)
+            else:
+                results[k] = client.chat.completions.create(**kw).choices[0].message.content
+        except Exception as e:  # reported by the caller's comparison
+            results[k] = "error: %r" % e
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=run, args=(k, p)) for k, p in enumerate(chosen)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def drafted_together(server, before, n_generations):
+    """Once the server is idle: n_generations more speculative generations since `before`, and how
+    many tree levels they drafted in one forward call with other sequences' draft rows."""
+    after = wait_for(lambda: (lambda m: m if m["microspec_slots_busy"] == 0 else None)(metrics(server)))
+    assert after, "slots still busy"
+    assert after["microspec_spec_generations_total"] - before.get("microspec_spec_generations_total", 0) == n_generations
+    return after["microspec_spec_shared_draft_forwards_total"] - before.get("microspec_spec_shared_draft_forwards_total", 0)
+
+
+def test_speculative_clients_draft_together_and_get_their_single_stream_outputs(server):
+    """Four speculative greedy clients at once (two long prompts, two short; two streamed): their
+    trees are drafted together, one draft forward per tree level over all of them, each with its own
+    MicroSpec window; every answer equals the single-stream CLI's."""
+    greedy = [r["text"] for r in cli_generate(SMOLLM2, PROMPTS, N_TOKENS, chat=True)]
+    chosen = [1, 3, 4, 6]
+    before = metrics(server)
+    assert greedy_at_once(server, chosen) == [greedy[p] for p in chosen]
+    assert drafted_together(server, before, len(chosen)) > 0
+
+
+def test_draft_model_slots_share_one_draft_model_and_draft_together():
+    """--spec draft (SmolLM2 drafting for itself): every slot runs on one copy of the draft model, so
+    three clients' tree levels are drafted in one forward call; answers equal the CLI's."""
+    s = ServerProcess(SMOLLM2, "--spec", "draft", "--draft-model", SMOLLM2, "--draft-vocab", "dynamic",
+                      "--parallel", "3", "-c", "1024", "--spec-max-batch", "16")
+    try:
+        greedy = [r["text"] for r in cli_generate(SMOLLM2, PROMPTS, N_TOKENS, chat=True)]
+        chosen = [0, 3, 5]
+        before = metrics(s)
+        assert greedy_at_once(s, chosen) == [greedy[p] for p in chosen]
+        assert drafted_together(s, before, len(chosen)) > 0
+    finally:
+        assert s.terminate() == 0, s.stderr_text()
