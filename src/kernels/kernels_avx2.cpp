@@ -1,12 +1,14 @@
 // AVX2 + FMA + F16C kernels: the baseline every supported x86-64 CPU runs.
 //
 // Each weight type has one templated row kernel, dot<NT>, that decodes a weight block once and
-// applies it to NT activation rows (NT = 1..4). gemm tiles rows x tokens over it; vec_dot is NT = 1.
+// applies it to NT activation rows (NT = 1..8; 1..4 for float weights). gemm tiles rows x tokens
+// over it, so up to 8 tokens stream each weight row once; vec_dot is gemm on one row and token.
 // Integer arithmetic is exact, so results differ from the reference only in float summation order.
 #include <immintrin.h>
 
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/kernels.h"
 
@@ -70,73 +72,157 @@ inline __m256i dot_u8(__m256i u, __m256i a) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// What one row kernel call reads of the activations
+
+// Most tokens one row kernel call takes (the float kernels take 4: two accumulators per token).
+constexpr int kGroup = 8;
+
+// The activation rows of one call (up to kGroup tokens, in the weight type's activation format)
+// and, for the Q8_0 / Q8_1 formats, their block scales already in f32: gemm converts them once per
+// call instead of once per weight row. d[b * kGroup + t] is block b's scale of token t; s likewise
+// for Q8_1's s = d * sum(qs). Unused for Q8_K (whose scale is f32) and f32 activations.
+struct Acts {
+  const uint8_t* row[kGroup];
+  const float* d;
+  const float* s;
+};
+
+// Which f32 scales a kernel's activation format needs from gemm.
+enum class ActScales { kNone, kD, kDS };
+
+// What gemm needs to know of a kernel's activations: the most tokens per row kernel call, the
+// f32 scales to convert, the elements per activation block and the block's layout.
+struct Q8_0Acts {
+  static constexpr int kMaxTokens = kGroup;
+  static constexpr ActScales kScales = ActScales::kD;
+  static constexpr int kBlockElems = kQK;
+  using ActBlock = BlockQ8_0;
+};
+struct Q8_1Acts {
+  static constexpr int kMaxTokens = kGroup;
+  static constexpr ActScales kScales = ActScales::kDS;
+  static constexpr int kBlockElems = kQK;
+  using ActBlock = BlockQ8_1;
+};
+template <int kTokens>
+struct Q8_KActs {
+  static constexpr int kMaxTokens = kTokens;
+  static constexpr ActScales kScales = ActScales::kD;
+  static constexpr int kBlockElems = kQKK;
+  using ActBlock = BlockQ8_K;
+};
+struct F32Acts {
+  static constexpr int kMaxTokens = 4;  // two accumulators per token
+  static constexpr ActScales kScales = ActScales::kNone;
+  static constexpr int kBlockElems = 1;
+  using ActBlock = float;
+};
+
+// Per-thread scratch for the f32 scales; grows to the largest call and stays.
+float* scale_scratch(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
+// ---------------------------------------------------------------------------------------------
 // 32-element formats against Q8_0 / Q8_1 activations
 
+// The combined scales dx * dy[t] of one block for NT tokens, each broadcast to 8 lanes: one vector
+// multiply for all tokens, then one in-lane shuffle per token (the products are the same floats
+// as scalar dx * dy[t]).
+template <int NT>
+struct BlockScales {
+  __m256 lo, hi;  // the products of tokens 0-3 / 4-7 in both 128-bit halves
+  BlockScales(float dx, const float* dy) {
+    const __m256 v = _mm256_mul_ps(_mm256_set1_ps(dx), _mm256_loadu_ps(dy));
+    lo = _mm256_permute2f128_ps(v, v, 0x00);
+    if constexpr (NT > 4) hi = _mm256_permute2f128_ps(v, v, 0x11);
+  }
+  template <int T>
+  __m256 get() const {
+    static_assert(T < NT);
+    return _mm256_permute_ps(T < 4 ? lo : hi, (T % 4) * 0x55);
+  }
+};
+
+// Calls f.template operator()<T>() for T = 0..NT-1 in order.
+template <int NT, class F, int T = 0>
+inline void for_tokens(F&& f) {
+  if constexpr (T < NT) {
+    f.template operator()<T>();
+    for_tokens<NT, F, T + 1>(static_cast<F&&>(f));
+  }
+}
+
 // Symmetric types: decode gives signed weights w; the activation is Q8_0.
+// Per token the float steps are the same whatever NT, so a result does not depend on the others.
 template <class K, int NT>
-inline void dot_sym(const void* w, const void* const* a, int64_t n, float* s) {
+inline void dot_sym(const void* w, const Acts& a, int64_t n, float* s) {
   const auto* x = static_cast<const typename K::Block*>(w);
   const BlockQ8_0* y[NT];
-  for (int t = 0; t < NT; ++t) y[t] = static_cast<const BlockQ8_0*>(a[t]);
+  for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const BlockQ8_0*>(a.row[t]);
   const int64_t nb = n / kQK;
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const __m256i w = K::decode(x[b]);
     const __m256i w_abs = _mm256_sign_epi8(w, w);
-    const float dx = h2f(x[b].d);
-    for (int t = 0; t < NT; ++t) {
-      const __m256i i = dot_i8(w_abs, w, loadu(y[t][b].qs));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dx * h2f(y[t][b].d)), acc[t]);
-    }
+    const BlockScales<NT> sc(h2f(x[b].d), a.d + b * kGroup);
+    for_tokens<NT>([&]<int T>() {
+      const __m256i i = dot_i8(w_abs, w, loadu(y[T][b].qs));
+      acc[T] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), sc.template get<T>(), acc[T]);
+    });
   }
   for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
 }
 
 // Asymmetric types (value = q*d + m): unsigned q against Q8_1, plus m * s per block.
 template <class K, int NT>
-inline void dot_asym(const void* w, const void* const* a, int64_t n, float* s) {
+inline void dot_asym(const void* w, const Acts& a, int64_t n, float* s) {
   const auto* x = static_cast<const typename K::Block*>(w);
   const BlockQ8_1* y[NT];
-  for (int t = 0; t < NT; ++t) y[t] = static_cast<const BlockQ8_1*>(a[t]);
+  for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const BlockQ8_1*>(a.row[t]);
   const int64_t nb = n / kQK;
   __m256 acc[NT];
-  float msum[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps(), msum[t] = 0.0f;
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  __m256 msum = _mm256_setzero_ps();  // lane t: sum over blocks of mx * sy[t], one fma per block
   for (int64_t b = 0; b < nb; ++b) {
     const __m256i u = K::decode(x[b]);
-    const float dx = h2f(x[b].d), mx = h2f(x[b].m);
-    for (int t = 0; t < NT; ++t) {
-      const __m256i i = dot_u8(u, loadu(y[t][b].qs));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dx * h2f(y[t][b].d)), acc[t]);
-      msum[t] += mx * h2f(y[t][b].s);
-    }
+    const BlockScales<NT> sc(h2f(x[b].d), a.d + b * kGroup);
+    msum = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[b].m)), _mm256_loadu_ps(a.s + b * kGroup), msum);
+    for_tokens<NT>([&]<int T>() {
+      const __m256i i = dot_u8(u, loadu(y[T][b].qs));
+      acc[T] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), sc.template get<T>(), acc[T]);
+    });
   }
-  for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]) + msum[t];
+  alignas(32) float m[8];
+  _mm256_store_ps(m, msum);
+  for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]) + m[t];
 }
 
-struct Q8_0Kernel {
+struct Q8_0Kernel : Q8_0Acts {
   using Block = BlockQ8_0;
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
     dot_sym<Q8_0Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ8_0& b) { return loadu(b.qs); }
 };
 
-struct Q4_0Kernel {
+struct Q4_0Kernel : Q8_0Acts {
   using Block = BlockQ4_0;
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
     dot_sym<Q4_0Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ4_0& b) { return _mm256_sub_epi8(nibbles32(b.qs), _mm256_set1_epi8(8)); }
 };
 
-struct Q5_0Kernel {
+struct Q5_0Kernel : Q8_0Acts {
   using Block = BlockQ5_0;
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
     dot_sym<Q5_0Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ5_0& b) {
@@ -145,19 +231,19 @@ struct Q5_0Kernel {
   }
 };
 
-struct Q4_1Kernel {
+struct Q4_1Kernel : Q8_1Acts {
   using Block = BlockQ4_1;
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
     dot_asym<Q4_1Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ4_1& b) { return nibbles32(b.qs); }
 };
 
-struct Q5_1Kernel {
+struct Q5_1Kernel : Q8_1Acts {
   using Block = BlockQ5_1;
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
     dot_asym<Q5_1Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ5_1& b) {
@@ -191,13 +277,13 @@ inline __m256i k4_mins_pairs(const uint8_t* m) {
 }
 
 template <bool kHigh>
-struct Q45KKernel {
+struct Q45KKernel : Q8_KActs<4> {  // 8 tokens would spill isum and acc
   using Block = std::conditional_t<kHigh, BlockQ5_K, BlockQ4_K>;
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
     const auto* x = static_cast<const Block*>(w);
     const BlockQ8_K* y[NT];
-    for (int t = 0; t < NT; ++t) y[t] = static_cast<const BlockQ8_K*>(a[t]);
+    for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const BlockQ8_K*>(a.row[t]);
     __m256 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -227,22 +313,23 @@ struct Q45KKernel {
               isum[t], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi)));
         }
       }
-      for (int t = 0; t < NT; ++t) {
-        const __m256i mi = _mm256_madd_epi16(loadu(y[t][b].bsums), mins);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * y[t][b].d), acc[t]);
-        acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_set1_ps(dmin * y[t][b].d), acc[t]);
-      }
+      const BlockScales<NT> sd(d, a.d + b * kGroup), sm(dmin, a.d + b * kGroup);
+      for_tokens<NT>([&]<int T>() {
+        const __m256i mi = _mm256_madd_epi16(loadu(y[T][b].bsums), mins);
+        acc[T] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[T]), sd.template get<T>(), acc[T]);
+        acc[T] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), sm.template get<T>(), acc[T]);
+      });
     }
     for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
   }
 };
 
-struct Q6KKernel {
+struct Q6KKernel : Q8_KActs<kGroup> {
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
     const auto* x = static_cast<const BlockQ6_K*>(w);
     const BlockQ8_K* y[NT];
-    for (int t = 0; t < NT; ++t) y[t] = static_cast<const BlockQ8_K*>(a[t]);
+    for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const BlockQ8_K*>(a.row[t]);
     __m256 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -277,9 +364,10 @@ struct Q6KKernel {
           }
         }
       }
-      const float d = h2f(x[b].d);
-      for (int t = 0; t < NT; ++t)
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * y[t][b].d), acc[t]);
+      const BlockScales<NT> sd(h2f(x[b].d), a.d + b * kGroup);
+      for_tokens<NT>([&]<int T>() {
+        acc[T] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[T]), sd.template get<T>(), acc[T]);
+      });
     }
     for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
   }
@@ -311,12 +399,12 @@ struct BF16Elems {
 };
 
 template <class E>
-struct FloatKernel {
+struct FloatKernel : F32Acts {
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
     const auto* x = static_cast<const typename E::T*>(w);
     const float* y[NT];
-    for (int t = 0; t < NT; ++t) y[t] = static_cast<const float*>(a[t]);
+    for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const float*>(a.row[t]);
     __m256 acc0[NT], acc1[NT];
     for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
     int64_t i = 0;
@@ -346,48 +434,85 @@ using BF16Kernel = FloatKernel<BF16Elems>;
 // ---------------------------------------------------------------------------------------------
 // Tiling
 
-template <class K>
-float vec_dot(const void* w, const void* a, int64_t n) {
-  float s;
-  const void* acts[1] = {a};
-  K::template dot<1>(w, acts, n, &s);
-  return s;
+// Calls f.template operator()<NT>() with NT = n (1..kGroup) as a compile-time constant.
+template <class F>
+inline void with_token_count(int64_t n, F&& f) {
+  switch (n) {
+    case 8: f.template operator()<8>(); break;
+    case 7: f.template operator()<7>(); break;
+    case 6: f.template operator()<6>(); break;
+    case 5: f.template operator()<5>(); break;
+    case 4: f.template operator()<4>(); break;
+    case 3: f.template operator()<3>(); break;
+    case 2: f.template operator()<2>(); break;
+    default: f.template operator()<1>(); break;
+  }
 }
 
-// Rows in blocks of 8 so a block's weights stay in L1 while every group of 4 tokens passes over it.
+// The f32 scales of n_tokens activation rows of nb blocks each (see Acts), per group of G tokens:
+// group g's d table at out + g * per_group, its s table (Q8_1) nb * kGroup floats after it.
+template <class Block>
+void act_scales(const uint8_t* act, size_t act_stride, int64_t n_tokens, int64_t nb, int G, float* out,
+                size_t per_group) {
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const auto* y = reinterpret_cast<const Block*>(act + size_t(t) * act_stride);
+    float* d = out + size_t(t / G) * per_group + t % G;
+    for (int64_t b = 0; b < nb; ++b) {
+      if constexpr (std::is_same_v<Block, BlockQ8_K>) d[b * kGroup] = y[b].d;
+      else d[b * kGroup] = h2f(y[b].d);
+    }
+    if constexpr (std::is_same_v<Block, BlockQ8_1>) {
+      float* s = d + nb * kGroup;
+      for (int64_t b = 0; b < nb; ++b) s[b * kGroup] = h2f(y[b].s);
+    }
+  }
+}
+
+// Rows in blocks of 8 so a block's weights stay in L1 while every group of up to kMaxTokens tokens
+// passes over it; up to kMaxTokens tokens, each weight row is streamed once and decoded once.
 template <class K>
 void gemm(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, const void* act,
           size_t act_stride, int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
+  constexpr int G = K::kMaxTokens;
   constexpr int64_t kRowBlock = 8;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* ab = static_cast<const uint8_t*>(act);
+  const float* scales = nullptr;  // per token group: [d table, s table], each nb * kGroup floats
+  const int64_t nb = n / K::kBlockElems;
+  size_t per_group = 0;
+  if constexpr (K::kScales != ActScales::kNone) {
+    per_group = size_t(nb) * kGroup * (K::kScales == ActScales::kDS ? 2 : 1);
+    float* buf = scale_scratch(size_t((n_tokens + G - 1) / G) * per_group);
+    act_scales<typename K::ActBlock>(ab, act_stride, n_tokens, nb, G, buf, per_group);
+    scales = buf;
+  }
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRowBlock) {
     const int64_t r1 = r0 + kRowBlock < n_rows ? r0 + kRowBlock : n_rows;
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += 4) {
-      const int g = n_tokens - t0 < 4 ? int(n_tokens - t0) : 4;
-      const void* acts[4];
-      for (int i = 0; i < g; ++i) acts[i] = ab + size_t(t0 + i) * act_stride;
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += G) {
+      const int64_t g = n_tokens - t0 < G ? n_tokens - t0 : G;
+      Acts a{};
+      for (int64_t i = 0; i < g; ++i) a.row[i] = ab + size_t(t0 + i) * act_stride;
+      if (scales) {
+        a.d = scales + size_t(t0 / G) * per_group;
+        a.s = a.d + nb * kGroup;
+      }
       for (int64_t r = r0; r < r1; ++r) {
         const uint8_t* row = wb + size_t(row_ids ? row_ids[r] : r) * w_stride;
-        float s[4] = {};
-        switch (g) {
-          case 4:
-            K::template dot<4>(row, acts, n, s);
-            break;
-          case 3:
-            K::template dot<3>(row, acts, n, s);
-            break;
-          case 2:
-            K::template dot<2>(row, acts, n, s);
-            break;
-          default:
-            K::template dot<1>(row, acts, n, s);
-            break;
-        }
-        for (int i = 0; i < g; ++i) out[(t0 + i) * ldo + r] = s[i];
+        float s[kGroup] = {};
+        with_token_count(g, [&]<int NT>() {
+          if constexpr (NT <= G) K::template dot<NT>(row, a, n, s);
+        });
+        for (int64_t i = 0; i < g; ++i) out[(t0 + i) * ldo + r] = s[i];
       }
     }
   }
+}
+
+template <class K>
+float vec_dot(const void* w, const void* a, int64_t n) {
+  float s;
+  gemm<K>(w, 0, nullptr, 1, a, 0, 1, n, &s, 1);
+  return s;
 }
 
 // ---------------------------------------------------------------------------------------------
