@@ -1,7 +1,7 @@
 // AVX2 + FMA + F16C kernels: the baseline every supported x86-64 CPU runs.
 //
 // Each weight type has one templated row kernel, dot<NT>, that decodes a weight block once and
-// applies it to NT activation rows (NT = 1..8; 1..4 for float weights). gemm tiles rows x tokens
+// applies it to NT activation rows (NT = 1..8; 1..4 for Q4_K/Q5_K and float weights). gemm tiles rows x tokens
 // over it, so up to 8 tokens stream each weight row once; vec_dot is gemm on one row and token.
 // Integer arithmetic is exact, so results differ from the reference only in float summation order.
 #include <immintrin.h>
@@ -155,57 +155,78 @@ inline void for_tokens(F&& f) {
   }
 }
 
-// Symmetric types: decode gives signed weights w; the activation is Q8_0.
-// Per token the float steps are the same whatever NT, so a result does not depend on the others.
-template <class K, int NT>
-inline void dot_sym(const void* w, const Acts& a, int64_t n, float* s) {
-  const auto* x = static_cast<const typename K::Block*>(w);
-  const BlockQ8_0* y[NT];
-  for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const BlockQ8_0*>(a.row[t]);
-  const int64_t nb = n / kQK;
-  __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i w = K::decode(x[b]);
-    const __m256i w_abs = _mm256_sign_epi8(w, w);
-    const BlockScales<NT> sc(h2f(x[b].d), a.d + b * kGroup);
-    for_tokens<NT>([&]<int T>() {
-      const __m256i i = dot_i8(w_abs, w, loadu(y[T][b].qs));
-      acc[T] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), sc.template get<T>(), acc[T]);
-    });
-  }
-  for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
+// Four tokens' 8-lane integer block sums folded into one vector: lane j holds token j's lanes 0-3
+// summed, lane j + 4 its lanes 4-7. Exact integer adds on the shuffle and add ports, which leaves
+// the multiply ports (sign, maddubs, madd, cvt, fma all share two) to the dot products.
+inline __m256i fold4(__m256i i0, __m256i i1, __m256i i2, __m256i i3) {
+  const __m256i p01 = _mm256_add_epi32(_mm256_unpacklo_epi32(i0, i1), _mm256_unpackhi_epi32(i0, i1));
+  const __m256i p23 = _mm256_add_epi32(_mm256_unpacklo_epi32(i2, i3), _mm256_unpackhi_epi32(i2, i3));
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(p01, p23), _mm256_unpackhi_epi64(p01, p23));
 }
 
-// Asymmetric types (value = q*d + m): unsigned q against Q8_1, plus m * s per block.
+// One token alone: the same two sums in lanes 0 and 4 (and copies in the others).
+inline __m256i fold1(__m256i i) {
+  const __m256i p = _mm256_add_epi32(i, _mm256_shuffle_epi32(i, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm256_add_epi32(p, _mm256_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+// The 32-element formats against Q8_0 (symmetric weights: K::decode gives signed w) or Q8_1
+// (asymmetric, value = q*d + m: K::decode gives unsigned q, plus m * s per block).
+//
+// Tokens 4g..4g+3 share float accumulator g: token 4g + j owns lanes j and j + 4, which take the
+// token's two folded integer sums (fold4) times dx * dy, so a block costs one conversion and one
+// fma per four tokens, and the scale vector [dx*dy0..dx*dy3 | dx*dy0..dx*dy3] is one multiply and
+// one lane broadcast for them all. A token's float steps (per block: two fmas into its own two
+// lanes; at the end: their sum, plus the m * s sum) never involve another token's values, so its
+// result is the same whatever NT and whichever slot it has.
 template <class K, int NT>
-inline void dot_asym(const void* w, const Acts& a, int64_t n, float* s) {
+inline void dot32(const void* w, const Acts& a, int64_t n, float* s) {
+  constexpr bool kAsym = std::is_same_v<typename K::ActBlock, BlockQ8_1>;
+  constexpr int NG = (NT + 3) / 4;
+  using ActBlock = typename K::ActBlock;
   const auto* x = static_cast<const typename K::Block*>(w);
-  const BlockQ8_1* y[NT];
-  for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const BlockQ8_1*>(a.row[t]);
+  const ActBlock* y[NT];
+  for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const ActBlock*>(a.row[t]);
   const int64_t nb = n / kQK;
-  __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  __m256 msum = _mm256_setzero_ps();  // lane t: sum over blocks of mx * sy[t], one fma per block
+  __m256 acc[NG];
+  for (int g = 0; g < NG; ++g) acc[g] = _mm256_setzero_ps();
+  __m256 msum = _mm256_setzero_ps();  // lane t: sum over blocks of mx * sy[t] (Q8_1)
   for (int64_t b = 0; b < nb; ++b) {
-    const __m256i u = K::decode(x[b]);
-    const BlockScales<NT> sc(h2f(x[b].d), a.d + b * kGroup);
-    msum = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[b].m)), _mm256_loadu_ps(a.s + b * kGroup), msum);
+    const __m256i q = K::decode(x[b]);
+    const __m256i q_abs = kAsym ? q : _mm256_sign_epi8(q, q);
+    const __m256 v = _mm256_mul_ps(_mm256_set1_ps(h2f(x[b].d)), _mm256_loadu_ps(a.d + b * kGroup));
+    if constexpr (kAsym)
+      msum = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[b].m)), _mm256_loadu_ps(a.s + b * kGroup), msum);
+    __m256i i[4 * NG];
     for_tokens<NT>([&]<int T>() {
-      const __m256i i = dot_u8(u, loadu(y[T][b].qs));
-      acc[T] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), sc.template get<T>(), acc[T]);
+      const __m256i act = loadu(y[T][b].qs);
+      i[T] = kAsym ? dot_u8(q, act) : dot_i8(q_abs, q, act);
     });
+    for (int t = NT; t < 4 * NG; ++t) i[t] = _mm256_setzero_si256();
+    if constexpr (NT == 1) {
+      acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold1(i[0])), _mm256_permute2f128_ps(v, v, 0x00), acc[0]);
+    } else {
+      for (int g = 0; g < NG; ++g) {
+        const __m256 sc = _mm256_permute2f128_ps(v, v, g == 0 ? 0x00 : 0x11);
+        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold4(i[4 * g], i[4 * g + 1], i[4 * g + 2], i[4 * g + 3])), sc,
+                                 acc[g]);
+      }
+    }
   }
-  alignas(32) float m[8];
+  alignas(32) float lanes[NG][8], m[8];
+  for (int g = 0; g < NG; ++g) _mm256_store_ps(lanes[g], acc[g]);
   _mm256_store_ps(m, msum);
-  for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]) + m[t];
+  for (int t = 0; t < NT; ++t) {
+    const float dot = lanes[t / 4][t % 4] + lanes[t / 4][t % 4 + 4];
+    s[t] = kAsym ? dot + m[t] : dot;
+  }
 }
 
 struct Q8_0Kernel : Q8_0Acts {
   using Block = BlockQ8_0;
   template <int NT>
   static void dot(const void* w, const Acts& a, int64_t n, float* s) {
-    dot_sym<Q8_0Kernel, NT>(w, a, n, s);
+    dot32<Q8_0Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ8_0& b) { return loadu(b.qs); }
 };
@@ -214,7 +235,7 @@ struct Q4_0Kernel : Q8_0Acts {
   using Block = BlockQ4_0;
   template <int NT>
   static void dot(const void* w, const Acts& a, int64_t n, float* s) {
-    dot_sym<Q4_0Kernel, NT>(w, a, n, s);
+    dot32<Q4_0Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ4_0& b) { return _mm256_sub_epi8(nibbles32(b.qs), _mm256_set1_epi8(8)); }
 };
@@ -223,7 +244,7 @@ struct Q5_0Kernel : Q8_0Acts {
   using Block = BlockQ5_0;
   template <int NT>
   static void dot(const void* w, const Acts& a, int64_t n, float* s) {
-    dot_sym<Q5_0Kernel, NT>(w, a, n, s);
+    dot32<Q5_0Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ5_0& b) {
     const __m256i high = bits_to_bytes(load_u32(b.qh));
@@ -235,7 +256,7 @@ struct Q4_1Kernel : Q8_1Acts {
   using Block = BlockQ4_1;
   template <int NT>
   static void dot(const void* w, const Acts& a, int64_t n, float* s) {
-    dot_asym<Q4_1Kernel, NT>(w, a, n, s);
+    dot32<Q4_1Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ4_1& b) { return nibbles32(b.qs); }
 };
@@ -244,7 +265,7 @@ struct Q5_1Kernel : Q8_1Acts {
   using Block = BlockQ5_1;
   template <int NT>
   static void dot(const void* w, const Acts& a, int64_t n, float* s) {
-    dot_asym<Q5_1Kernel, NT>(w, a, n, s);
+    dot32<Q5_1Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ5_1& b) {
     const __m256i high = bits_to_bytes(load_u32(b.qh));
