@@ -78,13 +78,16 @@ inline __m256i dot_u8(__m256i u, __m256i a) {
 constexpr int kGroup = 8;
 
 // The activation rows of one call (up to kGroup tokens, in the weight type's activation format)
-// and, for the Q8_0 / Q8_1 formats, their block scales already in f32: gemm converts them once per
-// call instead of once per weight row. d[b * kGroup + t] is block b's scale of token t; s likewise
-// for Q8_1's s = d * sum(qs). Unused for Q8_K (whose scale is f32) and f32 activations.
+// and their block scales already in f32 (gemm converts them once per call instead of once per
+// weight row): d is block b's scale of token t, s likewise Q8_1's s = d * sum(qs). Q8_0/Q8_1 keep
+// them token-major, d[t * stride + b] (stride: the block count rounded up to even, the padding 0),
+// for the block pairs of dot32; Q8_K block-major, d[b * kGroup + t], for BlockScales. Unused for
+// f32 activations.
 struct Acts {
   const uint8_t* row[kGroup];
   const float* d;
   const float* s;
+  int64_t stride;
 };
 
 // Which f32 scales a kernel's activation format needs from gemm.
@@ -128,21 +131,26 @@ float* scale_scratch(size_t floats) {
 // ---------------------------------------------------------------------------------------------
 // 32-element formats against Q8_0 / Q8_1 activations
 
-// The combined scales dx * dy[t] of one block for NT tokens, each broadcast to 8 lanes: one vector
-// multiply for all tokens, then one in-lane shuffle per token (the products are the same floats
-// as scalar dx * dy[t]).
+// The combined scales dx * dy[t] of one K-quant block for NT tokens, each broadcast to 8 lanes.
+// From 3 tokens on: one vector multiply for all tokens, then one in-lane shuffle per token; for
+// one or two, scalar products and broadcasts (cheaper there). The products are the same floats.
 template <int NT>
 struct BlockScales {
-  __m256 lo, hi;  // the products of tokens 0-3 / 4-7 in both 128-bit halves
-  BlockScales(float dx, const float* dy) {
-    const __m256 v = _mm256_mul_ps(_mm256_set1_ps(dx), _mm256_loadu_ps(dy));
-    lo = _mm256_permute2f128_ps(v, v, 0x00);
-    if constexpr (NT > 4) hi = _mm256_permute2f128_ps(v, v, 0x11);
+  __m256 lo, hi;  // the products of tokens 0-3 / 4-7 in both 128-bit halves (NT > 2)
+  float dx;
+  const float* dy;
+  BlockScales(float dx_, const float* dy_) : dx(dx_), dy(dy_) {
+    if constexpr (NT > 2) {
+      const __m256 v = _mm256_mul_ps(_mm256_set1_ps(dx), _mm256_loadu_ps(dy));
+      lo = _mm256_permute2f128_ps(v, v, 0x00);
+      if constexpr (NT > 4) hi = _mm256_permute2f128_ps(v, v, 0x11);
+    }
   }
   template <int T>
   __m256 get() const {
     static_assert(T < NT);
-    return _mm256_permute_ps(T < 4 ? lo : hi, (T % 4) * 0x55);
+    if constexpr (NT <= 2) return _mm256_set1_ps(dx * dy[T]);
+    else return _mm256_permute_ps(T < 4 ? lo : hi, (T % 4) * 0x55);
   }
 };
 
@@ -155,71 +163,71 @@ inline void for_tokens(F&& f) {
   }
 }
 
-// Four tokens' 8-lane integer block sums folded into one vector: lane j holds token j's lanes 0-3
-// summed, lane j + 4 its lanes 4-7. Exact integer adds on the shuffle and add ports, which leaves
-// the multiply ports (sign, maddubs, madd, cvt, fma all share two) to the dot products.
-inline __m256i fold4(__m256i i0, __m256i i1, __m256i i2, __m256i i3) {
-  const __m256i p01 = _mm256_add_epi32(_mm256_unpacklo_epi32(i0, i1), _mm256_unpackhi_epi32(i0, i1));
-  const __m256i p23 = _mm256_add_epi32(_mm256_unpacklo_epi32(i2, i3), _mm256_unpackhi_epi32(i2, i3));
-  return _mm256_add_epi32(_mm256_unpacklo_epi64(p01, p23), _mm256_unpackhi_epi64(p01, p23));
+// Two blocks' 8-lane integer sums folded into one vector: lanes 0, 2, 4, 6 hold block 0's lane
+// pairs (0+2, 1+3, 4+6, 5+7), lanes 1, 3, 5, 7 block 1's. Exact integer adds on the shuffle and
+// add ports, which leaves the multiply ports (sign, maddubs, madd, cvt, fma share two) to the
+// dot products.
+[[gnu::always_inline]] inline __m256i fold2(__m256i i0, __m256i i1) {
+  return _mm256_add_epi32(_mm256_unpacklo_epi32(i0, i1), _mm256_unpackhi_epi32(i0, i1));
 }
 
-// One token alone: the same two sums in lanes 0 and 4 (and copies in the others).
-inline __m256i fold1(__m256i i) {
-  const __m256i p = _mm256_add_epi32(i, _mm256_shuffle_epi32(i, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm256_add_epi32(p, _mm256_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
+// Two f16 scales -> [a b a b a b a b] (kDup) or [a b 0 0 0 0 0 0].
+template <bool kDup>
+[[gnu::always_inline]] inline __m256 scale_pair(fp16_t a, fp16_t b) {
+  const __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(int(uint32_t(a) | uint32_t(b) << 16)));
+  if constexpr (kDup) return _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(v)));
+  else return _mm256_zextps128_ps256(_mm_movelh_ps(v, _mm_setzero_ps()));
+}
+
+// Two consecutive f32 values -> [a b a b a b a b].
+[[gnu::always_inline]] inline __m256 f32_pair(const float* p) {
+  return _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(p)));
 }
 
 // The 32-element formats against Q8_0 (symmetric weights: K::decode gives signed w) or Q8_1
 // (asymmetric, value = q*d + m: K::decode gives unsigned q, plus m * s per block).
 //
-// Tokens 4g..4g+3 share float accumulator g: token 4g + j owns lanes j and j + 4, which take the
-// token's two folded integer sums (fold4) times dx * dy, so a block costs one conversion and one
-// fma per four tokens, and the scale vector [dx*dy0..dx*dy3 | dx*dy0..dx*dy3] is one multiply and
-// one lane broadcast for them all. A token's float steps (per block: two fmas into its own two
-// lanes; at the end: their sum, plus the m * s sum) never involve another token's values, so its
-// result is the same whatever NT and whichever slot it has.
+// Blocks go in pairs: per token, the pair's two integer sums are folded into one vector (fold2),
+// converted once and multiplied by [dx0*dy0, dx1*dy1, ...] in one fma, which halves the
+// conversions and fmas per block against one vector per block. A token's float steps (per pair:
+// that fma, then for Q8_1 one fma of [mx0, mx1, 0...] * [sy0, sy1, ...]; at the end a fixed
+// horizontal sum) use only its own values, so its result is the same whatever NT. An odd last
+// block pairs with a zero block of zero scale.
 template <class K, int NT>
 inline void dot32(const void* w, const Acts& a, int64_t n, float* s) {
   constexpr bool kAsym = std::is_same_v<typename K::ActBlock, BlockQ8_1>;
-  constexpr int NG = (NT + 3) / 4;
   using ActBlock = typename K::ActBlock;
   const auto* x = static_cast<const typename K::Block*>(w);
   const ActBlock* y[NT];
   for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const ActBlock*>(a.row[t]);
   const int64_t nb = n / kQK;
-  __m256 acc[NG];
-  for (int g = 0; g < NG; ++g) acc[g] = _mm256_setzero_ps();
-  __m256 msum = _mm256_setzero_ps();  // lane t: sum over blocks of mx * sy[t] (Q8_1)
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i q = K::decode(x[b]);
-    const __m256i q_abs = kAsym ? q : _mm256_sign_epi8(q, q);
-    const __m256 v = _mm256_mul_ps(_mm256_set1_ps(h2f(x[b].d)), _mm256_loadu_ps(a.d + b * kGroup));
-    if constexpr (kAsym)
-      msum = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[b].m)), _mm256_loadu_ps(a.s + b * kGroup), msum);
-    __m256i i[4 * NG];
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  auto step = [&]<bool kPair>(int64_t b) {
+    const __m256i q0 = K::decode(x[b]);
+    const __m256i q1 = kPair ? K::decode(x[b + 1]) : _mm256_setzero_si256();
+    const __m256i q0_abs = kAsym ? q0 : _mm256_sign_epi8(q0, q0);
+    const __m256i q1_abs = kAsym ? q1 : _mm256_sign_epi8(q1, q1);
+    const __m256 dx = scale_pair<true>(x[b].d, kPair ? x[b + 1].d : fp16_t(0));
+    __m256 mx;
+    if constexpr (kAsym) mx = scale_pair<false>(x[b].m, kPair ? x[b + 1].m : fp16_t(0));
     for_tokens<NT>([&]<int T>() {
-      const __m256i act = loadu(y[T][b].qs);
-      i[T] = kAsym ? dot_u8(q, act) : dot_i8(q_abs, q, act);
-    });
-    for (int t = NT; t < 4 * NG; ++t) i[t] = _mm256_setzero_si256();
-    if constexpr (NT == 1) {
-      acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold1(i[0])), _mm256_permute2f128_ps(v, v, 0x00), acc[0]);
-    } else {
-      for (int g = 0; g < NG; ++g) {
-        const __m256 sc = _mm256_permute2f128_ps(v, v, g == 0 ? 0x00 : 0x11);
-        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold4(i[4 * g], i[4 * g + 1], i[4 * g + 2], i[4 * g + 3])), sc,
-                                 acc[g]);
+      const __m256i a0 = loadu(y[T][b].qs);
+      const __m256i i0 = kAsym ? dot_u8(q0, a0) : dot_i8(q0_abs, q0, a0);
+      __m256i i1 = _mm256_setzero_si256();
+      if constexpr (kPair) {
+        const __m256i a1 = loadu(y[T][b + 1].qs);
+        i1 = kAsym ? dot_u8(q1, a1) : dot_i8(q1_abs, q1, a1);
       }
-    }
-  }
-  alignas(32) float lanes[NG][8], m[8];
-  for (int g = 0; g < NG; ++g) _mm256_store_ps(lanes[g], acc[g]);
-  _mm256_store_ps(m, msum);
-  for (int t = 0; t < NT; ++t) {
-    const float dot = lanes[t / 4][t % 4] + lanes[t / 4][t % 4 + 4];
-    s[t] = kAsym ? dot + m[t] : dot;
-  }
+      const __m256 sc = _mm256_mul_ps(dx, f32_pair(a.d + T * a.stride + b));
+      acc[T] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold2(i0, i1)), sc, acc[T]);
+      if constexpr (kAsym) acc[T] = _mm256_fmadd_ps(mx, f32_pair(a.s + T * a.stride + b), acc[T]);
+    });
+  };
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2) step.template operator()<true>(b);
+  if (b < nb) step.template operator()<false>(b);
+  for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
 }
 
 struct Q8_0Kernel : Q8_0Acts {
@@ -277,7 +285,7 @@ struct Q5_1Kernel : Q8_1Acts {
 // K-quants against Q8_K
 
 // The eight 6-bit scales and mins of a Q4_K/Q5_K block, as bytes.
-inline void k4_scales(const uint8_t* packed, uint8_t* sc, uint8_t* m) {
+[[gnu::always_inline]] inline void k4_scales(const uint8_t* packed, uint8_t* sc, uint8_t* m) {
   uint32_t u[3];
   std::memcpy(u, packed, 12);
   const uint32_t sc_lo = u[0] & 0x3f3f3f3f, m_lo = u[1] & 0x3f3f3f3f;
@@ -290,7 +298,7 @@ inline void k4_scales(const uint8_t* packed, uint8_t* sc, uint8_t* m) {
 }
 
 // Mins as int16 pairs [m0, m0, m1, m1, ...], to madd with the 16 bsums.
-inline __m256i k4_mins_pairs(const uint8_t* m) {
+[[gnu::always_inline]] inline __m256i k4_mins_pairs(const uint8_t* m) {
   uint64_t m8;
   std::memcpy(&m8, m, 8);
   const __m128i v = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(m8)));
@@ -471,20 +479,26 @@ inline void with_token_count(int64_t n, F&& f) {
 }
 
 // The f32 scales of n_tokens activation rows of nb blocks each (see Acts), per group of G tokens:
-// group g's d table at out + g * per_group, its s table (Q8_1) nb * kGroup floats after it.
+// group g's d table at out + g * per_group, its s table (Q8_1) half a group after it.
 template <class Block>
 void act_scales(const uint8_t* act, size_t act_stride, int64_t n_tokens, int64_t nb, int G, float* out,
                 size_t per_group) {
+  constexpr bool kTokenMajor = !std::is_same_v<Block, BlockQ8_K>;
+  const int64_t stride = (nb + 1) / 2 * 2;
   for (int64_t t = 0; t < n_tokens; ++t) {
     const auto* y = reinterpret_cast<const Block*>(act + size_t(t) * act_stride);
-    float* d = out + size_t(t / G) * per_group + t % G;
-    for (int64_t b = 0; b < nb; ++b) {
-      if constexpr (std::is_same_v<Block, BlockQ8_K>) d[b * kGroup] = y[b].d;
-      else d[b * kGroup] = h2f(y[b].d);
-    }
-    if constexpr (std::is_same_v<Block, BlockQ8_1>) {
-      float* s = d + nb * kGroup;
-      for (int64_t b = 0; b < nb; ++b) s[b * kGroup] = h2f(y[b].s);
+    float* group = out + size_t(t / G) * per_group;
+    if constexpr (kTokenMajor) {
+      float* d = group + (t % G) * stride;
+      for (int64_t b = 0; b < nb; ++b) d[b] = h2f(y[b].d);
+      d[nb] = 0.0f;  // the padding when nb is odd (else overwritten or unused)
+      if constexpr (std::is_same_v<Block, BlockQ8_1>) {
+        float* s = d + per_group / 2;
+        for (int64_t b = 0; b < nb; ++b) s[b] = h2f(y[b].s);
+        s[nb] = 0.0f;
+      }
+    } else {
+      for (int64_t b = 0; b < nb; ++b) group[b * kGroup + t % G] = y[b].d;
     }
   }
 }
@@ -502,7 +516,8 @@ void gemm(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows
   const int64_t nb = n / K::kBlockElems;
   size_t per_group = 0;
   if constexpr (K::kScales != ActScales::kNone) {
-    per_group = size_t(nb) * kGroup * (K::kScales == ActScales::kDS ? 2 : 1);
+    // + 1: act_scales writes the odd-count padding entry even when nb is even.
+    per_group = size_t((nb + 1) / 2 * 2 + 1) * kGroup * (K::kScales == ActScales::kDS ? 2 : 1);
     float* buf = scale_scratch(size_t((n_tokens + G - 1) / G) * per_group);
     act_scales<typename K::ActBlock>(ab, act_stride, n_tokens, nb, G, buf, per_group);
     scales = buf;
@@ -515,7 +530,8 @@ void gemm(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows
       for (int64_t i = 0; i < g; ++i) a.row[i] = ab + size_t(t0 + i) * act_stride;
       if (scales) {
         a.d = scales + size_t(t0 / G) * per_group;
-        a.s = a.d + nb * kGroup;
+        a.s = a.d + per_group / 2;
+        a.stride = (nb + 1) / 2 * 2;
       }
       for (int64_t r = r0; r < r1; ++r) {
         const uint8_t* row = wb + size_t(row_ids ? row_ids[r] : r) * w_stride;
