@@ -744,7 +744,8 @@ void expect_batch_invariant(int64_t cols32, int64_t colsK, uint32_t seed) {
         std::vector<int32_t> ids = {36, 0, 5, 6, 7, 20, 36, 1, 2, 3, 4};
         for (int64_t nt : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16}) {
           std::vector<float> y(size_t(nt) * ids.size());
-          matmul_rows(ctx, w.q(), ids.data(), int64_t(ids.size()), x.data(), nt, y.data(), int64_t(ids.size()));
+          matmul_rows(ctx, w.q(), ids.data(), int64_t(ids.size()), x.data(), nt, y.data(),
+                      int64_t(ids.size()));
           for (int64_t t = 0; t < nt; ++t)
             for (size_t j = 0; j < ids.size(); ++j)
               ASSERT_EQ(y[size_t(t) * ids.size() + j], alone[size_t(t * rows + ids[j])])

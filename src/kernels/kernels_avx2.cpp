@@ -1,8 +1,9 @@
 // AVX2 + FMA + F16C kernels: the baseline every supported x86-64 CPU runs.
 //
 // Each weight type has one templated row kernel, dot<NT>, that decodes a weight block once and
-// applies it to NT activation rows (NT = 1..8; 1..4 for Q4_K/Q5_K and float weights). gemm tiles rows x tokens
-// over it, so up to 8 tokens stream each weight row once; vec_dot is gemm on one row and token.
+// applies it to NT activation rows (NT = 1..8; 1..4 for Q4_K/Q5_K and float weights). gemm tiles
+// rows x tokens over it, so up to 8 tokens stream each weight row once; vec_dot is gemm on one row
+// and one token.
 // Integer arithmetic is exact, so results differ from the reference only in float summation order.
 #include <immintrin.h>
 
@@ -131,29 +132,6 @@ float* scale_scratch(size_t floats) {
 // ---------------------------------------------------------------------------------------------
 // 32-element formats against Q8_0 / Q8_1 activations
 
-// The combined scales dx * dy[t] of one K-quant block for NT tokens, each broadcast to 8 lanes.
-// From 3 tokens on: one vector multiply for all tokens, then one in-lane shuffle per token; for
-// one or two, scalar products and broadcasts (cheaper there). The products are the same floats.
-template <int NT>
-struct BlockScales {
-  __m256 lo, hi;  // the products of tokens 0-3 / 4-7 in both 128-bit halves (NT > 2)
-  float dx;
-  const float* dy;
-  BlockScales(float dx_, const float* dy_) : dx(dx_), dy(dy_) {
-    if constexpr (NT > 2) {
-      const __m256 v = _mm256_mul_ps(_mm256_set1_ps(dx), _mm256_loadu_ps(dy));
-      lo = _mm256_permute2f128_ps(v, v, 0x00);
-      if constexpr (NT > 4) hi = _mm256_permute2f128_ps(v, v, 0x11);
-    }
-  }
-  template <int T>
-  __m256 get() const {
-    static_assert(T < NT);
-    if constexpr (NT <= 2) return _mm256_set1_ps(dx * dy[T]);
-    else return _mm256_permute_ps(T < 4 ? lo : hi, (T % 4) * 0x55);
-  }
-};
-
 // Calls f.template operator()<T>() for T = 0..NT-1 in order.
 template <int NT, class F, int T = 0>
 inline void for_tokens(F&& f) {
@@ -175,8 +153,10 @@ inline void for_tokens(F&& f) {
 template <bool kDup>
 [[gnu::always_inline]] inline __m256 scale_pair(fp16_t a, fp16_t b) {
   const __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(int(uint32_t(a) | uint32_t(b) << 16)));
-  if constexpr (kDup) return _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(v)));
-  else return _mm256_zextps128_ps256(_mm_movelh_ps(v, _mm_setzero_ps()));
+  if constexpr (kDup)
+    return _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(v)));
+  else
+    return _mm256_zextps128_ps256(_mm_movelh_ps(v, _mm_setzero_ps()));
 }
 
 // Two consecutive f32 values -> [a b a b a b a b].
@@ -283,6 +263,31 @@ struct Q5_1Kernel : Q8_1Acts {
 
 // ---------------------------------------------------------------------------------------------
 // K-quants against Q8_K
+
+// The combined scales dx * dy[t] of one K-quant block for NT tokens, each broadcast to 8 lanes.
+// From 3 tokens on: one vector multiply for all tokens, then one in-lane shuffle per token; for
+// one or two, scalar products and broadcasts (cheaper there). The products are the same floats.
+template <int NT>
+struct BlockScales {
+  __m256 lo, hi;  // the products of tokens 0-3 / 4-7 in both 128-bit halves (NT > 2)
+  float dx;
+  const float* dy;
+  BlockScales(float dx_, const float* dy_) : dx(dx_), dy(dy_) {
+    if constexpr (NT > 2) {
+      const __m256 v = _mm256_mul_ps(_mm256_set1_ps(dx), _mm256_loadu_ps(dy));
+      lo = _mm256_permute2f128_ps(v, v, 0x00);
+      if constexpr (NT > 4) hi = _mm256_permute2f128_ps(v, v, 0x11);
+    }
+  }
+  template <int T>
+  __m256 get() const {
+    static_assert(T < NT);
+    if constexpr (NT <= 2)
+      return _mm256_set1_ps(dx * dy[T]);
+    else
+      return _mm256_permute_ps(T < 4 ? lo : hi, (T % 4) * 0x55);
+  }
+};
 
 // The eight 6-bit scales and mins of a Q4_K/Q5_K block, as bytes.
 [[gnu::always_inline]] inline void k4_scales(const uint8_t* packed, uint8_t* sc, uint8_t* m) {
@@ -467,14 +472,30 @@ using BF16Kernel = FloatKernel<BF16Elems>;
 template <class F>
 inline void with_token_count(int64_t n, F&& f) {
   switch (n) {
-    case 8: f.template operator()<8>(); break;
-    case 7: f.template operator()<7>(); break;
-    case 6: f.template operator()<6>(); break;
-    case 5: f.template operator()<5>(); break;
-    case 4: f.template operator()<4>(); break;
-    case 3: f.template operator()<3>(); break;
-    case 2: f.template operator()<2>(); break;
-    default: f.template operator()<1>(); break;
+    case 8:
+      f.template operator()<8>();
+      break;
+    case 7:
+      f.template operator()<7>();
+      break;
+    case 6:
+      f.template operator()<6>();
+      break;
+    case 5:
+      f.template operator()<5>();
+      break;
+    case 4:
+      f.template operator()<4>();
+      break;
+    case 3:
+      f.template operator()<3>();
+      break;
+    case 2:
+      f.template operator()<2>();
+      break;
+    default:
+      f.template operator()<1>();
+      break;
   }
 }
 
