@@ -599,7 +599,7 @@ TEST(Matmul, TablesThreadsAndShapesAgreeWithReference) {
     int64_t rows, cols32, colsK;
   };
   const Shape shapes[] = {{1, 160, 256}, {7, 640, 512}, {37, 96, 768}, {100, 64, 256}};
-  const int64_t token_counts[] = {1, 3, 17, 64, 67};
+  const int64_t token_counts[] = {1, 3, 5, 8, 17, 64, 67};  // 5, 8: the few-token kernels' groups
   for (GgmlType type : kWeightTypes) {
     const bool k_quant = type_traits(type).block_elems == kQKK;
     for (const Shape& s : shapes) {
@@ -739,13 +739,19 @@ void expect_batch_invariant(int64_t cols32, int64_t colsK, uint32_t seed) {
                   << k->name << " " << tname(type) << " cols " << cols << " tokens " << nt << " from token "
                   << first << " threads " << threads << " position " << i / rows << " row " << i % rows;
           }
-        std::vector<int32_t> ids = {36, 0, 5, 6, 7, 20};
-        std::vector<float> y(size_t(9) * ids.size());
-        matmul_rows(ctx, w.q(), ids.data(), int64_t(ids.size()), x.data(), 9, y.data(), int64_t(ids.size()));
-        for (int64_t t = 0; t < 9; ++t)
-          for (size_t j = 0; j < ids.size(); ++j)
-            ASSERT_EQ(y[size_t(t) * ids.size() + j], alone[size_t(t * rows + ids[j])])
-                << k->name << " " << tname(type) << " matmul_rows token " << t << " id " << ids[j];
+        // Gathered rows (matmul_rows: a row at any position of the gather, repeated ids, a tail
+        // shorter than a row block) for every few-token count and past a group of 8 tokens.
+        std::vector<int32_t> ids = {36, 0, 5, 6, 7, 20, 36, 1, 2, 3, 4};
+        for (int64_t nt : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16}) {
+          std::vector<float> y(size_t(nt) * ids.size());
+          matmul_rows(ctx, w.q(), ids.data(), int64_t(ids.size()), x.data(), nt, y.data(),
+                      int64_t(ids.size()));
+          for (int64_t t = 0; t < nt; ++t)
+            for (size_t j = 0; j < ids.size(); ++j)
+              ASSERT_EQ(y[size_t(t) * ids.size() + j], alone[size_t(t * rows + ids[j])])
+                  << k->name << " " << tname(type) << " matmul_rows tokens " << nt << " token " << t << " id "
+                  << ids[j];
+        }
       }
     }
   }

@@ -1,12 +1,15 @@
 // AVX2 + FMA + F16C kernels: the baseline every supported x86-64 CPU runs.
 //
 // Each weight type has one templated row kernel, dot<NT>, that decodes a weight block once and
-// applies it to NT activation rows (NT = 1..4). gemm tiles rows x tokens over it; vec_dot is NT = 1.
+// applies it to NT activation rows (NT = 1..8; 1..4 for Q4_K/Q5_K and float weights). gemm tiles
+// rows x tokens over it, so up to 8 tokens stream each weight row once; vec_dot is gemm on one row
+// and one token.
 // Integer arithmetic is exact, so results differ from the reference only in float summation order.
 #include <immintrin.h>
 
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/kernels.h"
 
@@ -70,74 +73,166 @@ inline __m256i dot_u8(__m256i u, __m256i a) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// What one row kernel call reads of the activations
+
+// Most tokens one row kernel call takes (the float kernels take 4: two accumulators per token).
+constexpr int kGroup = 8;
+
+// The activation rows of one call (up to kGroup tokens, in the weight type's activation format)
+// and their block scales already in f32 (gemm converts them once per call instead of once per
+// weight row): d is block b's scale of token t, s likewise Q8_1's s = d * sum(qs). Q8_0/Q8_1 keep
+// them token-major, d[t * stride + b] (stride: the block count rounded up to even, the padding 0),
+// for the block pairs of dot32; Q8_K block-major, d[b * kGroup + t], for BlockScales. Unused for
+// f32 activations.
+struct Acts {
+  const uint8_t* row[kGroup];
+  const float* d;
+  const float* s;
+  int64_t stride;
+};
+
+// Which f32 scales a kernel's activation format needs from gemm.
+enum class ActScales { kNone, kD, kDS };
+
+// What gemm needs to know of a kernel's activations: the most tokens per row kernel call, the
+// f32 scales to convert, the elements per activation block and the block's layout.
+struct Q8_0Acts {
+  static constexpr int kMaxTokens = kGroup;
+  static constexpr ActScales kScales = ActScales::kD;
+  static constexpr int kBlockElems = kQK;
+  using ActBlock = BlockQ8_0;
+};
+struct Q8_1Acts {
+  static constexpr int kMaxTokens = kGroup;
+  static constexpr ActScales kScales = ActScales::kDS;
+  static constexpr int kBlockElems = kQK;
+  using ActBlock = BlockQ8_1;
+};
+template <int kTokens>
+struct Q8_KActs {
+  static constexpr int kMaxTokens = kTokens;
+  static constexpr ActScales kScales = ActScales::kD;
+  static constexpr int kBlockElems = kQKK;
+  using ActBlock = BlockQ8_K;
+};
+struct F32Acts {
+  static constexpr int kMaxTokens = 4;  // two accumulators per token
+  static constexpr ActScales kScales = ActScales::kNone;
+  static constexpr int kBlockElems = 1;
+  using ActBlock = float;
+};
+
+// Per-thread scratch for the f32 scales; grows to the largest call and stays.
+float* scale_scratch(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
+// ---------------------------------------------------------------------------------------------
 // 32-element formats against Q8_0 / Q8_1 activations
 
-// Symmetric types: decode gives signed weights w; the activation is Q8_0.
+// Calls f.template operator()<T>() for T = 0..NT-1 in order.
+template <int NT, class F, int T = 0>
+inline void for_tokens(F&& f) {
+  if constexpr (T < NT) {
+    f.template operator()<T>();
+    for_tokens<NT, F, T + 1>(static_cast<F&&>(f));
+  }
+}
+
+// Two blocks' 8-lane integer sums folded into one vector: lanes 0, 2, 4, 6 hold block 0's lane
+// pairs (0+2, 1+3, 4+6, 5+7), lanes 1, 3, 5, 7 block 1's. Exact integer adds on the shuffle and
+// add ports, which leaves the multiply ports (sign, maddubs, madd, cvt, fma share two) to the
+// dot products.
+[[gnu::always_inline]] inline __m256i fold2(__m256i i0, __m256i i1) {
+  return _mm256_add_epi32(_mm256_unpacklo_epi32(i0, i1), _mm256_unpackhi_epi32(i0, i1));
+}
+
+// Two f16 scales -> [a b a b a b a b] (kDup) or [a b 0 0 0 0 0 0].
+template <bool kDup>
+[[gnu::always_inline]] inline __m256 scale_pair(fp16_t a, fp16_t b) {
+  const __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(int(uint32_t(a) | uint32_t(b) << 16)));
+  if constexpr (kDup)
+    return _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(v)));
+  else
+    return _mm256_zextps128_ps256(_mm_movelh_ps(v, _mm_setzero_ps()));
+}
+
+// Two consecutive f32 values -> [a b a b a b a b].
+[[gnu::always_inline]] inline __m256 f32_pair(const float* p) {
+  return _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(p)));
+}
+
+// The 32-element formats against Q8_0 (symmetric weights: K::decode gives signed w) or Q8_1
+// (asymmetric, value = q*d + m: K::decode gives unsigned q, plus m * s per block).
+//
+// Blocks go in pairs: per token, the pair's two integer sums are folded into one vector (fold2),
+// converted once and multiplied by [dx0*dy0, dx1*dy1, ...] in one fma, which halves the
+// conversions and fmas per block against one vector per block. A token's float steps (per pair:
+// that fma, then for Q8_1 one fma of [mx0, mx1, 0...] * [sy0, sy1, ...]; at the end a fixed
+// horizontal sum) use only its own values, so its result is the same whatever NT. An odd last
+// block pairs with a zero block of zero scale.
 template <class K, int NT>
-inline void dot_sym(const void* w, const void* const* a, int64_t n, float* s) {
+inline void dot32(const void* w, const Acts& a, int64_t n, float* s) {
+  constexpr bool kAsym = std::is_same_v<typename K::ActBlock, BlockQ8_1>;
+  using ActBlock = typename K::ActBlock;
   const auto* x = static_cast<const typename K::Block*>(w);
-  const BlockQ8_0* y[NT];
-  for (int t = 0; t < NT; ++t) y[t] = static_cast<const BlockQ8_0*>(a[t]);
+  const ActBlock* y[NT];
+  for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const ActBlock*>(a.row[t]);
   const int64_t nb = n / kQK;
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i w = K::decode(x[b]);
-    const __m256i w_abs = _mm256_sign_epi8(w, w);
-    const float dx = h2f(x[b].d);
-    for (int t = 0; t < NT; ++t) {
-      const __m256i i = dot_i8(w_abs, w, loadu(y[t][b].qs));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dx * h2f(y[t][b].d)), acc[t]);
-    }
-  }
+  auto step = [&]<bool kPair>(int64_t b) {
+    const __m256i q0 = K::decode(x[b]);
+    const __m256i q1 = kPair ? K::decode(x[b + 1]) : _mm256_setzero_si256();
+    const __m256i q0_abs = kAsym ? q0 : _mm256_sign_epi8(q0, q0);
+    const __m256i q1_abs = kAsym ? q1 : _mm256_sign_epi8(q1, q1);
+    const __m256 dx = scale_pair<true>(x[b].d, kPair ? x[b + 1].d : fp16_t(0));
+    __m256 mx;
+    if constexpr (kAsym) mx = scale_pair<false>(x[b].m, kPair ? x[b + 1].m : fp16_t(0));
+    for_tokens<NT>([&]<int T>() {
+      const __m256i a0 = loadu(y[T][b].qs);
+      const __m256i i0 = kAsym ? dot_u8(q0, a0) : dot_i8(q0_abs, q0, a0);
+      __m256i i1 = _mm256_setzero_si256();
+      if constexpr (kPair) {
+        const __m256i a1 = loadu(y[T][b + 1].qs);
+        i1 = kAsym ? dot_u8(q1, a1) : dot_i8(q1_abs, q1, a1);
+      }
+      const __m256 sc = _mm256_mul_ps(dx, f32_pair(a.d + T * a.stride + b));
+      acc[T] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold2(i0, i1)), sc, acc[T]);
+      if constexpr (kAsym) acc[T] = _mm256_fmadd_ps(mx, f32_pair(a.s + T * a.stride + b), acc[T]);
+    });
+  };
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2) step.template operator()<true>(b);
+  if (b < nb) step.template operator()<false>(b);
   for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
 }
 
-// Asymmetric types (value = q*d + m): unsigned q against Q8_1, plus m * s per block.
-template <class K, int NT>
-inline void dot_asym(const void* w, const void* const* a, int64_t n, float* s) {
-  const auto* x = static_cast<const typename K::Block*>(w);
-  const BlockQ8_1* y[NT];
-  for (int t = 0; t < NT; ++t) y[t] = static_cast<const BlockQ8_1*>(a[t]);
-  const int64_t nb = n / kQK;
-  __m256 acc[NT];
-  float msum[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps(), msum[t] = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i u = K::decode(x[b]);
-    const float dx = h2f(x[b].d), mx = h2f(x[b].m);
-    for (int t = 0; t < NT; ++t) {
-      const __m256i i = dot_u8(u, loadu(y[t][b].qs));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dx * h2f(y[t][b].d)), acc[t]);
-      msum[t] += mx * h2f(y[t][b].s);
-    }
-  }
-  for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]) + msum[t];
-}
-
-struct Q8_0Kernel {
+struct Q8_0Kernel : Q8_0Acts {
   using Block = BlockQ8_0;
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
-    dot_sym<Q8_0Kernel, NT>(w, a, n, s);
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
+    dot32<Q8_0Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ8_0& b) { return loadu(b.qs); }
 };
 
-struct Q4_0Kernel {
+struct Q4_0Kernel : Q8_0Acts {
   using Block = BlockQ4_0;
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
-    dot_sym<Q4_0Kernel, NT>(w, a, n, s);
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
+    dot32<Q4_0Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ4_0& b) { return _mm256_sub_epi8(nibbles32(b.qs), _mm256_set1_epi8(8)); }
 };
 
-struct Q5_0Kernel {
+struct Q5_0Kernel : Q8_0Acts {
   using Block = BlockQ5_0;
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
-    dot_sym<Q5_0Kernel, NT>(w, a, n, s);
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
+    dot32<Q5_0Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ5_0& b) {
     const __m256i high = bits_to_bytes(load_u32(b.qh));
@@ -145,20 +240,20 @@ struct Q5_0Kernel {
   }
 };
 
-struct Q4_1Kernel {
+struct Q4_1Kernel : Q8_1Acts {
   using Block = BlockQ4_1;
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
-    dot_asym<Q4_1Kernel, NT>(w, a, n, s);
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
+    dot32<Q4_1Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ4_1& b) { return nibbles32(b.qs); }
 };
 
-struct Q5_1Kernel {
+struct Q5_1Kernel : Q8_1Acts {
   using Block = BlockQ5_1;
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
-    dot_asym<Q5_1Kernel, NT>(w, a, n, s);
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
+    dot32<Q5_1Kernel, NT>(w, a, n, s);
   }
   static __m256i decode(const BlockQ5_1& b) {
     const __m256i high = bits_to_bytes(load_u32(b.qh));
@@ -169,8 +264,33 @@ struct Q5_1Kernel {
 // ---------------------------------------------------------------------------------------------
 // K-quants against Q8_K
 
+// The combined scales dx * dy[t] of one K-quant block for NT tokens, each broadcast to 8 lanes.
+// From 3 tokens on: one vector multiply for all tokens, then one in-lane shuffle per token; for
+// one or two, scalar products and broadcasts (cheaper there). The products are the same floats.
+template <int NT>
+struct BlockScales {
+  __m256 lo, hi;  // the products of tokens 0-3 / 4-7 in both 128-bit halves (NT > 2)
+  float dx;
+  const float* dy;
+  BlockScales(float dx_, const float* dy_) : dx(dx_), dy(dy_) {
+    if constexpr (NT > 2) {
+      const __m256 v = _mm256_mul_ps(_mm256_set1_ps(dx), _mm256_loadu_ps(dy));
+      lo = _mm256_permute2f128_ps(v, v, 0x00);
+      if constexpr (NT > 4) hi = _mm256_permute2f128_ps(v, v, 0x11);
+    }
+  }
+  template <int T>
+  __m256 get() const {
+    static_assert(T < NT);
+    if constexpr (NT <= 2)
+      return _mm256_set1_ps(dx * dy[T]);
+    else
+      return _mm256_permute_ps(T < 4 ? lo : hi, (T % 4) * 0x55);
+  }
+};
+
 // The eight 6-bit scales and mins of a Q4_K/Q5_K block, as bytes.
-inline void k4_scales(const uint8_t* packed, uint8_t* sc, uint8_t* m) {
+[[gnu::always_inline]] inline void k4_scales(const uint8_t* packed, uint8_t* sc, uint8_t* m) {
   uint32_t u[3];
   std::memcpy(u, packed, 12);
   const uint32_t sc_lo = u[0] & 0x3f3f3f3f, m_lo = u[1] & 0x3f3f3f3f;
@@ -183,7 +303,7 @@ inline void k4_scales(const uint8_t* packed, uint8_t* sc, uint8_t* m) {
 }
 
 // Mins as int16 pairs [m0, m0, m1, m1, ...], to madd with the 16 bsums.
-inline __m256i k4_mins_pairs(const uint8_t* m) {
+[[gnu::always_inline]] inline __m256i k4_mins_pairs(const uint8_t* m) {
   uint64_t m8;
   std::memcpy(&m8, m, 8);
   const __m128i v = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(m8)));
@@ -191,13 +311,13 @@ inline __m256i k4_mins_pairs(const uint8_t* m) {
 }
 
 template <bool kHigh>
-struct Q45KKernel {
+struct Q45KKernel : Q8_KActs<4> {  // 8 tokens would spill isum and acc
   using Block = std::conditional_t<kHigh, BlockQ5_K, BlockQ4_K>;
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
     const auto* x = static_cast<const Block*>(w);
     const BlockQ8_K* y[NT];
-    for (int t = 0; t < NT; ++t) y[t] = static_cast<const BlockQ8_K*>(a[t]);
+    for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const BlockQ8_K*>(a.row[t]);
     __m256 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -227,22 +347,23 @@ struct Q45KKernel {
               isum[t], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi)));
         }
       }
-      for (int t = 0; t < NT; ++t) {
-        const __m256i mi = _mm256_madd_epi16(loadu(y[t][b].bsums), mins);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * y[t][b].d), acc[t]);
-        acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_set1_ps(dmin * y[t][b].d), acc[t]);
-      }
+      const BlockScales<NT> sd(d, a.d + b * kGroup), sm(dmin, a.d + b * kGroup);
+      for_tokens<NT>([&]<int T>() {
+        const __m256i mi = _mm256_madd_epi16(loadu(y[T][b].bsums), mins);
+        acc[T] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[T]), sd.template get<T>(), acc[T]);
+        acc[T] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), sm.template get<T>(), acc[T]);
+      });
     }
     for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
   }
 };
 
-struct Q6KKernel {
+struct Q6KKernel : Q8_KActs<kGroup> {
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
     const auto* x = static_cast<const BlockQ6_K*>(w);
     const BlockQ8_K* y[NT];
-    for (int t = 0; t < NT; ++t) y[t] = static_cast<const BlockQ8_K*>(a[t]);
+    for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const BlockQ8_K*>(a.row[t]);
     __m256 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -277,9 +398,10 @@ struct Q6KKernel {
           }
         }
       }
-      const float d = h2f(x[b].d);
-      for (int t = 0; t < NT; ++t)
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * y[t][b].d), acc[t]);
+      const BlockScales<NT> sd(h2f(x[b].d), a.d + b * kGroup);
+      for_tokens<NT>([&]<int T>() {
+        acc[T] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[T]), sd.template get<T>(), acc[T]);
+      });
     }
     for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
   }
@@ -311,12 +433,12 @@ struct BF16Elems {
 };
 
 template <class E>
-struct FloatKernel {
+struct FloatKernel : F32Acts {
   template <int NT>
-  static void dot(const void* w, const void* const* a, int64_t n, float* s) {
+  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
     const auto* x = static_cast<const typename E::T*>(w);
     const float* y[NT];
-    for (int t = 0; t < NT; ++t) y[t] = static_cast<const float*>(a[t]);
+    for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const float*>(a.row[t]);
     __m256 acc0[NT], acc1[NT];
     for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
     int64_t i = 0;
@@ -346,48 +468,109 @@ using BF16Kernel = FloatKernel<BF16Elems>;
 // ---------------------------------------------------------------------------------------------
 // Tiling
 
-template <class K>
-float vec_dot(const void* w, const void* a, int64_t n) {
-  float s;
-  const void* acts[1] = {a};
-  K::template dot<1>(w, acts, n, &s);
-  return s;
+// Calls f.template operator()<NT>() with NT = n (1..kGroup) as a compile-time constant.
+template <class F>
+inline void with_token_count(int64_t n, F&& f) {
+  switch (n) {
+    case 8:
+      f.template operator()<8>();
+      break;
+    case 7:
+      f.template operator()<7>();
+      break;
+    case 6:
+      f.template operator()<6>();
+      break;
+    case 5:
+      f.template operator()<5>();
+      break;
+    case 4:
+      f.template operator()<4>();
+      break;
+    case 3:
+      f.template operator()<3>();
+      break;
+    case 2:
+      f.template operator()<2>();
+      break;
+    default:
+      f.template operator()<1>();
+      break;
+  }
 }
 
-// Rows in blocks of 8 so a block's weights stay in L1 while every group of 4 tokens passes over it.
+// The f32 scales of n_tokens activation rows of nb blocks each (see Acts), per group of G tokens:
+// group g's d table at out + g * per_group, its s table (Q8_1) half a group after it.
+template <class Block>
+void act_scales(const uint8_t* act, size_t act_stride, int64_t n_tokens, int64_t nb, int G, float* out,
+                size_t per_group) {
+  constexpr bool kTokenMajor = !std::is_same_v<Block, BlockQ8_K>;
+  const int64_t stride = (nb + 1) / 2 * 2;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const auto* y = reinterpret_cast<const Block*>(act + size_t(t) * act_stride);
+    float* group = out + size_t(t / G) * per_group;
+    if constexpr (kTokenMajor) {
+      float* d = group + (t % G) * stride;
+      for (int64_t b = 0; b < nb; ++b) d[b] = h2f(y[b].d);
+      d[nb] = 0.0f;  // the padding when nb is odd (else overwritten or unused)
+      if constexpr (std::is_same_v<Block, BlockQ8_1>) {
+        float* s = d + per_group / 2;
+        for (int64_t b = 0; b < nb; ++b) s[b] = h2f(y[b].s);
+        s[nb] = 0.0f;
+      }
+    } else {
+      for (int64_t b = 0; b < nb; ++b) group[b * kGroup + t % G] = y[b].d;
+    }
+  }
+}
+
+// Rows in blocks of 8 so a block's weights stay in L1 while every group of up to kMaxTokens tokens
+// passes over it; up to kMaxTokens tokens, each weight row is streamed once and decoded once.
 template <class K>
 void gemm(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, const void* act,
           size_t act_stride, int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
+  constexpr int G = K::kMaxTokens;
   constexpr int64_t kRowBlock = 8;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* ab = static_cast<const uint8_t*>(act);
+  const float* scales = nullptr;  // per token group: [d table, s table], each nb * kGroup floats
+  const int64_t nb = n / K::kBlockElems;
+  size_t per_group = 0;
+  if constexpr (K::kScales != ActScales::kNone) {
+    // + 1: act_scales writes the odd-count padding entry even when nb is even.
+    per_group = size_t((nb + 1) / 2 * 2 + 1) * kGroup * (K::kScales == ActScales::kDS ? 2 : 1);
+    float* buf = scale_scratch(size_t((n_tokens + G - 1) / G) * per_group);
+    act_scales<typename K::ActBlock>(ab, act_stride, n_tokens, nb, G, buf, per_group);
+    scales = buf;
+  }
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRowBlock) {
     const int64_t r1 = r0 + kRowBlock < n_rows ? r0 + kRowBlock : n_rows;
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += 4) {
-      const int g = n_tokens - t0 < 4 ? int(n_tokens - t0) : 4;
-      const void* acts[4];
-      for (int i = 0; i < g; ++i) acts[i] = ab + size_t(t0 + i) * act_stride;
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += G) {
+      const int64_t g = n_tokens - t0 < G ? n_tokens - t0 : G;
+      Acts a{};
+      for (int64_t i = 0; i < g; ++i) a.row[i] = ab + size_t(t0 + i) * act_stride;
+      if (scales) {
+        a.d = scales + size_t(t0 / G) * per_group;
+        a.s = a.d + per_group / 2;
+        a.stride = (nb + 1) / 2 * 2;
+      }
       for (int64_t r = r0; r < r1; ++r) {
         const uint8_t* row = wb + size_t(row_ids ? row_ids[r] : r) * w_stride;
-        float s[4] = {};
-        switch (g) {
-          case 4:
-            K::template dot<4>(row, acts, n, s);
-            break;
-          case 3:
-            K::template dot<3>(row, acts, n, s);
-            break;
-          case 2:
-            K::template dot<2>(row, acts, n, s);
-            break;
-          default:
-            K::template dot<1>(row, acts, n, s);
-            break;
-        }
-        for (int i = 0; i < g; ++i) out[(t0 + i) * ldo + r] = s[i];
+        float s[kGroup] = {};
+        with_token_count(g, [&]<int NT>() {
+          if constexpr (NT <= G) K::template dot<NT>(row, a, n, s);
+        });
+        for (int64_t i = 0; i < g; ++i) out[(t0 + i) * ldo + r] = s[i];
       }
     }
   }
+}
+
+template <class K>
+float vec_dot(const void* w, const void* a, int64_t n) {
+  float s;
+  gemm<K>(w, 0, nullptr, 1, a, 0, 1, n, &s, 1);
+  return s;
 }
 
 // ---------------------------------------------------------------------------------------------
