@@ -146,7 +146,8 @@ void Decoder::draft_steps(std::span<const DraftStep> steps, std::span<DraftJob> 
     Run& run = *steps[i].run;
     run.step_position = d.gen_.cache().n_past();
     run.drafted = d.will_draft(run.step_position, steps[i].shape);
-    jobs[i] = {.tree = &d.tree_};
+    jobs[i] = DraftJob{};
+    jobs[i].tree = &d.tree_;
     if (run.drafted)
       jobs[i].growth =
           d.drafter_->begin_propose(run.root, run.step_position, steps[i].shape, run.sampling.for_drafter(), d.tree_);
