@@ -224,6 +224,12 @@ void for_each_tile(const RowTiles& tiles, int64_t n_iters, F&& f) {
   const uint8_t* rows[16];
   const uint8_t* next_rows[16];
   tiles.rows(0, next_rows);
+  // The first tile has no predecessor to prefetch it: all of its lines are requested at once, so
+  // that their misses overlap instead of arriving one demand load at a time (a thread's part of a
+  // small matrix is only a few tiles).
+  for (int r = 0; r < 16; ++r)
+    for (size_t o = 0; o < tiles.stride; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(next_rows[r] + o), _MM_HINT_T1);
   for (int64_t r0 = 0; r0 < tiles.n_rows; r0 += 16) {
     for (int r = 0; r < 16; ++r) rows[r] = next_rows[r];
     NextTile next;
@@ -234,6 +240,13 @@ void for_each_tile(const RowTiles& tiles, int64_t n_iters, F&& f) {
         next.base = next_rows[0];
         next.bytes = size_t(min64(16, tiles.n_rows - r0 - 16)) * tiles.stride;
       }
+    } else if (!tiles.ids && tiles.stride > 0) {
+      // The last tile prefetches the 16 rows after this call's: usually the same thread's next
+      // chunk of the matrix (prefetches never fault, past the matrix's end they are dropped or
+      // wasted).
+      next.rows = next_rows;  // only marks that there is a next tile; the sweep uses base
+      next.base = tiles.w + size_t(tiles.n_rows) * tiles.stride;
+      next.bytes = 16 * tiles.stride;
     }
     const int64_t valid = min64(16, tiles.n_rows - r0);
     f(rows, next.sliced(n_iters), r0, __mmask16((1u << valid) - 1));
