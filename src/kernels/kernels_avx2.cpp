@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/token_count.h"
 
 namespace microspec {
 
@@ -77,6 +78,7 @@ inline __m256i dot_u8(__m256i u, __m256i a) {
 
 // Most tokens one row kernel call takes (the float kernels take 4: two accumulators per token).
 constexpr int kGroup = 8;
+static_assert(kGroup == 8, "with_token_count (token_count.h) covers 1..8 tokens");
 
 // The activation rows of one call (up to kGroup tokens, in the weight type's activation format)
 // and their block scales already in f32 (gemm converts them once per call instead of once per
@@ -467,37 +469,6 @@ using BF16Kernel = FloatKernel<BF16Elems>;
 
 // ---------------------------------------------------------------------------------------------
 // Tiling
-
-// Calls f.template operator()<NT>() with NT = n (1..kGroup) as a compile-time constant.
-template <class F>
-inline void with_token_count(int64_t n, F&& f) {
-  switch (n) {
-    case 8:
-      f.template operator()<8>();
-      break;
-    case 7:
-      f.template operator()<7>();
-      break;
-    case 6:
-      f.template operator()<6>();
-      break;
-    case 5:
-      f.template operator()<5>();
-      break;
-    case 4:
-      f.template operator()<4>();
-      break;
-    case 3:
-      f.template operator()<3>();
-      break;
-    case 2:
-      f.template operator()<2>();
-      break;
-    default:
-      f.template operator()<1>();
-      break;
-  }
-}
 
 // The f32 scales of n_tokens activation rows of nb blocks each (see Acts), per group of G tokens:
 // group g's d table at out + g * per_group, its s table (Q8_1) half a group after it.

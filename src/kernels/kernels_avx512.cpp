@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "kernels/kernels.h"
+#include "kernels/token_count.h"
 #include "kernels/kernels_internal.h"
 
 // GCC 12's AVX-512 intrinsic headers build "undefined" registers from self-initialised variables,
@@ -621,37 +622,7 @@ void rows16_lanes(const uint8_t* const* rows, const NextTile& next, int64_t nb, 
 }
 
 constexpr int kGroupTokens = 8;  // tokens per pass over a tile: 8 accumulators + the weight registers
-
-// Calls f.template operator()<NT>() with NT = n (1..kGroupTokens) as a compile-time constant.
-template <class F>
-inline void with_token_count(int64_t n, F&& f) {
-  switch (n) {
-    case 8:
-      f.template operator()<8>();
-      break;
-    case 7:
-      f.template operator()<7>();
-      break;
-    case 6:
-      f.template operator()<6>();
-      break;
-    case 5:
-      f.template operator()<5>();
-      break;
-    case 4:
-      f.template operator()<4>();
-      break;
-    case 3:
-      f.template operator()<3>();
-      break;
-    case 2:
-      f.template operator()<2>();
-      break;
-    default:
-      f.template operator()<1>();
-      break;
-  }
-}
+static_assert(kGroupTokens == 8, "with_token_count (token_count.h) covers 1..8 tokens");
 
 template <class W>
 void gemm32(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, const void* act,
