@@ -74,6 +74,10 @@ void ModelTreeExpander::score(int32_t k, DraftSampling* sampling, Proposal* out)
   score_and_pick(vocab_, model_, out_.hidden.data(), out_.n_rows, k, sampling, logits_, lm_head_seconds_, out);
 }
 
+void TreeGrowth::grow_alone(DraftTree& tree) const {
+  if (builder) builder->grow(*expander, tree);
+}
+
 namespace {
 // Whether two expanders run the same layers of the same model (their rows can share a forward call).
 bool same_backbone(const ModelTreeExpander& a, const ModelTreeExpander& b) {
@@ -156,7 +160,7 @@ VerifyResume SelfDrafter::resume_for(const DraftTree& tree) const {
 
 void SelfDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
                           DraftTree& tree) {
-  if (const TreeGrowth growth = begin_propose(root, position, params, sampling, tree)) builder_.grow(expander_, tree);
+  begin_propose(root, position, params, sampling, tree).grow_alone(tree);
 }
 
 TreeGrowth SelfDrafter::begin_propose(int32_t root, int32_t position, const TreeParams& params,
@@ -200,7 +204,7 @@ bool ModelDrafter::fits(const TreeParams& params, int32_t room) const {
 
 void ModelDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
                            DraftTree& tree) {
-  if (const TreeGrowth growth = begin_propose(root, position, params, sampling, tree)) builder_.grow(expander_, tree);
+  begin_propose(root, position, params, sampling, tree).grow_alone(tree);
 }
 
 TreeGrowth ModelDrafter::begin_propose(int32_t root, int32_t position, const TreeParams& params,

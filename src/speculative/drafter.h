@@ -44,6 +44,8 @@ struct TreeGrowth {
   TreeBuilder* builder = nullptr;
   ModelTreeExpander* expander = nullptr;
   explicit operator bool() const { return builder != nullptr; }
+  // A sequence drafting alone: grows the tree's remaining levels into `tree` (nothing if empty).
+  void grow_alone(DraftTree& tree) const;
 };
 
 class Drafter {

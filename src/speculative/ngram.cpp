@@ -152,8 +152,7 @@ void NgramFirstDrafter::begin(const std::vector<int32_t>& prompt, std::span<cons
 
 void NgramFirstDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
                                 DraftTree& tree) {
-  const TreeGrowth growth = begin_propose(root, position, params, sampling, tree);
-  if (growth) growth.builder->grow(*growth.expander, tree);
+  begin_propose(root, position, params, sampling, tree).grow_alone(tree);
 }
 
 TreeGrowth NgramFirstDrafter::begin_propose(int32_t root, int32_t position, const TreeParams& params,
