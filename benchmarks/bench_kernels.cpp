@@ -4,7 +4,11 @@
 // of it that many-token calls reach.
 //
 //   bench_kernels [--quick] [--tokens N[,N...]]... [--only SHAPE] [--table NAME] [--threads N] [--hot]
-//                 [--rows N] [--repeats N] [--cpu-time]
+//                 [--rows N] [--repeats N] [--cpu-time] [--no-repack]
+//
+// Matrices of a type that the table also reads repacked (repack.h: Q8_0 on AVX-512) are timed in
+// both layouts, the file's and the interleaved one a model loads by default (--no-repack: the
+// file's only).
 //
 // --rows N replaces every shape's row count: with --hot and a matrix that fits in L2 (e.g. --rows
 // 1024), the figure is the kernel's compute rate alone.
@@ -30,6 +34,7 @@
 
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
+#include "kernels/repack.h"
 #include "kernels/threadpool.h"
 
 using namespace microspec;
@@ -92,23 +97,41 @@ double call_clock() {
   return (double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec)) / g_cpu_threads;
 }
 
+// The weights as stored in the file, or repacked into the interleaved layout (repack.h) that the
+// table's gemm_interleaved kernel reads (what a model loads by default; --no-repack: file).
+enum class Layout { File, Interleaved };
+
 // Best time of one matmul call (seconds) of shape s on n_tokens tokens.
-double time_call(const Shape& s, const KernelTable& k, ThreadPool& pool, int64_t n_tokens, bool quick) {
+double time_call(const Shape& s, const KernelTable& k, ThreadPool& pool, int64_t n_tokens, bool quick,
+                 Layout layout) {
   const size_t matrix_bytes = row_bytes(s.type, s.cols) * size_t(s.rows);
   const size_t copies =
       g_hot || matrix_bytes >= (size_t(256) << 20) ? 1 : ((size_t(256) << 20) / matrix_bytes + 1);
   static std::vector<uint8_t> w;  // reused across calls of the same shape
+  static std::vector<uint8_t> il;  // w's copies interleaved, built when first asked for
   static const Shape* w_shape = nullptr;
   if (w_shape != &s) {
     w = random_weights(s.type, s.rows, s.cols, copies);
+    il.clear();
     w_shape = &s;
+  }
+  const size_t il_bytes = layout == Layout::Interleaved ? interleaved_bytes(s.type, s.rows, s.cols) : 0;
+  if (layout == Layout::Interleaved && il.empty()) {
+    il.resize(il_bytes * copies + 64);
+    for (size_t c = 0; c < copies; ++c)
+      interleave_tiles(s.type, w.data() + c * matrix_bytes, row_bytes(s.type, s.cols), s.rows, s.cols, 0,
+                       (s.rows + kInterleavedRows - 1) / kInterleavedRows, il.data() + c * il_bytes);
   }
   std::vector<float> x(size_t(n_tokens * s.cols)), y(size_t(n_tokens * s.rows));
   for (size_t i = 0; i < x.size(); ++i) x[i] = float((i * 7919) % 1000) / 500.0f - 1.0f;
   MatmulContext ctx(pool, k);
   ctx.reserve(n_tokens, s.cols);
   auto run = [&](size_t copy) {
-    const QMatrix q{s.type, w.data() + copy * matrix_bytes, s.rows, s.cols, row_bytes(s.type, s.cols)};
+    QMatrix q{s.type, w.data() + copy * matrix_bytes, s.rows, s.cols, row_bytes(s.type, s.cols)};
+    if (layout == Layout::Interleaved) {
+      q.interleaved = il.data() + copy * il_bytes;
+      q.interleaved_of = q.data;
+    }
     matmul(ctx, q, x.data(), n_tokens, y.data(), s.rows);
   };
   for (size_t c = 0; c < copies; ++c) run(c);  // warm up: page in, grow scratch
@@ -144,15 +167,15 @@ struct Peaks {
 };
 Peaks g_peaks;
 
-void bench(const Shape& s, const KernelTable& k, int threads, const std::vector<int64_t>& tokens, int repeats,
-           bool quick) {
+void bench(const Shape& s, const KernelTable& k, Layout layout, int threads, const std::vector<int64_t>& tokens,
+           int repeats, bool quick) {
   std::vector<int64_t> counts = {1};
   for (int64_t nt : tokens)
     if (std::find(counts.begin(), counts.end(), nt) == counts.end()) counts.push_back(nt);
   ThreadPool pool(threads);
   std::vector<std::vector<double>> times(counts.size());
   for (int r = 0; r < repeats; ++r)
-    for (size_t i = 0; i < counts.size(); ++i) times[i].push_back(time_call(s, k, pool, counts[i], quick));
+    for (size_t i = 0; i < counts.size(); ++i) times[i].push_back(time_call(s, k, pool, counts[i], quick, layout));
   const size_t matrix_bytes = row_bytes(s.type, s.cols) * size_t(s.rows);
   const double one = median(times[0]);
   const double peak = g_peaks.of(k, threads);
@@ -163,9 +186,9 @@ void bench(const Shape& s, const KernelTable& k, int threads, const std::vector<
     const double gmacs = double(s.rows) * double(s.cols) * double(nt) / t / 1e9;
     char frac[32] = "";
     if (peak > 0) std::snprintf(frac, sizeof frac, "  %5.1f%% of peak", 100.0 * gmacs / peak);
-    std::printf("%-20s %-5s %6lldx%-5lld tok %3lld  %-6s thr %d  %9.1f us/call  x%5.2f of 1 tok  %6.2f GB/s  %7.1f GMAC/s%s\n",
+    std::printf("%-20s %-5s %6lldx%-5lld tok %3lld  %-6s %-11s thr %d  %9.1f us/call  x%5.2f of 1 tok  %6.2f GB/s  %7.1f GMAC/s%s\n",
                 s.what, type_name(uint32_t(s.type)).c_str(), (long long)s.rows, (long long)s.cols,
-                (long long)nt, k.name, threads, t * 1e6, t / one, double(matrix_bytes) / t / 1e9, gmacs, frac);
+                (long long)nt, k.name, layout == Layout::File ? "file" : "interleaved", threads, t * 1e6, t / one, double(matrix_bytes) / t / 1e9, gmacs, frac);
     std::fflush(stdout);
   }
 }
@@ -317,6 +340,7 @@ int main(int argc, char** argv) {
   int only_threads = 0;
   int repeats = 3;
   int64_t rows_override = 0;  // --rows: 0 keeps each shape's own
+  bool no_repack = false;     // --no-repack: the file's layout only
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick"))
       quick = true;
@@ -345,10 +369,12 @@ int main(int argc, char** argv) {
       only_threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--rows") && i + 1 < argc && std::atoll(argv[i + 1]) > 0)
       rows_override = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--no-repack"))
+      no_repack = true;
     else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--tokens N]... [--only SHAPE] [--table NAME] [--threads N] [--hot] "
-                   "[--rows N] [--repeats N] [--cpu-time]\n",
+                   "[--rows N] [--repeats N] [--cpu-time] [--no-repack]\n",
                    argv[0]);
       return 2;
     }
@@ -373,8 +399,12 @@ int main(int argc, char** argv) {
     if (!only.empty() && std::string(s.what).find(only) == std::string::npos) continue;
     for (const KernelTable* k : tables) {
       if (!table_name.empty() && table_name != k->name) continue;
-      for (int threads : {1, 2})
-        if (!only_threads || threads == only_threads) bench(s, *k, threads, tokens, repeats, quick);
+      // The file's layout, then the interleaved one where the table reads it for this type.
+      for (Layout layout : {Layout::File, Layout::Interleaved}) {
+        if (layout == Layout::Interleaved && (no_repack || !k->gemm_interleaved[int(s.type)])) continue;
+        for (int threads : {1, 2})
+          if (!only_threads || threads == only_threads) bench(s, *k, layout, threads, tokens, repeats, quick);
+      }
     }
   }
   return 0;

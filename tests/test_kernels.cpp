@@ -17,6 +17,7 @@
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
+#include "kernels/repack.h"
 #include "kernels/threadpool.h"
 #include "test_helpers.h"
 #include "util/error.h"
@@ -762,6 +763,115 @@ void expect_batch_invariant(int64_t cols32, int64_t colsK, uint32_t seed) {
 TEST(Matmul, BatchInvariantBitForBit) {
   expect_batch_invariant(160, 768, 10);  // odd block counts (5 and 3): a lone last block
   expect_batch_invariant(640, 512, 11);  // even ones (Gemma's 640 columns)
+}
+
+// Interleaved Q8_0 weights (repack.h): the layout reads back to the file's rows (a short last
+// tile repeats the last row), and every table that reads it gives the file layout's bits for
+// every token count, thread count and tile-aligned row view; a table that does not read it
+// multiplies the file's bytes.
+std::vector<uint8_t> interleave(const Matrix& w) {
+  std::vector<uint8_t> out(interleaved_bytes(w.type, w.rows, w.cols), 0xAB);
+  interleave_tiles(w.type, w.data.data(), row_bytes(w.type, w.cols), w.rows, w.cols, 0,
+                   (w.rows + kInterleavedRows - 1) / kInterleavedRows, out.data());
+  return out;
+}
+
+TEST(Interleaved, RowsReadBackAndShortTilesRepeatTheLastRow) {
+  std::mt19937 rng(21);
+  for (int64_t rows : {1, 15, 16, 17, 37})
+    for (int64_t cols : {32, 160, 640}) {
+      const Matrix w = random_matrix(GgmlType::Q8_0, rows, cols, rng);
+      const std::vector<uint8_t> packed = interleave(w);
+      const size_t rb = row_bytes(GgmlType::Q8_0, cols);
+      EXPECT_EQ(interleaved_tile_bytes(GgmlType::Q8_0, cols) % 64, 0u);
+      EXPECT_GE(interleaved_tile_bytes(GgmlType::Q8_0, cols), 16 * rb);
+      const int64_t padded = (rows + 15) / 16 * 16;
+      std::vector<uint8_t> back(rb);
+      for (int64_t r = 0; r < padded; ++r) {
+        deinterleave_row(GgmlType::Q8_0, packed.data(), cols, r, back.data());
+        const int64_t src = std::min(r, rows - 1);
+        ASSERT_EQ(std::memcmp(back.data(), w.data.data() + size_t(src) * rb, rb), 0)
+            << "rows " << rows << " cols " << cols << " row " << r;
+      }
+    }
+  EXPECT_FALSE(has_interleaved_layout(GgmlType::Q4_K));
+  EXPECT_THROW(interleaved_tile_bytes(GgmlType::Q4_K, 256), Error);
+  EXPECT_THROW(interleaved_tile_bytes(GgmlType::Q8_0, 48), Error);
+}
+
+TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
+  std::mt19937 rng(22);
+  std::vector<const KernelTable*> tables{&reference_kernels()};
+  for (const KernelTable* k : simd_tables()) tables.push_back(k);
+  int interleaved_tables = 0;
+  for (int64_t cols : {160, 640})
+    for (int64_t rows : {37, 300}) {
+      const Matrix w = random_matrix(GgmlType::Q8_0, rows, cols, rng);
+      const std::vector<uint8_t> packed = interleave(w);
+      QMatrix wi = w.q();
+      wi.interleaved = packed.data();
+      wi.interleaved_of = wi.data;
+      const int64_t max_tokens = 67;
+      const std::vector<float> x = random_floats(rng, max_tokens * cols);
+      for (const KernelTable* k : tables) {
+        interleaved_tables += k->gemm_interleaved[int(GgmlType::Q8_0)] != nullptr && cols == 160 && rows == 37;
+        ThreadPool pool1(1);
+        MatmulContext ctx1(pool1, *k);
+        // Each token alone on the file's layout: the one-token decoding path.
+        std::vector<float> alone(size_t(max_tokens * rows));
+        for (int64_t t = 0; t < max_tokens; ++t)
+          matmul(ctx1, w.q(), x.data() + t * cols, 1, alone.data() + t * rows, rows);
+        std::vector<int64_t> counts;
+        for (int64_t nt = 1; nt <= 16; ++nt) counts.push_back(nt);
+        for (int64_t nt : {17, 24, 33, 64}) counts.push_back(nt);
+        for (int threads : {1, 2, 3}) {
+          ThreadPool pool(threads);
+          MatmulContext ctx(pool, *k);
+          for (int64_t nt : counts) {
+            if (k == &reference_kernels() && (threads > 1 || nt % 4 != 1)) continue;  // scalar: a sample
+            const int64_t first = (max_tokens - nt) / 2;
+            std::vector<float> y(size_t(nt * rows), NAN);
+            matmul(ctx, wi, x.data() + first * cols, nt, y.data(), rows);
+            for (size_t i = 0; i < y.size(); ++i)
+              ASSERT_EQ(y[i], alone[size_t(first * rows) + i])
+                  << k->name << " interleaved rows " << rows << " cols " << cols << " tokens " << nt << " threads "
+                  << threads << " position " << i / rows << " row " << i % rows;
+          }
+          // A view of rows [16, rows) (starting the second tile) with its part of the interleaved copy.
+          QMatrix view = wi;
+          view.data += 16 * view.row_stride;
+          view.interleaved += interleaved_tile_bytes(GgmlType::Q8_0, cols);
+          view.interleaved_of = view.data;
+          view.rows = rows - 16;
+          for (int64_t nt : {1, 5, 9}) {
+            std::vector<float> y(size_t(nt * view.rows), NAN);
+            matmul(ctx, view, x.data(), nt, y.data(), view.rows);
+            for (int64_t t = 0; t < nt; ++t)
+              for (int64_t r = 0; r < view.rows; ++r)
+                ASSERT_EQ(y[size_t(t * view.rows + r)], alone[size_t(t * rows + 16 + r)])
+                    << k->name << " view from row 16, tokens " << nt << " token " << t << " row " << 16 + r;
+          }
+        }
+      }
+    }
+  // The reference table, and the AVX-512 one where this CPU has it, read the layout.
+  EXPECT_EQ(interleaved_tables, avx512_kernels() ? 2 : 1);
+  // A copy pointed at other rows (as a packed subset of an LM head is) multiplies its own rows.
+  const Matrix a = random_matrix(GgmlType::Q8_0, 40, 640, rng), b = random_matrix(GgmlType::Q8_0, 40, 640, rng);
+  const std::vector<uint8_t> a_tiles = interleave(a);
+  QMatrix moved = a.q();
+  moved.interleaved = a_tiles.data();
+  moved.interleaved_of = moved.data;
+  moved.data = b.data.data();
+  const std::vector<float> x = random_floats(rng, 3 * 640);
+  for (const KernelTable* k : tables) {
+    ThreadPool pool(2);
+    MatmulContext ctx(pool, *k);
+    std::vector<float> got(3 * 40), want(3 * 40);
+    matmul(ctx, moved, x.data(), 3, got.data(), 40);
+    matmul(ctx, b.q(), x.data(), 3, want.data(), 40);
+    EXPECT_EQ(got, want) << k->name << ": a re-pointed copy read the interleaved rows it no longer names";
+  }
 }
 
 TEST(Matmul, RejectsBadInput) {

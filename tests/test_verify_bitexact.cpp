@@ -5,13 +5,15 @@
 // shapes and tokens, verified in one forward as the speculative generator does: the root is the
 // last committed-to-be token, the nodes hang below it), and for every node a reference that
 // decodes the node's root-to-node path one token per forward call from the same committed prompt.
-// One model load per model.
+// Verification runs on repacked weights (the default), plain decoding on the file's layout
+// (--no-repack). Two loads of each model (one mapping).
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gguf/gguf.h"
@@ -55,10 +57,16 @@ void check_rows_bit_exact(const std::string& path) {
   ModelOptions opt;
   opt.n_threads = 2;
   std::unique_ptr<Model> model = Model::load(*file, opt);
+  // Plain decoding runs on the mapped file's bytes as stored (--no-repack), verification on the
+  // default (Q8_0 matrices repacked into the interleaved layout on AVX-512): rows equal across both.
+  ModelOptions plain_opt = opt;
+  plain_opt.repack = false;
+  std::unique_ptr<Model> plain = Model::load(*file, plain_opt);
+  ASSERT_EQ(plain->repacked_bytes(), 0u);
   std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(*file);
   const int32_t V = model->config().n_vocab;
   std::mt19937 rng(1234);
-  KVCache verify_kv = model->make_cache(kCtx), decode_kv = model->make_cache(kCtx);
+  KVCache verify_kv = model->make_cache(kCtx), decode_kv = plain->make_cache(kCtx);
   Batch b;
   ForwardOutput out;
   int checked = 0;
@@ -68,10 +76,10 @@ void check_rows_bit_exact(const std::string& path) {
     const int32_t root_token = prompt.back();
     prompt.pop_back();
     const int32_t P = int32_t(prompt.size());
-    for (KVCache* kv : {&verify_kv, &decode_kv}) {
+    for (auto [m, kv] : {std::pair{model.get(), &verify_kv}, std::pair{plain.get(), &decode_kv}}) {
       kv->clear();
       b.set_sequence(prompt, 0, false);
-      model->forward(b, *kv, out);
+      m->forward(b, *kv, out);
       kv->commit_prefix(P);
     }
     for (int trial = 0; trial < kTreesPerPrompt; ++trial) {
@@ -97,7 +105,7 @@ void check_rows_bit_exact(const std::string& path) {
         decode_kv.truncate(P);
         for (int32_t token : path) {
           b.set_sequence(std::span<const int32_t>(&token, 1), decode_kv.n_past(), false);
-          model->forward(b, decode_kv, out, {.logits = true});
+          plain->forward(b, decode_kv, out, {.logits = true});
           decode_kv.commit_prefix(1);
         }
         ASSERT_EQ(std::memcmp(out.logits.data(), rows.data() + size_t(i) * V, sizeof(float) * V), 0)
@@ -107,7 +115,9 @@ void check_rows_bit_exact(const std::string& path) {
       }
     }
   }
-  std::printf("%s: %d verification rows equal plain decoding's bit for bit\n", path.c_str(), checked);
+  std::printf("%s: %d verification rows (%zu bytes of weights repacked) equal plain decoding's (not repacked) "
+              "bit for bit\n",
+              path.c_str(), checked, model->repacked_bytes());
 }
 
 TEST(VerifyBitExact, SmolLM2RowsEqualPlainDecoding) {

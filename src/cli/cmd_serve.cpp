@@ -23,6 +23,7 @@ void run_serve(const ServeArgs& a) {
   o.n_ctx = a.model.n_ctx;
   o.n_batch = a.model.n_batch;
   o.kernels = a.model.kernels;
+  o.repack = a.model.repack;
   o.hf_type = a.model.hf_type;
   server::run_server(o);
 }

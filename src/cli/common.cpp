@@ -24,6 +24,10 @@ void ModelArgs::add_to(CLI::App& cmd, int32_t default_batch) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
   cmd.add_option("--kernels", kernels, "kernel table: auto, reference, avx2, avx512")->capture_default_str();
+  cmd.add_flag_callback(
+      "--no-repack", [this] { repack = false; },
+      "multiply the mapped file's weights as stored: no interleaved copy of the Q8_0 matrices (saves their "
+      "size in memory; the same results, slower on calls of several tokens)");
 }
 
 void add_spec_options(CLI::App& cmd, SpecConfig& c) {
@@ -59,6 +63,7 @@ LoadedModel load_model(const ModelArgs& args) {
       args.threads > 0 ? args.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   opt.n_batch = args.n_batch;
   opt.kernels = args.kernels;
+  opt.repack = args.repack;
   m.model = Model::load(*m.file, opt);
   m.tokenizer = Tokenizer::from_gguf(*m.file);
   return m;

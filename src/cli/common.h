@@ -19,6 +19,7 @@ struct ModelArgs {
   int32_t n_ctx = 4096;
   int32_t n_batch = 512;
   std::string kernels = "auto";
+  bool repack = true;   // ModelOptions::repack (--no-repack)
   std::string hf_type;  // Hugging Face folders: weight type on load ("" keeps the checkpoint's)
 
   void add_to(CLI::App& cmd, int32_t default_batch = 512);

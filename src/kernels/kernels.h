@@ -27,6 +27,12 @@ using VecDotFn = float (*)(const void* weight_row, const void* act_row, int64_t 
 using GemmFn = void (*)(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows,
                         const void* act, size_t act_stride, int64_t n_tokens, int64_t n, float* out,
                         int64_t ldo);
+// The same product on weights in the interleaved layout of repack.h: rows [0, n_rows) of the
+// tiles that start at `tiles` (so the first row is the first of a tile), out and act as for GemmFn.
+// Bitwise the same results as the table's GemmFn on the same rows in the file's format, so a
+// matrix gives the same bits repacked or not, and batch invariance carries over.
+using InterleavedGemmFn = void (*)(const void* tiles, int64_t n_rows, const void* act, size_t act_stride,
+                                   int64_t n_tokens, int64_t n, float* out, int64_t ldo);
 
 // Attention arithmetic on half-float (IEEE binary16) rows of the KV cache; n is a multiple of 8.
 // Every table computes bitwise the same results (the reference fixes the order: 16 lanes of fused
@@ -54,6 +60,9 @@ struct KernelTable {
   VecDotFn vec_dot[kMaxTypeId];        // indexed by weight type id; nullptr where unsupported
   QuantizeRowFn quantize[kMaxTypeId];  // indexed by activation type id (F32, Q8_0, Q8_1, Q8_K)
   GemmFn gemm[kMaxTypeId];             // indexed by weight type id; set wherever vec_dot is
+  // Indexed by weight type id; set for the types whose interleaved layout (repack.h) this table
+  // reads, nullptr elsewhere (weights of those types are then not repacked for it).
+  InterleavedGemmFn gemm_interleaved[kMaxTypeId];
   F16AttentionKernels f16;             // attention on the half-float KV cache
 };
 

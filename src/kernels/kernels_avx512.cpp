@@ -35,6 +35,7 @@
 #include "kernels/kernels.h"
 #include "kernels/token_count.h"
 #include "kernels/kernels_internal.h"
+#include "kernels/repack.h"
 
 // GCC 12's AVX-512 intrinsic headers build "undefined" registers from self-initialised variables,
 // which -Wmaybe-uninitialized (or -Wuninitialized, once inlined) reports at every use (a known
@@ -674,6 +675,74 @@ float vec_dot32(const void* w, const void* a, int64_t n) {
 }
 
 // =============================================================================================
+// Q8_0 in the interleaved layout (repack.h)
+
+// One tile against NT tokens. Each block of the tile is 8 ready registers of row lanes (dword k of
+// the 16 rows, already w + 128) and the 16 rows' scales: the work of rows16_lanes without its
+// decode and transpose, for every token count. The same integer products and float steps as
+// every other Q8_0 path, so bitwise the same results.
+template <int NT>
+void tile_q8_0_interleaved(const uint8_t* tile, const NextTile& next, int64_t nb, const uint8_t* act,
+                           size_t act_stride, const float* ad, const float* ax, int64_t info_stride, float* out,
+                           int64_t ldo, __mmask16 valid) {
+  const auto* quants = reinterpret_cast<const __m512i*>(tile);
+  const auto* scales = reinterpret_cast<const fp16_t*>(tile + size_t(nb) * 8 * 64);
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    prefetch_next(next, b, 0, 0);
+    __m512i u[8];
+    for (int k = 0; k < 8; ++k) u[k] = _mm512_loadu_si512(&quants[8 * b + k]);
+    const __m512 dw = _mm512_cvtph_ps(loadu256(scales + 16 * b));
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* q = reinterpret_cast<const BlockQ8_0*>(act + size_t(t) * act_stride)[b].qs;
+      const float* x = ax + t * info_stride;
+      __m512i i = block_start<Q8_0W>(x, b);
+      for (int k = 0; k < 8; ++k) i = _mm512_dpbusd_epi32(i, u[k], _mm512_set1_epi32(load_i32(q + 4 * k)));
+      acc[t] = accumulate_block<Q8_0W, true>(acc[t], i, dw, _mm512_setzero_ps(), ad + t * info_stride, x, b);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
+}
+
+void gemm_q8_0_interleaved(const void* tiles, int64_t n_rows, const void* act, size_t act_stride, int64_t n_tokens,
+                           int64_t n, float* out, int64_t ldo) {
+  if (n_rows <= 0 || n_tokens <= 0) return;
+  const int64_t nb = n / kQK;
+  const size_t tile_bytes = interleaved_tile_bytes(GgmlType::Q8_0, n);
+  const size_t info_bytes = (size_t(n_tokens * nb) * 2 * sizeof(float) + 63) & ~size_t(63);
+  auto* base = static_cast<uint8_t*>(scratch(info_bytes));
+  const ActInfo info{reinterpret_cast<float*>(base), reinterpret_cast<float*>(base) + n_tokens * nb};
+  const auto* ab = static_cast<const uint8_t*>(act);
+  act_info<Q8_0W>(ab, act_stride, n_tokens, nb, info);
+  const auto* first = static_cast<const uint8_t*>(tiles);
+  const int64_t n_tiles = (n_rows + 15) / 16;
+  // Tiles are contiguous: the next one (after the last, the one after this call's rows: usually
+  // the same thread's next chunk) is swept into L2 a slice per block while this one is used.
+  const uint8_t* next_rows[1] = {first};  // only marks that there is a next tile
+  for (int64_t i = 0; i < n_tiles; ++i) {
+    const uint8_t* tile = first + size_t(i) * tile_bytes;
+    NextTile next;
+    next.rows = next_rows;
+    next.base = tile + tile_bytes;
+    next.bytes = tile_bytes;
+    next = next.sliced(nb);
+    const int64_t r0 = 16 * i;
+    const __mmask16 valid = __mmask16((1u << min64(16, n_rows - r0)) - 1);
+    // Groups of kGroupTokens tokens; the first prefetches the next tile, the others find this one
+    // in cache.
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kGroupTokens) {
+      const int64_t g = min64(kGroupTokens, n_tokens - t0);
+      const uint8_t* a = ab + size_t(t0) * act_stride;
+      with_token_count(g, [&]<int NT>() {
+        tile_q8_0_interleaved<NT>(tile, t0 == 0 ? next : NextTile{}, nb, a, act_stride, info.d + t0 * nb, info.x + t0 * nb, nb,
+                                  out + t0 * ldo + r0, ldo, valid);
+      });
+    }
+  }
+}
+
+// =============================================================================================
 // K-quants against Q8_K activations
 
 // The eight 6-bit scales (words 0-7) and mins (words 8-15) of a Q4_K/Q5_K block as int16.
@@ -1101,6 +1170,7 @@ const KernelTable& avx512_table_unchecked() {
       t.gemm[int(type)] = gemm;
     };
     set(GgmlType::Q8_0, vec_dot32<Q8_0W>, gemm32<Q8_0W>);
+    t.gemm_interleaved[int(GgmlType::Q8_0)] = gemm_q8_0_interleaved;
     set(GgmlType::Q4_0, vec_dot32<Q4_0W>, gemm32<Q4_0W>);
     set(GgmlType::Q5_0, vec_dot32<Q5_0W>, gemm32<Q5_0W>);
     set(GgmlType::Q4_1, vec_dot32<Q4_1W>, gemm32<Q4_1W>);

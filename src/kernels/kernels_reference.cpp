@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/repack.h"
 #include "util/error.h"
 
 namespace microspec {
@@ -586,6 +588,19 @@ void gemm_by_rows(const void* w, size_t w_stride, const int32_t* row_ids, int64_
   }
 }
 
+// Interleaved weights (repack.h): each row read back into the file's format and dotted by kDot,
+// so the results are bitwise those of the file's layout.
+template <VecDotFn kDot, GgmlType kType>
+void gemm_interleaved_by_rows(const void* tiles, int64_t n_rows, const void* act, size_t act_stride,
+                              int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
+  std::vector<uint8_t> row(row_bytes(kType, n));
+  const auto* ab = static_cast<const uint8_t*>(act);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    deinterleave_row(kType, static_cast<const uint8_t*>(tiles), n, r, row.data());
+    for (int64_t t = 0; t < n_tokens; ++t) out[t * ldo + r] = kDot(row.data(), ab + t * act_stride, n);
+  }
+}
+
 template <VecDotFn kDot>
 void set_dot(KernelTable& t, GgmlType type) {
   t.vec_dot[int(type)] = kDot;
@@ -739,6 +754,7 @@ const KernelTable& reference_kernels() {
     set_dot<dot_q5_0>(t, GgmlType::Q5_0);
     set_dot<dot_q5_1>(t, GgmlType::Q5_1);
     set_dot<dot_q8_0>(t, GgmlType::Q8_0);
+    t.gemm_interleaved[int(GgmlType::Q8_0)] = gemm_interleaved_by_rows<dot_q8_0, GgmlType::Q8_0>;
     set_dot<dot_q45_k<BlockQ4_K>>(t, GgmlType::Q4_K);
     set_dot<dot_q45_k<BlockQ5_K>>(t, GgmlType::Q5_K);
     set_dot<dot_q6_k>(t, GgmlType::Q6_K);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/repack.h"
 #include "util/error.h"
 
 namespace microspec {
@@ -84,6 +85,21 @@ void matmul(MatmulContext& ctx, const QMatrix& w, const float* x, int64_t n_toke
   if (n_tokens == 0 || w.rows == 0) return;
   GemmFn gemm;
   const Activations act = prepare(ctx, w, x, n_tokens, &gemm);
+  const InterleavedGemmFn gemm_tiles =
+      w.interleaved && w.interleaved_of == w.data ? ctx.kernels().gemm_interleaved[int(w.type)] : nullptr;
+  if (gemm_tiles) {
+    // Chunks start at multiples of the grain, a multiple of the 16 rows of a tile.
+    static_assert(kRowGrain % kInterleavedRows == 0);
+    const size_t tile_bytes = interleaved_tile_bytes(w.type, w.cols);
+    ctx.pool().parallel_for(w.rows, row_grain(ctx, w.rows, n_tokens), [&](int64_t b, int64_t e, int) {
+      for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+        const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
+        gemm_tiles(w.interleaved + size_t(b / kInterleavedRows) * tile_bytes, e - b,
+                   act.data + size_t(t0) * act.stride, act.stride, nt, w.cols, y + t0 * ldy + b, ldy);
+      }
+    });
+    return;
+  }
   ctx.pool().parallel_for(w.rows, row_grain(ctx, w.rows, n_tokens), [&](int64_t b, int64_t e, int) {
     for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
       const int64_t nt = std::min(kTokenChunk, n_tokens - t0);

@@ -16,6 +16,13 @@ struct QMatrix {
   int64_t rows = 0;
   int64_t cols = 0;
   size_t row_stride = 0;
+  // The same rows in the interleaved layout of repack.h (built at load for kernel tables that read
+  // it), or null, and the `data` it holds the rows of. matmul uses it when the table has a
+  // gemm_interleaved kernel for the type and data is still interleaved_of: a copy of the matrix
+  // pointed at other rows (a packed subset of an LM head) falls back to its own data. matmul_rows
+  // (gathered rows) always reads data.
+  const uint8_t* interleaved = nullptr;
+  const uint8_t* interleaved_of = nullptr;
 };
 
 // Scratch for quantized activations; grows on first use to the largest batch seen, then stays.

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <limits>
 #include <string>
 
 #include "gguf/gguf.h"
+#include "kernels/repack.h"
 #include "model/architectures.h"
 #include "util/error.h"
 
@@ -60,7 +63,8 @@ Model::Model(const GgufFile& file, const ModelOptions& options)
     : config_(read_model_config(file)),
       n_batch_(options.n_batch),
       pool_(options.n_threads),
-      mm_(pool_, kernels_by_name(options.kernels)) {
+      mm_(pool_, kernels_by_name(options.kernels)),
+      repack_(options.repack) {
   if (options.n_threads < 1) throw Error("thread count must be >= 1");
   if (n_batch_ < 1) throw Error("batch size must be >= 1");
   if (config_.head_dim % 8 != 0)
@@ -76,9 +80,9 @@ Model::Model(const GgufFile& file, const ModelOptions& options)
       throw Error(file.name() + ": tokenizer has " + std::to_string(n_tok) + " tokens but token_embd has " +
                   std::to_string(config_.n_vocab) + " rows");
   }
-  token_embd_ = matrix(file, "token_embd.weight", config_.n_embd, config_.n_vocab);
+  token_embd_ = load_matrix(file, "token_embd.weight", config_.n_embd, config_.n_vocab, mm_.kernels());
   output_ = file.find_tensor("output.weight") ? matrix(file, "output.weight", config_.n_embd, config_.n_vocab)
-                                              : token_embd_;
+                                              : repacked(token_embd_);
   output_norm_ = vector(file, "output_norm.weight", config_.n_embd);
 
   const int32_t d = config_.n_embd;
@@ -140,8 +144,24 @@ QMatrix load_matrix(const GgufFile& f, const std::string& name, int64_t cols, in
   return m;
 }
 
-QMatrix Model::matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) const {
-  return load_matrix(f, name, cols, rows, mm_.kernels());
+QMatrix Model::matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) {
+  return repacked(load_matrix(f, name, cols, rows, mm_.kernels()));
+}
+
+QMatrix Model::repacked(QMatrix m) {
+  if (!repack_ || !mm_.kernels().gemm_interleaved[int(m.type)] || !has_interleaved_layout(m.type)) return m;
+  const size_t bytes = interleaved_bytes(m.type, m.rows, m.cols);
+  auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) & ~size_t(63)));
+  if (!p) throw std::bad_alloc();
+  repacked_.emplace_back(p);
+  repacked_bytes_ += bytes;
+  const int64_t n_tiles = (m.rows + kInterleavedRows - 1) / kInterleavedRows;
+  pool_.parallel_for(n_tiles, 64, [&](int64_t b, int64_t e, int) {
+    interleave_tiles(m.type, m.data, m.row_stride, m.rows, m.cols, b, e, p);
+  });
+  m.interleaved = p;
+  m.interleaved_of = m.data;
+  return m;
 }
 
 const float* load_vector(const GgufFile& f, const std::string& name, int64_t n) {
@@ -164,6 +184,12 @@ QMatrix matrix_rows(const QMatrix& m, int64_t first, int64_t count) {
   QMatrix v = m;
   v.data = m.data + size_t(first) * m.row_stride;
   v.rows = count;
+  // The interleaved copy serves the view when the view starts a tile (its last tile may hold rows
+  // past it: the kernels store only the rows asked for).
+  const bool tile_start = m.interleaved && m.interleaved_of == m.data && first % kInterleavedRows == 0;
+  v.interleaved =
+      tile_start ? m.interleaved + size_t(first / kInterleavedRows) * interleaved_tile_bytes(m.type, m.cols) : nullptr;
+  v.interleaved_of = tile_start ? v.data : nullptr;
   return v;
 }
 

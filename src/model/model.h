@@ -20,6 +20,7 @@
 // for, an optional layer limit (a self-drafter runs only the first N layers), and the LM head
 // callable on its own for any subset of vocabulary rows.
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
@@ -111,6 +112,10 @@ struct ModelOptions {
   int n_threads = 2;
   int32_t n_batch = 512;         // most tokens one forward call takes; scratch is sized for it at load
   std::string kernels = "auto";  // kernel table, see kernels_by_name()
+  // Repack weights at load into the interleaved layout the kernel table reads (repack.h; today
+  // Q8_0 matrices on the AVX-512 table): an extra copy of their size. false: multiply the mapped
+  // file's bytes only (zero-copy). Results are bitwise the same either way.
+  bool repack = true;
 };
 
 // The 2-D weight `name` of f as a [rows][cols] matrix the kernels of `kernels` can multiply; Error
@@ -136,6 +141,10 @@ class Model {
   ThreadPool& pool() { return pool_; }
   // The kernel table the model runs on (--kernels, resolved): a draft model loads with the same.
   const KernelTable& kernels() const { return mm_.kernels(); }
+  // Whether weights are repacked at load (ModelOptions::repack), and the bytes the repacked
+  // copies take: a draft model loads with the same setting.
+  bool repacks() const { return repack_; }
+  size_t repacked_bytes() const { return repacked_bytes_; }
   KVCache make_cache(int32_t n_ctx) const;
 
   // Runs the batch through the layers options names (see ForwardOptions), writing its keys and
@@ -197,7 +206,11 @@ class Model {
 
   // --- shared blocks: each reads its inputs and writes its outputs through its arguments --------
   // Rows of activations are [n][dim] row-major; every pointer is a view into Activations below.
-  QMatrix matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) const;
+  // The weight `name` as load_matrix() gives it, plus its interleaved copy (repack.h) when the
+  // model repacks and the kernel table reads that layout for its type.
+  QMatrix matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows);
+  // m with its interleaved copy added as matrix() adds it.
+  QMatrix repacked(QMatrix m);
   const float* vector(const GgufFile& f, const std::string& name, int64_t n, bool required = true) const;
   // y ([n][w.rows]) = W x for x [n][w.cols].
   void matmul(const QMatrix& w, const float* x, int32_t n, float* y);
@@ -261,12 +274,20 @@ class Model {
   int32_t n_batch_;
   ThreadPool pool_;
   MatmulContext mm_;
-  QMatrix token_embd_;                  // [n_vocab rows][n_embd]
-  QMatrix output_;                      // [n_vocab rows][n_embd]: token_embd_ when tied
+  QMatrix token_embd_;                  // [n_vocab rows][n_embd] rows looked up, never multiplied
+  QMatrix output_;                      // [n_vocab rows][n_embd]: token_embd_'s rows when tied
   const float* output_norm_ = nullptr;  // [n_embd]
   Activations act_;
 
  private:
+  // The interleaved copies of repacked weights (64-byte aligned; QMatrix::interleaved points
+  // into them) and their total size.
+  struct FreeBytes {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  bool repack_ = true;
+  std::vector<std::unique_ptr<uint8_t, FreeBytes>> repacked_;
+  size_t repacked_bytes_ = 0;
   // attention()'s own working memory, one region per pool thread.
   std::vector<float> scores_;     // [n_threads][n_ctx + n_batch] attention scores
   std::vector<int32_t> visible_;  // [n_threads][n_ctx - n_past] visible pending indices

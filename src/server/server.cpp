@@ -534,6 +534,7 @@ void run_server(const ServerOptions& o) {
   mopt.n_threads = o.threads > 0 ? o.threads : cores;
   mopt.n_batch = o.n_batch;
   mopt.kernels = o.kernels;
+  mopt.repack = o.repack;
   std::unique_ptr<Model> model = Model::load(*file, mopt);
   // With --spec draft every slot's drafter runs on the first slot's draft model: one copy, and the
   // slots' tree levels drafted in one forward call (draft_together).

@@ -33,6 +33,7 @@ struct ServerOptions {
   int32_t n_ctx = 4096;   // tokens per slot
   int32_t n_batch = 512;  // most tokens one forward pass takes (all sequences of a step together)
   std::string kernels = "auto";
+  bool repack = true;   // ModelOptions::repack
   std::string hf_type;  // Hugging Face folder: weight type on load ("" keeps the checkpoint's)
   TransportLimits limits;                // request sizes, deadlines, open connections
   std::vector<std::string> cors_origins;  // origins whose pages may call the API ("*": any); none by default

@@ -109,6 +109,7 @@ void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile
       opt.n_threads = target.pool().size();
       opt.n_batch = target.n_batch();
       opt.kernels = target.kernels().name;
+      opt.repack = target.repacks();
       b.model = Model::load(*b.file, opt);
       b.draft_model = b.model.get();
     }
