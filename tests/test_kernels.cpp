@@ -776,22 +776,26 @@ std::vector<uint8_t> interleave(const Matrix& w) {
   return out;
 }
 
+const GgmlType kInterleavedTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
+                                      GgmlType::Q5_1};
+
 TEST(Interleaved, RowsReadBackAndShortTilesRepeatTheLastRow) {
   std::mt19937 rng(21);
+  for (GgmlType type : kInterleavedTypes)
   for (int64_t rows : {1, 15, 16, 17, 37})
     for (int64_t cols : {32, 160, 640}) {
-      const Matrix w = random_matrix(GgmlType::Q8_0, rows, cols, rng);
+      const Matrix w = random_matrix(type, rows, cols, rng);
       const std::vector<uint8_t> packed = interleave(w);
-      const size_t rb = row_bytes(GgmlType::Q8_0, cols);
-      EXPECT_EQ(interleaved_tile_bytes(GgmlType::Q8_0, cols) % 64, 0u);
-      EXPECT_GE(interleaved_tile_bytes(GgmlType::Q8_0, cols), 16 * rb);
+      const size_t rb = row_bytes(type, cols);
+      // The file's 16 rows' bytes, padded to a multiple of 64.
+      EXPECT_EQ(interleaved_tile_bytes(type, cols), (16 * rb + 63) / 64 * 64) << tname(type);
       const int64_t padded = (rows + 15) / 16 * 16;
       std::vector<uint8_t> back(rb);
       for (int64_t r = 0; r < padded; ++r) {
-        deinterleave_row(GgmlType::Q8_0, packed.data(), cols, r, back.data());
+        deinterleave_row(type, packed.data(), cols, r, back.data());
         const int64_t src = std::min(r, rows - 1);
         ASSERT_EQ(std::memcmp(back.data(), w.data.data() + size_t(src) * rb, rb), 0)
-            << "rows " << rows << " cols " << cols << " row " << r;
+            << tname(type) << " rows " << rows << " cols " << cols << " row " << r;
       }
     }
   EXPECT_FALSE(has_interleaved_layout(GgmlType::Q4_K));
@@ -804,9 +808,10 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
   std::vector<const KernelTable*> tables{&reference_kernels()};
   for (const KernelTable* k : simd_tables()) tables.push_back(k);
   int interleaved_tables = 0;
+  for (GgmlType type : kInterleavedTypes)
   for (int64_t cols : {160, 640})
     for (int64_t rows : {37, 300}) {
-      const Matrix w = random_matrix(GgmlType::Q8_0, rows, cols, rng);
+      const Matrix w = random_matrix(type, rows, cols, rng);
       const std::vector<uint8_t> packed = interleave(w);
       QMatrix wi = w.q();
       wi.interleaved = packed.data();
@@ -814,7 +819,7 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
       const int64_t max_tokens = 67;
       const std::vector<float> x = random_floats(rng, max_tokens * cols);
       for (const KernelTable* k : tables) {
-        interleaved_tables += k->gemm_interleaved[int(GgmlType::Q8_0)] != nullptr && cols == 160 && rows == 37;
+        interleaved_tables += k->gemm_interleaved[int(type)] != nullptr && cols == 160 && rows == 37;
         ThreadPool pool1(1);
         MatmulContext ctx1(pool1, *k);
         // Each token alone on the file's layout: the one-token decoding path.
@@ -834,13 +839,13 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
             matmul(ctx, wi, x.data() + first * cols, nt, y.data(), rows);
             for (size_t i = 0; i < y.size(); ++i)
               ASSERT_EQ(y[i], alone[size_t(first * rows) + i])
-                  << k->name << " interleaved rows " << rows << " cols " << cols << " tokens " << nt << " threads "
+                  << k->name << " interleaved " << tname(type) << " rows " << rows << " cols " << cols << " tokens " << nt << " threads "
                   << threads << " position " << i / rows << " row " << i % rows;
           }
           // A view of rows [16, rows) (starting the second tile) with its part of the interleaved copy.
           QMatrix view = wi;
           view.data += 16 * view.row_stride;
-          view.interleaved += interleaved_tile_bytes(GgmlType::Q8_0, cols);
+          view.interleaved += interleaved_tile_bytes(type, cols);
           view.interleaved_of = view.data;
           view.rows = rows - 16;
           for (int64_t nt : {1, 5, 9}) {
@@ -849,13 +854,13 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
             for (int64_t t = 0; t < nt; ++t)
               for (int64_t r = 0; r < view.rows; ++r)
                 ASSERT_EQ(y[size_t(t * view.rows + r)], alone[size_t(t * rows + 16 + r)])
-                    << k->name << " view from row 16, tokens " << nt << " token " << t << " row " << 16 + r;
+                    << k->name << " " << tname(type) << " view from row 16, tokens " << nt << " token " << t << " row " << 16 + r;
           }
         }
       }
     }
-  // The reference table, and the AVX-512 one where this CPU has it, read the layout.
-  EXPECT_EQ(interleaved_tables, avx512_kernels() ? 2 : 1);
+  // The reference table, and the AVX-512 one where this CPU has it, read the layout of every type.
+  EXPECT_EQ(interleaved_tables, 5 * (avx512_kernels() ? 2 : 1));
   // A copy pointed at other rows (as a packed subset of an LM head is) multiplies its own rows.
   const Matrix a = random_matrix(GgmlType::Q8_0, 40, 640, rng), b = random_matrix(GgmlType::Q8_0, 40, 640, rng);
   const std::vector<uint8_t> a_tiles = interleave(a);

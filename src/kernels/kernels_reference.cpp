@@ -754,10 +754,14 @@ const KernelTable& reference_kernels() {
     set_dot<dot_q5_0>(t, GgmlType::Q5_0);
     set_dot<dot_q5_1>(t, GgmlType::Q5_1);
     set_dot<dot_q8_0>(t, GgmlType::Q8_0);
-    t.gemm_interleaved[int(GgmlType::Q8_0)] = gemm_interleaved_by_rows<dot_q8_0, GgmlType::Q8_0>;
     set_dot<dot_q45_k<BlockQ4_K>>(t, GgmlType::Q4_K);
     set_dot<dot_q45_k<BlockQ5_K>>(t, GgmlType::Q5_K);
     set_dot<dot_q6_k>(t, GgmlType::Q6_K);
+    t.gemm_interleaved[int(GgmlType::Q8_0)] = gemm_interleaved_by_rows<dot_q8_0, GgmlType::Q8_0>;
+    t.gemm_interleaved[int(GgmlType::Q4_0)] = gemm_interleaved_by_rows<dot_q4_0, GgmlType::Q4_0>;
+    t.gemm_interleaved[int(GgmlType::Q4_1)] = gemm_interleaved_by_rows<dot_q4_1, GgmlType::Q4_1>;
+    t.gemm_interleaved[int(GgmlType::Q5_0)] = gemm_interleaved_by_rows<dot_q5_0, GgmlType::Q5_0>;
+    t.gemm_interleaved[int(GgmlType::Q5_1)] = gemm_interleaved_by_rows<dot_q5_1, GgmlType::Q5_1>;
     t.quantize[int(GgmlType::F32)] = quant_f32;
     t.quantize[int(GgmlType::Q8_0)] = quant_q8_0;
     t.quantize[int(GgmlType::Q8_1)] = quant_q8_1;

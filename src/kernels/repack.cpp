@@ -2,6 +2,7 @@
 // row back (for the reference table and the tests).
 #include "kernels/repack.h"
 
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -11,27 +12,99 @@ namespace microspec {
 
 namespace {
 
-constexpr size_t kQuantBytesPerBlock = 8 * 16 * 4;  // [8 dwords][16 rows][4 bytes]
-constexpr size_t kScaleBytesPerBlock = 16 * sizeof(fp16_t);
+// Bytes per block (of 16 rows) of each region of a tile.
+struct Regions {
+  size_t quants = 0, high = 0, d = 16 * sizeof(fp16_t), m = 0;
+  size_t total() const { return quants + high + d + m; }
+};
+
+Regions regions(GgmlType type) {
+  Regions g;
+  switch (type) {
+    case GgmlType::Q8_0:
+      g.quants = 8 * 64;
+      break;
+    case GgmlType::Q4_0:
+      g.quants = 4 * 64;
+      break;
+    case GgmlType::Q4_1:
+      g.quants = 4 * 64;
+      g.m = 16 * sizeof(fp16_t);
+      break;
+    case GgmlType::Q5_0:
+      g.quants = 4 * 64;
+      g.high = 16 * 4;
+      break;
+    case GgmlType::Q5_1:
+      g.quants = 4 * 64;
+      g.high = 16 * 4;
+      g.m = 16 * sizeof(fp16_t);
+      break;
+    default:
+      throw Error(std::string("no interleaved layout for weights of type ") + type_name(uint32_t(type)));
+  }
+  return g;
+}
+
+// Where a file block's fields lie (offsets in the block; -1: absent).
+struct Fields {
+  int d = 0, m = -1, qh = -1, qs = 0;
+};
+
+Fields fields(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q8_0:
+      return {int(offsetof(BlockQ8_0, d)), -1, -1, int(offsetof(BlockQ8_0, qs))};
+    case GgmlType::Q4_0:
+      return {int(offsetof(BlockQ4_0, d)), -1, -1, int(offsetof(BlockQ4_0, qs))};
+    case GgmlType::Q4_1:
+      return {int(offsetof(BlockQ4_1, d)), int(offsetof(BlockQ4_1, m)), -1, int(offsetof(BlockQ4_1, qs))};
+    case GgmlType::Q5_0:
+      return {int(offsetof(BlockQ5_0, d)), -1, int(offsetof(BlockQ5_0, qh)), int(offsetof(BlockQ5_0, qs))};
+    default:  // Q5_1 (regions() has rejected the rest)
+      return {int(offsetof(BlockQ5_1, d)), int(offsetof(BlockQ5_1, m)), int(offsetof(BlockQ5_1, qh)),
+              int(offsetof(BlockQ5_1, qs))};
+  }
+}
+
+// Fifth bits: element i = 4k + e (bit i of the file's qh) <-> bit 8e + k of the layout's word.
+uint32_t spread_high_bits(uint32_t qh) {
+  uint32_t v = 0;
+  for (int i = 0; i < 32; ++i) v |= ((qh >> i) & 1u) << (8 * (i % 4) + i / 4);
+  return v;
+}
+uint32_t gather_high_bits(uint32_t v) {
+  uint32_t qh = 0;
+  for (int i = 0; i < 32; ++i) qh |= ((v >> (8 * (i % 4) + i / 4)) & 1u) << i;
+  return qh;
+}
 
 void require_layout(GgmlType type, int64_t cols) {
-  if (!has_interleaved_layout(type))
-    throw Error(std::string("no interleaved layout for weights of type ") + type_name(uint32_t(type)));
+  regions(type);  // throws for a type without the layout
   if (cols <= 0 || cols % kQK != 0)
     throw Error("interleaved layout: " + std::to_string(cols) + " columns are not whole blocks of " +
                 std::to_string(kQK));
 }
 
+// Byte offset of each region of a tile with nb blocks per row.
+struct TileOffsets {
+  size_t quants, high, d, m;
+};
+TileOffsets offsets(const Regions& g, int64_t nb) {
+  const size_t n = size_t(nb);
+  return {0, n * g.quants, n * (g.quants + g.high), n * (g.quants + g.high + g.d)};
+}
+
 }  // namespace
 
 bool has_interleaved_layout(GgmlType type) {
-  return type == GgmlType::Q8_0;
+  return type == GgmlType::Q8_0 || type == GgmlType::Q4_0 || type == GgmlType::Q4_1 || type == GgmlType::Q5_0 ||
+         type == GgmlType::Q5_1;
 }
 
 size_t interleaved_tile_bytes(GgmlType type, int64_t cols) {
   require_layout(type, cols);
-  const size_t nb = size_t(cols / kQK);
-  return (nb * (kQuantBytesPerBlock + kScaleBytesPerBlock) + 63) & ~size_t(63);
+  return (size_t(cols / kQK) * regions(type).total() + 63) & ~size_t(63);
 }
 
 size_t interleaved_bytes(GgmlType type, int64_t rows, int64_t cols) {
@@ -42,40 +115,65 @@ size_t interleaved_bytes(GgmlType type, int64_t rows, int64_t cols) {
 void interleave_tiles(GgmlType type, const uint8_t* src, size_t src_stride, int64_t rows, int64_t cols,
                       int64_t first_tile, int64_t end_tile, uint8_t* dst) {
   const size_t tile_bytes = interleaved_tile_bytes(type, cols);
+  const Regions g = regions(type);
+  const Fields f = fields(type);
+  const size_t block_bytes = type_traits(type).block_bytes;
   const int64_t nb = cols / kQK;
+  const TileOffsets at = offsets(g, nb);
+  const int groups = type == GgmlType::Q8_0 ? 8 : 4;
   for (int64_t t = first_tile; t < end_tile; ++t) {
     uint8_t* tile = dst + size_t(t) * tile_bytes;
-    uint8_t* quants = tile;
-    auto* scales = reinterpret_cast<fp16_t*>(tile + size_t(nb) * kQuantBytesPerBlock);
     for (int64_t r = 0; r < kInterleavedRows; ++r) {
       const int64_t row = t * kInterleavedRows + r < rows ? t * kInterleavedRows + r : rows - 1;
-      const auto* blocks = reinterpret_cast<const BlockQ8_0*>(src + size_t(row) * src_stride);
       for (int64_t b = 0; b < nb; ++b) {
-        std::memcpy(&scales[b * 16 + r], &blocks[b].d, sizeof(fp16_t));
-        for (int k = 0; k < 8; ++k)
-          for (int e = 0; e < 4; ++e)
-            quants[size_t(b) * kQuantBytesPerBlock + size_t(k) * 64 + size_t(r) * 4 + size_t(e)] =
-                uint8_t(blocks[b].qs[4 * k + e]) ^ 0x80u;
+        const uint8_t* blk = src + size_t(row) * src_stride + size_t(b) * block_bytes;
+        uint8_t* quants = tile + at.quants + size_t(b) * g.quants;
+        for (int k = 0; k < groups; ++k)
+          for (int e = 0; e < 4; ++e) {
+            const uint8_t q = blk[f.qs + 4 * k + e];
+            quants[size_t(k) * 64 + size_t(r) * 4 + size_t(e)] = type == GgmlType::Q8_0 ? uint8_t(q ^ 0x80u) : q;
+          }
+        if (f.qh >= 0) {
+          uint32_t qh;
+          std::memcpy(&qh, blk + f.qh, 4);
+          const uint32_t v = spread_high_bits(qh);
+          std::memcpy(tile + at.high + size_t(b) * g.high + size_t(r) * 4, &v, 4);
+        }
+        std::memcpy(tile + at.d + size_t(b) * g.d + size_t(r) * 2, blk + f.d, 2);
+        if (f.m >= 0) std::memcpy(tile + at.m + size_t(b) * g.m + size_t(r) * 2, blk + f.m, 2);
       }
     }
-    const size_t used = size_t(nb) * (kQuantBytesPerBlock + kScaleBytesPerBlock);
+    const size_t used = size_t(nb) * g.total();
     std::memset(tile + used, 0, tile_bytes - used);
   }
 }
 
 void deinterleave_row(GgmlType type, const uint8_t* interleaved, int64_t cols, int64_t r, uint8_t* dst) {
   const size_t tile_bytes = interleaved_tile_bytes(type, cols);
+  const Regions g = regions(type);
+  const Fields f = fields(type);
+  const size_t block_bytes = type_traits(type).block_bytes;
   const int64_t nb = cols / kQK;
+  const TileOffsets at = offsets(g, nb);
+  const int groups = type == GgmlType::Q8_0 ? 8 : 4;
   const uint8_t* tile = interleaved + size_t(r / kInterleavedRows) * tile_bytes;
-  const int64_t lane = r % kInterleavedRows;
-  const auto* scales = reinterpret_cast<const fp16_t*>(tile + size_t(nb) * kQuantBytesPerBlock);
-  auto* blocks = reinterpret_cast<BlockQ8_0*>(dst);
+  const size_t lane = size_t(r % kInterleavedRows);
   for (int64_t b = 0; b < nb; ++b) {
-    std::memcpy(&blocks[b].d, &scales[b * 16 + lane], sizeof(fp16_t));
-    for (int k = 0; k < 8; ++k)
-      for (int e = 0; e < 4; ++e)
-        blocks[b].qs[4 * k + e] =
-            int8_t(tile[size_t(b) * kQuantBytesPerBlock + size_t(k) * 64 + size_t(lane) * 4 + size_t(e)] ^ 0x80u);
+    uint8_t* blk = dst + size_t(b) * block_bytes;
+    const uint8_t* quants = tile + at.quants + size_t(b) * g.quants;
+    for (int k = 0; k < groups; ++k)
+      for (int e = 0; e < 4; ++e) {
+        const uint8_t q = quants[size_t(k) * 64 + lane * 4 + size_t(e)];
+        blk[f.qs + 4 * k + e] = type == GgmlType::Q8_0 ? uint8_t(q ^ 0x80u) : q;
+      }
+    if (f.qh >= 0) {
+      uint32_t v;
+      std::memcpy(&v, tile + at.high + size_t(b) * g.high + lane * 4, 4);
+      const uint32_t qh = gather_high_bits(v);
+      std::memcpy(blk + f.qh, &qh, 4);
+    }
+    std::memcpy(blk + f.d, tile + at.d + size_t(b) * g.d + lane * 2, 2);
+    if (f.m >= 0) std::memcpy(blk + f.m, tile + at.m + size_t(b) * g.m + lane * 2, 2);
   }
 }
 

@@ -4,14 +4,20 @@
 // source of truth: the interleaved copy is built from it and is an extra allocation of the same
 // size as the matrix (`--no-repack` keeps only the zero-copy path).
 //
-// Layout "16 rows x dwords", Q8_0 only (the LM heads and Q8_0 files):
-// rows go in tiles of 16 (a short last tile repeats its last row). A tile of a matrix with nb
-// blocks per row is interleaved_tile_bytes() long and holds
-//   quants [nb][8][16][4] bytes: for block b and k < 8, 64 bytes = dword k (elements 4k..4k+3) of
-//          rows 0..15 of the tile, each byte the stored int8 plus 128 (as an unsigned byte), so
-//          one 64-byte load is the unsigned operand of one vpdpbusd over 16 rows;
-//   scales [nb][16] fp16: block b's scale of rows 0..15;
-// zero padding to a multiple of 64 bytes. Tile t starts at t * interleaved_tile_bytes().
+// Layout "16 rows x dwords", for the 32-element formats Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1: rows go
+// in tiles of 16 (a short last tile repeats its last row). A tile of a matrix with nb blocks per
+// row is interleaved_tile_bytes() long and holds, region after region:
+//   quants [nb][groups][16][4] bytes: group k of block b = 4 bytes of each of the tile's 16 rows
+//          (row r at byte 4r), so one 64-byte load covers 16 rows:
+//          Q8_0: 8 groups, group k = elements 4k..4k+3, each the stored int8 plus 128 (unsigned);
+//          4- and 5-bit types: 4 groups, group j = the stored bytes qs[4j..4j+3], whose low
+//          nibbles are elements 4j..4j+3 and high nibbles elements 16+4j..16+4j+3;
+//   high   (Q5_0, Q5_1) [nb][16] uint32: each row's 32 fifth bits, bit 8e + k holding element
+//          4k + e's, so that the bits of elements 4k..4k+3 sit k bits below bit 4 of bytes 0..3;
+//   d      [nb][16] fp16: block b's scale of rows 0..15;
+//   m      (Q4_1, Q5_1) [nb][16] fp16: block b's min of rows 0..15;
+// zero padding to a multiple of 64 bytes. Tile t starts at t * interleaved_tile_bytes(). A tile
+// takes the same bytes as its 16 rows in the file, but for the padding.
 #include <cstddef>
 #include <cstdint>
 
