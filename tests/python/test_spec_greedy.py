@@ -110,9 +110,12 @@ def run_batch(model, prompts, extra, tmp_path):
 
 
 def plain(model):
-    """Plain greedy decoding of the pool: server_helpers.cli_generate runs it once per session."""
+    """Plain greedy decoding of the pool: server_helpers.cli_generate runs it once per session. It
+    multiplies the file's weights as stored (--no-repack) while every speculative run uses the
+    default repacked layout, so the sweep also shows the two layouts give the same tokens."""
     from server_helpers import cli_generate
-    rows = cli_generate(MODELS[model], spec_bench.first_turns(POOL), N_TOKENS, chat=True, extra=["-t", "2"])
+    rows = cli_generate(MODELS[model], spec_bench.first_turns(POOL), N_TOKENS, chat=True,
+                        extra=["-t", "2", "--no-repack"])
     assert len(rows) == POOL
     return rows
 
