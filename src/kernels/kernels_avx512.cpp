@@ -521,6 +521,33 @@ void rows16_few(const uint8_t* const* rows, const NextTile& next, int64_t nb, co
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
 }
 
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Block b of 16 rows in row lanes (u[k]: dword k, elements 4k..4k+3, of every row; dw/mw their
+// scales and mins) against NT tokens: each token's exact integer products, in two chains of four
+// vpdpbusd (half the latency of one chain of 8) started at the integer start, then the shared float
+// steps into acc[t]. Every path that holds a block in row lanes ends here.
+template <class W, int NT>
+[[gnu::always_inline]] inline void lanes_block(const __m512i* u, __m512 dw, __m512 mw, int64_t b, const uint8_t* act,
+                                               size_t act_stride, const float* ad, const float* ax,
+                                               int64_t info_stride, __m512* acc) {
+  using Act = typename W::Act;
+  for (int t = 0; t < NT; ++t) {
+    const int8_t* q = reinterpret_cast<const Act*>(act + size_t(t) * act_stride)[b].qs;
+    const float* x = ax + t * info_stride;
+    __m512i i0 = W::kAsym ? _mm512_setzero_si512() : block_start<W>(x, b), i1 = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k += 2) {
+      i0 = _mm512_dpbusd_epi32(i0, u[k], _mm512_set1_epi32(load_i32(q + 4 * k)));
+      i1 = _mm512_dpbusd_epi32(i1, u[k + 1], _mm512_set1_epi32(load_i32(q + 4 * k + 4)));
+    }
+    acc[t] = accumulate_block<W, true>(acc[t], _mm512_add_epi32(i0, i1), dw, mw, ad + t * info_stride, x, b);
+  }
+}
+
 // Many tokens: a tile of 16 rows decoded once into row lanes.
 struct alignas(64) TilePair {
   __m512i u[16];  // u[k]: dword k of the pair (k < 8: block 0, else block 1) of rows 0-15
@@ -550,17 +577,10 @@ void build_tile(const uint8_t* const* rows, const NextTile& next, int64_t nb, Ti
   }
 }
 
-inline int32_t load_i32(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // One tile against NT tokens: per token and block, 8 vpdpbusd with broadcast activation dwords.
 template <class W, int NT>
 void tile_tokens(const TilePair* tile, int64_t nb, const uint8_t* act, size_t act_stride, const float* ad,
                  const float* ax, int64_t info_stride, float* out, int64_t ldo, __mmask16 valid) {
-  using Act = typename W::Act;
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t p = 0; p < (nb + 1) / 2; ++p) {
@@ -570,17 +590,7 @@ void tile_tokens(const TilePair* tile, int64_t nb, const uint8_t* act, size_t ac
       const int64_t b = 2 * p + h;
       __m512i u[8];
       for (int k = 0; k < 8; ++k) u[k] = _mm512_load_si512(&tp.u[8 * h + k]);
-      for (int t = 0; t < NT; ++t) {
-        const int8_t* q = reinterpret_cast<const Act*>(act + size_t(t) * act_stride)[b].qs;
-        const float* x = ax + t * info_stride;
-        // Two chains of 4 products each (half the latency of one chain of 8); integer sums, exact.
-        __m512i i0 = W::kAsym ? _mm512_setzero_si512() : block_start<W>(x, b), i1 = _mm512_setzero_si512();
-        for (int k = 0; k < 8; k += 2) {
-          i0 = _mm512_dpbusd_epi32(i0, u[k], _mm512_set1_epi32(load_i32(q + 4 * k)));
-          i1 = _mm512_dpbusd_epi32(i1, u[k + 1], _mm512_set1_epi32(load_i32(q + 4 * k + 4)));
-        }
-        acc[t] = accumulate_block<W, true>(acc[t], _mm512_add_epi32(i0, i1), tp.d[h], tp.m[h], ad + t * info_stride, x, b);
-      }
+      lanes_block<W, NT>(u, tp.d[h], tp.m[h], b, act, act_stride, ad, ax, info_stride, acc);
     }
   }
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
@@ -595,7 +605,6 @@ void rows16_lanes(const uint8_t* const* rows, const NextTile& next, int64_t nb, 
                   size_t act_stride, const float* ad, const float* ax, int64_t info_stride, float* out,
                   int64_t ldo, __mmask16 valid) {
   using Block = typename W::Block;
-  using Act = typename W::Act;
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t p = 0; p < (nb + 1) / 2; ++p) {
@@ -615,18 +624,8 @@ void rows16_lanes(const uint8_t* const* rows, const NextTile& next, int64_t nb, 
       block_scales<W>(rows, 2 * p, &dw[0], &mw[0]);
     // Block b against every token, its dwords in v[0..7]. (Called with constant offsets into u so
     // that u and acc stay in registers.)
-    auto block = [&](const __m512i* v, __m512 d, __m512 m, int64_t b) __attribute__((always_inline)) {
-      for (int t = 0; t < NT; ++t) {
-        const int8_t* q = reinterpret_cast<const Act*>(act + size_t(t) * act_stride)[b].qs;
-        const float* x = ax + t * info_stride;
-        // The products accumulate onto the integer start directly (one add less per block).
-        __m512i i = W::kAsym ? _mm512_setzero_si512() : block_start<W>(x, b);
-        for (int k = 0; k < 8; ++k) i = _mm512_dpbusd_epi32(i, v[k], _mm512_set1_epi32(load_i32(q + 4 * k)));
-        acc[t] = accumulate_block<W, true>(acc[t], i, d, m, ad + t * info_stride, x, b);
-      }
-    };
-    block(u, dw[0], mw[0], 2 * p);
-    if (second) block(u + 8, dw[1], mw[1], 2 * p + 1);
+    lanes_block<W, NT>(u, dw[0], mw[0], 2 * p, act, act_stride, ad, ax, info_stride, acc);
+    if (second) lanes_block<W, NT>(u + 8, dw[1], mw[1], 2 * p + 1, act, act_stride, ad, ax, info_stride, acc);
   }
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
 }
@@ -741,7 +740,6 @@ void tile_interleaved(const uint8_t* tile, const NextTile& next, int64_t nb, con
                       const float* ad, const float* ax, int64_t info_stride, float* out, int64_t ldo,
                       __mmask16 valid) {
   using W = typename T::W;
-  using Act = typename W::Act;
   const uint8_t* high = tile + size_t(nb) * T::kQuantBytes;
   const auto* scales = reinterpret_cast<const fp16_t*>(high + size_t(nb) * T::kHighBytes);
   const fp16_t* mins = scales + 16 * nb;  // asymmetric types
@@ -753,17 +751,7 @@ void tile_interleaved(const uint8_t* tile, const NextTile& next, int64_t nb, con
     T::dwords(tile + size_t(b) * T::kQuantBytes, high + size_t(b) * T::kHighBytes, u);
     const __m512 dw = _mm512_cvtph_ps(loadu256(scales + 16 * b));
     const __m512 mw = W::kAsym ? _mm512_cvtph_ps(loadu256(mins + 16 * b)) : _mm512_setzero_ps();
-    for (int t = 0; t < NT; ++t) {
-      const int8_t* q = reinterpret_cast<const Act*>(act + size_t(t) * act_stride)[b].qs;
-      const float* x = ax + t * info_stride;
-      // Two chains of 4 products each (half the latency of one chain of 8); integer sums, exact.
-      __m512i i0 = W::kAsym ? _mm512_setzero_si512() : block_start<W>(x, b), i1 = _mm512_setzero_si512();
-      for (int k = 0; k < 8; k += 2) {
-        i0 = _mm512_dpbusd_epi32(i0, u[k], _mm512_set1_epi32(load_i32(q + 4 * k)));
-        i1 = _mm512_dpbusd_epi32(i1, u[k + 1], _mm512_set1_epi32(load_i32(q + 4 * k + 4)));
-      }
-      acc[t] = accumulate_block<W, true>(acc[t], _mm512_add_epi32(i0, i1), dw, mw, ad + t * info_stride, x, b);
-    }
+    lanes_block<W, NT>(u, dw, mw, b, act, act_stride, ad, ax, info_stride, acc);
   }
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
 }

@@ -86,13 +86,33 @@ void require_layout(GgmlType type, int64_t cols) {
                 std::to_string(kQK));
 }
 
-// Byte offset of each region of a tile with nb blocks per row.
-struct TileOffsets {
-  size_t quants, high, d, m;
+// Everything about a tile of a matrix of `type` with `cols` columns: its size, its regions and
+// where they start, the file block's fields, the quant groups per block.
+struct Tile {
+  size_t bytes;
+  Regions g;
+  Fields f;
+  size_t block_bytes;
+  int64_t nb;
+  size_t quants, high, d, m;  // byte offset of each region in the tile
+  int groups;                 // 4-byte groups per block and row in the quant region
 };
-TileOffsets offsets(const Regions& g, int64_t nb) {
-  const size_t n = size_t(nb);
-  return {0, n * g.quants, n * (g.quants + g.high), n * (g.quants + g.high + g.d)};
+
+Tile tile_of(GgmlType type, int64_t cols) {
+  require_layout(type, cols);
+  Tile t;
+  t.g = regions(type);
+  t.f = fields(type);
+  t.block_bytes = type_traits(type).block_bytes;
+  t.nb = cols / kQK;
+  t.bytes = (size_t(t.nb) * t.g.total() + 63) & ~size_t(63);
+  const size_t n = size_t(t.nb);
+  t.quants = 0;
+  t.high = n * t.g.quants;
+  t.d = n * (t.g.quants + t.g.high);
+  t.m = n * (t.g.quants + t.g.high + t.g.d);
+  t.groups = int(t.g.quants / 64);
+  return t;
 }
 
 }  // namespace
@@ -103,8 +123,7 @@ bool has_interleaved_layout(GgmlType type) {
 }
 
 size_t interleaved_tile_bytes(GgmlType type, int64_t cols) {
-  require_layout(type, cols);
-  return (size_t(cols / kQK) * regions(type).total() + 63) & ~size_t(63);
+  return tile_of(type, cols).bytes;
 }
 
 size_t interleaved_bytes(GgmlType type, int64_t rows, int64_t cols) {
@@ -114,21 +133,17 @@ size_t interleaved_bytes(GgmlType type, int64_t rows, int64_t cols) {
 
 void interleave_tiles(GgmlType type, const uint8_t* src, size_t src_stride, int64_t rows, int64_t cols,
                       int64_t first_tile, int64_t end_tile, uint8_t* dst) {
-  const size_t tile_bytes = interleaved_tile_bytes(type, cols);
-  const Regions g = regions(type);
-  const Fields f = fields(type);
-  const size_t block_bytes = type_traits(type).block_bytes;
-  const int64_t nb = cols / kQK;
-  const TileOffsets at = offsets(g, nb);
-  const int groups = type == GgmlType::Q8_0 ? 8 : 4;
+  const Tile at = tile_of(type, cols);
+  const Regions& g = at.g;
+  const Fields& f = at.f;
   for (int64_t t = first_tile; t < end_tile; ++t) {
-    uint8_t* tile = dst + size_t(t) * tile_bytes;
+    uint8_t* tile = dst + size_t(t) * at.bytes;
     for (int64_t r = 0; r < kInterleavedRows; ++r) {
       const int64_t row = t * kInterleavedRows + r < rows ? t * kInterleavedRows + r : rows - 1;
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = src + size_t(row) * src_stride + size_t(b) * block_bytes;
+      for (int64_t b = 0; b < at.nb; ++b) {
+        const uint8_t* blk = src + size_t(row) * src_stride + size_t(b) * at.block_bytes;
         uint8_t* quants = tile + at.quants + size_t(b) * g.quants;
-        for (int k = 0; k < groups; ++k)
+        for (int k = 0; k < at.groups; ++k)
           for (int e = 0; e < 4; ++e) {
             const uint8_t q = blk[f.qs + 4 * k + e];
             quants[size_t(k) * 64 + size_t(r) * 4 + size_t(e)] = type == GgmlType::Q8_0 ? uint8_t(q ^ 0x80u) : q;
@@ -143,25 +158,21 @@ void interleave_tiles(GgmlType type, const uint8_t* src, size_t src_stride, int6
         if (f.m >= 0) std::memcpy(tile + at.m + size_t(b) * g.m + size_t(r) * 2, blk + f.m, 2);
       }
     }
-    const size_t used = size_t(nb) * g.total();
-    std::memset(tile + used, 0, tile_bytes - used);
+    const size_t used = size_t(at.nb) * g.total();
+    std::memset(tile + used, 0, at.bytes - used);
   }
 }
 
 void deinterleave_row(GgmlType type, const uint8_t* interleaved, int64_t cols, int64_t r, uint8_t* dst) {
-  const size_t tile_bytes = interleaved_tile_bytes(type, cols);
-  const Regions g = regions(type);
-  const Fields f = fields(type);
-  const size_t block_bytes = type_traits(type).block_bytes;
-  const int64_t nb = cols / kQK;
-  const TileOffsets at = offsets(g, nb);
-  const int groups = type == GgmlType::Q8_0 ? 8 : 4;
-  const uint8_t* tile = interleaved + size_t(r / kInterleavedRows) * tile_bytes;
+  const Tile at = tile_of(type, cols);
+  const Regions& g = at.g;
+  const Fields& f = at.f;
+  const uint8_t* tile = interleaved + size_t(r / kInterleavedRows) * at.bytes;
   const size_t lane = size_t(r % kInterleavedRows);
-  for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* blk = dst + size_t(b) * block_bytes;
+  for (int64_t b = 0; b < at.nb; ++b) {
+    uint8_t* blk = dst + size_t(b) * at.block_bytes;
     const uint8_t* quants = tile + at.quants + size_t(b) * g.quants;
-    for (int k = 0; k < groups; ++k)
+    for (int k = 0; k < at.groups; ++k)
       for (int e = 0; e < 4; ++e) {
         const uint8_t q = quants[size_t(k) * 64 + lane * 4 + size_t(e)];
         blk[f.qs + 4 * k + e] = type == GgmlType::Q8_0 ? uint8_t(q ^ 0x80u) : q;
