@@ -117,8 +117,10 @@ Eagle3Head::~Eagle3Head() = default;
 void Eagle3Head::load_weights() {
   const GgufFile& f = *file_;
   const Eagle3Config& c = config_;
+  // A matrix multiplied whole, repacked as the target's are.
   auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
-    return load_matrix(f, name, cols, rows, mm_.kernels());
+    const QMatrix m = load_matrix(f, name, cols, rows, mm_.kernels());
+    return target_.repacks() ? repacked_.add(m, mm_.kernels(), mm_.pool()) : m;
   };
   auto vector = [&](const std::string& name, int64_t n) { return load_vector(f, name, n); };
   const int64_t H = c.n_embd;
@@ -137,7 +139,7 @@ void Eagle3Head::load_weights() {
     if (e->ne.size() == 2 && e->ne[1] != target_.config().n_vocab)
       throw Error(f.name() + ": token_embd.weight has " + std::to_string(e->ne[1]) + " rows, expected the target's " +
                   std::to_string(target_.config().n_vocab) + " (its vocabulary)");
-    token_embd_ = matrix("token_embd.weight", H, target_.config().n_vocab);
+    token_embd_ = load_matrix(f, "token_embd.weight", H, target_.config().n_vocab, mm_.kernels());  // rows looked up
   } else {
     token_embd_ = target_.embedding_matrix();
   }

@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "kernels/matmul.h"
+#include "kernels/repacked_weights.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 
@@ -123,6 +124,9 @@ class Eagle3Head {
   Eagle3Config config_;
   int32_t n_batch_;
   MatmulContext mm_;
+  // Interleaved copies of the matrices multiplied whole (fc_, the attention and FFN weights) when
+  // the target repacks its own (Model::repacks).
+  RepackedWeights repacked_;
 
   // Weights: views into the mapped file (token_embd_ and the LM head may be the target's).
   QMatrix fc_;                           // [H rows][3*H_t] (EAGLE-2: [H rows][2H])

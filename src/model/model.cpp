@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <limits>
 #include <string>
 
@@ -149,19 +147,7 @@ QMatrix Model::matrix(const GgufFile& f, const std::string& name, int64_t cols, 
 }
 
 QMatrix Model::repacked(QMatrix m) {
-  if (!repack_ || !mm_.kernels().gemm_interleaved[int(m.type)] || !has_interleaved_layout(m.type)) return m;
-  const size_t bytes = interleaved_bytes(m.type, m.rows, m.cols);
-  auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) & ~size_t(63)));
-  if (!p) throw std::bad_alloc();
-  repacked_.emplace_back(p);
-  repacked_bytes_ += bytes;
-  const int64_t n_tiles = (m.rows + kInterleavedRows - 1) / kInterleavedRows;
-  pool_.parallel_for(n_tiles, 64, [&](int64_t b, int64_t e, int) {
-    interleave_tiles(m.type, m.data, m.row_stride, m.rows, m.cols, b, e, p);
-  });
-  m.interleaved = p;
-  m.interleaved_of = m.data;
-  return m;
+  return repack_ ? repacked_.add(m, mm_.kernels(), pool_) : m;
 }
 
 const float* load_vector(const GgufFile& f, const std::string& name, int64_t n) {

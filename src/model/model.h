@@ -20,13 +20,13 @@
 // for, an optional layer limit (a self-drafter runs only the first N layers), and the LM head
 // callable on its own for any subset of vocabulary rows.
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/matmul.h"
+#include "kernels/repacked_weights.h"
 #include "kernels/threadpool.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
@@ -144,7 +144,7 @@ class Model {
   // Whether weights are repacked at load (ModelOptions::repack), and the bytes the repacked
   // copies take: a draft model loads with the same setting.
   bool repacks() const { return repack_; }
-  size_t repacked_bytes() const { return repacked_bytes_; }
+  size_t repacked_bytes() const { return repacked_.bytes(); }
   KVCache make_cache(int32_t n_ctx) const;
 
   // Runs the batch through the layers options names (see ForwardOptions), writing its keys and
@@ -280,14 +280,8 @@ class Model {
   Activations act_;
 
  private:
-  // The interleaved copies of repacked weights (64-byte aligned; QMatrix::interleaved points
-  // into them) and their total size.
-  struct FreeBytes {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
   bool repack_ = true;
-  std::vector<std::unique_ptr<uint8_t, FreeBytes>> repacked_;
-  size_t repacked_bytes_ = 0;
+  RepackedWeights repacked_;  // the interleaved copies that QMatrix::interleaved points into
   // attention()'s own working memory, one region per pool thread.
   std::vector<float> scores_;     // [n_threads][n_ctx + n_batch] attention scores
   std::vector<int32_t> visible_;  // [n_threads][n_ctx - n_past] visible pending indices
