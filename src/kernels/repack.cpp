@@ -68,9 +68,21 @@ Fields fields(GgmlType type) {
 }
 
 // Fifth bits: element i = 4k + e (bit i of the file's qh) <-> bit 8e + k of the layout's word.
+// Byte j of qh holds elements 8j..8j+7 (k = 2j, 2j + 1): its bits land where byte 0's would,
+// shifted left by 2j, so a table of byte 0's patterns serves every byte.
+struct SpreadTable {
+  uint32_t v[256];
+  constexpr SpreadTable() : v() {
+    for (int b = 0; b < 256; ++b)
+      for (int i = 0; i < 8; ++i)
+        if ((b >> i) & 1) v[b] |= 1u << (8 * (i % 4) + i / 4);
+  }
+};
+constexpr SpreadTable kSpread;
+
 uint32_t spread_high_bits(uint32_t qh) {
   uint32_t v = 0;
-  for (int i = 0; i < 32; ++i) v |= ((qh >> i) & 1u) << (8 * (i % 4) + i / 4);
+  for (int j = 0; j < 4; ++j) v |= kSpread.v[(qh >> (8 * j)) & 0xFFu] << (2 * j);
   return v;
 }
 uint32_t gather_high_bits(uint32_t v) {
@@ -143,11 +155,13 @@ void interleave_tiles(GgmlType type, const uint8_t* src, size_t src_stride, int6
       for (int64_t b = 0; b < at.nb; ++b) {
         const uint8_t* blk = src + size_t(row) * src_stride + size_t(b) * at.block_bytes;
         uint8_t* quants = tile + at.quants + size_t(b) * g.quants;
-        for (int k = 0; k < at.groups; ++k)
-          for (int e = 0; e < 4; ++e) {
-            const uint8_t q = blk[f.qs + 4 * k + e];
-            quants[size_t(k) * 64 + size_t(r) * 4 + size_t(e)] = type == GgmlType::Q8_0 ? uint8_t(q ^ 0x80u) : q;
-          }
+        const uint32_t bias = type == GgmlType::Q8_0 ? 0x80808080u : 0;  // Q8_0: int8 + 128 = XOR 0x80
+        for (int k = 0; k < at.groups; ++k) {
+          uint32_t v;
+          std::memcpy(&v, blk + f.qs + 4 * k, 4);
+          v ^= bias;
+          std::memcpy(quants + size_t(k) * 64 + size_t(r) * 4, &v, 4);
+        }
         if (f.qh >= 0) {
           uint32_t qh;
           std::memcpy(&qh, blk + f.qh, 4);
