@@ -313,7 +313,23 @@ def main():
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--time-budget-min", type=float, default=20.0, help="stop (and save) after this many minutes")
     ap.add_argument("--matrix-type", default="q8_0", choices=["q8_0", "f16", "f32"])
+    ap.add_argument("--no-tokenizer-metadata", action="store_true",
+                    help="leave the target's tokenizer.* metadata out of the head file (microspec does not need it; "
+                         "llama.cpp does; for a 262k vocabulary it is 6 MB)")
+    ap.add_argument("--export-only", action="store_true",
+                    help="write -o from the checkpoint in --work and stop (no data, features or training)")
     a = ap.parse_args()
+    tokenizer_from = None if a.no_tokenizer_metadata else a.model
+    if a.export_only:
+        ckpt = pathlib.Path(a.work) / "checkpoint.pt"
+        if not ckpt.exists():
+            sys.exit(f"{ckpt}: no checkpoint to export")
+        c = torch.load(ckpt, weights_only=False)
+        head = Eagle3Head(c["cfg"])
+        head.load_state_dict(c["head"])
+        draft_head_gguf.write_head(a.output, head.weights(), c["cfg"], a.matrix_type, tokenizer_from=tokenizer_from)
+        print(f"wrote {a.output} from {ckpt} (step {c['state']['step']}, {c['state']['tokens']} training tokens)")
+        return
     t_start = time.time()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -375,7 +391,7 @@ def main():
         torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "state": state,
                     "rng": torch.get_rng_state(), "cfg": cfg}, str(ckpt) + ".part")
         os.replace(str(ckpt) + ".part", ckpt)
-        draft_head_gguf.write_head(a.output, head.weights(), cfg, a.matrix_type, tokenizer_from=a.model)
+        draft_head_gguf.write_head(a.output, head.weights(), cfg, a.matrix_type, tokenizer_from=tokenizer_from)
 
     def record():
         acc, tau = evaluate(head, emb_of, lm_rows, in_vocab, held, a.unroll)
