@@ -122,6 +122,55 @@ TEST_F(DraftHead, GreedyWithHeadEqualsPlainForEveryVocabularyAndTree) {
     }
 }
 
+// The batching server prefills a speculative newcomer's prompt in pieces (Decoder::start_piece,
+// one per round): the target's top-K_pre at every position (the dynamic vocabulary's seed) and the
+// head's features are collected piece by piece, and everything after must be what the whole
+// prompt at once gives: the same tokens and the same drafts (so the same statistics).
+TEST_F(DraftHead, PromptInPiecesGivesWhatTheWholePromptGives) {
+  test::TinyHeadSpec spec;
+  const std::string path = head_file(spec);
+  GenerateParams params;
+  params.max_new_tokens = 30;
+  params.ignore_eos = true;
+  const std::vector<int32_t> prompt = long_prompt();  // 38 tokens, n_batch 16
+  auto run_with = [&](int32_t piece, bool with_head) {
+    Generator gen(*target_, *tok_, 256);
+    std::unique_ptr<HeadDrafter> drafter;
+    if (with_head)
+      drafter = std::make_unique<HeadDrafter>(load_head(path), *target_, 256,
+                                              DraftVocabulary::dynamic(*target_, DynamicVocabParams{}));
+    Decoder dec(gen, *tok_, drafter.get(), TreeParams{3, 2, 6});
+    if (piece == 0) return dec.generate(prompt, params);
+    Decoder::Run run(*tok_, params, nullptr, kVocab);
+    int32_t pieces = 0;
+    Decoder::Progress p;
+    do {
+      p = dec.start_piece(run, prompt, piece);
+      ++pieces;
+      EXPECT_EQ(run.prefilled, std::min<int32_t>(int32_t(prompt.size()), pieces * std::min(piece, 16)));
+    } while (p == Decoder::Progress::Prefilling);
+    EXPECT_EQ(pieces, (int32_t(prompt.size()) + std::min(piece, 16) - 1) / std::min(piece, 16));
+    if (p == Decoder::Progress::Running)
+      while (dec.advance(run)) {
+      }
+    dec.finish(run);
+    return run.res;
+  };
+  for (bool with_head : {false, true}) {
+    const SpecResult whole = run_with(0, with_head);
+    ASSERT_EQ(whole.gen.tokens.size(), 30u);
+    for (int32_t piece : {1, 5, 7, 40}) {
+      const SpecResult pieces = run_with(piece, with_head);
+      const std::string what = std::string(with_head ? "head" : "plain") + " pieces of " + std::to_string(piece);
+      EXPECT_EQ(pieces.gen.tokens, whole.gen.tokens) << what;
+      EXPECT_EQ(pieces.gen.prompt_tokens, int32_t(prompt.size())) << what;
+      EXPECT_EQ(pieces.stats.steps, whole.stats.steps) << what;
+      EXPECT_EQ(pieces.stats.drafted, whole.stats.drafted) << what;
+      EXPECT_EQ(pieces.stats.accepted_draft, whole.stats.accepted_draft) << what;
+    }
+  }
+}
+
 TEST_F(DraftHead, SamplingWithHeadRunsAndStaysInVocabulary) {
   // The distribution itself is checked by SpecSampling* with the head as one of the drafters;
   // here: a sampled run with a head completes and drafts.

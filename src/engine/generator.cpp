@@ -80,6 +80,13 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, int32_t n_ctx)
 
 const float* Generator::prefill(const std::vector<int32_t>& prompt, int32_t top_k,
                                 std::vector<int32_t>* top_ids, const PrefillCapture* capture) {
+  begin_prefill(prompt, top_k, top_ids, capture);
+  for (;;)
+    if (const float* logits = prefill_piece(prompt, model_.n_batch(), top_k, top_ids, capture)) return logits;
+}
+
+void Generator::begin_prefill(const std::vector<int32_t>& prompt, int32_t top_k, std::vector<int32_t>* top_ids,
+                              const PrefillCapture* capture) {
   if (top_k < 0) throw Error("prefill: negative top-k");
   if (top_k > 0 && !top_ids) throw Error("prefill: top-k ids requested without an output vector");
   const bool capturing = capture && !capture->layers.empty();
@@ -89,51 +96,55 @@ const float* Generator::prefill(const std::vector<int32_t>& prompt, int32_t top_
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
                 std::to_string(kv_.n_ctx()) + " (raise -c)");
   kv_.clear();
+  if (capturing)
+    capture->features->resize(prompt.size() * capture->layers.size() * size_t(model_.config().n_embd));
+  if (top_k > 0) top_ids->resize(prompt.size() * size_t(top_k));
+}
+
+const float* Generator::prefill_piece(const std::vector<int32_t>& prompt, int32_t max_tokens, int32_t top_k,
+                                      std::vector<int32_t>* top_ids, const PrefillCapture* capture) {
   const int32_t n = static_cast<int32_t>(prompt.size());
+  const int32_t at = kv_.n_past();
+  if (max_tokens < 1 || at >= n) throw Error("prefill: no prompt piece to run");
+  const bool capturing = capture && !capture->layers.empty();
   const int32_t V = model_.config().n_vocab, E = model_.config().n_embd;
   const size_t feature_row = capturing ? capture->layers.size() * size_t(E) : 0;
-  if (capturing) capture->features->resize(size_t(n) * feature_row);
-  for (int32_t at = 0; at < n; at += model_.n_batch()) {
-    const int32_t len = std::min(model_.n_batch(), n - at);
-    const bool last = at + len == n;
-    if (top_k == 0 && !capturing) {
-      batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, false);
-      model_.forward(batch_, kv_, out_, {.logits = last});
-      kv_.commit_prefix(len);
-      continue;
-    }
-    // Hidden states (and features) of every position, then the LM head a few rows at a time: the
-    // whole chunk's logits would take n_batch * n_vocab floats (512 MiB for Gemma's 262k vocabulary).
-    batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, true);
-    ForwardOptions options;
-    if (capturing) options.capture_layers = capture->layers;
-    model_.forward(batch_, kv_, out_, options);
+  const int32_t len = std::min({max_tokens, model_.n_batch(), n - at});
+  const bool last = at + len == n;
+  if (top_k == 0 && !capturing) {
+    batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, false);
+    model_.forward(batch_, kv_, out_, {.logits = last});
     kv_.commit_prefix(len);
-    if (capturing)
-      std::copy(out_.layer_inputs.begin(), out_.layer_inputs.end(),
-                capture->features->begin() + ptrdiff_t(size_t(at) * feature_row));
-    if (top_k == 0) {
-      // The last position's logits alone, as plain prefill computes them (one row).
-      if (last) {
-        out_.logits.resize(size_t(V));
-        model_.lm_head(out_.hidden.data() + size_t(len - 1) * E, 1, out_.logits.data());
-      }
-      continue;
-    }
-    constexpr int32_t kHeadRows = 16;
-    head_rows_.resize(size_t(kHeadRows) * V);
-    top_ids->resize(size_t(n) * top_k);
-    for (int32_t r = 0; r < len; r += kHeadRows) {
-      const int32_t rows = std::min(kHeadRows, len - r);
-      model_.lm_head(out_.hidden.data() + size_t(r) * E, rows, head_rows_.data());
-      for (int32_t i = 0; i < rows; ++i)
-        top_k_indices(head_rows_.data() + size_t(i) * V, V, top_k, top_ids->data() + size_t(at + r + i) * top_k);
-      if (last && r + rows == len) {
-        out_.logits.assign(head_rows_.data() + size_t(rows - 1) * V, head_rows_.data() + size_t(rows) * V);
-      }
-    }
+    return last ? out_.logits.data() : nullptr;
   }
-  return out_.logits.data();
+  // Hidden states (and features) of every position, then the LM head a few rows at a time: the
+  // whole piece's logits would take n_batch * n_vocab floats (512 MiB for Gemma's 262k vocabulary).
+  batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, true);
+  ForwardOptions options;
+  if (capturing) options.capture_layers = capture->layers;
+  model_.forward(batch_, kv_, out_, options);
+  kv_.commit_prefix(len);
+  if (capturing)
+    std::copy(out_.layer_inputs.begin(), out_.layer_inputs.end(),
+              capture->features->begin() + ptrdiff_t(size_t(at) * feature_row));
+  if (top_k == 0) {
+    // The last position's logits alone, as plain prefill computes them (one row).
+    if (!last) return nullptr;
+    out_.logits.resize(size_t(V));
+    model_.lm_head(out_.hidden.data() + size_t(len - 1) * E, 1, out_.logits.data());
+    return out_.logits.data();
+  }
+  constexpr int32_t kHeadRows = 16;
+  head_rows_.resize(size_t(kHeadRows) * V);
+  for (int32_t r = 0; r < len; r += kHeadRows) {
+    const int32_t rows = std::min(kHeadRows, len - r);
+    model_.lm_head(out_.hidden.data() + size_t(r) * E, rows, head_rows_.data());
+    for (int32_t i = 0; i < rows; ++i)
+      top_k_indices(head_rows_.data() + size_t(i) * V, V, top_k, top_ids->data() + size_t(at + r + i) * top_k);
+    if (last && r + rows == len)
+      out_.logits.assign(head_rows_.data() + size_t(rows - 1) * V, head_rows_.data() + size_t(rows) * V);
+  }
+  return last ? out_.logits.data() : nullptr;
 }
 
 TokenSink::TokenSink(const Tokenizer& tokenizer, const GenerateParams& params, const TextCallback& on_text,

@@ -59,6 +59,16 @@ class Generator {
   // With capture, the features of every prompt position too (at no extra forward pass).
   const float* prefill(const std::vector<int32_t>& prompt, int32_t top_k = 0,
                        std::vector<int32_t>* top_ids = nullptr, const PrefillCapture* capture = nullptr);
+  // prefill() in pieces, for a caller that bounds the prompt tokens of one forward pass (the
+  // batching server): begin_prefill checks the prompt, empties the cache and sizes the outputs;
+  // each prefill_piece then runs the next at most max_tokens prompt positions (the cache holds
+  // those before) and returns the last position's logits once the prompt is all in, else null.
+  // The same arguments on every call. The results are bitwise prefill()'s (the kernels do not
+  // depend on how many tokens share a call).
+  void begin_prefill(const std::vector<int32_t>& prompt, int32_t top_k, std::vector<int32_t>* top_ids,
+                     const PrefillCapture* capture);
+  const float* prefill_piece(const std::vector<int32_t>& prompt, int32_t max_tokens, int32_t top_k,
+                             std::vector<int32_t>* top_ids, const PrefillCapture* capture);
   GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                           const TextCallback& on_text = nullptr);
 

@@ -286,8 +286,13 @@ bool BatchScheduler::speculative_step(Running& seq) {
   if (stop_requested(seq)) return false;
   Decoder& decoder = *slots_[seq.slot].decoder;
   if (!seq.started) {
+    // The prompt in pieces, one per round: --prefill-chunk tokens while other sequences run (they
+    // wait for each piece), whole n_batch chunks alone.
+    const int32_t piece = running_.size() > 1 ? prefill_chunk_ : model_.n_batch();
+    const Decoder::Progress p = decoder.start_piece(*seq.run, *seq.req->prompt, piece);
+    if (p == Decoder::Progress::Prefilling) return true;
     seq.started = true;
-    return decoder.start(*seq.run, *seq.req->prompt);
+    return p == Decoder::Progress::Running;
   }
   return decoder.advance(*seq.run);
 }

@@ -108,7 +108,7 @@ class BatchScheduler {
     std::chrono::steady_clock::time_point admitted, decode_start;
     // Speculative decoding through the slot's Decoder, one step per round:
     std::unique_ptr<Decoder::Run> run;
-    bool started = false;
+    bool started = false;  // the prompt is in (Decoder::start_piece, a piece per round) and the first token taken
     bool stepped = false;  // this round's step ran in the batched pass
   };
 

@@ -75,21 +75,33 @@ SpecResult Decoder::generate(const std::vector<int32_t>& prompt, const GenerateP
 }
 
 bool Decoder::start(Run& run, const std::vector<int32_t>& prompt, const DecodeObserver* observer) {
-  run.res.gen.prompt_tokens = static_cast<int32_t>(prompt.size());
-  const auto t0 = Clock::now();
-  run.root = prefill(prompt, run.sampling, observer);
+  for (;;) {
+    const Progress p = start_piece(run, prompt, gen_.model().n_batch(), observer);
+    if (p != Progress::Prefilling) return p == Progress::Running;
+  }
+}
+
+Decoder::Progress Decoder::start_piece(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
+                                       const DecodeObserver* observer) {
+  if (run.prefilled == 0) {
+    run.res.gen.prompt_tokens = static_cast<int32_t>(prompt.size());
+    run.prefill_start = Clock::now();
+  }
+  run.root = prefill_piece(run, prompt, max_tokens, observer);
+  run.prefilled = gen_.cache().n_past();
+  if (run.root < 0) return Progress::Prefilling;
   run.decode_start = Clock::now();
-  run.res.gen.prefill_seconds = std::chrono::duration<double>(run.decode_start - t0).count();
+  run.res.gen.prefill_seconds = std::chrono::duration<double>(run.decode_start - run.prefill_start).count();
   run.draft_head0 = drafter_ ? drafter_->lm_head_seconds() : 0.0;
 
   // The first token comes from the prefill, exactly as in plain decoding.
   KVCache& kv = gen_.cache();
-  if (run.sink.done() || !run.sink.push(run.root)) return false;
+  if (run.sink.done() || !run.sink.push(run.root)) return Progress::Ended;
   if (kv.n_past() + 1 >= kv.n_ctx()) {
     run.res.gen.finish = FinishReason::ContextFull;
-    return false;
+    return Progress::Ended;
   }
-  return true;
+  return Progress::Running;
 }
 
 bool Decoder::advance(Run& run, const DecodeObserver* observer) {
@@ -107,8 +119,8 @@ void Decoder::finish(Run& run) {
   run.res.gen.decode_lm_head_seconds = st.lm_head_seconds();
 }
 
-int32_t Decoder::prefill(const std::vector<int32_t>& prompt, Sampling& sampling,
-                         const DecodeObserver* observer) {
+int32_t Decoder::prefill_piece(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
+                               const DecodeObserver* observer) {
   // A context-aware draft vocabulary seeds itself from the target's top tokens at every prompt
   // position (K_pre); the prefill computes them on the way.
   if (drafter_ && observer && observer->prompt_top_k > 0)
@@ -117,8 +129,10 @@ int32_t Decoder::prefill(const std::vector<int32_t>& prompt, Sampling& sampling,
   // A draft head reads the target's features at every prompt position, captured on the way too.
   const PrefillCapture capture{drafter_ ? drafter_->feature_layers() : std::span<const int32_t>{},
                                &prompt_features_};
-  const float* logits = gen_.prefill(prompt, k_pre, &prompt_top_, &capture);
-  const int32_t first = sampling.target.sample(logits);
+  if (run.prefilled == 0) gen_.begin_prefill(prompt, k_pre, &prompt_top_, &capture);
+  const float* logits = gen_.prefill_piece(prompt, max_tokens, k_pre, &prompt_top_, &capture);
+  if (!logits) return -1;
+  const int32_t first = run.sampling.target.sample(logits);
   const std::span<const int32_t> prompt_top(prompt_top_.data(), k_pre ? prompt_top_.size() : 0);
   if (drafter_ && !capture.layers.empty())
     drafter_->target_features(prompt_features_.data(), static_cast<int32_t>(prompt.size()));

@@ -133,10 +133,19 @@ class Decoder {
     int32_t root = -1;          // newest token, not yet in the cache
     int32_t step_position = 0;  // cache position of the current step's root
     bool drafted = false;       // the current step has a draft tree
+    int32_t prefilled = 0;      // prompt positions in the cache (start_piece)
+    std::chrono::steady_clock::time_point prefill_start;  // when the first prompt piece ran
     std::chrono::steady_clock::time_point verify_start;  // when the current step's rows were handed out
   };
   // Prefills the prompt and takes the first token. False when the generation already ended.
   bool start(Run& run, const std::vector<int32_t>& prompt, const DecodeObserver* observer = nullptr);
+  // start() in pieces of at most max_tokens prompt positions, for a caller that bounds the prompt
+  // tokens of one pass (the batching server): each call runs the next piece with the same prompt;
+  // the one that completes it takes the first token as start() does. start() is start_piece with
+  // n_batch pieces until it returns more than Prefilling.
+  enum class Progress { Prefilling, Running, Ended };
+  Progress start_piece(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
+                       const DecodeObserver* observer = nullptr);
   // One step: draft_step with the configured tree, the verification pass of its own (resuming
   // what a self-drafter already ran), accept_step. False once the generation ended.
   bool advance(Run& run, const DecodeObserver* observer = nullptr);
@@ -176,8 +185,11 @@ class Decoder {
  private:
   // Checks that a step fits the batch size and sizes the step buffers.
   void size_step_buffers();
-  // Prefill; returns the first generated token.
-  int32_t prefill(const std::vector<int32_t>& prompt, Sampling& sampling, const DecodeObserver* observer);
+  // The run's next prompt piece (with run.prefilled 0 it begins the prefill; K_pre and the draft
+  // head's features are collected on the way); once the prompt is in, returns the first generated
+  // token, else -1.
+  int32_t prefill_piece(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
+                        const DecodeObserver* observer);
   // The step's parts, in order (see the top of this file).
   // Whether a step at `position` drafts a tree of `shape` (clears the tree either way).
   bool will_draft(int32_t position, const TreeParams& shape);
