@@ -765,7 +765,7 @@ TEST(Matmul, BatchInvariantBitForBit) {
   expect_batch_invariant(640, 512, 11);  // even ones (Gemma's 640 columns)
 }
 
-// Interleaved Q8_0 weights (repack.h): the layout reads back to the file's rows (a short last
+// Interleaved weights (repack.h): the layout reads back to the file's rows (a short last
 // tile repeats the last row), and every table that reads it gives the file layout's bits for
 // every token count, thread count and tile-aligned row view; a table that does not read it
 // multiplies the file's bytes.
@@ -777,18 +777,23 @@ std::vector<uint8_t> interleave(const Matrix& w) {
 }
 
 const GgmlType kInterleavedTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
-                                      GgmlType::Q5_1};
+                                      GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q6_K};
+bool is_k_quant(GgmlType type) { return type_traits(type).block_elems == kQKK; }
 
 TEST(Interleaved, RowsReadBackAndShortTilesRepeatTheLastRow) {
   std::mt19937 rng(21);
   for (GgmlType type : kInterleavedTypes)
   for (int64_t rows : {1, 15, 16, 17, 37})
-    for (int64_t cols : {32, 160, 640}) {
+    for (int64_t blocks : {1, 5, 20}) {
+      const int64_t cols = blocks * type_traits(type).block_elems;
       const Matrix w = random_matrix(type, rows, cols, rng);
       const std::vector<uint8_t> packed = interleave(w);
       const size_t rb = row_bytes(type, cols);
-      // The file's 16 rows' bytes, padded to a multiple of 64.
-      EXPECT_EQ(interleaved_tile_bytes(type, cols), (16 * rb + 63) / 64 * 64) << tname(type);
+      // 32-element formats: the file's 16 rows' bytes, padded to a multiple of 64; K-quants: one
+      // record per superblock.
+      const size_t record = type == GgmlType::Q4_K ? Q4KRecord::kBytes : Q6KRecord::kBytes;
+      EXPECT_EQ(interleaved_tile_bytes(type, cols), is_k_quant(type) ? size_t(blocks) * record : (16 * rb + 63) / 64 * 64)
+          << tname(type);
       const int64_t padded = (rows + 15) / 16 * 16;
       std::vector<uint8_t> back(rb);
       for (int64_t r = 0; r < padded; ++r) {
@@ -798,9 +803,10 @@ TEST(Interleaved, RowsReadBackAndShortTilesRepeatTheLastRow) {
             << tname(type) << " rows " << rows << " cols " << cols << " row " << r;
       }
     }
-  EXPECT_FALSE(has_interleaved_layout(GgmlType::Q4_K));
-  EXPECT_THROW(interleaved_tile_bytes(GgmlType::Q4_K, 256), Error);
+  EXPECT_FALSE(has_interleaved_layout(GgmlType::Q5_K));
+  EXPECT_THROW(interleaved_tile_bytes(GgmlType::Q5_K, 256), Error);
   EXPECT_THROW(interleaved_tile_bytes(GgmlType::Q8_0, 48), Error);
+  EXPECT_THROW(interleaved_tile_bytes(GgmlType::Q4_K, 640), Error);
 }
 
 TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
@@ -809,7 +815,7 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
   for (const KernelTable* k : simd_tables()) tables.push_back(k);
   int interleaved_tables = 0;
   for (GgmlType type : kInterleavedTypes)
-  for (int64_t cols : {160, 640})
+  for (int64_t cols : is_k_quant(type) ? std::vector<int64_t>{768, 1024} : std::vector<int64_t>{160, 640})
     for (int64_t rows : {37, 300}) {
       const Matrix w = random_matrix(type, rows, cols, rng);
       const std::vector<uint8_t> packed = interleave(w);
@@ -819,7 +825,7 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
       const int64_t max_tokens = 67;
       const std::vector<float> x = random_floats(rng, max_tokens * cols);
       for (const KernelTable* k : tables) {
-        interleaved_tables += k->gemm_interleaved[int(type)] != nullptr && cols == 160 && rows == 37;
+        interleaved_tables += k->gemm_interleaved[int(type)] != nullptr && (cols == 160 || cols == 768) && rows == 37;
         ThreadPool pool1(1);
         MatmulContext ctx1(pool1, *k);
         // Each token alone on the file's layout: the one-token decoding path.
@@ -860,7 +866,7 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
       }
     }
   // The reference table, and the AVX-512 one where this CPU has it, read the layout of every type.
-  EXPECT_EQ(interleaved_tables, 5 * (avx512_kernels() ? 2 : 1));
+  EXPECT_EQ(interleaved_tables, 7 * (avx512_kernels() ? 2 : 1));
   // A copy pointed at other rows (as a packed subset of an LM head is) multiplies its own rows.
   const Matrix a = random_matrix(GgmlType::Q8_0, 40, 640, rng), b = random_matrix(GgmlType::Q8_0, 40, 640, rng);
   const std::vector<uint8_t> a_tiles = interleave(a);

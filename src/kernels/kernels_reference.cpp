@@ -762,6 +762,8 @@ const KernelTable& reference_kernels() {
     t.gemm_interleaved[int(GgmlType::Q4_1)] = gemm_interleaved_by_rows<dot_q4_1, GgmlType::Q4_1>;
     t.gemm_interleaved[int(GgmlType::Q5_0)] = gemm_interleaved_by_rows<dot_q5_0, GgmlType::Q5_0>;
     t.gemm_interleaved[int(GgmlType::Q5_1)] = gemm_interleaved_by_rows<dot_q5_1, GgmlType::Q5_1>;
+    t.gemm_interleaved[int(GgmlType::Q4_K)] = gemm_interleaved_by_rows<dot_q45_k<BlockQ4_K>, GgmlType::Q4_K>;
+    t.gemm_interleaved[int(GgmlType::Q6_K)] = gemm_interleaved_by_rows<dot_q6_k, GgmlType::Q6_K>;
     t.quantize[int(GgmlType::F32)] = quant_f32;
     t.quantize[int(GgmlType::Q8_0)] = quant_q8_0;
     t.quantize[int(GgmlType::Q8_1)] = quant_q8_1;

@@ -127,15 +127,107 @@ Tile tile_of(GgmlType type, int64_t cols) {
   return t;
 }
 
+// --- K-quant records ---------------------------------------------------------------------------
+
+bool is_k_layout(GgmlType type) {
+  return type == GgmlType::Q4_K || type == GgmlType::Q6_K;
+}
+
+size_t record_bytes(GgmlType type) {
+  return type == GgmlType::Q4_K ? Q4KRecord::kBytes : Q6KRecord::kBytes;
+}
+
+void require_k_layout(GgmlType type, int64_t cols) {
+  if (cols <= 0 || cols % kQKK != 0)
+    throw Error("interleaved layout: " + std::to_string(cols) + " columns are not whole " +
+                type_name(uint32_t(type)) + " superblocks of " + std::to_string(kQKK));
+}
+
+// Sub-block j's 6-bit scale and min from a Q4_K block's 12 packed bytes, and back (ggml's packing:
+// j < 4 in the low 6 bits of bytes j and 4 + j; j >= 4 in the nibbles of byte 4 + j with the top
+// two bits in bits 6-7 of bytes j - 4 and j).
+void unpack_k4_scale(const uint8_t* q, int j, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+void pack_k4_scales(const uint8_t* sc, const uint8_t* m, uint8_t* q) {
+  for (int j = 0; j < 4; ++j) {
+    q[j] = uint8_t(sc[j] | ((sc[j + 4] >> 4) << 6));
+    q[j + 4] = uint8_t(m[j] | ((m[j + 4] >> 4) << 6));
+    q[j + 8] = uint8_t((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
+  }
+}
+
+// Row r (0..15) of a record from / to one superblock in the file's format.
+void put_row(GgmlType type, const uint8_t* blk, size_t r, uint8_t* rec) {
+  if (type == GgmlType::Q4_K) {
+    const auto& x = *reinterpret_cast<const BlockQ4_K*>(blk);
+    for (int g = 0; g < 32; ++g) std::memcpy(rec + Q4KRecord::kQuants + 64 * g + 4 * r, x.qs + 4 * g, 4);
+    for (int j = 0; j < 8; ++j)
+      unpack_k4_scale(x.scales, j, rec + Q4KRecord::kScales + 16 * j + r, rec + Q4KRecord::kMins + 16 * j + r);
+    std::memcpy(rec + Q4KRecord::kD + 2 * r, &x.d, 2);
+    std::memcpy(rec + Q4KRecord::kDmin + 2 * r, &x.dmin, 2);
+    return;
+  }
+  const auto& x = *reinterpret_cast<const BlockQ6_K*>(blk);
+  for (int g = 0; g < 32; ++g) std::memcpy(rec + Q6KRecord::kLow + 64 * g + 4 * r, x.ql + 4 * g, 4);
+  for (int m = 0; m < 16; ++m) std::memcpy(rec + Q6KRecord::kHigh + 64 * m + 4 * r, x.qh + 4 * m, 4);
+  for (int j = 0; j < 16; ++j) std::memcpy(rec + Q6KRecord::kScales + 16 * j + r, x.scales + j, 1);
+  std::memcpy(rec + Q6KRecord::kD + 2 * r, &x.d, 2);
+}
+void get_row(GgmlType type, const uint8_t* rec, size_t r, uint8_t* blk) {
+  if (type == GgmlType::Q4_K) {
+    auto& x = *reinterpret_cast<BlockQ4_K*>(blk);
+    for (int g = 0; g < 32; ++g) std::memcpy(x.qs + 4 * g, rec + Q4KRecord::kQuants + 64 * g + 4 * r, 4);
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = rec[Q4KRecord::kScales + 16 * j + r];
+      m[j] = rec[Q4KRecord::kMins + 16 * j + r];
+    }
+    pack_k4_scales(sc, m, x.scales);
+    std::memcpy(&x.d, rec + Q4KRecord::kD + 2 * r, 2);
+    std::memcpy(&x.dmin, rec + Q4KRecord::kDmin + 2 * r, 2);
+    return;
+  }
+  auto& x = *reinterpret_cast<BlockQ6_K*>(blk);
+  for (int g = 0; g < 32; ++g) std::memcpy(x.ql + 4 * g, rec + Q6KRecord::kLow + 64 * g + 4 * r, 4);
+  for (int m = 0; m < 16; ++m) std::memcpy(x.qh + 4 * m, rec + Q6KRecord::kHigh + 64 * m + 4 * r, 4);
+  for (int j = 0; j < 16; ++j) std::memcpy(x.scales + j, rec + Q6KRecord::kScales + 16 * j + r, 1);
+  std::memcpy(&x.d, rec + Q6KRecord::kD + 2 * r, 2);
+}
+
+void interleave_k_tiles(GgmlType type, const uint8_t* src, size_t src_stride, int64_t rows, int64_t cols,
+                        int64_t first_tile, int64_t end_tile, uint8_t* dst) {
+  const int64_t nsb = cols / kQKK;
+  const size_t rec_bytes = record_bytes(type), tile_bytes = size_t(nsb) * rec_bytes;
+  const size_t block_bytes = type_traits(type).block_bytes;
+  for (int64_t t = first_tile; t < end_tile; ++t) {
+    uint8_t* tile = dst + size_t(t) * tile_bytes;
+    std::memset(tile, 0, tile_bytes);  // the records' padding
+    for (int64_t r = 0; r < kInterleavedRows; ++r) {
+      const int64_t row = t * kInterleavedRows + r < rows ? t * kInterleavedRows + r : rows - 1;
+      for (int64_t s = 0; s < nsb; ++s)
+        put_row(type, src + size_t(row) * src_stride + size_t(s) * block_bytes, size_t(r), tile + size_t(s) * rec_bytes);
+    }
+  }
+}
+
 }  // namespace
 
 bool has_interleaved_layout(GgmlType type) {
   return type == GgmlType::Q8_0 || type == GgmlType::Q4_0 || type == GgmlType::Q4_1 || type == GgmlType::Q5_0 ||
-         type == GgmlType::Q5_1;
+         type == GgmlType::Q5_1 || is_k_layout(type);
 }
 
 size_t interleaved_tile_bytes(GgmlType type, int64_t cols) {
-  return tile_of(type, cols).bytes;
+  if (!is_k_layout(type)) return tile_of(type, cols).bytes;
+  require_k_layout(type, cols);
+  return size_t(cols / kQKK) * record_bytes(type);
 }
 
 size_t interleaved_bytes(GgmlType type, int64_t rows, int64_t cols) {
@@ -145,6 +237,11 @@ size_t interleaved_bytes(GgmlType type, int64_t rows, int64_t cols) {
 
 void interleave_tiles(GgmlType type, const uint8_t* src, size_t src_stride, int64_t rows, int64_t cols,
                       int64_t first_tile, int64_t end_tile, uint8_t* dst) {
+  if (is_k_layout(type)) {
+    require_k_layout(type, cols);
+    interleave_k_tiles(type, src, src_stride, rows, cols, first_tile, end_tile, dst);
+    return;
+  }
   const Tile at = tile_of(type, cols);
   const Regions& g = at.g;
   const Fields& f = at.f;
@@ -178,6 +275,14 @@ void interleave_tiles(GgmlType type, const uint8_t* src, size_t src_stride, int6
 }
 
 void deinterleave_row(GgmlType type, const uint8_t* interleaved, int64_t cols, int64_t r, uint8_t* dst) {
+  if (is_k_layout(type)) {
+    const size_t tile_bytes = interleaved_tile_bytes(type, cols), rec_bytes = record_bytes(type);
+    const uint8_t* tile = interleaved + size_t(r / kInterleavedRows) * tile_bytes;
+    for (int64_t s = 0; s < cols / kQKK; ++s)
+      get_row(type, tile + size_t(s) * rec_bytes, size_t(r % kInterleavedRows),
+              dst + size_t(s) * type_traits(type).block_bytes);
+    return;
+  }
   const Tile at = tile_of(type, cols);
   const Regions& g = at.g;
   const Fields& f = at.f;

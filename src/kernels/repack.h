@@ -18,6 +18,24 @@
 //   m      (Q4_1, Q5_1) [nb][16] fp16: block b's min of rows 0..15;
 // zero padding to a multiple of 64 bytes. Tile t starts at t * interleaved_tile_bytes(). A tile
 // takes the same bytes as its 16 rows in the file, but for the padding.
+//
+// Layout "16 rows x superblock records", for the K-quant formats Q4_K and Q6_K: rows go in tiles
+// of 16 as above, and a tile of a matrix with nsb = cols / 256 superblocks per row is nsb records,
+// record s holding superblock s of the tile's 16 rows (offsets in Q4KRecord / Q6KRecord below):
+//   Q4_K, 2368 bytes (file: 16 x 144 = 2304):
+//     quants [32][16][4] bytes: group g = bytes qs[4g..4g+3] of each row (row r at byte 4r), whose
+//            low nibbles are elements 64c + 4l..4l+3 (c = g / 8, l = g % 8: sub-block 2c) and high
+//            nibbles elements 64c + 32 + 4l..4l+3 (sub-block 2c + 1);
+//     scales [8][16], mins [8][16] bytes: sub-block j's 6-bit scale and min of rows 0..15, unpacked
+//            from the file's 12 bytes (a bijection: deinterleave_row packs them back);
+//     d [16], dmin [16] fp16.
+//   Q6_K, 3392 bytes (file: 16 x 210 = 3360):
+//     low    [32][16][4] bytes: group g = bytes ql[4g..4g+3]: half h = g / 16, b = 4 (g % 16); low
+//            nibbles are elements 128h + b..b+3, high nibbles 128h + 64 + b..b+3;
+//     high   [16][16][4] bytes: group m = bytes qh[4m..4m+3] as in the file (half m / 8, l = 4 (m % 8):
+//            bits 0-1, 2-3, 4-5, 6-7 of byte l + e are the top bits of elements 128h + l + e + 0, 32,
+//            64, 96, so it completes low groups 16h + m % 8 and 16h + 8 + m % 8);
+//     scales [16][16] int8: sub-block j's scale of rows 0..15; d [16] fp16; 32 bytes of zeros.
 #include <cstddef>
 #include <cstdint>
 
@@ -26,6 +44,14 @@
 namespace microspec {
 
 constexpr int64_t kInterleavedRows = 16;  // rows per tile
+
+// Byte offsets in a K-quant record (see above).
+struct Q4KRecord {
+  static constexpr size_t kQuants = 0, kScales = 2048, kMins = 2176, kD = 2304, kDmin = 2336, kBytes = 2368;
+};
+struct Q6KRecord {
+  static constexpr size_t kLow = 0, kHigh = 2048, kScales = 3072, kD = 3328, kBytes = 3392;
+};
 
 // Whether `type` has the interleaved layout.
 bool has_interleaved_layout(GgmlType type);
