@@ -14,8 +14,12 @@ disturb the others. The server's counters prove that speculative sequences draft
 verified in a forward pass shared with other sequences. A second round of four speculative clients
 at once (the same server) proves their trees are drafted together too: one draft forward per tree
 level over all of them, each answer still its single-stream output. A small server of its own
-with `--spec draft` shows the slots sharing one draft model and drafting together as well.
+with `--spec draft` shows the slots sharing one draft model and drafting together as well. A last
+small server (4 slots, 96 tokens of context) shows a sequence that fills its context leaving the
+batch without disturbing the others, and SIGTERM mid-batch ending every stream cleanly after a
+prefix of its single-stream output.
 """
+import json
 import threading
 
 import openai
@@ -212,3 +216,123 @@ def test_draft_model_slots_share_one_draft_model_and_draft_together():
         assert drafted_together(s, before, len(chosen)) > 0
     finally:
         assert s.terminate() == 0, s.stderr_text()
+
+
+@pytest.mark.parametrize("spec", ["ngram", "head+ngram"])
+def test_ngram_and_head_drafters_in_the_batch_give_single_stream_outputs(spec):
+    """The drafters without a level-wise backbone (prompt lookup; the EAGLE-3 head beside the model,
+    with n-gram matches first) propose each sequence's tree whole inside the batched step: four
+    clients at once get the CLI's plain greedy answers, and drafts were accepted."""
+    s = ServerProcess(SMOLLM2, "--spec", spec, "--draft-vocab", "dynamic", "--parallel", "4", "-c", "1024",
+                      "--spec-max-batch", "16")
+    try:
+        greedy = [r["text"] for r in cli_generate(SMOLLM2, PROMPTS, N_TOKENS, chat=True)]
+        chosen = [0, 3, 5, 6]
+        before = metrics(s)
+        assert greedy_at_once(s, chosen) == [greedy[p] for p in chosen]
+        after = wait_for(lambda: (lambda m: m if m["microspec_slots_busy"] == 0 else None)(metrics(s)))
+        assert after, "slots still busy"
+        assert after["microspec_spec_generations_total"] - before.get("microspec_spec_generations_total", 0) == 4
+        assert after["microspec_spec_accepted_tokens_total"] > before.get("microspec_spec_accepted_tokens_total", 0)
+    finally:
+        assert s.terminate() == 0, s.stderr_text()
+
+
+def stream_chat(server, prompt, events_before):
+    """Starts a streamed greedy chat completion (no max_tokens: the context is the limit) over a
+    plain connection; returns the response once `events_before` chunks with text have arrived, and
+    the text so far."""
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "temperature": 0, "stream": True}
+    r = requests.post(server.url("/v1/chat/completions"), json=body, stream=True, timeout=120)
+    assert r.status_code == 200, r.text
+    lines = r.iter_lines()
+    text, seen = "", 0
+    while seen < events_before:
+        line = next(lines)
+        if line.startswith(b"data: ") and line != b"data: [DONE]":
+            delta = json.loads(line[6:])["choices"][0]["delta"].get("content")
+            if delta:
+                text, seen = text + delta, seen + 1
+    return r, lines, text
+
+
+def rest_of_stream(lines, text):
+    """Reads a stream to its end: (text, finish_reason, error code or None, [DONE] seen last)."""
+    finish, error, done = None, None, False
+    for line in lines:
+        if not line.startswith(b"data: "):
+            continue
+        done = line == b"data: [DONE]"
+        if done:
+            continue
+        event = json.loads(line[6:])
+        if "error" in event:
+            error = event["error"]["code"]
+            continue
+        choice = event["choices"][0]
+        text += choice["delta"].get("content") or ""
+        finish = choice.get("finish_reason") or finish
+    return text, finish, error, done
+
+
+def test_context_limit_and_sigterm_mid_batch_leave_the_other_sequences_correct():
+    """A sequence that fills its context leaves the batch ("length") without disturbing the others,
+    and SIGTERM with several sequences in the batch ends every stream cleanly (an error event
+    saying why, then [DONE]) after text that is a prefix of its single-stream output."""
+    n_ctx = 96
+    long_answer = "Explain in detail how a car engine works."
+    short = [PROMPTS[0], PROMPTS[1], PROMPTS[4]]
+    unlimited = cli_generate(SMOLLM2, [long_answer] + short, 200, chat=True)
+    s = ServerProcess(SMOLLM2, *SPEC_ARGS, "--parallel", "4", "-c", str(n_ctx), "--spec-max-batch", "4")
+    try:
+        # Round 1: the long_answer answer runs into the end of its 96-token context while three short
+        # answers (plain and speculative) run beside it.
+        expected_short = [r["text"] for r in cli_generate(SMOLLM2, short, N_TOKENS, chat=True)]
+        results = [None] * 4
+        barrier = threading.Barrier(4)
+
+        def run(k):
+            client = openai.OpenAI(base_url=s.url("/v1"), api_key="unused", max_retries=0, timeout=120)
+            prompt = long_answer if k == 0 else short[k - 1]
+            kw = {"model": "m", "messages": [{"role": "user", "content": prompt}], "temperature": 0}
+            if k:
+                kw["max_tokens"] = N_TOKENS
+            if k == 2:
+                kw["extra_body"] = SPEC_OFF
+            barrier.wait()
+            try:
+                r = client.chat.completions.create(**kw)
+                results[k] = (r.choices[0].message.content, r.choices[0].finish_reason, r.usage)
+            except Exception as e:  # reported by the comparison below
+                results[k] = ("error: %r" % e, None, None)
+            finally:
+                client.close()
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        text, finish, usage = results[0]
+        assert finish == "length", results[0]
+        assert usage.prompt_tokens + usage.completion_tokens >= n_ctx - 1, usage
+        # Greedy alone it goes on well past the context: the limit, not the end of the answer, stopped it.
+        assert len(unlimited[0]["text"]) > len(text) and unlimited[0]["text"].startswith(text), (text, unlimited[0])
+        assert [r[0] for r in results[1:]] == expected_short
+
+        # Round 2: four streams in the batch (one speculative), SIGTERM once each has 3 chunks.
+        opened = [stream_chat(s, p, 3) for p in [long_answer] + short]
+        s.proc.send_signal(15)
+        for k, ((response, lines, so_far), want) in enumerate(zip(opened, unlimited)):
+            text, finish, error, done = rest_of_stream(lines, so_far)
+            response.close()
+            assert want["text"].startswith(text), (text, want["text"])
+            # Each stream either ended on its own just before the signal or was told why it stops;
+            # the long answer cannot have ended on its own.
+            assert done and (error == "server_shutting_down" or finish is not None), (error, finish)
+            if k == 0:
+                assert error == "server_shutting_down" and len(text) < len(want["text"]), (error, text)
+        assert s.terminate(timeout=30) == 0, s.stderr_text()
+        assert "SIGTERM" in s.stderr_text()
+    finally:
+        s.terminate(timeout=30)
