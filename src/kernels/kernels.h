@@ -47,10 +47,24 @@ using F16AxpyFn = void (*)(float alpha, const fp16_t* x, float* y, int64_t n);
 // y[i] = x[i] rounded to the nearest half float (ties to even).
 using F16RoundFn = void (*)(const float* x, fp16_t* y, int64_t n);
 
+// Blocked forms of dot and axpy for attention over many query rows at once (all heads of a KV
+// group, several queries): each key or value row is read once for all query rows, and every
+// result is bitwise the per-row primitive's, so a row's result does not depend on the block.
+// scores: out[r * ldo + j] = dot(q_r, k_j) in F16DotFn's order, for r < n_q, j < n_keys; q_r =
+// q + r * ldq holds half-float values widened to f32 (f16-rounded queries), k_j = k + j * k_stride.
+using F16ScoresFn = void (*)(const float* q, int64_t ldq, int32_t n_q, const fp16_t* k, int64_t k_stride,
+                             int32_t n_keys, int64_t n, float* out, int64_t ldo);
+// weighted_sum: out_r = 0, then F16AxpyFn(w[r * ldw + j], v_j, out_r) for j = 0..n_keys-1 in order,
+// skipping the weights that are exactly zero; v_j = v + j * v_stride, out_r = out + r * ldo.
+using F16WeightedSumFn = void (*)(const float* w, int64_t ldw, int32_t n_q, const fp16_t* v, int64_t v_stride,
+                                  int32_t n_keys, int64_t n, float* out, int64_t ldo);
+
 struct F16AttentionKernels {
   F16DotFn dot;
   F16AxpyFn axpy;
   F16RoundFn round;
+  F16ScoresFn scores;
+  F16WeightedSumFn weighted_sum;
 };
 
 constexpr int kMaxTypeId = 40;

@@ -665,6 +665,81 @@ void f16_round(const float* x, fp16_t* y, int64_t n) {
                      _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
 }
 
+// Blocks of up to NR query rows: each key (value) row is widened once for all of them; every
+// row's arithmetic is f16_dot's (f16_axpy's) exactly.
+template <int NR>
+void scores_rows(const float* q, int64_t ldq, const fp16_t* k, int64_t k_stride, int32_t n_keys, int64_t n,
+                 float* out, int64_t ldo) {
+  for (int32_t j = 0; j < n_keys; ++j) {
+    const fp16_t* kj = k + j * k_stride;
+    __m256 acc0[NR], acc1[NR];  // lanes 0..7 and 8..15 of each row
+    for (int r = 0; r < NR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m256 k0 = load_f16x8(kj + i), k1 = load_f16x8(kj + i + 8);
+      for (int r = 0; r < NR; ++r) {
+        acc0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * ldq + i), k0, acc0[r]);
+        acc1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * ldq + i + 8), k1, acc1[r]);
+      }
+    }
+    for (; i < n; i += 8) {
+      const __m256 k0 = load_f16x8(kj + i);
+      for (int r = 0; r < NR; ++r) acc0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * ldq + i), k0, acc0[r]);
+    }
+    for (int r = 0; r < NR; ++r) out[r * ldo + j] = hsum(_mm256_add_ps(acc0[r], acc1[r]));
+  }
+}
+
+// Keys in blocks of kValueBlock so that a block's value rows stay in L1 while every 8-element
+// column of them is summed; a row's partial sums go through `out` between blocks, which leaves
+// each element's chain of fused multiply-adds, in key order, as it is.
+constexpr int32_t kValueBlock = 32;
+
+template <int NR>
+void weighted_sum_rows(const float* w, int64_t ldw, const fp16_t* v, int64_t v_stride, int32_t n_keys, int64_t n,
+                       float* out, int64_t ldo) {
+  const __m256 zero = _mm256_setzero_ps();
+  if (n_keys == 0) {
+    for (int r = 0; r < NR; ++r) std::fill(out + r * ldo, out + r * ldo + n, 0.0f);
+    return;
+  }
+  for (int32_t j0 = 0; j0 < n_keys; j0 += kValueBlock) {
+    const int32_t j1 = std::min(n_keys, j0 + kValueBlock);
+    for (int64_t i = 0; i < n; i += 8) {
+      __m256 acc[NR];
+      for (int r = 0; r < NR; ++r) acc[r] = j0 == 0 ? zero : _mm256_loadu_ps(out + r * ldo + i);
+      for (int32_t j = j0; j < j1; ++j) {
+        const __m256 x = load_f16x8(v + j * v_stride + i);
+        for (int r = 0; r < NR; ++r) {
+          const __m256 wr = _mm256_broadcast_ss(w + r * ldw + j);
+          // A zero weight leaves the row as it is (skipped, as kernels.h says), any other adds.
+          const __m256 keep = _mm256_cmp_ps(wr, zero, _CMP_NEQ_UQ);
+          acc[r] = _mm256_blendv_ps(acc[r], _mm256_fmadd_ps(wr, x, acc[r]), keep);
+        }
+      }
+      for (int r = 0; r < NR; ++r) _mm256_storeu_ps(out + r * ldo + i, acc[r]);
+    }
+  }
+}
+
+constexpr int32_t kAvx2AttentionRows = 4;
+
+void f16_scores(const float* q, int64_t ldq, int32_t n_q, const fp16_t* k, int64_t k_stride, int32_t n_keys,
+                int64_t n, float* out, int64_t ldo) {
+  for (int32_t r0 = 0; r0 < n_q; r0 += kAvx2AttentionRows)
+    with_token_count(std::min(kAvx2AttentionRows, n_q - r0), [&]<int NR>() {
+      scores_rows<NR>(q + r0 * ldq, ldq, k, k_stride, n_keys, n, out + r0 * ldo, ldo);
+    });
+}
+
+void f16_weighted_sum(const float* w, int64_t ldw, int32_t n_q, const fp16_t* v, int64_t v_stride,
+                      int32_t n_keys, int64_t n, float* out, int64_t ldo) {
+  for (int32_t r0 = 0; r0 < n_q; r0 += kAvx2AttentionRows)
+    with_token_count(std::min(kAvx2AttentionRows, n_q - r0), [&]<int NR>() {
+      weighted_sum_rows<NR>(w + r0 * ldw, ldw, v, v_stride, n_keys, n, out + r0 * ldo, ldo);
+    });
+}
+
 template <class K>
 void set(KernelTable& t, GgmlType type) {
   t.vec_dot[int(type)] = vec_dot<K>;
@@ -692,7 +767,7 @@ const KernelTable& avx2_kernels() {
     t.quantize[int(GgmlType::Q8_0)] = quantize_q8_0;
     t.quantize[int(GgmlType::Q8_1)] = quantize_q8_1;
     t.quantize[int(GgmlType::Q8_K)] = quantize_q8_k;
-    t.f16 = {f16_dot, f16_axpy, f16_round};
+    t.f16 = {f16_dot, f16_axpy, f16_round, f16_scores, f16_weighted_sum};
     return t;
   }();
   return table;

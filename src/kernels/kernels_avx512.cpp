@@ -1340,6 +1340,98 @@ void f16_round(const float* x, fp16_t* y, int64_t n) {
                      _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
 }
 
+// Blocks of up to NR query rows (kernels.h): each key (value) row is widened once for all of them;
+// every row's arithmetic is f16_dot's (f16_axpy's) exactly.
+template <int NR>
+void scores_rows(const float* q, int64_t ldq, const fp16_t* k, int64_t k_stride, int32_t n_keys, int64_t n,
+                 float* out, int64_t ldo) {
+  for (int32_t j = 0; j < n_keys; ++j) {
+    const fp16_t* kj = k + j * k_stride;
+    __m512 acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 kv = load_f16x16(kj + i);
+      for (int r = 0; r < NR; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * ldq + i), kv, acc[r]);
+    }
+    const bool tail = i < n;
+    const __m256 k8 = tail ? load_f16x8(kj + i) : _mm256_setzero_ps();
+    for (int r = 0; r < NR; ++r) {
+      __m256 lo = _mm512_castps512_ps256(acc[r]);
+      const __m256 hi = _mm512_extractf32x8_ps(acc[r], 1);
+      if (tail) lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * ldq + i), k8, lo);
+      const __m256 v = _mm256_add_ps(lo, hi);
+      __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+      s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+      s = _mm_add_ss(s, _mm_movehdup_ps(s));
+      out[r * ldo + j] = _mm_cvtss_f32(s);
+    }
+  }
+}
+
+// Keys in blocks of kValueBlock so that a block's value rows stay in L1 while every 16-element
+// column of them is summed; a row's partial sums go through `out` between blocks, which leaves
+// each element's chain of fused multiply-adds, in key order, as it is.
+constexpr int32_t kValueBlock = 32;
+
+template <int NR>
+void weighted_sum_rows(const float* w, int64_t ldw, const fp16_t* v, int64_t v_stride, int32_t n_keys, int64_t n,
+                       float* out, int64_t ldo) {
+  const __m512 zero = _mm512_setzero_ps();
+  if (n_keys == 0) {
+    for (int r = 0; r < NR; ++r) std::fill(out + r * ldo, out + r * ldo + n, 0.0f);
+    return;
+  }
+  for (int32_t j0 = 0; j0 < n_keys; j0 += kValueBlock) {
+    const int32_t j1 = std::min(n_keys, j0 + kValueBlock);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      __m512 acc[NR];
+      for (int r = 0; r < NR; ++r) acc[r] = j0 == 0 ? zero : _mm512_loadu_ps(out + r * ldo + i);
+      for (int32_t j = j0; j < j1; ++j) {
+        const __m512 x = load_f16x16(v + j * v_stride + i);
+        for (int r = 0; r < NR; ++r) {
+          const __m512 wr = _mm512_set1_ps(w[r * ldw + j]);
+          // A zero weight leaves the row as it is (skipped, as kernels.h says), any other adds.
+          acc[r] = _mm512_mask3_fmadd_ps(wr, x, acc[r], _mm512_cmp_ps_mask(wr, zero, _CMP_NEQ_UQ));
+        }
+      }
+      for (int r = 0; r < NR; ++r) _mm512_storeu_ps(out + r * ldo + i, acc[r]);
+    }
+    if (i < n) {
+      const __m256 zero8 = _mm256_setzero_ps();
+      __m256 acc[NR];
+      for (int r = 0; r < NR; ++r) acc[r] = j0 == 0 ? zero8 : _mm256_loadu_ps(out + r * ldo + i);
+      for (int32_t j = j0; j < j1; ++j) {
+        const __m256 x = load_f16x8(v + j * v_stride + i);
+        for (int r = 0; r < NR; ++r) {
+          const __m256 wr = _mm256_set1_ps(w[r * ldw + j]);
+          acc[r] = _mm256_mask3_fmadd_ps(wr, x, acc[r], _mm256_cmp_ps_mask(wr, zero8, _CMP_NEQ_UQ));
+        }
+      }
+      for (int r = 0; r < NR; ++r) _mm256_storeu_ps(out + r * ldo + i, acc[r]);
+    }
+  }
+}
+
+constexpr int32_t kAttentionRows = 8;
+
+void f16_scores(const float* q, int64_t ldq, int32_t n_q, const fp16_t* k, int64_t k_stride, int32_t n_keys,
+                int64_t n, float* out, int64_t ldo) {
+  for (int32_t r0 = 0; r0 < n_q; r0 += kAttentionRows)
+    with_token_count(std::min(kAttentionRows, n_q - r0), [&]<int NR>() {
+      scores_rows<NR>(q + r0 * ldq, ldq, k, k_stride, n_keys, n, out + r0 * ldo, ldo);
+    });
+}
+
+void f16_weighted_sum(const float* w, int64_t ldw, int32_t n_q, const fp16_t* v, int64_t v_stride,
+                      int32_t n_keys, int64_t n, float* out, int64_t ldo) {
+  for (int32_t r0 = 0; r0 < n_q; r0 += kAttentionRows)
+    with_token_count(std::min(kAttentionRows, n_q - r0), [&]<int NR>() {
+      weighted_sum_rows<NR>(w + r0 * ldw, ldw, v, v_stride, n_keys, n, out + r0 * ldo, ldo);
+    });
+}
+
 template <class K>
 float vec_dot_k(const void* w, const void* a, int64_t n) {
   float s;
@@ -1374,7 +1466,7 @@ const KernelTable& avx512_table_unchecked() {
     t.gemm_interleaved[int(GgmlType::Q5_1)] = gemm_interleaved<Q5Tiles<Q5_1W>>;
     t.gemm_interleaved[int(GgmlType::Q4_K)] = gemm_interleaved_k<Q4KTiles>;
     t.gemm_interleaved[int(GgmlType::Q6_K)] = gemm_interleaved_k<Q6KTiles>;
-    t.f16 = {f16_dot, f16_axpy, f16_round};
+    t.f16 = {f16_dot, f16_axpy, f16_round, f16_scores, f16_weighted_sum};
     return t;
   }();
   return table;

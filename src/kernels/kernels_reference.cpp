@@ -740,6 +740,36 @@ void f16_round(const float* x, fp16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
+void f16_scores(const float* q, int64_t ldq, int32_t n_q, const fp16_t* k, int64_t k_stride, int32_t n_keys,
+                int64_t n, float* out, int64_t ldo) {
+  for (int32_t r = 0; r < n_q; ++r)
+    for (int32_t j = 0; j < n_keys; ++j) {
+      const float* a = q + r * ldq;
+      const fp16_t* b = k + j * k_stride;
+      // f16_dot's lanes and reduction, with a already widened.
+      float lane[16] = {};
+      int64_t i = 0;
+      for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; ++l) lane[l] = std::fma(a[i + l], fp16_to_fp32(b[i + l]), lane[l]);
+      for (; i < n; i += 8)
+        for (int l = 0; l < 8; ++l) lane[l] = std::fma(a[i + l], fp16_to_fp32(b[i + l]), lane[l]);
+      float half[8], quarter[4];
+      for (int l = 0; l < 8; ++l) half[l] = lane[l] + lane[l + 8];
+      for (int l = 0; l < 4; ++l) quarter[l] = half[l] + half[l + 4];
+      out[r * ldo + j] = (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+    }
+}
+
+void f16_weighted_sum(const float* w, int64_t ldw, int32_t n_q, const fp16_t* v, int64_t v_stride,
+                      int32_t n_keys, int64_t n, float* out, int64_t ldo) {
+  for (int32_t r = 0; r < n_q; ++r) {
+    float* o = out + r * ldo;
+    std::fill(o, o + n, 0.0f);
+    for (int32_t j = 0; j < n_keys; ++j)
+      if (w[r * ldw + j] != 0.0f) f16_axpy(w[r * ldw + j], v + j * v_stride, o, n);
+  }
+}
+
 }  // namespace
 
 const KernelTable& reference_kernels() {
@@ -768,7 +798,7 @@ const KernelTable& reference_kernels() {
     t.quantize[int(GgmlType::Q8_0)] = quant_q8_0;
     t.quantize[int(GgmlType::Q8_1)] = quant_q8_1;
     t.quantize[int(GgmlType::Q8_K)] = quant_q8_k;
-    t.f16 = {f16_dot, f16_axpy, f16_round};
+    t.f16 = {f16_dot, f16_axpy, f16_round, f16_scores, f16_weighted_sum};
     return t;
   }();
   return table;

@@ -103,6 +103,9 @@ Model::Model(const GgufFile& file, const ModelOptions& options)
   act_.fresh_first_row.assign(B, 0);
   act_.seq_skip.assign(B, 0);
   q16_.assign(size_t(pool_.size()) * config_.head_dim, 0);
+  q_rows_.assign(size_t(pool_.size()) * kAttentionRows * config_.head_dim, 0.0f);
+  head_out_.assign(size_t(pool_.size()) * kAttentionRows * config_.head_dim, 0.0f);
+  attn_blocks_.assign(B + 1, 0);
   mm_.reserve(n_batch_, std::max(config_.n_ff, std::max(config_.q_dim(), d)));
 }
 
@@ -195,20 +198,31 @@ void Model::project_qkv(const QMatrix& wq, const QMatrix& wk, const QMatrix& wv,
   matmul(wv, xn, n, v);
 }
 
+template <class F>
+void Model::for_rows(int64_t n_rows, int64_t row_elems, F&& f) {
+  // Per-element work: on the pool only when there is enough of it to pay for the wakeup.
+  constexpr int64_t kParallelElems = 1 << 15;
+  if (n_rows < 2 || n_rows * row_elems < kParallelElems) return f(0, n_rows);
+  pool_.parallel_for(n_rows, 1, [&](int64_t begin, int64_t end, int) { f(begin, end); });
+}
+
 void Model::gated_ffn(const QMatrix& w_gate, const QMatrix& w_up, const QMatrix& w_down, Activation act,
                       const float* xn, int32_t n, float* gate, float* up, float* out) {
   matmul(w_gate, xn, n, gate);
   matmul(w_up, xn, n, up);
-  const size_t count = size_t(n) * config_.n_ff;
-  if (act == Activation::GeluTanh) {
-    // GELU-tanh: 0.5 g (1 + tanh(c (g + 0.044715 g^3))) is exactly g * sigmoid(2c (...)); expf is
-    // several times cheaper than tanhf, which showed up in prefill profiles.
-    for (size_t i = 0; i < count; ++i)
-      gate[i] = gate[i] / (1.0f + std::exp(-1.5957691216f * (gate[i] + 0.044715f * gate[i] * gate[i] * gate[i]))) *
-                up[i];
-  } else {
-    for (size_t i = 0; i < count; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-  }
+  const size_t n_ff = config_.n_ff;
+  for_rows(n, n_ff, [&](int64_t begin, int64_t end) {
+    if (act == Activation::GeluTanh) {
+      // GELU-tanh: 0.5 g (1 + tanh(c (g + 0.044715 g^3))) is exactly g * sigmoid(2c (...)); expf is
+      // several times cheaper than tanhf, which showed up in prefill profiles.
+      for (size_t i = size_t(begin) * n_ff; i < size_t(end) * n_ff; ++i)
+        gate[i] = gate[i] / (1.0f + std::exp(-1.5957691216f * (gate[i] + 0.044715f * gate[i] * gate[i] * gate[i]))) *
+                  up[i];
+    } else {
+      for (size_t i = size_t(begin) * n_ff; i < size_t(end) * n_ff; ++i)
+        gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    }
+  });
   matmul(w_down, gate, n, out);
 }
 
@@ -217,16 +231,19 @@ void Model::add_block_output(const float* block_out, int32_t n, float* x) const 
   for (size_t i = 0; i < count; ++i) x[i] += block_out[i];
 }
 
-void Model::rms_norm(const float* x, const float* weight, int32_t n_rows, int32_t dim, float* y) const {
-  for (int32_t r = 0; r < n_rows; ++r) {
-    const float* xr = x + size_t(r) * dim;
-    float* yr = y + size_t(r) * dim;
-    double ss = 0.0;
-    for (int32_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
-    const float scale = 1.0f / std::sqrt(float(ss / dim) + config_.rms_eps);
-    for (int32_t i = 0; i < dim; ++i) yr[i] = xr[i] * scale * weight[i];
-  }
+void Model::rms_norm(const float* x, const float* weight, int32_t n_rows, int32_t dim, float* y) {
+  for_rows(n_rows, dim, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + size_t(r) * dim;
+      float* yr = y + size_t(r) * dim;
+      double ss = 0.0;
+      for (int32_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+      const float scale = 1.0f / std::sqrt(float(ss / dim) + config_.rms_eps);
+      for (int32_t i = 0; i < dim; ++i) yr[i] = xr[i] * scale * weight[i];
+    }
+  });
 }
+
 
 Model::RopeSpec Model::rope_spec(int32_t il, const float* freq_factors) const {
   const bool sliding = config_.layer_is_sliding[il];
@@ -268,7 +285,7 @@ void Model::soft_cap(float* x, size_t count, float cap) {
 void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const float* k, const float* v,
                       float* out) {
   const int32_t n = rows.n, hd = config_.head_dim, kvd = config_.kv_dim();
-  const int32_t group = config_.n_head / config_.n_head_kv;
+  const int32_t n_kv = config_.n_head_kv, group = config_.n_head / n_kv;
   const F16AttentionKernels f16 = mm_.kernels().f16;
   for (int32_t i = 0; i < n; ++i) {
     const int32_t s = rows.row_seq[i];
@@ -277,60 +294,104 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
     f16.round(k + size_t(i) * kvd, seq.kv->k(il, slot), kvd);
     f16.round(v + size_t(i) * kvd, seq.kv->v(il, slot), kvd);
   }
+
+  // The tasks: blocks of up to max_queries consecutive rows of one sequence, times the KV heads,
+  // times parts of a group's heads. Blocks shrink to one query, and groups split, until there are
+  // two tasks per pool thread where the rows allow it (a decode step: one task per part).
+  const int32_t threads = pool_.size();
+  const int32_t heads_per_part_max = std::min(group, kAttentionRows);
+  const int32_t max_queries =
+      std::clamp(n * n_kv / (2 * threads), 1, kAttentionRows / heads_per_part_max);
+  int32_t n_blocks = 0;
+  for (int32_t i = 0; i < n; ++i)
+    if (i == 0 || rows.row_seq[i] != rows.row_seq[i - 1] || i - attn_blocks_[n_blocks - 1] == max_queries)
+      attn_blocks_[n_blocks++] = i;
+  attn_blocks_[n_blocks] = n;
+  const int32_t min_parts = (group + heads_per_part_max - 1) / heads_per_part_max;
+  const int32_t parts = std::clamp((2 * threads + n_blocks * n_kv - 1) / (n_blocks * n_kv), min_parts, group);
+  const int32_t heads_per_part = (group + parts - 1) / parts;
+
   const int32_t window = config_.layer_is_sliding[il] ? config_.sliding_window : 0;
   const size_t scores_per_thread = scores_.size() / pool_.size();
+  const size_t seen_per_thread = seen_.size() / pool_.size();
+  const float cap = config_.attn_softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
   constexpr float kMasked = -std::numeric_limits<float>::infinity();
 
-  pool_.parallel_for(int64_t(n) * config_.n_head, 1, [&](int64_t begin, int64_t end, int thread) {
+  pool_.parallel_for(int64_t(n_blocks) * n_kv * parts, 1, [&](int64_t begin, int64_t end, int thread) {
     float* scores = scores_.data() + size_t(thread) * scores_per_thread;
-    int32_t* visible = visible_.data() + size_t(thread) * (visible_.size() / pool_.size());
+    uint8_t* seen_keys = seen_.data() + size_t(thread) * seen_per_thread;
     uint16_t* q16 = q16_.data() + size_t(thread) * hd;
-    int32_t last_query = -1, n_visible = 0;
+    float* q_rows = q_rows_.data() + size_t(thread) * kAttentionRows * hd;
+    float* head_out = head_out_.data() + size_t(thread) * kAttentionRows * hd;
     for (int64_t task = begin; task < end; ++task) {
-      const int32_t i = static_cast<int32_t>(task / config_.n_head),
-                    h = static_cast<int32_t>(task % config_.n_head);
-      // Row i is token `local` of its sequence, which attends to its own cache only.
-      const SequenceForward& seq = rows.seqs[rows.row_seq[i]];
+      const int32_t block = static_cast<int32_t>(task / (n_kv * parts));
+      const int32_t g = static_cast<int32_t>(task / parts % n_kv), part = static_cast<int32_t>(task % parts);
+      const int32_t h0 = g * group + part * heads_per_part;
+      const int32_t nh = std::min(heads_per_part, group - part * heads_per_part);
+      if (nh <= 0) continue;
+      const int32_t i0 = attn_blocks_[block], nq = attn_blocks_[block + 1] - i0, nr = nq * nh;
+      // Rows i0.. are tokens local0.. of one sequence, which attend to its own cache only.
+      const SequenceForward& seq = rows.seqs[rows.row_seq[i0]];
       const KVCache& kv = *seq.kv;
-      const int32_t local = rows.local(i);
-      const int32_t n_past = kv.n_past();
-      const int32_t qpos = rows.positions[i];
-      if (i != last_query) {
-        // Pending slots this token sees: itself and its chain of ancestors (collected leaf first).
-        n_visible = 0;
-        for (int32_t p = seq.batch->start + local; p >= 0; p = kv.pending_parent(p)) visible[n_visible++] = p;
-        last_query = i;
+      const int32_t n_past = kv.n_past(), pending0 = seq.batch->start + rows.local(i0);
+      const int32_t n_pending = pending0 + nq;  // pending slots [0, n_pending) may be seen
+      const int32_t n_keys = n_past + n_pending;
+
+      // 1. Which keys each query sees: the committed ones within its window, then of the pending
+      // ones itself and its chain of ancestors (within its window too).
+      for (int32_t j = 0; j < nq; ++j) {
+        uint8_t* seen = seen_keys + size_t(j) * n_keys;
+        const int32_t qpos = rows.positions[i0 + j];
+        for (int32_t slot = 0; slot < n_past; ++slot) seen[slot] = window == 0 || qpos - kv.position(slot) < window;
+        std::memset(seen + n_past, 0, size_t(n_pending));
+        for (int32_t p = pending0 + j; p >= 0; p = kv.pending_parent(p))
+          seen[n_past + p] = window == 0 || qpos - kv.position(n_past + p) < window;
       }
-      // q is rounded to half floats for the dot products with the half-float keys, as llama.cpp does.
-      f16.round(q + (size_t(i) * config_.n_head + h) * hd, q16, hd);
-      const int32_t koff = (h / group) * hd;
-      const float cap = config_.attn_softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
-      auto score = [&](int32_t slot) {
-        if (window != 0 && qpos - kv.position(slot) >= window) return kMasked;
-        const float s = f16.dot(q16, kv.k(il, slot) + koff, hd) * config_.attn_scale;
-        return cap > 0.0f ? cap * std::tanh(s * inv_cap) : s;  // Gemma 2's attention soft-capping
-      };
-      float max_score = kMasked;
-      int32_t n_keys = 0;
-      for (int32_t s = 0; s < n_past; ++s) max_score = std::max(max_score, scores[n_keys++] = score(s));
-      for (int32_t j = n_visible - 1; j >= 0; --j)
-        max_score = std::max(max_score, scores[n_keys++] = score(n_past + visible[j]));
-      float sum = 0.0f;
-      for (int32_t s = 0; s < n_keys; ++s) {
-        scores[s] = scores[s] == kMasked ? 0.0f : std::exp(scores[s] - max_score);
-        sum += scores[s];
+      // Keys before the first one some query sees are left out (they weigh nothing for anyone).
+      int32_t first = n_keys;
+      for (int32_t j = 0; j < nq; ++j) {
+        const uint8_t* seen = seen_keys + size_t(j) * n_keys;
+        first = int32_t(std::find(seen, seen + first, uint8_t(1)) - seen);  // every query sees itself
       }
-      float* oh = out + (size_t(i) * config_.n_head + h) * hd;
-      std::memset(oh, 0, sizeof(float) * hd);
-      const float inv_sum = 1.0f / sum;  // the token always sees itself, so sum >= 1
-      // Probabilities are rounded to half floats before weighting the half-float values (llama.cpp's
-      // order of rounding), so both engines accumulate the same products.
-      int32_t idx = 0;
-      for (int32_t s = 0; s < n_past; ++s, ++idx)
-        if (scores[idx] != 0.0f) f16.axpy(round_f16(scores[idx] * inv_sum), kv.v(il, s) + koff, oh, hd);
-      for (int32_t j = n_visible - 1; j >= 0; --j, ++idx)
-        if (scores[idx] != 0.0f)
-          f16.axpy(round_f16(scores[idx] * inv_sum), kv.v(il, n_past + visible[j]) + koff, oh, hd);
+      const int32_t keys = n_keys - first;
+
+      // 2. The task's query heads, row r = (query r / nh, head h0 + r % nh), rounded to half floats
+      // for the dot products with the half-float keys, as llama.cpp does.
+      for (int32_t r = 0; r < nr; ++r) {
+        f16.round(q + (size_t(i0 + r / nh) * config_.n_head + h0 + r % nh) * hd, q16, hd);
+        for (int32_t e = 0; e < hd; ++e) q_rows[size_t(r) * hd + e] = fp16_to_fp32(q16[e]);
+      }
+      const int32_t koff = (h0 / group) * hd;
+      f16.scores(q_rows, hd, nr, kv.k(il, first) + koff, kvd, keys, hd, scores, keys);
+
+      // 3. Softmax per row over the keys it sees, in key order; the weights are rounded to half
+      // floats before weighting the half-float values (llama.cpp's order of rounding), and the
+      // keys a row does not see weigh exactly 0, which the weighted sum skips.
+      for (int32_t r = 0; r < nr; ++r) {
+        float* row = scores + size_t(r) * keys;
+        const uint8_t* seen = seen_keys + size_t(r / nh) * n_keys + first;
+        float max_score = kMasked;
+        for (int32_t j = 0; j < keys; ++j) {
+          if (!seen[j]) {
+            row[j] = kMasked;
+            continue;
+          }
+          const float s = row[j] * config_.attn_scale;
+          row[j] = cap > 0.0f ? cap * std::tanh(s * inv_cap) : s;  // Gemma 2's attention soft-capping
+          max_score = std::max(max_score, row[j]);
+        }
+        float sum = 0.0f;
+        for (int32_t j = 0; j < keys; ++j) {
+          row[j] = row[j] == kMasked ? 0.0f : std::exp(row[j] - max_score);
+          sum += row[j];
+        }
+        const float inv_sum = 1.0f / sum;  // the token always sees itself, so sum >= 1
+        for (int32_t j = 0; j < keys; ++j) row[j] = row[j] != 0.0f ? round_f16(row[j] * inv_sum) : 0.0f;
+      }
+      f16.weighted_sum(scores, keys, nr, kv.v(il, first) + koff, kvd, keys, hd, head_out, hd);
+      for (int32_t r = 0; r < nr; ++r)
+        std::memcpy(out + (size_t(i0 + r / nh) * config_.n_head + h0 + r % nh) * hd, head_out + size_t(r) * hd,
+                    sizeof(float) * hd);
     }
   });
 }
@@ -415,7 +476,7 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
     throw Error("forward: batch of " + std::to_string(n_total) + " tokens exceeds n_batch " +
                 std::to_string(n_batch_));
   const int32_t n = static_cast<int32_t>(n_total);
-  size_t need_scores = 0, need_visible = 0;
+  size_t need_scores = 0, need_seen = 0;
   int32_t row = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
     const Batch& batch = *seqs[s].batch;
@@ -427,12 +488,12 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
       act_.row_seq[row] = static_cast<int32_t>(s);
     }
     need_scores = std::max(need_scores, size_t(kv.n_ctx()) + n_batch_);
-    // A token's ancestors are all in the pending region, so a chain is at most this long.
-    need_visible = std::max(need_visible, size_t(kv.n_ctx() - kv.n_past()));
+    need_seen = std::max(need_seen, size_t(kv.n_ctx()));
   }
   // Attention scratch grows once to the largest cache seen (caches are made once per session).
-  if (scores_.size() < pool_.size() * need_scores) scores_.assign(pool_.size() * need_scores, 0.0f);
-  if (visible_.size() < pool_.size() * need_visible) visible_.assign(pool_.size() * need_visible, 0);
+  if (scores_.size() < pool_.size() * kAttentionRows * need_scores)
+    scores_.assign(pool_.size() * kAttentionRows * need_scores, 0.0f);
+  if (seen_.size() < pool_.size() * kAttentionRows * need_seen) seen_.assign(pool_.size() * kAttentionRows * need_seen, 0);
 
   float* x = act_.x.data();
   for (size_t s = 0; s < seqs.size(); ++s) {

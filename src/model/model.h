@@ -215,7 +215,11 @@ class Model {
   // y ([n][w.rows]) = W x for x [n][w.cols].
   void matmul(const QMatrix& w, const float* x, int32_t n, float* y);
   // y = x / rms(x) * weight for each of n_rows rows of dim elements (y may be x).
-  void rms_norm(const float* x, const float* weight, int32_t n_rows, int32_t dim, float* y) const;
+  void rms_norm(const float* x, const float* weight, int32_t n_rows, int32_t dim, float* y);
+  // f(begin, end) over row ranges covering [0, n_rows): on the pool when the rows hold enough
+  // elements, else at once on the caller. For per-row work, whose results do not depend on the split.
+  template <class F>
+  void for_rows(int64_t n_rows, int64_t row_elems, F&& f);
   // The rotation of one layer: base and linear scale (the local ones on sliding-window layers) and
   // optional per-frequency divisors ([n_rot/2]: Llama 3's rope_freqs.weight), as ggml's rope_ext.
   struct RopeSpec {
@@ -245,7 +249,12 @@ class Model {
   // Writes k, v ([n][kv_dim]) of every row into layer il of its sequence's cache and computes
   // attention of q ([n][q_dim]) against that sequence's committed prefix plus the token's ancestors
   // into out ([n][q_dim]).
+  // Blocked: a task is a block of consecutive query rows of one sequence times the heads (all, or a
+  // part) of one KV group, at most kAttentionRows (query, head) rows, so each key and value row is
+  // read once for all of them (F16ScoresFn, F16WeightedSumFn); every row's bits are those of the
+  // row alone, so they do not depend on the block (batch invariance).
   void attention(int32_t il, const ForwardRows& rows, const float* q, const float* k, const float* v, float* out);
+  static constexpr int32_t kAttentionRows = 16;  // (query, head) rows per attention task, at most
 
   // The activations of one forward call, sized at load for n_batch tokens; the architectures pass
   // views of them to the blocks, nothing is allocated per token.
@@ -283,9 +292,12 @@ class Model {
   bool repack_ = true;
   RepackedWeights repacked_;  // the interleaved copies that QMatrix::interleaved points into
   // attention()'s own working memory, one region per pool thread.
-  std::vector<float> scores_;     // [n_threads][n_ctx + n_batch] attention scores
-  std::vector<int32_t> visible_;  // [n_threads][n_ctx - n_past] visible pending indices
-  std::vector<uint16_t> q16_;     // [n_threads][head_dim] query head in half floats
+  std::vector<float> scores_;       // [n_threads][kAttentionRows][n_ctx + n_batch] scores, then weights
+  std::vector<uint8_t> seen_;       // [n_threads][kAttentionRows][n_ctx] whether a query sees a key
+  std::vector<uint16_t> q16_;       // [n_threads][head_dim] one query head in half floats
+  std::vector<float> q_rows_;       // [n_threads][kAttentionRows][head_dim] the task's query heads, f16-rounded
+  std::vector<float> head_out_;     // [n_threads][kAttentionRows][head_dim] the task's outputs
+  std::vector<int32_t> attn_blocks_;  // [n_batch + 1] first row of each query block, then n
   // The LM head of a multi-sequence call runs once over every sequence's output rows: their final
   // hidden states side by side, and the logits before they are handed to each sequence. Grown to
   // the largest number of output rows seen (decode steps: one or a few rows per sequence).
