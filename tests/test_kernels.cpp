@@ -525,6 +525,27 @@ TEST(F16Attention, ResultDoesNotDependOnWhereTheRowLies) {
   }
 }
 
+// widen: every half float (all 65,536 bit patterns; NaNs stay NaNs) in every table, exactly.
+TEST(F16Attention, WidenIsExactForEveryHalf) {
+  std::vector<const KernelTable*> tables = simd_tables();
+  tables.push_back(&reference_kernels());
+  std::vector<fp16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = fp16_t(i);
+  for (const KernelTable* k : tables) {
+    ASSERT_TRUE(k->f16.widen) << k->name;
+    std::vector<float> y(all.size() + 8, -7.0f);
+    k->f16.widen(all.data(), y.data(), int64_t(all.size()) - 8);  // a tail of 8 left out
+    for (size_t i = 0; i + 8 < all.size(); ++i) {
+      const float want = fp16_to_fp32(all[i]);
+      if (std::isnan(want))
+        ASSERT_TRUE(std::isnan(y[i])) << k->name << " half " << i;
+      else
+        ASSERT_TRUE(same_bits(want, y[i])) << k->name << " half " << i << ": " << y[i] << " vs " << want;
+    }
+    ASSERT_EQ(y[all.size() - 8], -7.0f) << k->name << " widen wrote past n";
+  }
+}
+
 // The blocked forms (scores, weighted_sum) in every table: each (query, key) score is dot's bits
 // on the half-float query, each output row axpy's chain over the nonzero weights in key order,
 // whatever the number of query rows in the call (1..kRows, past the tables' register blocks) and

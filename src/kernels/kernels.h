@@ -46,6 +46,8 @@ using F16DotFn = float (*)(const fp16_t* a, const fp16_t* b, int64_t n);
 using F16AxpyFn = void (*)(float alpha, const fp16_t* x, float* y, int64_t n);
 // y[i] = x[i] rounded to the nearest half float (ties to even).
 using F16RoundFn = void (*)(const float* x, fp16_t* y, int64_t n);
+// y[i] = x[i] widened to f32 (exact).
+using F16WidenFn = void (*)(const fp16_t* x, float* y, int64_t n);
 
 // Blocked forms of dot and axpy for attention over many query rows at once (all heads of a KV
 // group, several queries): each key or value row is read once for all query rows, and every
@@ -63,6 +65,7 @@ struct F16AttentionKernels {
   F16DotFn dot;
   F16AxpyFn axpy;
   F16RoundFn round;
+  F16WidenFn widen;
   F16ScoresFn scores;
   F16WeightedSumFn weighted_sum;
 };

@@ -665,6 +665,10 @@ void f16_round(const float* x, fp16_t* y, int64_t n) {
                      _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
 }
 
+void f16_widen(const fp16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(y + i, load_f16x8(x + i));
+}
+
 // Blocks of up to NR query rows: each key (value) row is widened once for all of them; every
 // row's arithmetic is f16_dot's (f16_axpy's) exactly.
 template <int NR>
@@ -767,7 +771,7 @@ const KernelTable& avx2_kernels() {
     t.quantize[int(GgmlType::Q8_0)] = quantize_q8_0;
     t.quantize[int(GgmlType::Q8_1)] = quantize_q8_1;
     t.quantize[int(GgmlType::Q8_K)] = quantize_q8_k;
-    t.f16 = {f16_dot, f16_axpy, f16_round, f16_scores, f16_weighted_sum};
+    t.f16 = {f16_dot, f16_axpy, f16_round, f16_widen, f16_scores, f16_weighted_sum};
     return t;
   }();
   return table;

@@ -1340,6 +1340,12 @@ void f16_round(const float* x, fp16_t* y, int64_t n) {
                      _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
 }
 
+void f16_widen(const fp16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, load_f16x16(x + i));
+  if (i < n) _mm256_storeu_ps(y + i, load_f16x8(x + i));
+}
+
 // Blocks of up to NR query rows (kernels.h): each key (value) row is widened once for all of them;
 // every row's arithmetic is f16_dot's (f16_axpy's) exactly.
 template <int NR>
@@ -1466,7 +1472,7 @@ const KernelTable& avx512_table_unchecked() {
     t.gemm_interleaved[int(GgmlType::Q5_1)] = gemm_interleaved<Q5Tiles<Q5_1W>>;
     t.gemm_interleaved[int(GgmlType::Q4_K)] = gemm_interleaved_k<Q4KTiles>;
     t.gemm_interleaved[int(GgmlType::Q6_K)] = gemm_interleaved_k<Q6KTiles>;
-    t.f16 = {f16_dot, f16_axpy, f16_round, f16_scores, f16_weighted_sum};
+    t.f16 = {f16_dot, f16_axpy, f16_round, f16_widen, f16_scores, f16_weighted_sum};
     return t;
   }();
   return table;

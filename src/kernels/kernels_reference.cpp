@@ -740,6 +740,10 @@ void f16_round(const float* x, fp16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
+void f16_widen(const fp16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_fp32(x[i]);
+}
+
 void f16_scores(const float* q, int64_t ldq, int32_t n_q, const fp16_t* k, int64_t k_stride, int32_t n_keys,
                 int64_t n, float* out, int64_t ldo) {
   for (int32_t r = 0; r < n_q; ++r)
@@ -798,7 +802,7 @@ const KernelTable& reference_kernels() {
     t.quantize[int(GgmlType::Q8_0)] = quant_q8_0;
     t.quantize[int(GgmlType::Q8_1)] = quant_q8_1;
     t.quantize[int(GgmlType::Q8_K)] = quant_q8_k;
-    t.f16 = {f16_dot, f16_axpy, f16_round, f16_scores, f16_weighted_sum};
+    t.f16 = {f16_dot, f16_axpy, f16_round, f16_widen, f16_scores, f16_weighted_sum};
     return t;
   }();
   return table;

@@ -314,6 +314,7 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
   const int32_t window = config_.layer_is_sliding[il] ? config_.sliding_window : 0;
   const size_t scores_per_thread = scores_.size() / pool_.size();
   const size_t seen_per_thread = seen_.size() / pool_.size();
+  const size_t weights16_per_thread = weights16_.size() / pool_.size();
   const float cap = config_.attn_softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
   constexpr float kMasked = -std::numeric_limits<float>::infinity();
 
@@ -321,6 +322,7 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
     float* scores = scores_.data() + size_t(thread) * scores_per_thread;
     uint8_t* seen_keys = seen_.data() + size_t(thread) * seen_per_thread;
     uint16_t* q16 = q16_.data() + size_t(thread) * hd;
+    uint16_t* weights16 = weights16_.data() + size_t(thread) * weights16_per_thread;
     float* q_rows = q_rows_.data() + size_t(thread) * kAttentionRows * hd;
     float* head_out = head_out_.data() + size_t(thread) * kAttentionRows * hd;
     for (int64_t task = begin; task < end; ++task) {
@@ -359,7 +361,7 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
       // for the dot products with the half-float keys, as llama.cpp does.
       for (int32_t r = 0; r < nr; ++r) {
         f16.round(q + (size_t(i0 + r / nh) * config_.n_head + h0 + r % nh) * hd, q16, hd);
-        for (int32_t e = 0; e < hd; ++e) q_rows[size_t(r) * hd + e] = fp16_to_fp32(q16[e]);
+        f16.widen(q16, q_rows + size_t(r) * hd, hd);
       }
       const int32_t koff = (h0 / group) * hd;
       f16.scores(q_rows, hd, nr, kv.k(il, first) + koff, kvd, keys, hd, scores, keys);
@@ -386,7 +388,11 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
           sum += row[j];
         }
         const float inv_sum = 1.0f / sum;  // the token always sees itself, so sum >= 1
-        for (int32_t j = 0; j < keys; ++j) row[j] = row[j] != 0.0f ? round_f16(row[j] * inv_sum) : 0.0f;
+        for (int32_t j = 0; j < keys; ++j) row[j] *= inv_sum;
+        const int32_t whole = keys / 8 * 8;  // the kernels' multiple of 8; the rest one by one
+        f16.round(row, weights16, whole);
+        f16.widen(weights16, row, whole);
+        for (int32_t j = whole; j < keys; ++j) row[j] = round_f16(row[j]);
       }
       f16.weighted_sum(scores, keys, nr, kv.v(il, first) + koff, kvd, keys, hd, head_out, hd);
       for (int32_t r = 0; r < nr; ++r)
@@ -493,6 +499,7 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
   // Attention scratch grows once to the largest cache seen (caches are made once per session).
   if (scores_.size() < pool_.size() * kAttentionRows * need_scores)
     scores_.assign(pool_.size() * kAttentionRows * need_scores, 0.0f);
+  if (weights16_.size() < pool_.size() * need_scores) weights16_.assign(pool_.size() * need_scores, 0);
   if (seen_.size() < pool_.size() * kAttentionRows * need_seen) seen_.assign(pool_.size() * kAttentionRows * need_seen, 0);
 
   float* x = act_.x.data();

@@ -295,6 +295,7 @@ class Model {
   std::vector<float> scores_;       // [n_threads][kAttentionRows][n_ctx + n_batch] scores, then weights
   std::vector<uint8_t> seen_;       // [n_threads][kAttentionRows][n_ctx] whether a query sees a key
   std::vector<uint16_t> q16_;       // [n_threads][head_dim] one query head in half floats
+  std::vector<uint16_t> weights16_; // [n_threads][n_ctx + n_batch] one row's weights in half floats
   std::vector<float> q_rows_;       // [n_threads][kAttentionRows][head_dim] the task's query heads, f16-rounded
   std::vector<float> head_out_;     // [n_threads][kAttentionRows][head_dim] the task's outputs
   std::vector<int32_t> attn_blocks_;  // [n_batch + 1] first row of each query block, then n
