@@ -555,7 +555,7 @@ TEST(F16Attention, BlockedFormsArePerRowDotAndAxpyBitForBit) {
   std::vector<const KernelTable*> tables = simd_tables();
   tables.push_back(&reference_kernels());
   const F16AttentionKernels& ref = reference_kernels().f16;
-  constexpr int32_t kRows = 19, kKeys = 37;
+  constexpr int32_t kRows = 19, kKeys = 70;  // past the tables' blocks of 32 keys
   for (const KernelTable* k : tables) {
     ASSERT_TRUE(k->f16.scores && k->f16.weighted_sum) << k->name;
     for (int64_t n : kHeadSizes) {
@@ -566,33 +566,36 @@ TEST(F16Attention, BlockedFormsArePerRowDotAndAxpyBitForBit) {
       const std::vector<fp16_t> keys = random_halves(rng, kKeys * k_stride, 1.0f);
       // Weights as attention makes them: half floats in [0, 1], some exactly 0 (masked keys), and
       // one key holding an infinity that only zero weights meet (a zero weight must skip it).
-      std::vector<float> w(size_t(kRows) * kKeys);
-      for (size_t i = 0; i < w.size(); ++i)
-        w[i] = rng() % 4 == 0 ? 0.0f : fp16_to_fp32(fp32_to_fp16(float(rng() % 4096) / 4096.0f));
-      std::vector<fp16_t> values = keys;
-      for (int32_t r = 0; r < kRows; ++r) w[size_t(r) * kKeys + 5] = 0.0f;
-      values[5 * k_stride] = 0x7C00;  // +inf
-      for (int32_t n_q : {1, 2, 3, 4, 5, 8, 9, 16, kRows}) {
-        std::vector<float> got(size_t(kRows) * ldo, -1.0f);
-        k->f16.scores(q.data(), ldq, n_q, keys.data(), k_stride, kKeys, n, got.data(), ldo);
-        for (int32_t r = 0; r < kRows; ++r)
-          for (int32_t j = 0; j < kKeys; ++j) {
-            const float want = r < n_q ? ref.dot(q16.data() + r * ldq, keys.data() + j * k_stride, n) : -1.0f;
-            ASSERT_TRUE(same_bits(want, got[size_t(r) * ldo + j]))
-                << k->name << " scores n=" << n << " n_q " << n_q << " row " << r << " key " << j;
+      // Sparse: zeros anywhere; dense: only key 5's (so later blocks of keys have none).
+      for (const bool sparse : {true, false}) {
+        std::vector<float> w(size_t(kRows) * kKeys);
+        for (size_t i = 0; i < w.size(); ++i)
+          w[i] = sparse && rng() % 4 == 0 ? 0.0f : fp16_to_fp32(fp32_to_fp16(float(1 + rng() % 4095) / 4096.0f));
+        std::vector<fp16_t> values = keys;
+        for (int32_t r = 0; r < kRows; ++r) w[size_t(r) * kKeys + 5] = 0.0f;
+        values[5 * k_stride] = 0x7C00;  // +inf
+        for (int32_t n_q : {1, 2, 3, 4, 5, 8, 9, 16, kRows}) {
+          std::vector<float> got(size_t(kRows) * ldo, -1.0f);
+          k->f16.scores(q.data(), ldq, n_q, keys.data(), k_stride, kKeys, n, got.data(), ldo);
+          for (int32_t r = 0; r < kRows; ++r)
+            for (int32_t j = 0; j < kKeys; ++j) {
+              const float want = r < n_q ? ref.dot(q16.data() + r * ldq, keys.data() + j * k_stride, n) : -1.0f;
+              ASSERT_TRUE(same_bits(want, got[size_t(r) * ldo + j]))
+                  << k->name << " scores n=" << n << " n_q " << n_q << " row " << r << " key " << j;
+            }
+          std::vector<float> sums(size_t(kRows) * ldq, -1.0f);
+          k->f16.weighted_sum(w.data(), kKeys, n_q, values.data(), k_stride, kKeys, n, sums.data(), ldq);
+          for (int32_t r = 0; r < kRows; ++r) {
+            std::vector<float> want(size_t(ldq), -1.0f);
+            if (r < n_q) {
+              std::fill(want.begin(), want.begin() + n, 0.0f);
+              for (int32_t j = 0; j < kKeys; ++j)
+                if (w[size_t(r) * kKeys + j] != 0.0f)
+                  ref.axpy(w[size_t(r) * kKeys + j], values.data() + j * k_stride, want.data(), n);
+            }
+            ASSERT_EQ(0, std::memcmp(want.data(), sums.data() + size_t(r) * ldq, sizeof(float) * size_t(ldq)))
+                << k->name << " weighted_sum n=" << n << " n_q " << n_q << " row " << r << (sparse ? " sparse" : " dense");
           }
-        std::vector<float> sums(size_t(kRows) * ldq, -1.0f);
-        k->f16.weighted_sum(w.data(), kKeys, n_q, values.data(), k_stride, kKeys, n, sums.data(), ldq);
-        for (int32_t r = 0; r < kRows; ++r) {
-          std::vector<float> want(size_t(ldq), -1.0f);
-          if (r < n_q) {
-            std::fill(want.begin(), want.begin() + n, 0.0f);
-            for (int32_t j = 0; j < kKeys; ++j)
-              if (w[size_t(r) * kKeys + j] != 0.0f)
-                ref.axpy(w[size_t(r) * kKeys + j], values.data() + j * k_stride, want.data(), n);
-          }
-          ASSERT_EQ(0, std::memcmp(want.data(), sums.data() + size_t(r) * ldq, sizeof(float) * size_t(ldq)))
-              << k->name << " weighted_sum n=" << n << " n_q " << n_q << " row " << r;
         }
       }
     }

@@ -709,6 +709,10 @@ void weighted_sum_rows(const float* w, int64_t ldw, const fp16_t* v, int64_t v_s
   }
   for (int32_t j0 = 0; j0 < n_keys; j0 += kValueBlock) {
     const int32_t j1 = std::min(n_keys, j0 + kValueBlock);
+    // Blocks without a zero weight (all but the ones around a mask's edge) take the plain path.
+    bool any_zero = false;
+    for (int r = 0; r < NR; ++r)
+      for (int32_t j = j0; j < j1; ++j) any_zero |= w[r * ldw + j] == 0.0f;
     for (int64_t i = 0; i < n; i += 8) {
       __m256 acc[NR];
       for (int r = 0; r < NR; ++r) acc[r] = j0 == 0 ? zero : _mm256_loadu_ps(out + r * ldo + i);
@@ -716,9 +720,13 @@ void weighted_sum_rows(const float* w, int64_t ldw, const fp16_t* v, int64_t v_s
         const __m256 x = load_f16x8(v + j * v_stride + i);
         for (int r = 0; r < NR; ++r) {
           const __m256 wr = _mm256_broadcast_ss(w + r * ldw + j);
-          // A zero weight leaves the row as it is (skipped, as kernels.h says), any other adds.
-          const __m256 keep = _mm256_cmp_ps(wr, zero, _CMP_NEQ_UQ);
-          acc[r] = _mm256_blendv_ps(acc[r], _mm256_fmadd_ps(wr, x, acc[r]), keep);
+          if (any_zero) {
+            // A zero weight leaves the row as it is (skipped, as kernels.h says), any other adds.
+            const __m256 keep = _mm256_cmp_ps(wr, zero, _CMP_NEQ_UQ);
+            acc[r] = _mm256_blendv_ps(acc[r], _mm256_fmadd_ps(wr, x, acc[r]), keep);
+          } else {
+            acc[r] = _mm256_fmadd_ps(wr, x, acc[r]);
+          }
         }
       }
       for (int r = 0; r < NR; ++r) _mm256_storeu_ps(out + r * ldo + i, acc[r]);

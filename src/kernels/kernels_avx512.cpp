@@ -1390,16 +1390,27 @@ void weighted_sum_rows(const float* w, int64_t ldw, const fp16_t* v, int64_t v_s
   }
   for (int32_t j0 = 0; j0 < n_keys; j0 += kValueBlock) {
     const int32_t j1 = std::min(n_keys, j0 + kValueBlock);
+    // Blocks without a zero weight (all but the ones around a mask's edge) take the plain path.
+    bool any_zero = false;
+    for (int r = 0; r < NR; ++r)
+      for (int32_t j = j0; j < j1; ++j) any_zero |= w[r * ldw + j] == 0.0f;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
       __m512 acc[NR];
       for (int r = 0; r < NR; ++r) acc[r] = j0 == 0 ? zero : _mm512_loadu_ps(out + r * ldo + i);
-      for (int32_t j = j0; j < j1; ++j) {
-        const __m512 x = load_f16x16(v + j * v_stride + i);
-        for (int r = 0; r < NR; ++r) {
-          const __m512 wr = _mm512_set1_ps(w[r * ldw + j]);
-          // A zero weight leaves the row as it is (skipped, as kernels.h says), any other adds.
-          acc[r] = _mm512_mask3_fmadd_ps(wr, x, acc[r], _mm512_cmp_ps_mask(wr, zero, _CMP_NEQ_UQ));
+      if (any_zero) {
+        for (int32_t j = j0; j < j1; ++j) {
+          const __m512 x = load_f16x16(v + j * v_stride + i);
+          for (int r = 0; r < NR; ++r) {
+            const __m512 wr = _mm512_set1_ps(w[r * ldw + j]);
+            // A zero weight leaves the row as it is (skipped, as kernels.h says), any other adds.
+            acc[r] = _mm512_mask3_fmadd_ps(wr, x, acc[r], _mm512_cmp_ps_mask(wr, zero, _CMP_NEQ_UQ));
+          }
+        }
+      } else {
+        for (int32_t j = j0; j < j1; ++j) {
+          const __m512 x = load_f16x16(v + j * v_stride + i);
+          for (int r = 0; r < NR; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r * ldw + j]), x, acc[r]);
         }
       }
       for (int r = 0; r < NR; ++r) _mm512_storeu_ps(out + r * ldo + i, acc[r]);
