@@ -738,18 +738,16 @@ constexpr int32_t kAvx2AttentionRows = 4;
 
 void f16_scores(const float* q, int64_t ldq, int32_t n_q, const fp16_t* k, int64_t k_stride, int32_t n_keys,
                 int64_t n, float* out, int64_t ldo) {
-  for (int32_t r0 = 0; r0 < n_q; r0 += kAvx2AttentionRows)
-    with_token_count(std::min(kAvx2AttentionRows, n_q - r0), [&]<int NR>() {
-      scores_rows<NR>(q + r0 * ldq, ldq, k, k_stride, n_keys, n, out + r0 * ldo, ldo);
-    });
+  for_row_groups(n_q, kAvx2AttentionRows, [&]<int NR>(int64_t r0) {
+    scores_rows<NR>(q + r0 * ldq, ldq, k, k_stride, n_keys, n, out + r0 * ldo, ldo);
+  });
 }
 
 void f16_weighted_sum(const float* w, int64_t ldw, int32_t n_q, const fp16_t* v, int64_t v_stride,
                       int32_t n_keys, int64_t n, float* out, int64_t ldo) {
-  for (int32_t r0 = 0; r0 < n_q; r0 += kAvx2AttentionRows)
-    with_token_count(std::min(kAvx2AttentionRows, n_q - r0), [&]<int NR>() {
-      weighted_sum_rows<NR>(w + r0 * ldw, ldw, v, v_stride, n_keys, n, out + r0 * ldo, ldo);
-    });
+  for_row_groups(n_q, kAvx2AttentionRows, [&]<int NR>(int64_t r0) {
+    weighted_sum_rows<NR>(w + r0 * ldw, ldw, v, v_stride, n_keys, n, out + r0 * ldo, ldo);
+  });
 }
 
 template <class K>

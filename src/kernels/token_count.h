@@ -1,6 +1,6 @@
 #pragma once
 // Private to src/kernels: a call's token count (1..8) turned into a compile-time constant for the
-// kernels' templates.
+// kernels' templates, and row groups of such counts.
 //
 // In an unnamed namespace on purpose: each kernel file is compiled with its own target flags
 // (kernels_avx512.cpp with AVX-512), so every file must get its own copy. A shared inline
@@ -39,6 +39,14 @@ inline void with_token_count(int64_t n, F&& f) {
       f.template operator()<1>();
       break;
   }
+}
+
+// Calls f.template operator()<NR>(r0) for consecutive groups of NR <= group (<= 8) rows from r0,
+// covering [0, n): the attention kernels' blocks of query rows.
+template <class F>
+inline void for_row_groups(int64_t n, int64_t group, F&& f) {
+  for (int64_t r0 = 0; r0 < n; r0 += group)
+    with_token_count(n - r0 < group ? n - r0 : group, [&]<int NR>() { f.template operator()<NR>(r0); });
 }
 
 }  // namespace
