@@ -428,6 +428,12 @@ std::vector<fp16_t> random_halves(std::mt19937& rng, int64_t n, float scale) {
   return h;
 }
 
+std::vector<float> widen(const std::vector<fp16_t>& h) {
+  std::vector<float> x(h.size());
+  for (size_t i = 0; i < h.size(); ++i) x[i] = fp16_to_fp32(h[i]);
+  return x;
+}
+
 bool same_bits(float a, float b) {
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
@@ -446,10 +452,10 @@ TEST(F16Attention, ReferenceIsTheRoundedDotProduct) {
       magnitude += std::abs(double(fp16_to_fp32(a[size_t(i)])) * fp16_to_fp32(b[size_t(i)]));
     }
     // f32 accumulation over at most n / 16 + 4 roundings of partial sums bounded by magnitude.
-    EXPECT_NEAR(ref.dot(a.data(), b.data(), n), exact, magnitude * 1e-6 * double(n / 16 + 4)) << "n=" << n;
+    EXPECT_NEAR(f16_dot_reference(a.data(), b.data(), n), exact, magnitude * 1e-6 * double(n / 16 + 4)) << "n=" << n;
 
     std::vector<float> y = random_floats(rng, n), want(y);
-    ref.axpy(0.375f, a.data(), y.data(), n);
+    f16_axpy_reference(0.375f, a.data(), y.data(), n);
     for (int64_t i = 0; i < n; ++i)
       EXPECT_TRUE(same_bits(y[size_t(i)], std::fma(0.375f, fp16_to_fp32(a[size_t(i)]), want[size_t(i)])));
 
@@ -467,18 +473,21 @@ TEST(F16Attention, SimdTablesMatchReferenceBitForBit) {
   std::mt19937 rng(22);
   const F16AttentionKernels& ref = reference_kernels().f16;
   for (const KernelTable* k : simd_tables()) {
-    ASSERT_TRUE(k->f16.dot && k->f16.axpy && k->f16.round) << k->name;
+    ASSERT_TRUE(k->f16.round && k->f16.scores && k->f16.weighted_sum) << k->name;
     for (int64_t n : kHeadSizes) {
       for (int rep = 0; rep < 20; ++rep) {
+        // One query against one key, and one weighted value: dot and axpy (onto zeros) exactly.
         const std::vector<fp16_t> a = random_halves(rng, n, 2.0f), b = random_halves(rng, n, 2.0f);
-        const float want = ref.dot(a.data(), b.data(), n), got = k->f16.dot(a.data(), b.data(), n);
+        const std::vector<float> a32 = widen(a);
+        float got = 0.0f;
+        k->f16.scores(a32.data(), n, 1, b.data(), n, 1, n, &got, 1);
+        const float want = f16_dot_reference(a.data(), b.data(), n);
         ASSERT_TRUE(same_bits(want, got)) << k->name << " dot n=" << n << ": " << got << " vs " << want;
 
-        const float alpha = std::ldexp(float(rng() % 1024) / 1024.0f, -int(rng() % 8));
-        const std::vector<float> y0 = random_floats(rng, n);
-        std::vector<float> y_ref(y0), y_got(y0);
-        ref.axpy(alpha, a.data(), y_ref.data(), n);
-        k->f16.axpy(alpha, a.data(), y_got.data(), n);
+        const float alpha = std::ldexp(float(1 + rng() % 1023) / 1024.0f, -int(rng() % 8));
+        std::vector<float> y_ref(size_t(n), 0.0f), y_got(size_t(n), -1.0f);
+        f16_axpy_reference(alpha, a.data(), y_ref.data(), n);
+        k->f16.weighted_sum(&alpha, 1, 1, a.data(), n, 1, n, y_got.data(), n);
         ASSERT_EQ(0, std::memcmp(y_ref.data(), y_got.data(), sizeof(float) * size_t(n))) << k->name << " axpy";
 
         const std::vector<float> x = random_floats(rng, n, 30.0f);
@@ -500,25 +509,40 @@ TEST(F16Attention, ResultDoesNotDependOnWhereTheRowLies) {
   for (const KernelTable* k : tables) {
     for (int64_t n : {int64_t(64), int64_t(256), int64_t(24)}) {
       const std::vector<fp16_t> q = random_halves(rng, n, 1.0f), key = random_halves(rng, n, 1.0f);
-      const float alone = k->f16.dot(q.data(), key.data(), n);
-      std::vector<float> y_alone = random_floats(rng, n);
-      const std::vector<float> y0(y_alone);
-      k->f16.axpy(0.25f, key.data(), y_alone.data(), n);
-      // The key as row r of a batch of rows with other contents, at every offset mod 16 elements.
+      const std::vector<float> q32 = widen(q);
+      const float weight = 0.25f;
+      float alone = 0.0f;
+      k->f16.scores(q32.data(), n, 1, key.data(), n, 1, n, &alone, 1);
+      std::vector<float> y_alone(static_cast<size_t>(n));
+      k->f16.weighted_sum(&weight, 1, 1, key.data(), n, 1, n, y_alone.data(), n);
+      // The key as row r of a batch of rows with other contents, at every offset mod 16 elements:
+      // alone in a call, and as one of the call's keys (the others weighing 0).
       for (int64_t offset = 0; offset < 16; ++offset) {
-        const int64_t rows = 5;
+        const int32_t rows = 5;
         std::vector<fp16_t> batch = random_halves(rng, offset + rows * n + 16, 1.0f);
-        for (int64_t r = 0; r < rows; ++r) {
+        for (int32_t r = 0; r < rows; ++r) {
           fp16_t* row = batch.data() + offset + r * n;
           std::copy(key.begin(), key.end(), row);
-          ASSERT_TRUE(same_bits(alone, k->f16.dot(q.data(), row, n)))
-              << k->name << " n=" << n << " offset " << offset << " row " << r;
+          float got = 0.0f;
+          k->f16.scores(q32.data(), n, 1, row, n, 1, n, &got, 1);
+          ASSERT_TRUE(same_bits(alone, got)) << k->name << " n=" << n << " offset " << offset << " row " << r;
           std::vector<float> ys(size_t(offset + n + 16), 7.0f);
-          std::copy(y0.begin(), y0.end(), ys.begin() + offset);
-          k->f16.axpy(0.25f, row, ys.data() + offset, n);
+          k->f16.weighted_sum(&weight, 1, 1, row, n, 1, n, ys.data() + offset, n);
           ASSERT_EQ(0, std::memcmp(ys.data() + offset, y_alone.data(), sizeof(float) * size_t(n)))
               << k->name << " axpy n=" << n << " offset " << offset;
           ASSERT_EQ(ys[size_t(offset + n)], 7.0f) << k->name << " axpy wrote past the row";
+        }
+        std::vector<float> all(static_cast<size_t>(rows));
+        k->f16.scores(q32.data(), n, 1, batch.data() + offset, n, rows, n, all.data(), rows);
+        for (int32_t r = 0; r < rows; ++r)
+          ASSERT_TRUE(same_bits(alone, all[size_t(r)])) << k->name << " n=" << n << " key " << r << " of a call";
+        std::vector<float> one_hot(static_cast<size_t>(rows), 0.0f), ys(static_cast<size_t>(n));
+        for (int32_t r = 0; r < rows; ++r) {
+          std::fill(one_hot.begin(), one_hot.end(), 0.0f);
+          one_hot[size_t(r)] = weight;
+          k->f16.weighted_sum(one_hot.data(), rows, 1, batch.data() + offset, n, rows, n, ys.data(), n);
+          ASSERT_EQ(0, std::memcmp(ys.data(), y_alone.data(), sizeof(float) * size_t(n)))
+              << k->name << " weighted sum n=" << n << " key " << r << " of a call";
         }
       }
     }
@@ -554,15 +578,13 @@ TEST(F16Attention, BlockedFormsArePerRowDotAndAxpyBitForBit) {
   std::mt19937 rng(24);
   std::vector<const KernelTable*> tables = simd_tables();
   tables.push_back(&reference_kernels());
-  const F16AttentionKernels& ref = reference_kernels().f16;
   constexpr int32_t kRows = 19, kKeys = 70;  // past the tables' blocks of 32 keys
   for (const KernelTable* k : tables) {
     ASSERT_TRUE(k->f16.scores && k->f16.weighted_sum) << k->name;
     for (int64_t n : kHeadSizes) {
       const int64_t ldq = n + 8, k_stride = n + 24, ldo = kKeys + 3;  // strides other than n
       const std::vector<fp16_t> q16 = random_halves(rng, kRows * ldq, 1.0f);
-      std::vector<float> q(q16.size());
-      for (size_t i = 0; i < q16.size(); ++i) q[i] = fp16_to_fp32(q16[i]);
+      const std::vector<float> q = widen(q16);
       const std::vector<fp16_t> keys = random_halves(rng, kKeys * k_stride, 1.0f);
       // Weights as attention makes them: half floats in [0, 1], some exactly 0 (masked keys), and
       // one key holding an infinity that only zero weights meet (a zero weight must skip it).
@@ -579,7 +601,7 @@ TEST(F16Attention, BlockedFormsArePerRowDotAndAxpyBitForBit) {
           k->f16.scores(q.data(), ldq, n_q, keys.data(), k_stride, kKeys, n, got.data(), ldo);
           for (int32_t r = 0; r < kRows; ++r)
             for (int32_t j = 0; j < kKeys; ++j) {
-              const float want = r < n_q ? ref.dot(q16.data() + r * ldq, keys.data() + j * k_stride, n) : -1.0f;
+              const float want = r < n_q ? f16_dot_reference(q16.data() + r * ldq, keys.data() + j * k_stride, n) : -1.0f;
               ASSERT_TRUE(same_bits(want, got[size_t(r) * ldo + j]))
                   << k->name << " scores n=" << n << " n_q " << n_q << " row " << r << " key " << j;
             }
@@ -591,7 +613,7 @@ TEST(F16Attention, BlockedFormsArePerRowDotAndAxpyBitForBit) {
               std::fill(want.begin(), want.begin() + n, 0.0f);
               for (int32_t j = 0; j < kKeys; ++j)
                 if (w[size_t(r) * kKeys + j] != 0.0f)
-                  ref.axpy(w[size_t(r) * kKeys + j], values.data() + j * k_stride, want.data(), n);
+                  f16_axpy_reference(w[size_t(r) * kKeys + j], values.data() + j * k_stride, want.data(), n);
             }
             ASSERT_EQ(0, std::memcmp(want.data(), sums.data() + size_t(r) * ldq, sizeof(float) * size_t(ldq)))
                 << k->name << " weighted_sum n=" << n << " n_q " << n_q << " row " << r << (sparse ? " sparse" : " dense");

@@ -40,10 +40,12 @@ using InterleavedGemmFn = void (*)(const void* tiles, int64_t n_rows, const void
 // depends only on its own operands: not on where the rows lie in memory, nor on the other rows of a
 // batch. So attention gives the same bits whatever the table, and batched verification of drafted
 // tokens reproduces one-token decoding exactly.
+// The per-row arithmetic, which the tables' blocked forms below reproduce bit for bit (their
+// specification and test oracle; the model calls the blocked forms):
 // dot(a, b) over n half floats, accumulated in f32.
-using F16DotFn = float (*)(const fp16_t* a, const fp16_t* b, int64_t n);
+float f16_dot_reference(const fp16_t* a, const fp16_t* b, int64_t n);
 // y[i] += alpha * x[i] (x half floats, y f32), one fused multiply-add per element.
-using F16AxpyFn = void (*)(float alpha, const fp16_t* x, float* y, int64_t n);
+void f16_axpy_reference(float alpha, const fp16_t* x, float* y, int64_t n);
 // y[i] = x[i] rounded to the nearest half float (ties to even).
 using F16RoundFn = void (*)(const float* x, fp16_t* y, int64_t n);
 // y[i] = x[i] widened to f32 (exact).
@@ -51,19 +53,17 @@ using F16WidenFn = void (*)(const fp16_t* x, float* y, int64_t n);
 
 // Blocked forms of dot and axpy for attention over many query rows at once (all heads of a KV
 // group, several queries): each key or value row is read once for all query rows, and every
-// result is bitwise the per-row primitive's, so a row's result does not depend on the block.
-// scores: out[r * ldo + j] = dot(q_r, k_j) in F16DotFn's order, for r < n_q, j < n_keys; q_r =
-// q + r * ldq holds half-float values widened to f32 (f16-rounded queries), k_j = k + j * k_stride.
+// result is bitwise the per-row arithmetic's, so a row's result does not depend on the block.
+// scores: out[r * ldo + j] = dot(q_r, k_j) in f16_dot_reference's order, for r < n_q, j < n_keys;
+// q_r = q + r * ldq holds half-float values widened to f32 (f16-rounded queries), k_j = k + j * k_stride.
 using F16ScoresFn = void (*)(const float* q, int64_t ldq, int32_t n_q, const fp16_t* k, int64_t k_stride,
                              int32_t n_keys, int64_t n, float* out, int64_t ldo);
-// weighted_sum: out_r = 0, then F16AxpyFn(w[r * ldw + j], v_j, out_r) for j = 0..n_keys-1 in order,
+// weighted_sum: out_r = 0, then f16_axpy_reference(w[r * ldw + j], v_j, out_r) for j = 0..n_keys-1 in order,
 // skipping the weights that are exactly zero; v_j = v + j * v_stride, out_r = out + r * ldo.
 using F16WeightedSumFn = void (*)(const float* w, int64_t ldw, int32_t n_q, const fp16_t* v, int64_t v_stride,
                                   int32_t n_keys, int64_t n, float* out, int64_t ldo);
 
 struct F16AttentionKernels {
-  F16DotFn dot;
-  F16AxpyFn axpy;
   F16RoundFn round;
   F16WidenFn widen;
   F16ScoresFn scores;

@@ -642,23 +642,6 @@ inline __m256 load_f16x8(const fp16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-float f16_dot(const fp16_t* a, const fp16_t* b, int64_t n) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();  // lanes 0..7 and 8..15
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(load_f16x8(a + i), load_f16x8(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(load_f16x8(a + i + 8), load_f16x8(b + i + 8), acc1);
-  }
-  for (; i < n; i += 8) acc0 = _mm256_fmadd_ps(load_f16x8(a + i), load_f16x8(b + i), acc0);
-  return hsum(_mm256_add_ps(acc0, acc1));
-}
-
-void f16_axpy(float alpha, const fp16_t* x, float* y, int64_t n) {
-  const __m256 va = _mm256_set1_ps(alpha);
-  for (int64_t i = 0; i < n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16x8(x + i), _mm256_loadu_ps(y + i)));
-}
-
 void f16_round(const float* x, fp16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; i += 8)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
@@ -670,7 +653,7 @@ void f16_widen(const fp16_t* x, float* y, int64_t n) {
 }
 
 // Blocks of up to NR query rows: each key (value) row is widened once for all of them; every
-// row's arithmetic is f16_dot's (f16_axpy's) exactly.
+// row's arithmetic is f16_dot_reference's (f16_axpy_reference's) exactly.
 template <int NR>
 void scores_rows(const float* q, int64_t ldq, const fp16_t* k, int64_t k_stride, int32_t n_keys, int64_t n,
                  float* out, int64_t ldo) {
@@ -777,7 +760,7 @@ const KernelTable& avx2_kernels() {
     t.quantize[int(GgmlType::Q8_0)] = quantize_q8_0;
     t.quantize[int(GgmlType::Q8_1)] = quantize_q8_1;
     t.quantize[int(GgmlType::Q8_K)] = quantize_q8_k;
-    t.f16 = {f16_dot, f16_axpy, f16_round, f16_widen, f16_scores, f16_weighted_sum};
+    t.f16 = {f16_round, f16_widen, f16_scores, f16_weighted_sum};
     return t;
   }();
   return table;

@@ -1307,29 +1307,6 @@ inline __m256 load_f16x8(const fp16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-float f16_dot(const fp16_t* a, const fp16_t* b, int64_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(load_f16x16(a + i), load_f16x16(b + i), acc);
-  __m256 lo = _mm512_castps512_ps256(acc);
-  const __m256 hi = _mm512_extractf32x8_ps(acc, 1);
-  if (i < n) lo = _mm256_fmadd_ps(load_f16x8(a + i), load_f16x8(b + i), lo);
-  const __m256 v = _mm256_add_ps(lo, hi);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-void f16_axpy(float alpha, const fp16_t* x, float* y, int64_t n) {
-  int64_t i = 0;
-  const __m512 va = _mm512_set1_ps(alpha);
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load_f16x16(x + i), _mm512_loadu_ps(y + i)));
-  if (i < n)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm512_castps512_ps256(va), load_f16x8(x + i), _mm256_loadu_ps(y + i)));
-}
-
 void f16_round(const float* x, fp16_t* y, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -1347,7 +1324,7 @@ void f16_widen(const fp16_t* x, float* y, int64_t n) {
 }
 
 // Blocks of up to NR query rows (kernels.h): each key (value) row is widened once for all of them;
-// every row's arithmetic is f16_dot's (f16_axpy's) exactly.
+// every row's arithmetic is f16_dot_reference's (f16_axpy_reference's) exactly.
 template <int NR>
 void scores_rows(const float* q, int64_t ldq, const fp16_t* k, int64_t k_stride, int32_t n_keys, int64_t n,
                  float* out, int64_t ldo) {
@@ -1398,19 +1375,13 @@ void weighted_sum_rows(const float* w, int64_t ldw, const fp16_t* v, int64_t v_s
     for (; i + 16 <= n; i += 16) {
       __m512 acc[NR];
       for (int r = 0; r < NR; ++r) acc[r] = j0 == 0 ? zero : _mm512_loadu_ps(out + r * ldo + i);
-      if (any_zero) {
-        for (int32_t j = j0; j < j1; ++j) {
-          const __m512 x = load_f16x16(v + j * v_stride + i);
-          for (int r = 0; r < NR; ++r) {
-            const __m512 wr = _mm512_set1_ps(w[r * ldw + j]);
-            // A zero weight leaves the row as it is (skipped, as kernels.h says), any other adds.
-            acc[r] = _mm512_mask3_fmadd_ps(wr, x, acc[r], _mm512_cmp_ps_mask(wr, zero, _CMP_NEQ_UQ));
-          }
-        }
-      } else {
-        for (int32_t j = j0; j < j1; ++j) {
-          const __m512 x = load_f16x16(v + j * v_stride + i);
-          for (int r = 0; r < NR; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r * ldw + j]), x, acc[r]);
+      for (int32_t j = j0; j < j1; ++j) {
+        const __m512 x = load_f16x16(v + j * v_stride + i);
+        for (int r = 0; r < NR; ++r) {
+          const __m512 wr = _mm512_set1_ps(w[r * ldw + j]);
+          // A zero weight leaves the row as it is (skipped, as kernels.h says), any other adds.
+          acc[r] = any_zero ? _mm512_mask3_fmadd_ps(wr, x, acc[r], _mm512_cmp_ps_mask(wr, zero, _CMP_NEQ_UQ))
+                            : _mm512_fmadd_ps(wr, x, acc[r]);
         }
       }
       for (int r = 0; r < NR; ++r) _mm512_storeu_ps(out + r * ldo + i, acc[r]);
@@ -1481,7 +1452,7 @@ const KernelTable& avx512_table_unchecked() {
     t.gemm_interleaved[int(GgmlType::Q5_1)] = gemm_interleaved<Q5Tiles<Q5_1W>>;
     t.gemm_interleaved[int(GgmlType::Q4_K)] = gemm_interleaved_k<Q4KTiles>;
     t.gemm_interleaved[int(GgmlType::Q6_K)] = gemm_interleaved_k<Q6KTiles>;
-    t.f16 = {f16_dot, f16_axpy, f16_round, f16_widen, f16_scores, f16_weighted_sum};
+    t.f16 = {f16_round, f16_widen, f16_scores, f16_weighted_sum};
     return t;
   }();
   return table;

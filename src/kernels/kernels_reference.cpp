@@ -717,23 +717,21 @@ namespace {
 
 // --- attention on half floats: the order of operations every table reproduces -----------------
 
-float f16_dot(const fp16_t* a, const fp16_t* b, int64_t n) {
-  // Element i goes to lane i % 16 (an 8-element tail to lanes 0..7), each lane a chain of fused
-  // multiply-adds; then lanes l + 8 onto l, l + 4 onto l, and (0 + 2) + (1 + 3).
+// Element i goes to lane i % 16 (an 8-element tail to lanes 0..7), each lane a chain of fused
+// multiply-adds; then lanes l + 8 onto l, l + 4 onto l, and (0 + 2) + (1 + 3). a_at(i): the first
+// operand's element i as f32.
+template <class A>
+float dot_in_lanes(const A& a_at, const fp16_t* b, int64_t n) {
   float lane[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) lane[l] = std::fma(fp16_to_fp32(a[i + l]), fp16_to_fp32(b[i + l]), lane[l]);
+    for (int l = 0; l < 16; ++l) lane[l] = std::fma(a_at(i + l), fp16_to_fp32(b[i + l]), lane[l]);
   for (; i < n; i += 8)
-    for (int l = 0; l < 8; ++l) lane[l] = std::fma(fp16_to_fp32(a[i + l]), fp16_to_fp32(b[i + l]), lane[l]);
+    for (int l = 0; l < 8; ++l) lane[l] = std::fma(a_at(i + l), fp16_to_fp32(b[i + l]), lane[l]);
   float half[8], quarter[4];
   for (int l = 0; l < 8; ++l) half[l] = lane[l] + lane[l + 8];
   for (int l = 0; l < 4; ++l) quarter[l] = half[l] + half[l + 4];
   return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
-}
-
-void f16_axpy(float alpha, const fp16_t* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(alpha, fp16_to_fp32(x[i]), y[i]);
 }
 
 void f16_round(const float* x, fp16_t* y, int64_t n) {
@@ -747,21 +745,8 @@ void f16_widen(const fp16_t* x, float* y, int64_t n) {
 void f16_scores(const float* q, int64_t ldq, int32_t n_q, const fp16_t* k, int64_t k_stride, int32_t n_keys,
                 int64_t n, float* out, int64_t ldo) {
   for (int32_t r = 0; r < n_q; ++r)
-    for (int32_t j = 0; j < n_keys; ++j) {
-      const float* a = q + r * ldq;
-      const fp16_t* b = k + j * k_stride;
-      // f16_dot's lanes and reduction, with a already widened.
-      float lane[16] = {};
-      int64_t i = 0;
-      for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; ++l) lane[l] = std::fma(a[i + l], fp16_to_fp32(b[i + l]), lane[l]);
-      for (; i < n; i += 8)
-        for (int l = 0; l < 8; ++l) lane[l] = std::fma(a[i + l], fp16_to_fp32(b[i + l]), lane[l]);
-      float half[8], quarter[4];
-      for (int l = 0; l < 8; ++l) half[l] = lane[l] + lane[l + 8];
-      for (int l = 0; l < 4; ++l) quarter[l] = half[l] + half[l + 4];
-      out[r * ldo + j] = (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
-    }
+    for (int32_t j = 0; j < n_keys; ++j)
+      out[r * ldo + j] = dot_in_lanes([&](int64_t i) { return q[r * ldq + i]; }, k + j * k_stride, n);
 }
 
 void f16_weighted_sum(const float* w, int64_t ldw, int32_t n_q, const fp16_t* v, int64_t v_stride,
@@ -770,11 +755,19 @@ void f16_weighted_sum(const float* w, int64_t ldw, int32_t n_q, const fp16_t* v,
     float* o = out + r * ldo;
     std::fill(o, o + n, 0.0f);
     for (int32_t j = 0; j < n_keys; ++j)
-      if (w[r * ldw + j] != 0.0f) f16_axpy(w[r * ldw + j], v + j * v_stride, o, n);
+      if (w[r * ldw + j] != 0.0f) f16_axpy_reference(w[r * ldw + j], v + j * v_stride, o, n);
   }
 }
 
 }  // namespace
+
+float f16_dot_reference(const fp16_t* a, const fp16_t* b, int64_t n) {
+  return dot_in_lanes([&](int64_t i) { return fp16_to_fp32(a[i]); }, b, n);
+}
+
+void f16_axpy_reference(float alpha, const fp16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(alpha, fp16_to_fp32(x[i]), y[i]);
+}
 
 const KernelTable& reference_kernels() {
   static const KernelTable table = [] {
@@ -802,7 +795,7 @@ const KernelTable& reference_kernels() {
     t.quantize[int(GgmlType::Q8_0)] = quant_q8_0;
     t.quantize[int(GgmlType::Q8_1)] = quant_q8_1;
     t.quantize[int(GgmlType::Q8_K)] = quant_q8_k;
-    t.f16 = {f16_dot, f16_axpy, f16_round, f16_widen, f16_scores, f16_weighted_sum};
+    t.f16 = {f16_round, f16_widen, f16_scores, f16_weighted_sum};
     return t;
   }();
   return table;

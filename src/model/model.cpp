@@ -244,7 +244,6 @@ void Model::rms_norm(const float* x, const float* weight, int32_t n_rows, int32_
   });
 }
 
-
 Model::RopeSpec Model::rope_spec(int32_t il, const float* freq_factors) const {
   const bool sliding = config_.layer_is_sliding[il];
   return RopeSpec{.base = sliding ? config_.rope_base_local : config_.rope_base,
@@ -308,8 +307,10 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
       attn_blocks_[n_blocks++] = i;
   attn_blocks_[n_blocks] = n;
   const int32_t min_parts = (group + heads_per_part_max - 1) / heads_per_part_max;
-  const int32_t parts = std::clamp((2 * threads + n_blocks * n_kv - 1) / (n_blocks * n_kv), min_parts, group);
-  const int32_t heads_per_part = (group + parts - 1) / parts;
+  const int32_t parts_wanted =
+      std::clamp((2 * threads + n_blocks * n_kv - 1) / (n_blocks * n_kv), min_parts, group);
+  const int32_t heads_per_part = (group + parts_wanted - 1) / parts_wanted;
+  const int32_t parts = (group + heads_per_part - 1) / heads_per_part;  // none of them empty
 
   const int32_t window = config_.layer_is_sliding[il] ? config_.sliding_window : 0;
   const size_t scores_per_thread = scores_.size() / pool_.size();
@@ -330,7 +331,6 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
       const int32_t g = static_cast<int32_t>(task / parts % n_kv), part = static_cast<int32_t>(task % parts);
       const int32_t h0 = g * group + part * heads_per_part;
       const int32_t nh = std::min(heads_per_part, group - part * heads_per_part);
-      if (nh <= 0) continue;
       const int32_t i0 = attn_blocks_[block], nq = attn_blocks_[block + 1] - i0, nr = nq * nh;
       // Rows i0.. are tokens local0.. of one sequence, which attend to its own cache only.
       const SequenceForward& seq = rows.seqs[rows.row_seq[i0]];
@@ -344,7 +344,10 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
       for (int32_t j = 0; j < nq; ++j) {
         uint8_t* seen = seen_keys + size_t(j) * n_keys;
         const int32_t qpos = rows.positions[i0 + j];
-        for (int32_t slot = 0; slot < n_past; ++slot) seen[slot] = window == 0 || qpos - kv.position(slot) < window;
+        if (window == 0)
+          std::memset(seen, 1, size_t(n_past));
+        else
+          for (int32_t slot = 0; slot < n_past; ++slot) seen[slot] = qpos - kv.position(slot) < window;
         std::memset(seen + n_past, 0, size_t(n_pending));
         for (int32_t p = pending0 + j; p >= 0; p = kv.pending_parent(p))
           seen[n_past + p] = window == 0 || qpos - kv.position(n_past + p) < window;
