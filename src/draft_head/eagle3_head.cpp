@@ -200,15 +200,9 @@ void Eagle3Head::own_logits(const float* normed, int32_t n, const int32_t* rows,
   matmul_rows(mm_, output_, rows, n_rows, normed, n, logits, n_rows);
 }
 
-void Eagle3Head::rms_norm(const float* x, const float* w, int32_t n, int32_t dim, float* y) const {
-  for (int32_t r = 0; r < n; ++r) {
-    const float* xr = x + size_t(r) * dim;
-    float* yr = y + size_t(r) * dim;
-    double ss = 0.0;
-    for (int32_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
-    const float scale = 1.0f / std::sqrt(float(ss / dim) + config_.rms_eps);
-    for (int32_t i = 0; i < dim; ++i) yr[i] = xr[i] * scale * w[i];
-  }
+void Eagle3Head::rms_norm(const float* x, const float* w, int32_t n, int32_t dim, float eps, float* y) const {
+  const RmsNormFn norm = mm_.kernels().rows.rms_norm;
+  for (int32_t r = 0; r < n; ++r) norm(x + size_t(r) * dim, w, dim, eps, y + size_t(r) * dim);
 }
 
 void Eagle3Head::rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions) const {
@@ -281,19 +275,13 @@ void Eagle3Head::attention(const Batch& batch, KVCache& kv, const float* q, cons
 void Eagle3Head::fuse(const float* features, int32_t n, float* fused) {
   if (n > n_batch_) throw Error("draft head: " + std::to_string(n) + " rows exceed its batch size");
   if (config_.arch == HeadArch::Eagle2) {
-    for (int32_t r = 0; r < n; ++r) {  // the target's final norm, with the target's epsilon
-      const float* xr = features + size_t(r) * config_.n_embd;
-      float* yr = fused + size_t(r) * config_.n_embd;
-      double ss = 0.0;
-      for (int32_t i = 0; i < config_.n_embd; ++i) ss += double(xr[i]) * xr[i];
-      const float scale = 1.0f / std::sqrt(float(ss / config_.n_embd) + target_.config().rms_eps);
-      for (int32_t i = 0; i < config_.n_embd; ++i) yr[i] = xr[i] * scale * target_norm_[i];
-    }
+    // The target's final norm, with the target's epsilon.
+    rms_norm(features, target_norm_, n, config_.n_embd, target_.config().rms_eps, fused);
     return;
   }
   const float* in = features;
   if (config_.norm_before_fc) {
-    rms_norm(features, fc_norm_, n, config_.n_features(), act_.features.data());
+    rms_norm(features, fc_norm_, n, config_.n_features(), config_.rms_eps, act_.features.data());
     in = act_.features.data();
   }
   matmul(mm_, fc_, in, n, fused, fc_.rows);
@@ -326,9 +314,9 @@ void Eagle3Head::forward(const Batch& batch, const float* g, KVCache& kv, float*
     dequantize_row(token_embd_.type, token_embd_.data + size_t(batch.tokens[i]) * token_embd_.row_stride,
                    embd + size_t(i) * H, H);
   if (c.arch == HeadArch::Eagle3) {  // [attn_norm(embd) ; attn_norm_2(g)]
-    rms_norm(g, hidden_norm_, n, H, gn);
+    rms_norm(g, hidden_norm_, n, H, config_.rms_eps, gn);
     for (int32_t i = 0; i < n; ++i) {
-      rms_norm(embd + size_t(i) * H, embd_norm_, 1, H, x + size_t(i) * 2 * H);
+      rms_norm(embd + size_t(i) * H, embd_norm_, 1, H, config_.rms_eps, x + size_t(i) * 2 * H);
       std::copy_n(gn + size_t(i) * H, H, x + size_t(i) * 2 * H + H);
     }
   } else {  // EAGLE-2: gn = fc([embd ; g]) + bias, the layer's input and residual
@@ -362,15 +350,15 @@ void Eagle3Head::forward(const Batch& batch, const float* g, KVCache& kv, float*
   float* rn = act_.rn.data();      // [n][H]
   float* gate = act_.gate.data();  // [n][n_ff]
   float* up = act_.up.data();      // [n][n_ff]
-  rms_norm(prenorm, ffn_norm_, n, H, rn);
+  rms_norm(prenorm, ffn_norm_, n, H, config_.rms_eps, rn);
   matmul(mm_, w_gate_, rn, n, gate, w_gate_.rows);
   matmul(mm_, w_up_, rn, n, up, w_up_.rows);
-  for (size_t j = 0; j < size_t(n) * c.n_ff; ++j) gate[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
+  mm_.kernels().rows.silu_mul(gate, up, int64_t(n) * c.n_ff);
   matmul(mm_, w_down_, gate, n, embd, w_down_.rows);  // embd is free again: the FFN output
   for (size_t j = 0; j < size_t(n) * H; ++j) prenorm[j] += embd[j];
 
   if (c.arch == HeadArch::Eagle3)
-    rms_norm(prenorm, output_norm_, n, H, normed);
+    rms_norm(prenorm, output_norm_, n, H, config_.rms_eps, normed);
   else
     std::copy_n(prenorm, size_t(n) * H, normed);  // EAGLE-2 has no final norm
 }

@@ -115,7 +115,7 @@ class Eagle3Head {
  private:
   void load_weights();
   void load_own_lm_head();
-  void rms_norm(const float* x, const float* w, int32_t n, int32_t dim, float* y) const;
+  void rms_norm(const float* x, const float* w, int32_t n, int32_t dim, float eps, float* y) const;
   void rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions) const;
   void attention(const Batch& batch, KVCache& kv, const float* q, const float* k, const float* v, float* out);
 

@@ -70,6 +70,36 @@ struct F16AttentionKernels {
   F16WeightedSumFn weighted_sum;
 };
 
+// Row arithmetic outside the matrix products: activations, normalisation, the attention softmax.
+// Every table computes bitwise the reference's results (the reference fixes each step: explicit
+// fused multiply-adds, and where a row is summed, fixed lanes with a fixed reduction), and a
+// result depends only on its own row, so the table and the batch do not change any bit.
+// exp: y[i] = e^x[i] for x in [-86.5, 88.7228317], 0 below, +inf above,
+// NaN for NaN (the steps: kernels_internal.h; within 0.9 ulp of e^x on a sweep of the range). y may be x.
+using ExpFn = void (*)(const float* x, float* y, int64_t n);
+// Gated activations, in place: g[i] = act(g[i]) * u[i], with silu(x) = x / (1 + e^-x) and
+// gelu_tanh(x) = x / (1 + e^(-2c (x + 0.044715 x^3))) (= 0.5 x (1 + tanh(c (x + 0.044715 x^3)))),
+// e^ as exp above, x + 0.044715 x^3 as one fused multiply-add of (0.044715 x) x with x.
+using GatedActivationFn = void (*)(float* g, const float* u, int64_t n);
+// RMSNorm of one row: y[i] = x[i] * s * w[i] with s = 1 / sqrt(float(ss / n) + eps) (f32 steps),
+// ss = sum of x[i]^2 in double: element i in lane i % 8 (a fused multiply-add chain per lane),
+// then ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)). y may be x.
+using RmsNormFn = void (*)(const float* x, const float* w, int64_t n, float eps, float* y);
+// Softmax over the entries a query sees, in place: s_j = x[j] * scale where seen[j] != 0, m = the
+// largest s_j, e_j = exp(s_j - m) (0 where not seen), x[j] = e_j * (1 / sum), the e_j summed one by
+// one in entry order. That order makes the result depend only on the sequence of seen entries,
+// not on where they lie among unseen ones: a drafted token's row in a tree (its ancestors among
+// other branches) gets the bits of its row in plain decoding. At least one entry seen.
+using SoftmaxFn = void (*)(float* x, const uint8_t* seen, int64_t n, float scale);
+
+struct RowKernels {
+  ExpFn exp;
+  GatedActivationFn silu_mul;
+  GatedActivationFn gelu_tanh_mul;
+  RmsNormFn rms_norm;
+  SoftmaxFn softmax;
+};
+
 constexpr int kMaxTypeId = 40;
 
 struct KernelTable {
@@ -81,6 +111,7 @@ struct KernelTable {
   // reads, nullptr elsewhere (weights of those types are then not repacked for it).
   InterleavedGemmFn gemm_interleaved[kMaxTypeId];
   F16AttentionKernels f16;             // attention on the half-float KV cache
+  RowKernels rows;                     // activations, normalisation, softmax
 };
 
 // Activation format consumed by the dot product of weights of type `weight`:

@@ -7,11 +7,14 @@
 // Integer arithmetic is exact, so results differ from the reference only in float summation order.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/kernels_internal.h"
 #include "kernels/token_count.h"
 
 namespace microspec {
@@ -733,6 +736,116 @@ void f16_weighted_sum(const float* w, int64_t ldw, int32_t n_q, const fp16_t* v,
   });
 }
 
+// --- row arithmetic (RowKernels), the reference's steps on 8 lanes ---------------------------
+
+// e^x by the steps in kernels_internal.h; the lanes outside [kExpMin, kExpMax] and NaN lanes are
+// computed on anyway and replaced at the end.
+inline __m256 exp8(__m256 x) {
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(detail::kExpLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(detail::kExpLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(detail::kExpLn2Lo), r);
+  __m256 p = _mm256_set1_ps(detail::kExpC[7]);
+  for (int k = 6; k >= 0; --k) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(detail::kExpC[k]));
+  const __m256i scaled = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23));
+  __m256 y = _mm256_castsi256_ps(scaled);
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(detail::kExpMin), _CMP_LT_OQ));
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(std::numeric_limits<float>::infinity()),
+                       _mm256_cmp_ps(x, _mm256_set1_ps(detail::kExpMax), _CMP_GT_OQ));
+  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+// f(i, count) on [0, n) in pieces of 8 elements, the last one of count = n % 8 when that is not 0.
+template <class F>
+inline void for_eights(int64_t n, F&& f) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) f(i, 8);
+  if (i < n) f(i, n - i);
+}
+
+// 8 floats from p, the lanes from count on 0 (and stored back only below count).
+inline __m256 load8(const float* p, int64_t count) {
+  if (count == 8) return _mm256_loadu_ps(p);
+  alignas(32) float buf[8] = {};
+  std::memcpy(buf, p, sizeof(float) * count);
+  return _mm256_load_ps(buf);
+}
+inline void store8(float* p, __m256 v, int64_t count) {
+  if (count == 8) return _mm256_storeu_ps(p, v);
+  alignas(32) float buf[8];
+  _mm256_store_ps(buf, v);
+  std::memcpy(p, buf, sizeof(float) * count);
+}
+// Lanes whose seen byte is not 0 (lanes from count on: none).
+inline __m256 seen_mask8(const uint8_t* seen, int64_t count) {
+  uint64_t bytes = 0;
+  std::memcpy(&bytes, seen, size_t(count));
+  const __m256i wide = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(bytes)));
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(wide, _mm256_setzero_si256()));
+}
+
+void exp_rows(const float* x, float* y, int64_t n) {
+  for_eights(n, [&](int64_t i, int64_t count) { store8(y + i, exp8(load8(x + i, count)), count); });
+}
+
+void silu_mul(float* g, const float* u, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  for_eights(n, [&](int64_t i, int64_t count) {
+    const __m256 x = load8(g + i, count);
+    const __m256 e = exp8(_mm256_xor_ps(x, sign));
+    store8(g + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), load8(u + i, count)), count);
+  });
+}
+
+void gelu_tanh_mul(float* g, const float* u, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), cubic = _mm256_set1_ps(detail::kGeluCubic);
+  const __m256 minus_two_c = _mm256_set1_ps(-detail::kGeluTwoC);
+  for_eights(n, [&](int64_t i, int64_t count) {
+    const __m256 x = load8(g + i, count);
+    const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(cubic, x), x), x, x);
+    const __m256 e = exp8(_mm256_mul_ps(minus_two_c, inner));
+    store8(g + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), load8(u + i, count)), count);
+  });
+}
+
+void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y) {
+  __m256d lanes03 = _mm256_setzero_pd(), lanes47 = _mm256_setzero_pd();  // element i in lane i % 8
+  for_eights(n, [&](int64_t i, int64_t count) {
+    const __m256 v = load8(x + i, count);
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+    lanes03 = _mm256_fmadd_pd(lo, lo, lanes03);
+    lanes47 = _mm256_fmadd_pd(hi, hi, lanes47);
+  });
+  const __m256d h = _mm256_add_pd(lanes03, lanes47);                                         // l + l+4
+  const __m128d q = _mm_add_pd(_mm256_castpd256_pd128(h), _mm256_extractf128_pd(h, 1));      // h0+h2, h1+h3
+  const double ss = _mm_cvtsd_f64(_mm_add_sd(q, _mm_unpackhi_pd(q, q)));
+  const float scale = 1.0f / std::sqrt(float(ss / double(n)) + eps);
+  const __m256 s = _mm256_set1_ps(scale);
+  for_eights(n, [&](int64_t i, int64_t count) {
+    store8(y + i, _mm256_mul_ps(_mm256_mul_ps(load8(x + i, count), s), load8(w + i, count)), count);
+  });
+}
+
+void softmax_seen(float* x, const uint8_t* seen, int64_t n, float scale) {
+  const __m256 minus_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 m8 = minus_inf;
+  for_eights(n, [&](int64_t i, int64_t count) {
+    const __m256 s = _mm256_mul_ps(load8(x + i, count), _mm256_set1_ps(scale));
+    m8 = _mm256_max_ps(m8, _mm256_blendv_ps(minus_inf, s, seen_mask8(seen + i, count)));
+    store8(x + i, s, count);
+  });
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  const __m256 m = _mm256_set1_ps(_mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))));
+  for_eights(n, [&](int64_t i, int64_t count) {
+    store8(x + i, _mm256_and_ps(exp8(_mm256_sub_ps(load8(x + i, count), m)), seen_mask8(seen + i, count)), count);
+  });
+  float sum = 0.0f;  // in entry order, as the reference
+  for (int64_t j = 0; j < n; ++j) sum += x[j];
+  const __m256 inv_sum = _mm256_set1_ps(1.0f / sum);
+  for_eights(n, [&](int64_t i, int64_t count) { store8(x + i, _mm256_mul_ps(load8(x + i, count), inv_sum), count); });
+}
+
 template <class K>
 void set(KernelTable& t, GgmlType type) {
   t.vec_dot[int(type)] = vec_dot<K>;
@@ -761,6 +874,7 @@ const KernelTable& avx2_kernels() {
     t.quantize[int(GgmlType::Q8_1)] = quantize_q8_1;
     t.quantize[int(GgmlType::Q8_K)] = quantize_q8_k;
     t.f16 = {f16_round, f16_widen, f16_scores, f16_weighted_sum};
+    t.rows = {exp_rows, silu_mul, gelu_tanh_mul, rms_norm_row, softmax_seen};
     return t;
   }();
   return table;

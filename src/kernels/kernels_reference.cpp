@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/kernels_internal.h"
 #include "kernels/repack.h"
 #include "util/error.h"
 
@@ -759,6 +761,65 @@ void f16_weighted_sum(const float* w, int64_t ldw, int32_t n_q, const fp16_t* v,
   }
 }
 
+// --- row arithmetic (RowKernels): the order of operations every table reproduces -------------
+
+// e^x by the steps in kernels_internal.h.
+inline float exp_one(float x) {
+  if (std::isnan(x)) return x;
+  if (x < detail::kExpMin) return 0.0f;
+  if (x > detail::kExpMax) return std::numeric_limits<float>::infinity();
+  const float n = std::nearbyint(x * detail::kExpLog2e);
+  float r = std::fma(-n, detail::kExpLn2Hi, x);
+  r = std::fma(-n, detail::kExpLn2Lo, r);
+  float p = detail::kExpC[7];
+  for (int k = 6; k >= 0; --k) p = std::fma(p, r, detail::kExpC[k]);
+  uint32_t bits;
+  std::memcpy(&bits, &p, 4);
+  bits += static_cast<uint32_t>(static_cast<int32_t>(n)) << 23;  // times 2^n: the result stays normal
+  std::memcpy(&p, &bits, 4);
+  return p;
+}
+
+void exp_rows(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = exp_one(x[i]);
+}
+
+void silu_mul(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + exp_one(-g[i])) * u[i];
+}
+
+void gelu_tanh_mul(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i];
+    const float inner = std::fma((detail::kGeluCubic * x) * x, x, x);  // x + 0.044715 x^3
+    g[i] = x / (1.0f + exp_one(-detail::kGeluTwoC * inner)) * u[i];
+  }
+}
+
+void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y) {
+  double lane[8] = {};
+  for (int64_t i = 0; i < n; ++i) lane[i % 8] = std::fma(double(x[i]), double(x[i]), lane[i % 8]);
+  const double ss = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  const float scale = 1.0f / std::sqrt(float(ss / double(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+void softmax_seen(float* x, const uint8_t* seen, int64_t n, float scale) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j)
+    if (seen[j]) {
+      x[j] = x[j] * scale;
+      m = std::max(m, x[j]);
+    }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = seen[j] ? exp_one(x[j] - m) : 0.0f;
+    sum += x[j];
+  }
+  const float inv_sum = 1.0f / sum;
+  for (int64_t j = 0; j < n; ++j) x[j] *= inv_sum;
+}
+
 }  // namespace
 
 float f16_dot_reference(const fp16_t* a, const fp16_t* b, int64_t n) {
@@ -796,6 +857,7 @@ const KernelTable& reference_kernels() {
     t.quantize[int(GgmlType::Q8_1)] = quant_q8_1;
     t.quantize[int(GgmlType::Q8_K)] = quant_q8_k;
     t.f16 = {f16_round, f16_widen, f16_scores, f16_weighted_sum};
+    t.rows = {exp_rows, silu_mul, gelu_tanh_mul, rms_norm_row, softmax_seen};
     return t;
   }();
   return table;

@@ -177,7 +177,8 @@ QMatrix matrix_rows(const QMatrix& m, int64_t first, int64_t count) {
   // past it: the kernels store only the rows asked for).
   const bool tile_start = m.interleaved && m.interleaved_of == m.data && first % kInterleavedRows == 0;
   v.interleaved =
-      tile_start ? m.interleaved + size_t(first / kInterleavedRows) * interleaved_tile_bytes(m.type, m.cols) : nullptr;
+      tile_start ? m.interleaved + size_t(first / kInterleavedRows) * interleaved_tile_bytes(m.type, m.cols)
+                 : nullptr;
   v.interleaved_of = tile_start ? v.data : nullptr;
   return v;
 }
@@ -211,17 +212,10 @@ void Model::gated_ffn(const QMatrix& w_gate, const QMatrix& w_up, const QMatrix&
   matmul(w_gate, xn, n, gate);
   matmul(w_up, xn, n, up);
   const size_t n_ff = config_.n_ff;
+  const GatedActivationFn activate =
+      act == Activation::GeluTanh ? mm_.kernels().rows.gelu_tanh_mul : mm_.kernels().rows.silu_mul;
   for_rows(n, n_ff, [&](int64_t begin, int64_t end) {
-    if (act == Activation::GeluTanh) {
-      // GELU-tanh: 0.5 g (1 + tanh(c (g + 0.044715 g^3))) is exactly g * sigmoid(2c (...)); expf is
-      // several times cheaper than tanhf, which showed up in prefill profiles.
-      for (size_t i = size_t(begin) * n_ff; i < size_t(end) * n_ff; ++i)
-        gate[i] = gate[i] / (1.0f + std::exp(-1.5957691216f * (gate[i] + 0.044715f * gate[i] * gate[i] * gate[i]))) *
-                  up[i];
-    } else {
-      for (size_t i = size_t(begin) * n_ff; i < size_t(end) * n_ff; ++i)
-        gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-    }
+    activate(gate + size_t(begin) * n_ff, up + size_t(begin) * n_ff, (end - begin) * int64_t(n_ff));
   });
   matmul(w_down, gate, n, out);
 }
@@ -232,15 +226,10 @@ void Model::add_block_output(const float* block_out, int32_t n, float* x) const 
 }
 
 void Model::rms_norm(const float* x, const float* weight, int32_t n_rows, int32_t dim, float* y) {
+  const RmsNormFn norm = mm_.kernels().rows.rms_norm;
   for_rows(n_rows, dim, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* xr = x + size_t(r) * dim;
-      float* yr = y + size_t(r) * dim;
-      double ss = 0.0;
-      for (int32_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
-      const float scale = 1.0f / std::sqrt(float(ss / dim) + config_.rms_eps);
-      for (int32_t i = 0; i < dim; ++i) yr[i] = xr[i] * scale * weight[i];
-    }
+    for (int64_t r = begin; r < end; ++r)
+      norm(x + size_t(r) * dim, weight, dim, config_.rms_eps, y + size_t(r) * dim);
   });
 }
 
@@ -252,27 +241,29 @@ Model::RopeSpec Model::rope_spec(int32_t il, const float* freq_factors) const {
                   .attn_factor = config_.rope_attn_factor};
 }
 
-void Model::rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions, const RopeSpec& spec) const {
+void Model::rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions, const RopeSpec& spec) {
   const int32_t hd = config_.head_dim, half = config_.n_rot / 2;
   const bool neox = config_.rope_style == RopeStyle::Neox;
   // theta_j = pos * base^(-2j / n_rot), built up by repeated multiplication as ggml does, then
   // divided by the frequency factor and multiplied by the linear scale.
   const float theta_scale = std::pow(spec.base, -2.0f / config_.n_rot);
-  for (int32_t t = 0; t < n; ++t) {
-    float theta_base = static_cast<float>(positions[t]);
-    for (int32_t j = 0; j < half; ++j, theta_base *= theta_scale) {
-      const float theta =
-          (spec.freq_factors ? theta_base / spec.freq_factors[j] : theta_base) * spec.freq_scale;
-      const float c = std::cos(theta) * spec.attn_factor, s = std::sin(theta) * spec.attn_factor;
-      for (int32_t h = 0; h < n_heads; ++h) {
-        float* xh = x + (size_t(t) * n_heads + h) * hd;
-        const int32_t i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
-        const float a = xh[i0], b = xh[i1];
-        xh[i0] = a * c - b * s;
-        xh[i1] = a * s + b * c;
+  for_rows(n, int64_t(n_heads) * hd, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float theta_base = static_cast<float>(positions[t]);
+      for (int32_t j = 0; j < half; ++j, theta_base *= theta_scale) {
+        const float theta =
+            (spec.freq_factors ? theta_base / spec.freq_factors[j] : theta_base) * spec.freq_scale;
+        const float c = std::cos(theta) * spec.attn_factor, s = std::sin(theta) * spec.attn_factor;
+        for (int32_t h = 0; h < n_heads; ++h) {
+          float* xh = x + (size_t(t) * n_heads + h) * hd;
+          const int32_t i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
+          const float a = xh[i0], b = xh[i1];
+          xh[i0] = a * c - b * s;
+          xh[i1] = a * s + b * c;
+        }
       }
     }
-  }
+  });
 }
 
 void Model::soft_cap(float* x, size_t count, float cap) {
@@ -286,6 +277,7 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
   const int32_t n = rows.n, hd = config_.head_dim, kvd = config_.kv_dim();
   const int32_t n_kv = config_.n_head_kv, group = config_.n_head / n_kv;
   const F16AttentionKernels f16 = mm_.kernels().f16;
+  const RowKernels rowk = mm_.kernels().rows;
   for (int32_t i = 0; i < n; ++i) {
     const int32_t s = rows.row_seq[i];
     const SequenceForward& seq = rows.seqs[s];
@@ -299,8 +291,7 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
   // two tasks per pool thread where the rows allow it (a decode step: one task per part).
   const int32_t threads = pool_.size();
   const int32_t heads_per_part_max = std::min(group, kAttentionRows);
-  const int32_t max_queries =
-      std::clamp(n * n_kv / (2 * threads), 1, kAttentionRows / heads_per_part_max);
+  const int32_t max_queries = std::clamp(n * n_kv / (2 * threads), 1, kAttentionRows / heads_per_part_max);
   int32_t n_blocks = 0;
   for (int32_t i = 0; i < n; ++i)
     if (i == 0 || rows.row_seq[i] != rows.row_seq[i - 1] || i - attn_blocks_[n_blocks - 1] == max_queries)
@@ -317,7 +308,6 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
   const size_t seen_per_thread = seen_.size() / pool_.size();
   const size_t weights16_per_thread = weights16_.size() / pool_.size();
   const float cap = config_.attn_softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
-  constexpr float kMasked = -std::numeric_limits<float>::infinity();
 
   pool_.parallel_for(int64_t(n_blocks) * n_kv * parts, 1, [&](int64_t begin, int64_t end, int thread) {
     float* scores = scores_.data() + size_t(thread) * scores_per_thread;
@@ -375,23 +365,11 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
       for (int32_t r = 0; r < nr; ++r) {
         float* row = scores + size_t(r) * keys;
         const uint8_t* seen = seen_keys + size_t(r / nh) * n_keys + first;
-        float max_score = kMasked;
-        for (int32_t j = 0; j < keys; ++j) {
-          if (!seen[j]) {
-            row[j] = kMasked;
-            continue;
-          }
-          const float s = row[j] * config_.attn_scale;
-          row[j] = cap > 0.0f ? cap * std::tanh(s * inv_cap) : s;  // Gemma 2's attention soft-capping
-          max_score = std::max(max_score, row[j]);
+        if (cap > 0.0f) {  // Gemma 2's attention soft-capping, before the softmax (then of scale 1)
+          for (int32_t j = 0; j < keys; ++j)
+            if (seen[j]) row[j] = cap * std::tanh(row[j] * config_.attn_scale * inv_cap);
         }
-        float sum = 0.0f;
-        for (int32_t j = 0; j < keys; ++j) {
-          row[j] = row[j] == kMasked ? 0.0f : std::exp(row[j] - max_score);
-          sum += row[j];
-        }
-        const float inv_sum = 1.0f / sum;  // the token always sees itself, so sum >= 1
-        for (int32_t j = 0; j < keys; ++j) row[j] *= inv_sum;
+        rowk.softmax(row, seen, keys, cap > 0.0f ? 1.0f : config_.attn_scale);
         const int32_t whole = keys / 8 * 8;  // the kernels' multiple of 8; the rest one by one
         f16.round(row, weights16, whole);
         f16.widen(weights16, row, whole);
@@ -399,8 +377,8 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
       }
       f16.weighted_sum(scores, keys, nr, kv.v(il, first) + koff, kvd, keys, hd, head_out, hd);
       for (int32_t r = 0; r < nr; ++r)
-        std::memcpy(out + (size_t(i0 + r / nh) * config_.n_head + h0 + r % nh) * hd, head_out + size_t(r) * hd,
-                    sizeof(float) * hd);
+        std::memcpy(out + (size_t(i0 + r / nh) * config_.n_head + h0 + r % nh) * hd,
+                    head_out + size_t(r) * hd, sizeof(float) * hd);
     }
   });
 }
@@ -408,7 +386,8 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
 void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, const ForwardOptions& options) {
   if (options.first_layer > 0 && !options.resume_residual)
     throw Error("forward: starting at a later layer needs the residual streams");
-  const SequenceForward seq{.batch = &batch, .kv = &kv, .out = &out, .resume_residual = options.resume_residual};
+  const SequenceForward seq{
+      .batch = &batch, .kv = &kv, .out = &out, .resume_residual = options.resume_residual};
   ForwardOptions per_call = options;
   per_call.resume_residual = nullptr;
   forward(std::span<const SequenceForward>(&seq, 1), per_call);
@@ -425,7 +404,8 @@ void Model::check_sequence(const SequenceForward& seq, int32_t first_layer) cons
   if (seq.resumed_rows < 0 || seq.resumed_rows > batch.size() || (seq.resumed_rows > 0 && !seq.resumed))
     throw Error("forward: resumed rows " + std::to_string(seq.resumed_rows) + " of a sequence of " +
                 std::to_string(batch.size()) + " tokens, or without their streams");
-  if (seq.resumed_rows > 0 && (first_layer > 0 || seq.resumed_layer < 1 || seq.resumed_layer > config_.n_layer))
+  if (seq.resumed_rows > 0 &&
+      (first_layer > 0 || seq.resumed_layer < 1 || seq.resumed_layer > config_.n_layer))
     throw Error("forward: resumed rows need a call from layer 0 and a resumed layer in [1, " +
                 std::to_string(config_.n_layer) + "], got " + std::to_string(seq.resumed_layer));
   if (n == 0) throw Error("forward: empty batch");
@@ -452,8 +432,8 @@ void Model::check_sequence(const SequenceForward& seq, int32_t first_layer) cons
 void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions& options) {
   const int32_t d = config_.n_embd;
   const int32_t first_layer = options.first_layer;
-  const int32_t end_layer = options.end_layer < 0 || options.end_layer > config_.n_layer ? config_.n_layer
-                                                                                           : options.end_layer;
+  const int32_t end_layer =
+      options.end_layer < 0 || options.end_layer > config_.n_layer ? config_.n_layer : options.end_layer;
   if (first_layer < 0 || first_layer > end_layer)
     throw Error("forward: first layer " + std::to_string(first_layer) + " outside [0, " +
                 std::to_string(end_layer) + "]");
@@ -477,8 +457,8 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
     n_total += seqs[s].batch->size();
   }
   if (resumed_layer > end_layer)
-    throw Error("forward: rows resumed after layer " + std::to_string(resumed_layer) + ", past the call's last layer " +
-                std::to_string(end_layer));
+    throw Error("forward: rows resumed after layer " + std::to_string(resumed_layer) +
+                ", past the call's last layer " + std::to_string(end_layer));
   if (resumed_layer > 0 && !options.capture_layers.empty() && options.capture_layers.front() < resumed_layer)
     throw Error("forward: a capture layer before the resumed layer " + std::to_string(resumed_layer));
   if (n_total > n_batch_)
@@ -503,7 +483,8 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
   if (scores_.size() < pool_.size() * kAttentionRows * need_scores)
     scores_.assign(pool_.size() * kAttentionRows * need_scores, 0.0f);
   if (weights16_.size() < pool_.size() * need_scores) weights16_.assign(pool_.size() * need_scores, 0);
-  if (seen_.size() < pool_.size() * kAttentionRows * need_seen) seen_.assign(pool_.size() * kAttentionRows * need_seen, 0);
+  if (seen_.size() < pool_.size() * kAttentionRows * need_seen)
+    seen_.assign(pool_.size() * kAttentionRows * need_seen, 0);
 
   float* x = act_.x.data();
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -539,7 +520,8 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
     out.residual.resize(size_t(n_out) * d);
     out.hidden.resize(size_t(n_out) * d);
     for (int32_t j = 0; j < n_out; ++j)
-      std::memcpy(out.residual.data() + size_t(j) * d, xs + size_t(batch.output_rows[j]) * d, sizeof(float) * d);
+      std::memcpy(out.residual.data() + size_t(j) * d, xs + size_t(batch.output_rows[j]) * d,
+                  sizeof(float) * d);
     rms_norm(out.residual.data(), output_norm_, n_out, d, out.hidden.data());
     n_out_total += n_out;
   }
@@ -555,13 +537,15 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
   head_logits_.resize(size_t(n_out_total) * V);
   int32_t at = 0;
   for (const SequenceForward& seq : seqs) {
-    std::memcpy(head_hidden_.data() + size_t(at) * d, seq.out->hidden.data(), sizeof(float) * seq.out->n_rows * d);
+    std::memcpy(head_hidden_.data() + size_t(at) * d, seq.out->hidden.data(),
+                sizeof(float) * seq.out->n_rows * d);
     at += seq.out->n_rows;
   }
   lm_head(head_hidden_.data(), n_out_total, head_logits_.data());
   at = 0;
   for (const SequenceForward& seq : seqs) {
-    seq.out->logits.assign(head_logits_.data() + size_t(at) * V, head_logits_.data() + size_t(at + seq.out->n_rows) * V);
+    seq.out->logits.assign(head_logits_.data() + size_t(at) * V,
+                           head_logits_.data() + size_t(at + seq.out->n_rows) * V);
     at += seq.out->n_rows;
   }
 }
@@ -607,7 +591,8 @@ void Model::run_layers_capturing(const ForwardRows& rows, int32_t first, int32_t
   for (int32_t c = 0; c < n_capture; ++c)
     if (capture[c] < at || capture[c] > end)
       throw Error("forward: capture layer " + std::to_string(capture[c]) + " outside [" + std::to_string(at) +
-                  ", " + std::to_string(end) + "] (capture layers must be non-decreasing within the layers run)");
+                  ", " + std::to_string(end) +
+                  "] (capture layers must be non-decreasing within the layers run)");
     else
       at = capture[c];
   for (const SequenceForward& seq : rows.seqs)
@@ -621,8 +606,8 @@ void Model::run_layers_capturing(const ForwardRows& rows, int32_t first, int32_t
       const std::vector<int32_t>& out_rows = rows.seqs[s].batch->output_rows;
       const float* xs = x + size_t(rows.seq_first_row[s]) * d;
       for (size_t j = 0; j < out_rows.size(); ++j)
-        std::memcpy(rows.seqs[s].out->layer_inputs.data() + (j * n_capture + c) * d, xs + size_t(out_rows[j]) * d,
-                    sizeof(float) * d);
+        std::memcpy(rows.seqs[s].out->layer_inputs.data() + (j * n_capture + c) * d,
+                    xs + size_t(out_rows[j]) * d, sizeof(float) * d);
     }
   }
   run_layers(rows, at, end, x);

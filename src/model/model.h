@@ -231,7 +231,7 @@ class Model {
   RopeSpec rope_spec(int32_t il, const float* freq_factors) const;
   // Rotates the first n_rot dimensions of each head of x ([n][n_heads][head_dim]) in place by each
   // token's position; the rest of a head (partial rotary) is left as is.
-  void rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions, const RopeSpec& spec) const;
+  void rope(float* x, int32_t n, int32_t n_heads, const int32_t* positions, const RopeSpec& spec);
   enum class Activation { GeluTanh, Silu };
   // q ([n][q_dim]), k, v ([n][kv_dim]) = Wq, Wk, Wv times xn ([n][n_embd]).
   void project_qkv(const QMatrix& wq, const QMatrix& wk, const QMatrix& wv, const float* xn, int32_t n, float* q,

@@ -60,7 +60,7 @@ class Phi3Model final : public Model {
 
   // Rotates q and k of each sequence of the call with that sequence's LongRoPE factors. A
   // sequence's rows are those from its first row to the next sequence's first row (or the end).
-  void rope_per_sequence(int32_t il, const ForwardRows& rows, float* q, float* k) const {
+  void rope_per_sequence(int32_t il, const ForwardRows& rows, float* q, float* k) {
     const ModelConfig& c = config_;
     const size_t n_seqs = rows.seqs.size();
     for (size_t s = 0; s < n_seqs; ++s) {

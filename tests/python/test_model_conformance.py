@@ -10,9 +10,9 @@ On both real models, with token ids as input (so the tokenizer is out of the pic
 - tiny random qwen2 and llama models written by the `gguf` package: cosine to the float64 forward
   pass >= 0.999 at every position, mean at most 0.0003 below llama.cpp's on the same file, top-1
   = the float64 model's at >= 95% of positions;
-- greedy continuations of 64 tokens on 20 prompts: every first difference from llama.cpp's falls
-  where llama.cpp's own margin between its choice and ours is < 0.5 logits, and >= 20% (4/20) of
-  the continuations are identical throughout.
+- greedy continuations of 64 tokens on 20 prompts: at every first difference from llama.cpp's the
+  two engines order the two tokens within 1.5 logits of each other (llama.cpp's margin for its
+  token plus ours for ours), and >= 20% (4/20) of the continuations are identical throughout.
 
 llama.cpp quantizes activations to 8 bits like we do but keeps its KV cache in F16 and computes
 some ops in other orders, so small logit differences are expected; the thresholds allow for that.
@@ -287,10 +287,13 @@ def run_generate_ids(path, prompts, n):
     return [r["tokens"] for r in rows]
 
 
-def first_difference_margins(peer_greedy, ours_all):
+def first_differences(path, peer_greedy, ours_all):
     """(number of continuations identical to llama.cpp's, common prefix lengths, and per differing
-    continuation llama.cpp's margin between its choice and ours at the first difference)."""
-    same, prefix_lens, gaps = 0, [], []
+    continuation the two engines' disagreement at the first difference). There llama.cpp picks a
+    and we pick b; the disagreement is llama.cpp's margin l(a) - l(b) plus ours, l'(b) - l'(a) (our
+    logits on llama.cpp's prefix, one `eval` process for all of them). Two engines whose logits
+    differ by at most e everywhere disagree by at most 2e, whichever of them is nearer the truth."""
+    same, prefix_lens, differing = 0, [], []
     for g, ours in zip(peer_greedy, ours_all):
         ref = [int(t) for t in g["tokens"]]
         assert len(ours) == GREEDY_TOKENS
@@ -302,24 +305,38 @@ def first_difference_margins(peer_greedy, ours_all):
         prefix_lens.append(j)
         top_ids, top_logits = list(g["top_ids"][j]), g["top_logits"][j]
         # A token outside llama.cpp's best GREEDY_TOP trails its choice by at least the spread of those.
-        ours_logit = top_logits[top_ids.index(ours[j])] if ours[j] in top_ids else top_logits[-1]
-        gaps.append(float(top_logits[0] - ours_logit))
+        theirs = float(top_logits[0] - (top_logits[top_ids.index(ours[j])] if ours[j] in top_ids else top_logits[-1]))
+        differing.append((list(map(int, g["ids"])) + ref[:j], ref[j], ours[j], theirs))
+    rows = run_eval(path, [(ids, [len(ids) - 1]) for ids, _, _, _ in differing]) if differing else []
+    gaps = [theirs + float(r[0][b] - r[0][a]) for (_, a, b, theirs), (_, r) in zip(differing, rows)]
     return same, prefix_lens, gaps
+
+
+# The bound on the disagreement at a first difference. Our own two kernel tables (AVX2 and
+# AVX-512, which differ only in float summation order) give logits rows up to 1.07 (SmolLM2) and
+# 1.83 (Gemma) logits apart (5 positions of a 200-token SpecBench prompt, 2026-12-01): the 8-bit
+# activations turn an ulp into a rounding step, so two faithful engines may disagree about a pair
+# of tokens by up to about twice that. Measured at the first differences, same day, Zen 4, the
+# builds before and after the row kernels' own e^x, each with both tables: at most 0.49, 0.63,
+# 0.36, 0.49 (Gemma) and 0.45, 0.72, 0.32, 0.88 (SmolLM2). A continuation that leaves llama.cpp's
+# where both engines are sure (a wrong token, a wrong position) disagrees by several logits.
+MAX_DISAGREEMENT = 1.5
 
 
 def test_greedy_continuations_match_llama_cpp(model, peer_greedy):
     """Greedy continuations of 64 tokens. Like the teacher-forcing test, two 8-bit-activation engines
     part ways at near-ties (llama.cpp itself matches the float64 model's argmax at only ~96% of
-    positions), and after the first difference the texts go their own ways. So we require: every
-    continuation that differs first differs where llama.cpp's own logits are a near-tie (its choice
-    beats ours by less than 0.5 logits), and at least 20% are identical throughout."""
+    positions), and after the first difference the texts go their own ways. So we require: wherever
+    a continuation first differs, the two engines' logits order the two tokens within
+    MAX_DISAGREEMENT of each other (llama.cpp's margin for its token plus ours for ours), and at
+    least 20% of the continuations are identical throughout."""
     name, path = model
     ours_all = run_generate_ids(path, [g["ids"] for g in peer_greedy], GREEDY_TOKENS)
-    same, prefix_lens, gaps = first_difference_margins(peer_greedy, ours_all)
+    same, prefix_lens, gaps = first_differences(path, peer_greedy, ours_all)
     print(f"{name}: {same}/{len(peer_greedy)} greedy continuations of {GREEDY_TOKENS} tokens identical; median common "
-          f"prefix {int(np.median(prefix_lens))} tokens; llama.cpp's margin at the first difference: "
+          f"prefix {int(np.median(prefix_lens))} tokens; the engines' disagreement at the first difference: "
           f"max {max(gaps, default=0):.3f} logits")
-    assert all(g < 0.5 for g in gaps), gaps
+    assert all(g < MAX_DISAGREEMENT for g in gaps), gaps
     assert same >= 0.2 * len(peer_greedy)
 
 
@@ -327,7 +344,7 @@ def test_live_llama_cpp_greedy_continuations(model):
     """The committed goldens spare CI from running llama.cpp on the real models for minutes; this
     test runs it live in every run (no cache), so that a broken or missing peer fails the suite: its
     greedy continuations of N_LIVE further SpecBench prompts (after the golden's N_GREEDY), with the
-    rule above: every first difference from ours at a llama.cpp margin < 0.5 logits."""
+    rule above: at every first difference from ours the engines disagree by < MAX_DISAGREEMENT."""
     name, path = model
     peer = peer_lib.Peer(path)
     live = []
@@ -337,9 +354,9 @@ def test_live_llama_cpp_greedy_continuations(model):
         live.append({"ids": ids, "tokens": tokens, "top_ids": top_ids, "top_logits": top_logits})
     peer.close()
     ours_all = run_generate_ids(path, [g["ids"] for g in live], GREEDY_TOKENS)
-    same, _, gaps = first_difference_margins(live, ours_all)
-    print(f"{name}: live llama.cpp: {same}/{N_LIVE} continuations identical, margins at the first difference {gaps}")
-    assert all(g < 0.5 for g in gaps), gaps
+    same, _, gaps = first_differences(path, live, ours_all)
+    print(f"{name}: live llama.cpp: {same}/{N_LIVE} continuations identical, disagreement at the first difference {gaps}")
+    assert all(g < MAX_DISAGREEMENT for g in gaps), gaps
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
