@@ -17,10 +17,16 @@ MATRICES = ("fc.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.at
 VECTORS = ("blk.0.attn_norm.weight", "blk.0.attn_norm_2.weight", "blk.0.ffn_norm.weight", "output_norm.weight")
 
 
-def target_info(model_path):
-    """(n_embd, n_layer, n_vocab) of a target GGUF."""
+def _reader(source):
+    """A gguf.GGUFReader of `source`: a file path, or a reader already open (the tests keep one per
+    file: parsing a large vocabulary's metadata takes the `gguf` package seconds)."""
     import gguf
-    r = gguf.GGUFReader(str(model_path))
+    return source if isinstance(source, gguf.GGUFReader) else gguf.GGUFReader(str(source))
+
+
+def target_info(model_path):
+    """(n_embd, n_layer, n_vocab) of a target GGUF (a path or an open GGUFReader)."""
+    r = _reader(model_path)
     arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
 
     def scalar(key):
@@ -64,11 +70,12 @@ def write_head(path, weights, cfg, matrix_type="f16", tokenizer_from=None):
     """Writes weights (name -> float32 array) and cfg (n_embd, n_head, n_head_kv, head_dim, n_ff,
     rms_eps, rope_base, target_layers, target_hidden, optional norm_before_fc) as an eagle3 GGUF.
     matrix_type: f16, f32 or q8_0. tokenizer_from: the target GGUF whose tokenizer.* metadata is
-    copied in, as llama.cpp's converter does (llama.cpp refuses a head without a vocabulary)."""
+    copied in, as llama.cpp's converter does (llama.cpp refuses a head without a vocabulary); a
+    path or an open GGUFReader."""
     import gguf
     w = gguf.GGUFWriter(str(path), "eagle3")
     if tokenizer_from is not None:
-        r = gguf.GGUFReader(str(tokenizer_from))
+        r = _reader(tokenizer_from)
         for name, field in r.fields.items():
             if name.startswith("tokenizer."):
                 sub = field.types[1] if len(field.types) > 1 else None

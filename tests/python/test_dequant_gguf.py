@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 import pytest
 
-
+import gguf_files
 from repo_paths import BIN, MODELS  # noqa: E402
 # Types each real file is known to contain: the test fails if one goes missing (wrong file).
 EXPECTED_TYPES = {
@@ -58,7 +58,7 @@ def test_dump_tensor_matches_gguf_package(model):
     require(BIN)
     path = MODELS[model]
     require(path)
-    reader = g.GGUFReader(str(path))
+    reader = gguf_files.reader(path)  # the session's GGUFReader of the file
     by_type = {}
     for t in reader.tensors:
         by_type.setdefault(t.tensor_type.name, []).append(t)

@@ -22,6 +22,7 @@ from repo_paths import BIN, MODELS, REPO  # noqa: E402
 sys.path.insert(0, str(REPO / "scripts"))
 
 import draft_head_gguf  # noqa: E402
+import gguf_files  # noqa: E402
 import spec_bench  # noqa: E402
 from server_helpers import cli_generate  # noqa: E402
 
@@ -39,24 +40,39 @@ def committed_head(model):
 
 
 def random_head_file(model, path):
-    """A random head for the model in llama.cpp's layout, with the target's tokenizer metadata."""
-    n_embd, n_layer, _ = draft_head_gguf.target_info(MODELS[model])
+    """A random head for the model in llama.cpp's layout, with the target's tokenizer metadata (the
+    target read once per session, gguf_files.py)."""
+    target = gguf_files.reader(MODELS[model])
+    n_embd, n_layer, _ = draft_head_gguf.target_info(target)
     cfg = dict(n_embd=n_embd, n_head=4, n_head_kv=2, head_dim=n_embd // 4, n_ff=2 * n_embd, rms_eps=1e-6,
                rope_base=10000.0, target_layers=draft_head_gguf.default_layers(n_layer), target_hidden=n_embd,
                norm_before_fc=True)
     weights = draft_head_gguf.random_head(n_embd, 4, 2, n_embd // 4, 2 * n_embd, seed=3, norm_before_fc=True)
-    draft_head_gguf.write_head(path, weights, cfg, "q8_0", tokenizer_from=MODELS[model])
+    draft_head_gguf.write_head(path, weights, cfg, "q8_0", tokenizer_from=target)
     return path
 
 
 @pytest.fixture(scope="module")
-def heads(tmp_path_factory):
+def random_heads(tmp_path_factory):
+    """random_heads(model) -> a random head file for the model, written on first use: the same file
+    (its weights come from a fixed seed) serves every test below that needs one."""
+    directory, written = tmp_path_factory.mktemp("random-heads"), {}
+
+    def head(model):
+        if model not in written:
+            written[model] = random_head_file(model, directory / f"{model}.gguf")
+        return written[model]
+    return head
+
+
+@pytest.fixture(scope="module")
+def heads(random_heads):
     """model -> head file: the committed one, else a random head for the model."""
     out = {}
     for model, path in MODELS.items():
         if not path.exists():
             pytest.fail(f"{path} is missing: run scripts/fetch_models.sh")
-        out[model] = committed_head(model) or random_head_file(model, tmp_path_factory.mktemp("heads") / f"{model}.gguf")
+        out[model] = committed_head(model) or random_heads(model)
     return out
 
 
@@ -97,22 +113,22 @@ def test_head_greedy_equals_plain(model, mode, vocab, heads, prompts_file):
     assert drafted > 0, "the head never drafted"
 
 
-def test_head_for_another_model_is_refused(prompts_file, tmp_path):
+def test_head_for_another_model_is_refused(prompts_file, random_heads):
     # A SmolLM2 head (hidden size 576, layers of a 30-layer model) on Gemma (640, 18 layers).
-    head = random_head_file("smollm2", tmp_path / "smollm2.gguf")
+    head = random_heads("smollm2")
     p, cmd = run("gemma", prompts_file, ["--spec", "head", "--draft-head", str(head)])
     err = p.stderr.decode(errors="replace")
     assert p.returncode != 0
     assert "target_hidden_size" in err and "is 576, expected 640" in err, err
 
 
-def test_head_file_loads_in_llama_cpp(tmp_path):
+def test_head_file_loads_in_llama_cpp(random_heads):
     code = ("import llama_cpp, sys\n"
             "llama_cpp.llama_backend_init()\n"
             "m = llama_cpp.llama_model_load_from_file(sys.argv[1].encode(), llama_cpp.llama_model_default_params())\n"
             "print('LOADED' if m else 'FAILED')\n")
     for model in MODELS:
-        head = random_head_file(model, tmp_path / f"{model}.gguf")
+        head = random_heads(model)
         p = subprocess.run([sys.executable, "-c", code, str(head)], capture_output=True, text=True, timeout=300)
         assert "LOADED" in p.stdout, f"llama.cpp did not load the {model} head:\n{p.stderr[-3000:]}"
         assert "EAGLE3 extract_layers" in p.stderr
