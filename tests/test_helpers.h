@@ -1,12 +1,15 @@
 #pragma once
-// Shared helpers for the test suite: where the repository and the real models are.
+// Shared helpers for the test suite: where the repository and the real models are, and the
+// kernel tables this CPU runs.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
+#include "kernels/kernels.h"
 #include "util/error.h"
 
 namespace microspec::test {
@@ -37,6 +40,13 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "(no error)";
+}
+
+// The SIMD tables this CPU runs; the reference is what they are compared with.
+inline std::vector<const KernelTable*> simd_tables() {
+  std::vector<const KernelTable*> v{&avx2_kernels()};
+  if (const KernelTable* t = avx512_kernels()) v.push_back(t);
+  return v;
 }
 
 }  // namespace microspec::test

@@ -33,12 +33,7 @@ std::string tname(GgmlType t) {
   return type_name(uint32_t(t));
 }
 
-// The SIMD tables this CPU runs; the reference is what they are compared with.
-std::vector<const KernelTable*> simd_tables() {
-  std::vector<const KernelTable*> v{&avx2_kernels()};
-  if (const KernelTable* t = avx512_kernels()) v.push_back(t);
-  return v;
-}
+using test::simd_tables;
 
 void put_f16(std::vector<uint8_t>& b, size_t off, float v) {
   const fp16_t h = fp32_to_fp16(v);

@@ -12,17 +12,20 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "test_helpers.h"
 
 namespace microspec {
 namespace {
 
-std::vector<const KernelTable*> simd_tables() {
-  std::vector<const KernelTable*> v{&avx2_kernels()};
-  if (const KernelTable* t = avx512_kernels()) v.push_back(t);
+using test::simd_tables;
+
+std::vector<const KernelTable*> all_tables() {
+  std::vector<const KernelTable*> v = simd_tables();
+  v.push_back(&reference_kernels());
   return v;
 }
 
-std::vector<float> random_floats(std::mt19937& rng, int64_t n, float lo, float hi) {
+std::vector<float> uniform_floats(std::mt19937& rng, int64_t n, float lo, float hi) {
   std::uniform_real_distribution<float> d(lo, hi);
   std::vector<float> v(static_cast<size_t>(n));
   for (float& x : v) x = d(rng);
@@ -59,11 +62,7 @@ TEST(RowKernels, ExpAtTheEdgesOfItsRange) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<float> x = {0.0f, -0.0f, -inf, inf, nan, -86.5f, -86.51f, -1000.0f, 88.7228317f,
                                 88.7228394f, 1000.0f, 88.0f, -86.0f, 1e-30f, -1e-30f, 1.0f, -1.0f};
-  for (const KernelTable* k : [] {
-         std::vector<const KernelTable*> v = simd_tables();
-         v.push_back(&reference_kernels());
-         return v;
-       }()) {
+  for (const KernelTable* k : all_tables()) {
     std::vector<float> y(x.size());
     k->rows.exp(x.data(), y.data(), int64_t(x.size()));
     EXPECT_EQ(y[0], 1.0f) << k->name;
@@ -87,7 +86,7 @@ TEST(RowKernels, ActivationsAndNormAreCloseToDoublePrecision) {
   std::mt19937 rng(31);
   const RowKernels& ref = reference_kernels().rows;
   const int64_t n = 4096;
-  const std::vector<float> g = random_floats(rng, n, -12.0f, 12.0f), u = random_floats(rng, n, -2.0f, 2.0f);
+  const std::vector<float> g = uniform_floats(rng, n, -12.0f, 12.0f), u = uniform_floats(rng, n, -2.0f, 2.0f);
   std::vector<float> silu = g, gelu = g;
   ref.silu_mul(silu.data(), u.data(), n);
   ref.gelu_tanh_mul(gelu.data(), u.data(), n);
@@ -98,7 +97,7 @@ TEST(RowKernels, ActivationsAndNormAreCloseToDoublePrecision) {
     ASSERT_NEAR(silu[i], want_silu, 1e-6 * (1.0 + std::fabs(want_silu))) << "x=" << x;
     ASSERT_NEAR(gelu[i], want_gelu, 1e-6 * (1.0 + std::fabs(want_gelu))) << "x=" << x;
   }
-  const std::vector<float> x = random_floats(rng, 640, -3.0f, 3.0f), w = random_floats(rng, 640, 0.5f, 1.5f);
+  const std::vector<float> x = uniform_floats(rng, 640, -3.0f, 3.0f), w = uniform_floats(rng, 640, 0.5f, 1.5f);
   std::vector<float> y(640);
   ref.rms_norm(x.data(), w.data(), 640, 1e-6f, y.data());
   double ss = 0.0;
@@ -110,7 +109,7 @@ TEST(RowKernels, ActivationsAndNormAreCloseToDoublePrecision) {
 TEST(RowKernels, SoftmaxIsTheNormalisedExponentialOfTheSeenEntries) {
   std::mt19937 rng(32);
   const int64_t n = 77;
-  std::vector<float> x = random_floats(rng, n, -20.0f, 20.0f);
+  std::vector<float> x = uniform_floats(rng, n, -20.0f, 20.0f);
   std::vector<uint8_t> seen(static_cast<size_t>(n));
   for (auto& b : seen) b = rng() % 3 != 0;
   const float scale = 0.125f;
@@ -136,11 +135,9 @@ TEST(RowKernels, SoftmaxIsTheNormalisedExponentialOfTheSeenEntries) {
 // softmax's values on the seen entries must not depend on where the unseen ones lie.
 TEST(RowKernels, SoftmaxDependsOnlyOnTheSequenceOfSeenEntries) {
   std::mt19937 rng(34);
-  std::vector<const KernelTable*> tables = simd_tables();
-  tables.push_back(&reference_kernels());
-  for (const KernelTable* k : tables) {
+  for (const KernelTable* k : all_tables()) {
     for (int64_t n_seen : {1, 5, 16, 17, 40, 100}) {
-      const std::vector<float> values = random_floats(rng, n_seen, -30.0f, 30.0f);
+      const std::vector<float> values = uniform_floats(rng, n_seen, -30.0f, 30.0f);
       std::vector<float> side_by_side = values;
       const std::vector<uint8_t> all(static_cast<size_t>(n_seen), 1);
       k->rows.softmax(side_by_side.data(), all.data(), n_seen, 0.125f);
@@ -149,7 +146,7 @@ TEST(RowKernels, SoftmaxDependsOnlyOnTheSequenceOfSeenEntries) {
         std::vector<uint8_t> seen;
         for (float v : values) {
           for (int gap = int(rng() % 4); gap > 0; --gap) {  // unseen entries, any value
-            spread.push_back(random_floats(rng, 1, -30.0f, 30.0f)[0]);
+            spread.push_back(uniform_floats(rng, 1, -30.0f, 30.0f)[0]);
             seen.push_back(0);
           }
           spread.push_back(v);
@@ -176,7 +173,7 @@ TEST(RowKernels, SimdTablesMatchReferenceBitForBit) {
     for (int64_t n = 1; n <= 70; ++n) {
       for (int rep = 0; rep < 4; ++rep) {
         const int64_t off = rng() % 8;  // an element offset: any alignment
-        std::vector<float> buf = random_floats(rng, n + off, -100.0f, 100.0f);
+        std::vector<float> buf = uniform_floats(rng, n + off, -100.0f, 100.0f);
         const std::vector<float> x(buf.begin() + off, buf.end());
         std::vector<float> want(static_cast<size_t>(n)), have(static_cast<size_t>(n));
         ref.exp(x.data(), want.data(), n);
@@ -185,7 +182,7 @@ TEST(RowKernels, SimdTablesMatchReferenceBitForBit) {
         got.exp(buf.data() + off, buf.data() + off, n);  // in place
         ASSERT_TRUE(same_bits(want, std::vector<float>(buf.begin() + off, buf.end()))) << k->name << " exp in place";
 
-        const std::vector<float> g = random_floats(rng, n, -15.0f, 15.0f), u = random_floats(rng, n, -3.0f, 3.0f);
+        const std::vector<float> g = uniform_floats(rng, n, -15.0f, 15.0f), u = uniform_floats(rng, n, -3.0f, 3.0f);
         std::vector<float> want_g = g, have_g = g;
         ref.silu_mul(want_g.data(), u.data(), n);
         got.silu_mul(have_g.data(), u.data(), n);
@@ -195,7 +192,7 @@ TEST(RowKernels, SimdTablesMatchReferenceBitForBit) {
         got.gelu_tanh_mul(have_g.data(), u.data(), n);
         ASSERT_TRUE(same_bits(want_g, have_g)) << k->name << " gelu n=" << n;
 
-        const std::vector<float> w = random_floats(rng, n, -2.0f, 2.0f), r = random_floats(rng, n, -50.0f, 50.0f);
+        const std::vector<float> w = uniform_floats(rng, n, -2.0f, 2.0f), r = uniform_floats(rng, n, -50.0f, 50.0f);
         ref.rms_norm(r.data(), w.data(), n, 1e-6f, want.data());
         got.rms_norm(r.data(), w.data(), n, 1e-6f, have.data());
         ASSERT_TRUE(same_bits(want, have)) << k->name << " rms_norm n=" << n;
@@ -206,7 +203,7 @@ TEST(RowKernels, SimdTablesMatchReferenceBitForBit) {
         std::vector<uint8_t> seen(static_cast<size_t>(n));
         for (auto& b : seen) b = uint8_t(rng() % 4 == 0 ? 0 : 1 + rng() % 255);  // any non-zero byte is seen
         seen[rng() % n] = 1;
-        std::vector<float> s = random_floats(rng, n, -400.0f, 400.0f);
+        std::vector<float> s = uniform_floats(rng, n, -400.0f, 400.0f);
         for (int64_t j = 0; j < n; ++j)
           if (!seen[j] && rng() % 2) s[j] = rep % 2 ? std::numeric_limits<float>::quiet_NaN() : -1e30f;
         std::vector<float> want_s = s, have_s = s;

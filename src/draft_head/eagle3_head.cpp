@@ -259,8 +259,10 @@ void Eagle3Head::attention(const Batch& batch, KVCache& kv, const float* q, cons
         scores[s] = dot * scale;
         max_score = std::max(max_score, scores[s]);
       }
+      for (int32_t s = 0; s < n_keys; ++s) scores[s] -= max_score;
+      mm_.kernels().rows.exp(scores, scores, n_keys);
       float sum = 0.0f;
-      for (int32_t s = 0; s < n_keys; ++s) sum += scores[s] = std::exp(scores[s] - max_score);
+      for (int32_t s = 0; s < n_keys; ++s) sum += scores[s];
       float* oh = out + (size_t(i) * c.n_head + h) * hd;
       std::fill(oh, oh + hd, 0.0f);
       for (int32_t s = 0; s < n_keys; ++s) {

@@ -837,11 +837,11 @@ void softmax_seen(float* x, const uint8_t* seen, int64_t n, float scale) {
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
   const __m256 m = _mm256_set1_ps(_mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))));
+  float sum = 0.0f;
   for_eights(n, [&](int64_t i, int64_t count) {
     store8(x + i, _mm256_and_ps(exp8(_mm256_sub_ps(load8(x + i, count), m)), seen_mask8(seen + i, count)), count);
+    for (int64_t j = i; j < i + count; ++j) sum += x[j];  // in entry order, as the reference
   });
-  float sum = 0.0f;  // in entry order, as the reference
-  for (int64_t j = 0; j < n; ++j) sum += x[j];
   const __m256 inv_sum = _mm256_set1_ps(1.0f / sum);
   for_eights(n, [&](int64_t i, int64_t count) { store8(x + i, _mm256_mul_ps(load8(x + i, count), inv_sum), count); });
 }

@@ -9,10 +9,6 @@ namespace microspec::detail {
 // checking cpu_features().
 const KernelTable& avx512_table_unchecked();
 
-}  // namespace microspec::detail
-
-namespace microspec::detail {
-
 // The constants of the row kernels' e^x (kernels.h, RowKernels), shared by every table so each
 // computes the reference's bits: x = n ln2 + r with n the nearest integer to x log2(e) and r =
 // x - n ln2_hi - n ln2_lo (two fused multiply-adds; ln2_hi has 9 significant bits, so n ln2_hi is
