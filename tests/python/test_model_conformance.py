@@ -12,7 +12,9 @@ On both real models, with token ids as input (so the tokenizer is out of the pic
   = the float64 model's at >= 95% of positions;
 - greedy continuations of 64 tokens on 20 prompts: at every first difference from llama.cpp's the
   two engines order the two tokens within 1.5 logits of each other (llama.cpp's margin for its
-  token plus ours for ours), and >= 20% (4/20) of the continuations are identical throughout.
+  token plus ours for ours), our pick there is our own argmax on that prefix (so the disagreement
+  is at least llama.cpp's margin; a sampling mutant fails this), and >= 20% (4/20) of the
+  continuations are identical throughout.
 
 llama.cpp quantizes activations to 8 bits like we do but keeps its KV cache in F16 and computes
 some ops in other orders, so small logit differences are expected; the thresholds allow for that.
@@ -322,6 +324,11 @@ def first_differences(path, peer_greedy, ours_all):
         theirs = float(top_logits[0] - (top_logits[top_ids.index(ours[j])] if ours[j] in top_ids else top_logits[-1]))
         differing.append((list(map(int, g["ids"])) + ref[:j], ref[j], ours[j], theirs))
     rows = run_eval(path, [(ids, [len(ids) - 1]) for ids, _, _, _ in differing]) if differing else []
+    for (ids, _, b, _), (top1, _) in zip(differing, rows):
+        # Our greedy pick is our own argmax on that prefix (eval's row is generate's, bit for bit), so
+        # the disagreement is never less than llama.cpp's margin: a pick that is not the argmax (a
+        # sampling or bookkeeping bug in generate) fails here even where the logits agree.
+        assert int(top1[-1]) == b, f"generate picked {b} after {len(ids)} tokens, eval's argmax there is {top1[-1]}"
     gaps = [theirs + float(r[0][b] - r[0][a]) for (_, a, b, theirs), (_, r) in zip(differing, rows)]
     return same, prefix_lens, gaps
 
