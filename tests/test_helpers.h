@@ -46,6 +46,7 @@ inline std::string error_of(const std::function<void()>& f) {
 inline std::vector<const KernelTable*> simd_tables() {
   std::vector<const KernelTable*> v{&avx2_kernels()};
   if (const KernelTable* t = avx512_kernels()) v.push_back(t);
+  if (const KernelTable* t = amx_kernels()) v.push_back(t);
   return v;
 }
 

@@ -339,13 +339,16 @@ TEST(KernelTables, DispatchIsSafe) {
   EXPECT_TRUE(f.avx2 && f.fma && f.f16c);  // the binary is built for them
   const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni;
   EXPECT_EQ(avx512_kernels() != nullptr, avx512);
-  EXPECT_STREQ(best_kernels().name, avx512 ? "avx512" : "avx2");
+  EXPECT_EQ(amx_kernels() != nullptr, avx512 && f.amx_int8);
+  EXPECT_STREQ(best_kernels().name, amx_kernels() ? "amx" : avx512 ? "avx512" : "avx2");
   EXPECT_STREQ(kernels_by_name("auto").name, best_kernels().name);
   EXPECT_STREQ(kernels_by_name("reference").name, "reference");
   EXPECT_STREQ(kernels_by_name("avx2").name, "avx2");
   EXPECT_THROW(kernels_by_name("sse2"), Error);
   if (avx512) EXPECT_STREQ(kernels_by_name("avx512").name, "avx512");
   else EXPECT_THROW(kernels_by_name("avx512"), Error);
+  if (amx_kernels()) EXPECT_STREQ(kernels_by_name("amx").name, "amx");
+  else EXPECT_THROW(kernels_by_name("amx"), Error);
   for (const KernelTable* k : {&reference_kernels(), &avx2_kernels()}) {
     for (GgmlType t : kWeightTypes) {
       EXPECT_NE(k->vec_dot[int(t)], nullptr) << k->name << " " << tname(t);
@@ -363,8 +366,22 @@ TEST(KernelTables, Avx512TableIsTested) {
   if (!(f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni))
     GTEST_SKIP() << "this CPU lacks AVX-512 (F, BW, VL, DQ and VNNI): the AVX-512 kernels are not tested";
   const std::vector<const KernelTable*> tables = simd_tables();
-  ASSERT_EQ(tables.size(), 2u);
+  ASSERT_GE(tables.size(), 2u);
   EXPECT_STREQ(tables[1]->name, "avx512");
+}
+
+// Likewise for the AMX table: where the CPU (or the OS) gives no AMX int8 tiles, its kernels are
+// not tested, and this named skip says so.
+TEST(KernelTables, AmxTableIsTested) {
+  if (!amx_kernels())
+    GTEST_SKIP() << "this CPU or OS gives no AMX int8 tiles (or lacks AVX-512): the AMX kernels are not tested";
+  const std::vector<const KernelTable*> tables = simd_tables();
+  ASSERT_EQ(tables.size(), 3u);
+  EXPECT_STREQ(tables[2]->name, "amx");
+  // It multiplies the 32-element formats on tiles, and leaves the K-quants to the AVX-512 table.
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1})
+    EXPECT_NE(tables[2]->gemm_interleaved[int(t)], tables[1]->gemm_interleaved[int(t)]) << tname(t);
+  EXPECT_EQ(tables[2]->gemm_interleaved[int(GgmlType::Q4_K)], tables[1]->gemm_interleaved[int(GgmlType::Q4_K)]);
 }
 
 TEST(KernelTables, ActivationQuantizersMatchReferenceBitForBit) {
@@ -824,7 +841,7 @@ void expect_batch_invariant(int64_t cols32, int64_t colsK, uint32_t seed) {
         // `first`, so a token sits at every position of a batch across the calls.
         std::vector<int64_t> counts;
         for (int64_t nt = 1; nt <= 16; ++nt) counts.push_back(nt);
-        for (int64_t nt : {17, 24, 33, 64}) counts.push_back(nt);
+        for (int64_t nt : {17, 24, 31, 32, 33, 48, 64, 67}) counts.push_back(nt);
         for (int64_t nt : counts)
           for (int64_t first : {int64_t(0), max_tokens - nt, (max_tokens - nt) / 2}) {
             std::vector<float> y(size_t(nt * rows));
@@ -928,7 +945,7 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
           matmul(ctx1, w.q(), x.data() + t * cols, 1, alone.data() + t * rows, rows);
         std::vector<int64_t> counts;
         for (int64_t nt = 1; nt <= 16; ++nt) counts.push_back(nt);
-        for (int64_t nt : {17, 24, 33, 64}) counts.push_back(nt);
+        for (int64_t nt : {17, 24, 31, 32, 33, 48, 64, 67}) counts.push_back(nt);
         for (int threads : {1, 2, 3}) {
           ThreadPool pool(threads);
           MatmulContext ctx(pool, *k);
@@ -960,7 +977,7 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
       }
     }
   // The reference table, and the AVX-512 one where this CPU has it, read the layout of every type.
-  EXPECT_EQ(interleaved_tables, 7 * (avx512_kernels() ? 2 : 1));
+  EXPECT_EQ(interleaved_tables, 7 * (1 + (avx512_kernels() ? 1 : 0) + (amx_kernels() ? 1 : 0)));
   // A copy pointed at other rows (as a packed subset of an LM head is) multiplies its own rows.
   const Matrix a = random_matrix(GgmlType::Q8_0, 40, 640, rng), b = random_matrix(GgmlType::Q8_0, 40, 640, rng);
   const std::vector<uint8_t> a_tiles = interleave(a);

@@ -23,7 +23,7 @@ void ModelArgs::add_to(CLI::App& cmd, int32_t default_batch) {
   cmd.add_option("-b,--batch-size", n_batch, "most tokens per forward pass (prefill chunk)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
-  cmd.add_option("--kernels", kernels, "kernel table: auto, reference, avx2, avx512")->capture_default_str();
+  cmd.add_option("--kernels", kernels, "kernel table: auto, reference, avx2, avx512, amx")->capture_default_str();
   cmd.add_flag_callback(
       "--no-repack", [this] { repack = false; },
       "multiply the mapped file's weights as stored: no interleaved copy of the Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 "

@@ -1,5 +1,7 @@
 // Run-time CPU feature detection and the choice of kernel table.
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -18,6 +20,17 @@ uint64_t read_xcr0() {
   // xgetbv with ecx = 0: which register states the OS saves on context switches.
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   return (uint64_t(hi) << 32) | lo;
+}
+
+// Linux gives a process the AMX tile data state (XFEATURE 18) only after it asks for it; without
+// the permission the first tile instruction raises SIGILL.
+bool request_amx_permission() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
 }
 
 CpuFeatures detect() {
@@ -43,6 +56,9 @@ CpuFeatures detect() {
     f.avx512vl = b & (1u << 31);
     f.avx512vnni = c & (1u << 11);
   }
+  const bool amx_tile = d & (1u << 24), amx_int8 = d & (1u << 25);
+  const bool tile_state = (xcr0 & 0x60000) == 0x60000;  // XTILECFG and XTILEDATA
+  f.amx_int8 = amx_tile && amx_int8 && tile_state && request_amx_permission();
   return f;
 }
 
@@ -52,6 +68,7 @@ bool has_avx512_table() {
 }
 
 const KernelTable& choose() {
+  if (const KernelTable* t = amx_kernels()) return *t;
   if (const KernelTable* t = avx512_kernels()) return *t;
   // The whole binary is built for AVX2/FMA/F16C, so without them nothing runs anyway.
   return avx2_kernels();
@@ -69,6 +86,11 @@ const KernelTable* avx512_kernels() {
   return &detail::avx512_table_unchecked();
 }
 
+const KernelTable* amx_kernels() {
+  if (!has_avx512_table() || !cpu_features().amx_int8) return nullptr;
+  return &detail::amx_table_unchecked();
+}
+
 const KernelTable& best_kernels() {
   static const KernelTable& table = choose();
   return table;
@@ -82,7 +104,11 @@ const KernelTable& kernels_by_name(std::string_view name) {
     if (const KernelTable* t = avx512_kernels()) return *t;
     throw Error("kernels 'avx512': this CPU lacks AVX-512 F/BW/VL/DQ/VNNI");
   }
-  throw Error("kernels '" + std::string(name) + "': expected auto, reference, avx2 or avx512");
+  if (name == "amx") {
+    if (const KernelTable* t = amx_kernels()) return *t;
+    throw Error("kernels 'amx': this CPU or OS gives no AMX int8 tiles (or lacks AVX-512 F/BW/VL/DQ/VNNI)");
+  }
+  throw Error("kernels '" + std::string(name) + "': expected auto, reference, avx2, avx512 or amx");
 }
 
 }  // namespace microspec

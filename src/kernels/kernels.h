@@ -103,7 +103,7 @@ struct RowKernels {
 constexpr int kMaxTypeId = 40;
 
 struct KernelTable {
-  const char* name;                    // "reference", "avx2", "avx512"
+  const char* name;                    // "reference", "avx2", "avx512", "amx"
   VecDotFn vec_dot[kMaxTypeId];        // indexed by weight type id; nullptr where unsupported
   QuantizeRowFn quantize[kMaxTypeId];  // indexed by activation type id (F32, Q8_0, Q8_1, Q8_K)
   GemmFn gemm[kMaxTypeId];             // indexed by weight type id; set wherever vec_dot is
@@ -121,9 +121,14 @@ GgmlType activation_type(GgmlType weight);
 const KernelTable& reference_kernels();
 const KernelTable& avx2_kernels();
 const KernelTable* avx512_kernels();  // nullptr when this CPU lacks AVX-512 F/BW/VL/VNNI
+// The AVX-512 table whose interleaved kernels for the 32-element formats (Q8_0, Q4_0, Q4_1, Q5_0,
+// Q5_1) run groups of 16 tokens on AMX int8 tiles, bitwise the AVX-512 table's results; nullptr
+// when the CPU lacks AMX-TILE/AMX-INT8, the OS does not enable the tile state, or the kernel
+// refuses this process the tile data permission (Linux arch_prctl ARCH_REQ_XCOMP_PERM).
+const KernelTable* amx_kernels();
 // The fastest table this CPU runs, chosen once at run time.
 const KernelTable& best_kernels();
-// "auto" (best_kernels), "reference", "avx2" or "avx512": for benchmarks and for ruling kernels out
+// "auto" (best_kernels), "reference", "avx2", "avx512" or "amx": for benchmarks and for ruling kernels out
 // when debugging (the CLI's --kernels). Throws Error for other names or ISAs this CPU lacks.
 const KernelTable& kernels_by_name(std::string_view name);
 
@@ -143,6 +148,9 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512vnni = false;
   bool avx512dq = false;  // the AVX-512 file is compiled with -mavx512dq too, so the table needs it
+  // AMX-TILE and AMX-INT8 in CPUID, the tile state enabled in XCR0, and the tile data permission
+  // granted to this process (requested once, at detection).
+  bool amx_int8 = false;
 };
 const CpuFeatures& cpu_features();
 

@@ -8,6 +8,9 @@ namespace microspec::detail {
 // building the table may execute AVX-512 instructions, so only avx512_kernels() calls it, after
 // checking cpu_features().
 const KernelTable& avx512_table_unchecked();
+// The AMX table (the AVX-512 table with AMX int8 tiles for many-token products on interleaved
+// weights), in the same file; only amx_kernels() calls it, after checking cpu_features().amx_int8.
+const KernelTable& amx_table_unchecked();
 
 // The constants of the row kernels' e^x (kernels.h, RowKernels), shared by every table so each
 // computes the reference's bits: x = n ln2 + r with n the nearest integer to x log2(e) and r =
