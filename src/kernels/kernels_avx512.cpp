@@ -1460,6 +1460,103 @@ void gemm_interleaved_k(const void* tiles, int64_t n_rows, const void* act, size
       });
 }
 
+// Q4_K on AMX tiles (the "amx" table), as the 32-element formats above: each sub-block of 32
+// elements is one tile multiply of 16 tokens by 16 rows, C_j[t][r] = <q_j of row r, a_t,j> (exact;
+// the 4-bit quants are below 128, so the signed product TDPBSSD is the unsigned one). Per token the
+// sub-blocks' products are scaled in lanes and summed into the superblock's exact integer (the sum
+// every other Q4_K path reaches, in any order), then accumulate_super's float steps: bitwise the
+// AVX-512 table's results.
+
+// A record's 8 sub-blocks as B operands (512 bytes each): sub-block 2c = the low nibbles of groups
+// 8c..8c+7 (group 8c + l: elements 4l..4l+3 of the sub-block), 2c + 1 their high nibbles.
+void amx_decode_q4k_record(const uint8_t* rec, int8_t* decoded) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 8; ++l) {
+      const __m512i v = _mm512_loadu_si512(rec + Q4KRecord::kQuants + 64 * (8 * c + l));
+      _mm512_store_si512(decoded + 512 * (2 * c) + 64 * l, _mm512_and_si512(v, low4));
+      _mm512_store_si512(decoded + 512 * (2 * c + 1) + 64 * l, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+    }
+}
+
+// Superblock sb's 8 sub-blocks through the tiles, alternating the two tile sets; the products go
+// to c[j][16][16].
+[[gnu::always_inline]] inline void amx_q4k_products(const BlockQ8_K* a0, size_t act_stride, const int8_t* decoded,
+                                                     int32_t* c) {
+  for (int j = 0; j < 8; j += 2) {
+    amx_block_set0(a0->qs + 32 * j, act_stride, decoded + 512 * j, c + 256 * j);
+    amx_block_set1(a0->qs + 32 * (j + 1), act_stride, decoded + 512 * (j + 1), c + 256 * (j + 1));
+  }
+}
+
+// Superblock sb's products (c) through the scales and the shared float steps into acc[t].
+[[gnu::always_inline]] inline void amx_q4k_accumulate(const int32_t* c, const uint8_t* rec, const uint8_t* act,
+                                                       size_t act_stride, int64_t sb, __m512* acc) {
+  SuperScales ss;
+  Q4KTiles::scales(rec, &ss);
+#pragma GCC unroll 16
+  for (int t = 0; t < kAmxTokens; ++t) {
+    __m512i isum = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j)
+      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(c + 256 * j + 16 * t), ss.sc[j]));
+    const BlockQ8_K& a = reinterpret_cast<const BlockQ8_K*>(act + size_t(t) * act_stride)[sb];
+    acc[t] = accumulate_super<Q4KW>(acc[t], isum, ss, a);
+  }
+}
+
+// One decoded tile of 16 rows against 16 tokens (act: token 0's row); superblock sb's products
+// are read back while sb + 1's multiply (c: two superblocks' [2][8][16][16] int32).
+void amx_q4k_tile_tokens(const int8_t* decoded, const uint8_t* tile, int64_t nsb, const uint8_t* act,
+                         size_t act_stride, int32_t* c, float* out, int64_t ldo, __mmask16 valid) {
+  const auto* a0 = reinterpret_cast<const BlockQ8_K*>(act);
+  __m512 acc[kAmxTokens];
+#pragma GCC unroll 16
+  for (int t = 0; t < kAmxTokens; ++t) acc[t] = _mm512_setzero_ps();
+  amx_q4k_products(a0, act_stride, decoded, c);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    int32_t* now = c + 2048 * (sb & 1);
+    if (sb + 1 < nsb) amx_q4k_products(a0 + sb + 1, act_stride, decoded + 4096 * (sb + 1), c + 2048 * ((sb + 1) & 1));
+    amx_q4k_accumulate(now, tile + size_t(sb) * Q4KRecord::kBytes, act, act_stride, sb, acc);
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < kAmxTokens; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
+}
+
+void gemm_interleaved_amx_q4k(const void* tiles, int64_t n_rows, const void* act, size_t act_stride,
+                              int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
+  if (n_rows <= 0 || n_tokens <= 0) return;
+  const int64_t n_amx = n_tokens / kAmxTokens * kAmxTokens;
+  const auto* ab = static_cast<const uint8_t*>(act);
+  if (n_amx > 0) {
+    const int64_t nsb = n / kQKK, n_tiles = (n_rows + 15) / 16;
+    const size_t tile_bytes = size_t(nsb) * Q4KRecord::kBytes, decoded_tile = size_t(nsb) * 4096;
+    const int64_t per_pass = min64(n_tiles, int64_t(kAmxDecodedBytes / decoded_tile) + 1);
+    // Scratch: per_pass decoded weight tiles, the products of two superblocks [2][8][16][16] int32.
+    auto* decoded = static_cast<int8_t*>(scratch(size_t(per_pass) * decoded_tile + 16384));
+    auto* c = reinterpret_cast<int32_t*>(decoded + size_t(per_pass) * decoded_tile);
+    static const AmxConfig config = amx_config();
+    _tile_loadconfig(&config);
+    const auto* first = static_cast<const uint8_t*>(tiles);
+    for (int64_t p0 = 0; p0 < n_tiles; p0 += per_pass) {
+      const int64_t p1 = min64(n_tiles, p0 + per_pass);
+      for (int64_t i = p0; i < p1; ++i)
+        for (int64_t sb = 0; sb < nsb; ++sb)
+          amx_decode_q4k_record(first + size_t(i) * tile_bytes + size_t(sb) * Q4KRecord::kBytes,
+                                decoded + size_t(i - p0) * decoded_tile + 4096 * sb);
+      __asm__ volatile("" ::: "memory");  // as in gemm_interleaved_amx
+      for (int64_t t0 = 0; t0 < n_amx; t0 += kAmxTokens)
+        for (int64_t i = p0; i < p1; ++i)
+          amx_q4k_tile_tokens(decoded + size_t(i - p0) * decoded_tile, first + size_t(i) * tile_bytes, nsb,
+                              ab + size_t(t0) * act_stride, act_stride, c, out + t0 * ldo + 16 * i, ldo,
+                              __mmask16((1u << min64(16, n_rows - 16 * i)) - 1));
+    }
+    _tile_release();
+  }
+  if (n_amx < n_tokens)
+    gemm_interleaved_k<Q4KTiles>(tiles, n_rows, ab + size_t(n_amx) * act_stride, act_stride, n_tokens - n_amx, n,
+                                 out + n_amx * ldo, ldo);
+}
+
 // --- attention on half floats, in the reference's order (kernels.h) ---------------------------
 // One 16-lane accumulator holds the AVX2 version's two 8-lane ones side by side, so the results
 // are bitwise the same with half the instructions.
@@ -1631,6 +1728,7 @@ const KernelTable& amx_table_unchecked() {
     t.gemm_interleaved[int(GgmlType::Q4_1)] = gemm_interleaved_amx<Q4Tiles<Q4_1W>>;
     t.gemm_interleaved[int(GgmlType::Q5_0)] = gemm_interleaved_amx<Q5Tiles<Q5_0W>>;
     t.gemm_interleaved[int(GgmlType::Q5_1)] = gemm_interleaved_amx<Q5Tiles<Q5_1W>>;
+    t.gemm_interleaved[int(GgmlType::Q4_K)] = gemm_interleaved_amx_q4k;
     return t;
   }();
   return table;
