@@ -852,24 +852,20 @@ AmxConfig amx_config() {
 }
 
 // One block through tile set 0 (tiles 0, 2, 4) or 1 (1, 3, 5): C = the 16 tokens' block quants
-// (rows act_stride apart) times the decoded block (512 bytes), stored to c[16][16]. (GCC's tile
-// intrinsics take the tile numbers as literal tokens, hence two functions.)
-[[gnu::always_inline]] inline void amx_block_set0(const int8_t* act_qs, size_t act_stride, const int8_t* decoded,
-                                                   int32_t* c) {
-  _tile_zero(0);
-  _tile_loadd(2, act_qs, long(act_stride));
-  _tile_loadd(4, decoded, 64);
-  _tile_dpbssd(0, 2, 4);
-  _tile_stored(0, c, 64);
-}
-[[gnu::always_inline]] inline void amx_block_set1(const int8_t* act_qs, size_t act_stride, const int8_t* decoded,
-                                                   int32_t* c) {
-  _tile_zero(1);
-  _tile_loadd(3, act_qs, long(act_stride));
-  _tile_loadd(5, decoded, 64);
-  _tile_dpbssd(1, 3, 5);
-  _tile_stored(1, c, 64);
-}
+// (rows act_stride apart) times the decoded block (512 bytes), stored to c[16][16]. GCC's tile
+// intrinsics paste the tile numbers into their asm as literal tokens, so one macro writes both.
+#define MICROSPEC_AMX_BLOCK(name, C, A, B)                                                                     \
+  [[gnu::always_inline]] inline void name(const int8_t* act_qs, size_t act_stride, const int8_t* decoded, \
+                                          int32_t* c) {                                                   \
+    _tile_zero(C);                                                                                        \
+    _tile_loadd(A, act_qs, long(act_stride));                                                             \
+    _tile_loadd(B, decoded, 64);                                                                          \
+    _tile_dpbssd(C, A, B);                                                                                \
+    _tile_stored(C, c, 64);                                                                               \
+  }
+MICROSPEC_AMX_BLOCK(amx_block_set0, 0, 2, 4)
+MICROSPEC_AMX_BLOCK(amx_block_set1, 1, 3, 5)
+#undef MICROSPEC_AMX_BLOCK
 
 // Block b's integer products (c[t * 16 + r], the integer start included) through the shared float
 // steps into acc[t].
@@ -925,6 +921,35 @@ void amx_tile_tokens(const int8_t* decoded, const fp16_t* scales, const fp16_t* 
   for (int t = 0; t < kAmxTokens; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
 }
 
+// Weight tiles of 16 rows per pass over the token groups (kAmxDecodedBytes of B operands).
+inline int64_t amx_tiles_per_pass(int64_t n_rows, size_t decoded_tile) {
+  return min64((n_rows + 15) / 16, int64_t(kAmxDecodedBytes / decoded_tile) + 1);
+}
+
+// The loop of the AMX kernels over the rows' tiles, in passes of amx_tiles_per_pass(): a pass's
+// tiles are decoded once into B operands, decode(i, dst) for tile i (decoded_tile bytes each from
+// `decoded`), then every group of 16 tokens from t0 < n_amx uses each of them, use(b_ops, i, t0).
+template <class Decode, class Use>
+void amx_passes(int64_t n_rows, size_t decoded_tile, int64_t n_amx, int8_t* decoded, Decode&& decode, Use&& use) {
+  static const AmxConfig config = amx_config();
+  _tile_loadconfig(&config);
+  const int64_t n_tiles = (n_rows + 15) / 16, per_pass = amx_tiles_per_pass(n_rows, decoded_tile);
+  for (int64_t p0 = 0; p0 < n_tiles; p0 += per_pass) {
+    const int64_t p1 = min64(n_tiles, p0 + per_pass);
+    for (int64_t i = p0; i < p1; ++i) decode(i, decoded + size_t(i - p0) * decoded_tile);
+    // The tile loads read the decoded bytes through asm that names no memory: keep the stores before them.
+    __asm__ volatile("" ::: "memory");
+    for (int64_t t0 = 0; t0 < n_amx; t0 += kAmxTokens)
+      for (int64_t i = p0; i < p1; ++i) use(decoded + size_t(i - p0) * decoded_tile, i, t0);
+  }
+  _tile_release();
+}
+
+// The valid rows of tile i as a store mask.
+inline __mmask16 tile_rows_mask(int64_t n_rows, int64_t i) {
+  return __mmask16((1u << min64(16, n_rows - 16 * i)) - 1);
+}
+
 template <class T>
 void gemm_interleaved_amx(const void* tiles, int64_t n_rows, const void* act, size_t act_stride, int64_t n_tokens,
                           int64_t n, float* out, int64_t ldo) {
@@ -933,37 +958,28 @@ void gemm_interleaved_amx(const void* tiles, int64_t n_rows, const void* act, si
   const int64_t n_amx = n_tokens / kAmxTokens * kAmxTokens;
   const auto* ab = static_cast<const uint8_t*>(act);
   if (n_amx > 0) {
-    const int64_t nb = n / kQK, n_tiles = (n_rows + 15) / 16;
+    const int64_t nb = n / kQK;
     const size_t tile_bytes = interleaved_tile_bytes(W::kType, n), decoded_tile = size_t(nb) * 512;
-    const int64_t per_pass = min64(n_tiles, int64_t(kAmxDecodedBytes / decoded_tile) + 1);
-    // Scratch: the activation summaries [2][n_amx * nb] floats, per_pass decoded weight tiles, the
+    // Scratch: the activation summaries [2][n_amx * nb] floats, a pass's decoded weight tiles, the
     // products of two pairs of blocks [2][2][16][16] int32.
     const size_t info_bytes = (size_t(n_amx * nb) * 2 * sizeof(float) + 63) & ~size_t(63);
-    auto* base = static_cast<uint8_t*>(scratch(info_bytes + size_t(per_pass) * decoded_tile + 4096));
+    const size_t pass_bytes = size_t(amx_tiles_per_pass(n_rows, decoded_tile)) * decoded_tile;
+    auto* base = static_cast<uint8_t*>(scratch(info_bytes + pass_bytes + 4096));
     const ActInfo info{reinterpret_cast<float*>(base), reinterpret_cast<float*>(base) + n_amx * nb};
     auto* decoded = reinterpret_cast<int8_t*>(base + info_bytes);
-    auto* c = reinterpret_cast<int32_t*>(decoded + size_t(per_pass) * decoded_tile);
+    auto* c = reinterpret_cast<int32_t*>(decoded + pass_bytes);
     act_info<W>(ab, act_stride, n_amx, nb, info);
-    static const AmxConfig config = amx_config();
-    _tile_loadconfig(&config);
     const auto* first = static_cast<const uint8_t*>(tiles);
-    for (int64_t p0 = 0; p0 < n_tiles; p0 += per_pass) {
-      const int64_t p1 = min64(n_tiles, p0 + per_pass);
-      for (int64_t i = p0; i < p1; ++i)
-        amx_decode_tile<T>(first + size_t(i) * tile_bytes, nb, decoded + size_t(i - p0) * decoded_tile);
-      // The tile loads read the decoded bytes through asm that names no memory: keep the stores before them.
-      __asm__ volatile("" ::: "memory");
-      for (int64_t t0 = 0; t0 < n_amx; t0 += kAmxTokens)
-        for (int64_t i = p0; i < p1; ++i) {
+    amx_passes(
+        n_rows, decoded_tile, n_amx, decoded,
+        [&](int64_t i, int8_t* dst) { amx_decode_tile<T>(first + size_t(i) * tile_bytes, nb, dst); },
+        [&](const int8_t* b_ops, int64_t i, int64_t t0) {
           const uint8_t* tile = first + size_t(i) * tile_bytes;
           const auto* scales = reinterpret_cast<const fp16_t*>(tile + size_t(nb) * (T::kQuantBytes + T::kHighBytes));
-          const __mmask16 valid = __mmask16((1u << min64(16, n_rows - 16 * i)) - 1);
-          amx_tile_tokens<W>(decoded + size_t(i - p0) * decoded_tile, scales, scales + 16 * nb, nb,
-                             ab + size_t(t0) * act_stride, act_stride, info.d + t0 * nb, info.x + t0 * nb, nb, c,
-                             out + t0 * ldo + 16 * i, ldo, valid);
-        }
-    }
-    _tile_release();
+          amx_tile_tokens<W>(b_ops, scales, scales + 16 * nb, nb, ab + size_t(t0) * act_stride, act_stride,
+                             info.d + t0 * nb, info.x + t0 * nb, nb, c, out + t0 * ldo + 16 * i, ldo,
+                             tile_rows_mask(n_rows, i));
+        });
   }
   // The tokens that do not fill a group (after the tiles are done with the scratch).
   if (n_amx < n_tokens)
@@ -1528,30 +1544,25 @@ void gemm_interleaved_amx_q4k(const void* tiles, int64_t n_rows, const void* act
   const int64_t n_amx = n_tokens / kAmxTokens * kAmxTokens;
   const auto* ab = static_cast<const uint8_t*>(act);
   if (n_amx > 0) {
-    const int64_t nsb = n / kQKK, n_tiles = (n_rows + 15) / 16;
+    const int64_t nsb = n / kQKK;
     const size_t tile_bytes = size_t(nsb) * Q4KRecord::kBytes, decoded_tile = size_t(nsb) * 4096;
-    const int64_t per_pass = min64(n_tiles, int64_t(kAmxDecodedBytes / decoded_tile) + 1);
-    // Scratch: per_pass decoded weight tiles, the products of two superblocks [2][8][16][16] int32.
-    auto* decoded = static_cast<int8_t*>(scratch(size_t(per_pass) * decoded_tile + 16384));
-    auto* c = reinterpret_cast<int32_t*>(decoded + size_t(per_pass) * decoded_tile);
-    static const AmxConfig config = amx_config();
-    _tile_loadconfig(&config);
+    // Scratch: a pass's decoded weight tiles, the products of two superblocks [2][8][16][16] int32.
+    const size_t pass_bytes = size_t(amx_tiles_per_pass(n_rows, decoded_tile)) * decoded_tile;
+    auto* decoded = static_cast<int8_t*>(scratch(pass_bytes + 16384));
+    auto* c = reinterpret_cast<int32_t*>(decoded + pass_bytes);
     const auto* first = static_cast<const uint8_t*>(tiles);
-    for (int64_t p0 = 0; p0 < n_tiles; p0 += per_pass) {
-      const int64_t p1 = min64(n_tiles, p0 + per_pass);
-      for (int64_t i = p0; i < p1; ++i)
-        for (int64_t sb = 0; sb < nsb; ++sb)
-          amx_decode_q4k_record(first + size_t(i) * tile_bytes + size_t(sb) * Q4KRecord::kBytes,
-                                decoded + size_t(i - p0) * decoded_tile + 4096 * sb);
-      __asm__ volatile("" ::: "memory");  // as in gemm_interleaved_amx
-      for (int64_t t0 = 0; t0 < n_amx; t0 += kAmxTokens)
-        for (int64_t i = p0; i < p1; ++i)
-          amx_q4k_tile_tokens(decoded + size_t(i - p0) * decoded_tile, first + size_t(i) * tile_bytes, nsb,
-                              ab + size_t(t0) * act_stride, act_stride, c, out + t0 * ldo + 16 * i, ldo,
-                              __mmask16((1u << min64(16, n_rows - 16 * i)) - 1));
-    }
-    _tile_release();
+    amx_passes(
+        n_rows, decoded_tile, n_amx, decoded,
+        [&](int64_t i, int8_t* dst) {
+          for (int64_t sb = 0; sb < nsb; ++sb)
+            amx_decode_q4k_record(first + size_t(i) * tile_bytes + size_t(sb) * Q4KRecord::kBytes, dst + 4096 * sb);
+        },
+        [&](const int8_t* b_ops, int64_t i, int64_t t0) {
+          amx_q4k_tile_tokens(b_ops, first + size_t(i) * tile_bytes, nsb, ab + size_t(t0) * act_stride, act_stride,
+                              c, out + t0 * ldo + 16 * i, ldo, tile_rows_mask(n_rows, i));
+        });
   }
+  // The tokens that do not fill a group (after the tiles are done with the scratch).
   if (n_amx < n_tokens)
     gemm_interleaved_k<Q4KTiles>(tiles, n_rows, ab + size_t(n_amx) * act_stride, act_stride, n_tokens - n_amx, n,
                                  out + n_amx * ldo, ldo);
