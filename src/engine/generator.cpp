@@ -134,7 +134,10 @@ const float* Generator::prefill_piece(const std::vector<int32_t>& prompt, int32_
     model_.lm_head(out_.hidden.data() + size_t(len - 1) * E, 1, out_.logits.data());
     return out_.logits.data();
   }
-  constexpr int32_t kHeadRows = 16;
+  // 64 rows a call: the AMX table's tiles take Q8_0 LM heads from 32 tokens, and at 64 the Gemma
+  // head's product runs 1.84x as fast as at 16 (Xeon, 2 threads); the rows cost 64 x n_vocab floats
+  // (64 MiB for Gemma's 262k vocabulary).
+  constexpr int32_t kHeadRows = 64;
   head_rows_.resize(size_t(kHeadRows) * V);
   for (int32_t r = 0; r < len; r += kHeadRows) {
     const int32_t rows = std::min(kHeadRows, len - r);
