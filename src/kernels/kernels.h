@@ -122,7 +122,8 @@ const KernelTable& reference_kernels();
 const KernelTable& avx2_kernels();
 const KernelTable* avx512_kernels();  // nullptr when this CPU lacks AVX-512 F/BW/VL/VNNI
 // The AVX-512 table whose interleaved kernels for the 32-element formats (Q8_0, Q4_0, Q4_1, Q5_0,
-// Q5_1) and Q4_K run groups of 16 tokens on AMX int8 tiles, bitwise the AVX-512 table's results; nullptr
+// Q5_1) and the K-quants Q4_K and Q6_K run groups of 16 tokens on AMX int8 tiles, bitwise the
+// AVX-512 table's results; nullptr
 // when the CPU lacks AMX-TILE/AMX-INT8, the OS does not enable the tile state, or the kernel
 // refuses this process the tile data permission (Linux arch_prctl ARCH_REQ_XCOMP_PERM).
 const KernelTable* amx_kernels();

@@ -838,9 +838,10 @@ constexpr int64_t kAmxTokens = 16;  // tokens per tile group: the rows of A and 
 // stay in L2 while every group of 16 tokens goes past them, and each group's activations in L1.
 constexpr size_t kAmxDecodedBytes = size_t(512) << 10;
 
-// The tile configuration (palette 1): tiles 0, 1 = C, 16 x 16 int32; 2, 3 = A, 16 tokens x 32
-// bytes; 4, 5 = B, 8 x 64 bytes (one block of 16 rows). Two of each, so that one block's multiply
-// runs while the other's results are read back.
+// The tile configuration (palette 1) for blocks of `depth` elements (32; Q6_K's sub-blocks: 16):
+// tiles 0, 1 = C, 16 x 16 int32; 2, 3 = A, 16 tokens x depth bytes; 4, 5 = B, depth / 4 x 64
+// bytes (one block of 16 rows). Two of each, so that one block's multiply runs while the other's
+// results are read back.
 struct alignas(64) AmxConfig {
   uint8_t palette = 1;
   uint8_t start_row = 0;
@@ -850,16 +851,16 @@ struct alignas(64) AmxConfig {
 };
 static_assert(sizeof(AmxConfig) == 64);
 
-AmxConfig amx_config() {
+AmxConfig amx_config(int depth) {
   AmxConfig c;
   for (int t : {0, 1}) c.rows[t] = 16, c.colsb[t] = 64;
-  for (int t : {2, 3}) c.rows[t] = 16, c.colsb[t] = 32;
-  for (int t : {4, 5}) c.rows[t] = 8, c.colsb[t] = 64;
+  for (int t : {2, 3}) c.rows[t] = 16, c.colsb[t] = uint16_t(depth);
+  for (int t : {4, 5}) c.rows[t] = uint8_t(depth / 4), c.colsb[t] = 64;
   return c;
 }
 
 // One block through tile set 0 (tiles 0, 2, 4) or 1 (1, 3, 5): C = the 16 tokens' block quants
-// (rows act_stride apart) times the decoded block (512 bytes), stored to c[16][16]. GCC's tile
+// (rows act_stride apart) times the decoded block (16 x depth bytes), stored to c[16][16]. GCC's tile
 // intrinsics paste the tile numbers into their asm as literal tokens, so one macro writes both.
 #define MICROSPEC_AMX_BLOCK(name, C, A, B)                                                                     \
   [[gnu::always_inline]] inline void name(const int8_t* act_qs, size_t act_stride, const int8_t* decoded, \
@@ -937,8 +938,8 @@ inline int64_t amx_tiles_per_pass(int64_t n_rows, size_t decoded_tile) {
 // tiles are decoded once into B operands, decode(i, dst) for tile i (decoded_tile bytes each from
 // `decoded`), then every group of 16 tokens from t0 < n_amx uses each of them, use(b_ops, i, t0).
 template <class Decode, class Use>
-void amx_passes(int64_t n_rows, size_t decoded_tile, int64_t n_amx, int8_t* decoded, Decode&& decode, Use&& use) {
-  static const AmxConfig config = amx_config();
+void amx_passes(const AmxConfig& config, int64_t n_rows, size_t decoded_tile, int64_t n_amx, int8_t* decoded,
+                Decode&& decode, Use&& use) {
   _tile_loadconfig(&config);
   const int64_t n_tiles = (n_rows + 15) / 16, per_pass = amx_tiles_per_pass(n_rows, decoded_tile);
   for (int64_t p0 = 0; p0 < n_tiles; p0 += per_pass) {
@@ -977,8 +978,9 @@ void gemm_interleaved_amx(const void* tiles, int64_t n_rows, const void* act, si
     auto* c = reinterpret_cast<int32_t*>(decoded + pass_bytes);
     act_info<W>(ab, act_stride, n_amx, nb, info);
     const auto* first = static_cast<const uint8_t*>(tiles);
+    static const AmxConfig config = amx_config(32);
     amx_passes(
-        n_rows, decoded_tile, n_amx, decoded,
+        config, n_rows, decoded_tile, n_amx, decoded,
         [&](int64_t i, int8_t* dst) { amx_decode_tile<T>(first + size_t(i) * tile_bytes, nb, dst); },
         [&](const int8_t* b_ops, int64_t i, int64_t t0) {
           const uint8_t* tile = first + size_t(i) * tile_bytes;
@@ -1483,97 +1485,121 @@ void gemm_interleaved_k(const void* tiles, int64_t n_rows, const void* act, size
       });
 }
 
-// Q4_K on AMX tiles (the "amx" table), as the 32-element formats above: each sub-block of 32
-// elements is one tile multiply of 16 tokens by 16 rows, C_j[t][r] = <q_j of row r, a_t,j> (exact;
-// the 4-bit quants are below 128, so the signed product TDPBSSD is the unsigned one). Per token the
-// sub-blocks' products are scaled in lanes and summed into the superblock's exact integer (the sum
-// every other Q4_K path reaches, in any order), then accumulate_super's float steps: bitwise the
-// AVX-512 table's results.
+// Q4_K and Q6_K on AMX tiles (the "amx" table), as the 32-element formats above: each sub-block
+// (Q4_K: 32 elements, Q6_K: 16) is one tile multiply of 16 tokens by 16 rows, C_j[t][r] = <q_j of
+// row r, a_t,j> (exact; the unsigned 4- and 6-bit quants are below 128, so the signed product
+// TDPBSSD is the unsigned one). Per token the sub-blocks' products are scaled in lanes and summed
+// into the superblock's exact integer (the sum every other path of the type reaches, in any
+// order), then accumulate_super's float steps: bitwise the AVX-512 table's results.
+//   T::kSubs sub-blocks of T::kSubElems elements per superblock; T::decode(rec, dst): a record's
+//   sub-blocks as B operands, 16 x kSubElems bytes each, in sub-block order.
 
-// A record's 8 sub-blocks as B operands (512 bytes each): sub-block 2c = the low nibbles of groups
-// 8c..8c+7 (group 8c + l: elements 4l..4l+3 of the sub-block), 2c + 1 their high nibbles.
-void amx_decode_q4k_record(const uint8_t* rec, int8_t* decoded) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  for (int c = 0; c < 4; ++c)
-    for (int l = 0; l < 8; ++l) {
-      const __m512i v = _mm512_loadu_si512(rec + Q4KRecord::kQuants + 64 * (8 * c + l));
-      _mm512_store_si512(decoded + 512 * (2 * c) + 64 * l, _mm512_and_si512(v, low4));
-      _mm512_store_si512(decoded + 512 * (2 * c + 1) + 64 * l, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
-    }
-}
+struct AmxQ4K {
+  using Tiles = Q4KTiles;
+  static constexpr int kSubs = 8, kSubElems = 32;
+  // Sub-block 2c = the low nibbles of groups 8c..8c+7 (group 8c + l: elements 4l..4l+3 of the
+  // sub-block), 2c + 1 their high nibbles.
+  static void decode(const uint8_t* rec, int8_t* dst) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 8; ++l) {
+        const __m512i v = _mm512_loadu_si512(rec + Q4KRecord::kQuants + 64 * (8 * c + l));
+        _mm512_store_si512(dst + 512 * (2 * c) + 64 * l, _mm512_and_si512(v, low4));
+        _mm512_store_si512(dst + 512 * (2 * c + 1) + 64 * l, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+      }
+  }
+};
 
-// Superblock sb's 8 sub-blocks through the tiles, alternating the two tile sets; the products go
+struct AmxQ6K {
+  using Tiles = Q6KTiles;
+  static constexpr int kSubs = 16, kSubElems = 16;
+  // Sub-block 8h + 2p + s = dwords 4s..4s+3 of quarter p of half h (Q6KTiles::dword), so dword l
+  // of quarter (h, p) goes to byte 64 (32h + 8p + l).
+  static void decode(const uint8_t* rec, int8_t* dst) {
+    for (int h = 0; h < 2; ++h)
+      for (int p = 0; p < 4; ++p)
+        for (int l = 0; l < 8; ++l) _mm512_store_si512(dst + 64 * (32 * h + 8 * p + l), Q6KTiles::dword(rec, h, p, l));
+  }
+};
+
+// Superblock sb's sub-blocks through the tiles, alternating the two tile sets; the products go
 // to c[j][16][16].
-[[gnu::always_inline]] inline void amx_q4k_products(const BlockQ8_K* a0, size_t act_stride, const int8_t* decoded,
-                                                     int32_t* c) {
-  for (int j = 0; j < 8; j += 2) {
-    amx_block_set0(a0->qs + 32 * j, act_stride, decoded + 512 * j, c + 256 * j);
-    amx_block_set1(a0->qs + 32 * (j + 1), act_stride, decoded + 512 * (j + 1), c + 256 * (j + 1));
+template <class T>
+[[gnu::always_inline]] inline void amx_k_products(const BlockQ8_K* a0, size_t act_stride, const int8_t* decoded,
+                                                   int32_t* c) {
+  constexpr int kB = 16 * T::kSubElems;  // bytes of one sub-block's B operand
+  for (int j = 0; j < T::kSubs; j += 2) {
+    amx_block_set0(a0->qs + T::kSubElems * j, act_stride, decoded + kB * j, c + 256 * j);
+    amx_block_set1(a0->qs + T::kSubElems * (j + 1), act_stride, decoded + kB * (j + 1), c + 256 * (j + 1));
   }
 }
 
 // Superblock sb's products (c) through the scales and the shared float steps into acc[t].
-[[gnu::always_inline]] inline void amx_q4k_accumulate(const int32_t* c, const uint8_t* rec, const uint8_t* act,
-                                                       size_t act_stride, int64_t sb, __m512* acc) {
+template <class T>
+[[gnu::always_inline]] inline void amx_k_accumulate(const int32_t* c, const uint8_t* rec, const uint8_t* act,
+                                                     size_t act_stride, int64_t sb, __m512* acc) {
   SuperScales ss;
-  Q4KTiles::scales(rec, &ss);
+  T::Tiles::scales(rec, &ss);
 #pragma GCC unroll 16
   for (int t = 0; t < kAmxTokens; ++t) {
     __m512i isum = _mm512_setzero_si512();
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < T::kSubs; ++j)
       isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(c + 256 * j + 16 * t), ss.sc[j]));
     const BlockQ8_K& a = reinterpret_cast<const BlockQ8_K*>(act + size_t(t) * act_stride)[sb];
-    acc[t] = accumulate_super<Q4KW>(acc[t], isum, ss, a);
+    acc[t] = accumulate_super<typename T::Tiles::K>(acc[t], isum, ss, a);
   }
 }
 
 // One decoded tile of 16 rows against 16 tokens (act: token 0's row); superblock sb's products
-// are read back while sb + 1's multiply (c: two superblocks' [2][8][16][16] int32).
-void amx_q4k_tile_tokens(const int8_t* decoded, const uint8_t* tile, int64_t nsb, const uint8_t* act,
-                         size_t act_stride, int32_t* c, float* out, int64_t ldo, __mmask16 valid) {
+// are read back while sb + 1's multiply (c: two superblocks' [2][kSubs][16][16] int32).
+template <class T>
+void amx_k_tile_tokens(const int8_t* decoded, const uint8_t* tile, int64_t nsb, const uint8_t* act,
+                       size_t act_stride, int32_t* c, float* out, int64_t ldo, __mmask16 valid) {
+  constexpr int64_t kC = 256 * T::kSubs;               // int32 products per superblock
+  constexpr int64_t kDecoded = 16 * T::kSubElems * T::kSubs;  // B bytes per superblock (4096)
   const auto* a0 = reinterpret_cast<const BlockQ8_K*>(act);
   __m512 acc[kAmxTokens];
 #pragma GCC unroll 16
   for (int t = 0; t < kAmxTokens; ++t) acc[t] = _mm512_setzero_ps();
-  amx_q4k_products(a0, act_stride, decoded, c);
+  amx_k_products<T>(a0, act_stride, decoded, c);
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    int32_t* now = c + 2048 * (sb & 1);
-    if (sb + 1 < nsb) amx_q4k_products(a0 + sb + 1, act_stride, decoded + 4096 * (sb + 1), c + 2048 * ((sb + 1) & 1));
-    amx_q4k_accumulate(now, tile + size_t(sb) * Q4KRecord::kBytes, act, act_stride, sb, acc);
+    if (sb + 1 < nsb) amx_k_products<T>(a0 + sb + 1, act_stride, decoded + kDecoded * (sb + 1), c + kC * ((sb + 1) & 1));
+    amx_k_accumulate<T>(c + kC * (sb & 1), tile + size_t(sb) * T::Tiles::R::kBytes, act, act_stride, sb, acc);
   }
 #pragma GCC unroll 16
   for (int t = 0; t < kAmxTokens; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
 }
 
-void gemm_interleaved_amx_q4k(const void* tiles, int64_t n_rows, const void* act, size_t act_stride,
-                              int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
+template <class T>
+void gemm_interleaved_amx_k(const void* tiles, int64_t n_rows, const void* act, size_t act_stride, int64_t n_tokens,
+                            int64_t n, float* out, int64_t ldo) {
   if (n_rows <= 0 || n_tokens <= 0) return;
-  // Tiles from 16 tokens (measured on the Xeon, 2 threads: 13% faster than the AVX-512 kernel at 16).
+  // Tiles from 16 tokens (measured on the Xeon, 2 threads: Q4_K 13% faster than the AVX-512 kernel at 16).
   const int64_t n_amx = n_tokens / kAmxTokens * kAmxTokens;
   const auto* ab = static_cast<const uint8_t*>(act);
   if (n_amx > 0) {
     const int64_t nsb = n / kQKK;
-    const size_t tile_bytes = size_t(nsb) * Q4KRecord::kBytes, decoded_tile = size_t(nsb) * 4096;
-    // Scratch: a pass's decoded weight tiles, the products of two superblocks [2][8][16][16] int32.
+    const size_t record = T::Tiles::R::kBytes, tile_bytes = size_t(nsb) * record, decoded_tile = size_t(nsb) * 4096;
+    // Scratch: a pass's decoded weight tiles, the products of two superblocks [2][kSubs][16][16] int32.
     const size_t pass_bytes = size_t(amx_tiles_per_pass(n_rows, decoded_tile)) * decoded_tile;
-    auto* decoded = static_cast<int8_t*>(scratch(pass_bytes + 16384));
+    auto* decoded = static_cast<int8_t*>(scratch(pass_bytes + 2 * 1024 * T::kSubs));
     auto* c = reinterpret_cast<int32_t*>(decoded + pass_bytes);
     const auto* first = static_cast<const uint8_t*>(tiles);
+    static const AmxConfig config = amx_config(T::kSubElems);
     amx_passes(
-        n_rows, decoded_tile, n_amx, decoded,
+        config, n_rows, decoded_tile, n_amx, decoded,
         [&](int64_t i, int8_t* dst) {
-          for (int64_t sb = 0; sb < nsb; ++sb)
-            amx_decode_q4k_record(first + size_t(i) * tile_bytes + size_t(sb) * Q4KRecord::kBytes, dst + 4096 * sb);
+          for (int64_t sb = 0; sb < nsb; ++sb) T::decode(first + size_t(i) * tile_bytes + size_t(sb) * record, dst + 4096 * sb);
         },
         [&](const int8_t* b_ops, int64_t i, int64_t t0) {
-          amx_q4k_tile_tokens(b_ops, first + size_t(i) * tile_bytes, nsb, ab + size_t(t0) * act_stride, act_stride,
-                              c, out + t0 * ldo + 16 * i, ldo, tile_rows_mask(n_rows, i));
+          amx_k_tile_tokens<T>(b_ops, first + size_t(i) * tile_bytes, nsb, ab + size_t(t0) * act_stride, act_stride, c,
+                               out + t0 * ldo + 16 * i, ldo, tile_rows_mask(n_rows, i));
         });
   }
   // The tokens that do not fill a group (after the tiles are done with the scratch).
   if (n_amx < n_tokens)
-    gemm_interleaved_k<Q4KTiles>(tiles, n_rows, ab + size_t(n_amx) * act_stride, act_stride, n_tokens - n_amx, n,
-                                 out + n_amx * ldo, ldo);
+    gemm_interleaved_k<typename T::Tiles>(tiles, n_rows, ab + size_t(n_amx) * act_stride, act_stride,
+                                          n_tokens - n_amx, n, out + n_amx * ldo, ldo);
 }
 
 // --- attention on half floats, in the reference's order (kernels.h) ---------------------------
@@ -1747,7 +1773,8 @@ const KernelTable& amx_table_unchecked() {
     t.gemm_interleaved[int(GgmlType::Q4_1)] = gemm_interleaved_amx<Q4Tiles<Q4_1W>>;
     t.gemm_interleaved[int(GgmlType::Q5_0)] = gemm_interleaved_amx<Q5Tiles<Q5_0W>>;
     t.gemm_interleaved[int(GgmlType::Q5_1)] = gemm_interleaved_amx<Q5Tiles<Q5_1W>>;
-    t.gemm_interleaved[int(GgmlType::Q4_K)] = gemm_interleaved_amx_q4k;
+    t.gemm_interleaved[int(GgmlType::Q4_K)] = gemm_interleaved_amx_k<AmxQ4K>;
+    t.gemm_interleaved[int(GgmlType::Q6_K)] = gemm_interleaved_amx_k<AmxQ6K>;
     return t;
   }();
   return table;
