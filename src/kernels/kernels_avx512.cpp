@@ -890,6 +890,19 @@ template <class W>
                                        ax + t * info_stride, b);
 }
 
+// act_info without the symmetric types' integer start (the signed weights' tile products include
+// it): each block's scale d, and for the asymmetric types d * sum(quants).
+template <class W>
+void amx_act_info(const uint8_t* act, size_t act_stride, int64_t n_tokens, int64_t nb, ActInfo info) {
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const auto* y = reinterpret_cast<const typename W::Act*>(act + size_t(t) * act_stride);
+    for (int64_t b = 0; b < nb; ++b) {
+      info.d[t * nb + b] = h2f(y[b].d);
+      if constexpr (W::kAsym) info.x[t * nb + b] = h2f(y[b].s);
+    }
+  }
+}
+
 // A weight tile's nb blocks as B operands (512 bytes each): dwords() less the bias.
 template <class T>
 void amx_decode_tile(const uint8_t* tile, int64_t nb, int8_t* decoded) {
@@ -976,7 +989,7 @@ void gemm_interleaved_amx(const void* tiles, int64_t n_rows, const void* act, si
     const ActInfo info{reinterpret_cast<float*>(base), reinterpret_cast<float*>(base) + n_amx * nb};
     auto* decoded = reinterpret_cast<int8_t*>(base + info_bytes);
     auto* c = reinterpret_cast<int32_t*>(decoded + pass_bytes);
-    act_info<W>(ab, act_stride, n_amx, nb, info);
+    amx_act_info<W>(ab, act_stride, n_amx, nb, info);
     const auto* first = static_cast<const uint8_t*>(tiles);
     static const AmxConfig config = amx_config(32);
     amx_passes(
