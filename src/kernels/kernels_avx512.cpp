@@ -298,7 +298,7 @@ struct Q5_0W {
   static constexpr bool kAsym = false;
   static constexpr int kBiasShift = 4;  // u = w + 16
   static constexpr int64_t kRowLanesMinTokens = 2;  // measured on Zen 4: lanes equal per-row products at 2 tokens and win from 3
-  static constexpr int64_t kAmxMinTokens = 16;  // measured on the Xeon: tiles 23% faster at 16 tokens
+  static constexpr int64_t kAmxMinTokens = 16;  // measured on the Xeon: tiles 6-23% faster at 16 tokens
   static __m512i pair(const Block* b) {
     const __m512i nib = nibbles64(loadu128(b[0].qs), loadu128(b[1].qs));
     const __mmask64 high = _cvtu64_mask64(uint64_t(load_u32(b[0].qh)) | (uint64_t(load_u32(b[1].qh)) << 32));
@@ -1507,9 +1507,12 @@ void gemm_interleaved_k(const void* tiles, int64_t n_rows, const void* act, size
 //   T::kSubs sub-blocks of T::kSubElems elements per superblock; T::decode(rec, dst): a record's
 //   sub-blocks as B operands, 16 x kSubElems bytes each, in sub-block order.
 
+// kAmxMinTokens: the tiles from 32 tokens (measured on the Xeon, 2 threads, 2026-12-02 03:15: at
+// 16 tokens Q4_K ran 2-10% slower on tiles and Q6_K the same; at 32 both 9-13% faster).
 struct AmxQ4K {
   using Tiles = Q4KTiles;
   static constexpr int kSubs = 8, kSubElems = 32;
+  static constexpr int64_t kAmxMinTokens = 32;
   // Sub-block 2c = the low nibbles of groups 8c..8c+7 (group 8c + l: elements 4l..4l+3 of the
   // sub-block), 2c + 1 their high nibbles.
   static void decode(const uint8_t* rec, int8_t* dst) {
@@ -1526,6 +1529,7 @@ struct AmxQ4K {
 struct AmxQ6K {
   using Tiles = Q6KTiles;
   static constexpr int kSubs = 16, kSubElems = 16;
+  static constexpr int64_t kAmxMinTokens = 32;
   // Sub-block 8h + 2p + s = dwords 4s..4s+3 of quarter p of half h (Q6KTiles::dword), so dword l
   // of quarter (h, p) goes to byte 64 (32h + 8p + l).
   static void decode(const uint8_t* rec, int8_t* dst) {
@@ -1587,8 +1591,7 @@ template <class T>
 void gemm_interleaved_amx_k(const void* tiles, int64_t n_rows, const void* act, size_t act_stride, int64_t n_tokens,
                             int64_t n, float* out, int64_t ldo) {
   if (n_rows <= 0 || n_tokens <= 0) return;
-  // Tiles from 16 tokens (measured on the Xeon, 2 threads: Q4_K 13% faster than the AVX-512 kernel at 16).
-  const int64_t n_amx = n_tokens / kAmxTokens * kAmxTokens;
+  const int64_t n_amx = n_tokens >= T::kAmxMinTokens ? n_tokens / kAmxTokens * kAmxTokens : 0;
   const auto* ab = static_cast<const uint8_t*>(act);
   if (n_amx > 0) {
     const int64_t nsb = n / kQKK;
