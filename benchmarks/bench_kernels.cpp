@@ -6,7 +6,7 @@
 //   bench_kernels [--quick] [--tokens N[,N...]]... [--only SHAPE] [--table NAME] [--threads N] [--hot]
 //                 [--rows N] [--repeats N] [--cpu-time] [--no-repack]
 //
-// Matrices of a type that the table also reads repacked (repack.h: Q8_0 on AVX-512) are timed in
+// Matrices of a type that the table also reads repacked (repack.h: the AVX-512 and AMX tables) are timed in
 // both layouts, the file's and the interleaved one a model loads by default (--no-repack: the
 // file's only).
 //
@@ -162,8 +162,8 @@ struct Peaks {
   double avx512_vnni[3] = {0, 0, 0};  // by thread count (1, 2)
   double avx2[3] = {0, 0, 0};
   double amx[3] = {0, 0, 0};
-  // The amx table's figures are fractions of the tile peak (its 32-element interleaved products
-  // run on tiles; its other kernels are the AVX-512 table's, far below that peak).
+  // The amx table's figures are fractions of the tile peak (its interleaved products from 16 or
+  // 32 tokens run on tiles; its other kernels are the AVX-512 table's, far below that peak).
   double of(const KernelTable& k, int threads) const {
     const std::string name = k.name;
     return name == "amx" ? amx[threads] : name == "avx512" ? avx512_vnni[threads] : name == "avx2" ? avx2[threads] : 0;

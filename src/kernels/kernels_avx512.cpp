@@ -441,7 +441,11 @@ inline int32_t block_sum(const int8_t* qs) {
   return int32_t(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
 }
 
-template <class W>
+// Whether the symmetric types' integer starts are needed: the AMX kernels multiply signed weights,
+// whose products already include them, so x is left unwritten for them.
+enum class Starts { kComputed, kInTheProducts };
+
+template <class W, Starts kStarts = Starts::kComputed>
 void act_info(const uint8_t* act, size_t act_stride, int64_t n_tokens, int64_t nb, ActInfo info) {
   for (int64_t t = 0; t < n_tokens; ++t) {
     const auto* y = reinterpret_cast<const typename W::Act*>(act + size_t(t) * act_stride);
@@ -449,7 +453,7 @@ void act_info(const uint8_t* act, size_t act_stride, int64_t n_tokens, int64_t n
       info.d[t * nb + b] = h2f(y[b].d);
       if constexpr (W::kAsym) {
         info.x[t * nb + b] = h2f(y[b].s);
-      } else {
+      } else if constexpr (kStarts == Starts::kComputed) {
         const int32_t start = -(block_sum(y[b].qs) << W::kBiasShift);
         std::memcpy(&info.x[t * nb + b], &start, 4);
       }
@@ -890,19 +894,6 @@ template <class W>
                                        ax + t * info_stride, b);
 }
 
-// act_info without the symmetric types' integer start (the signed weights' tile products include
-// it): each block's scale d, and for the asymmetric types d * sum(quants).
-template <class W>
-void amx_act_info(const uint8_t* act, size_t act_stride, int64_t n_tokens, int64_t nb, ActInfo info) {
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const auto* y = reinterpret_cast<const typename W::Act*>(act + size_t(t) * act_stride);
-    for (int64_t b = 0; b < nb; ++b) {
-      info.d[t * nb + b] = h2f(y[b].d);
-      if constexpr (W::kAsym) info.x[t * nb + b] = h2f(y[b].s);
-    }
-  }
-}
-
 // A weight tile's nb blocks as B operands (512 bytes each): dwords() less the bias.
 template <class T>
 void amx_decode_tile(const uint8_t* tile, int64_t nb, int8_t* decoded) {
@@ -947,14 +938,15 @@ inline int64_t amx_tiles_per_pass(int64_t n_rows, size_t decoded_tile) {
   return min64((n_rows + 15) / 16, int64_t(kAmxDecodedBytes / decoded_tile) + 1);
 }
 
-// The loop of the AMX kernels over the rows' tiles, in passes of amx_tiles_per_pass(): a pass's
-// tiles are decoded once into B operands, decode(i, dst) for tile i (decoded_tile bytes each from
-// `decoded`), then every group of 16 tokens from t0 < n_amx uses each of them, use(b_ops, i, t0).
+// The loop of the AMX kernels over the rows' tiles, in passes of per_pass tiles
+// (amx_tiles_per_pass()): a pass's tiles are decoded once into B operands, decode(i, dst) for
+// tile i (decoded_tile bytes each from `decoded`), then every group of 16 tokens from t0 < n_amx
+// uses each of them, use(b_ops, i, t0).
 template <class Decode, class Use>
-void amx_passes(const AmxConfig& config, int64_t n_rows, size_t decoded_tile, int64_t n_amx, int8_t* decoded,
-                Decode&& decode, Use&& use) {
+void amx_passes(const AmxConfig& config, int64_t n_rows, int64_t per_pass, size_t decoded_tile, int64_t n_amx,
+                int8_t* decoded, Decode&& decode, Use&& use) {
   _tile_loadconfig(&config);
-  const int64_t n_tiles = (n_rows + 15) / 16, per_pass = amx_tiles_per_pass(n_rows, decoded_tile);
+  const int64_t n_tiles = (n_rows + 15) / 16;
   for (int64_t p0 = 0; p0 < n_tiles; p0 += per_pass) {
     const int64_t p1 = min64(n_tiles, p0 + per_pass);
     for (int64_t i = p0; i < p1; ++i) decode(i, decoded + size_t(i - p0) * decoded_tile);
@@ -984,16 +976,17 @@ void gemm_interleaved_amx(const void* tiles, int64_t n_rows, const void* act, si
     // Scratch: the activation summaries [2][n_amx * nb] floats, a pass's decoded weight tiles, the
     // products of two pairs of blocks [2][2][16][16] int32.
     const size_t info_bytes = (size_t(n_amx * nb) * 2 * sizeof(float) + 63) & ~size_t(63);
-    const size_t pass_bytes = size_t(amx_tiles_per_pass(n_rows, decoded_tile)) * decoded_tile;
+    const int64_t per_pass = amx_tiles_per_pass(n_rows, decoded_tile);
+    const size_t pass_bytes = size_t(per_pass) * decoded_tile;
     auto* base = static_cast<uint8_t*>(scratch(info_bytes + pass_bytes + 4096));
     const ActInfo info{reinterpret_cast<float*>(base), reinterpret_cast<float*>(base) + n_amx * nb};
     auto* decoded = reinterpret_cast<int8_t*>(base + info_bytes);
     auto* c = reinterpret_cast<int32_t*>(decoded + pass_bytes);
-    amx_act_info<W>(ab, act_stride, n_amx, nb, info);
+    act_info<W, Starts::kInTheProducts>(ab, act_stride, n_amx, nb, info);
     const auto* first = static_cast<const uint8_t*>(tiles);
     static const AmxConfig config = amx_config(32);
     amx_passes(
-        config, n_rows, decoded_tile, n_amx, decoded,
+        config, n_rows, per_pass, decoded_tile, n_amx, decoded,
         [&](int64_t i, int8_t* dst) { amx_decode_tile<T>(first + size_t(i) * tile_bytes, nb, dst); },
         [&](const int8_t* b_ops, int64_t i, int64_t t0) {
           const uint8_t* tile = first + size_t(i) * tile_bytes;
@@ -1597,13 +1590,14 @@ void gemm_interleaved_amx_k(const void* tiles, int64_t n_rows, const void* act, 
     const int64_t nsb = n / kQKK;
     const size_t record = T::Tiles::R::kBytes, tile_bytes = size_t(nsb) * record, decoded_tile = size_t(nsb) * 4096;
     // Scratch: a pass's decoded weight tiles, the products of two superblocks [2][kSubs][16][16] int32.
-    const size_t pass_bytes = size_t(amx_tiles_per_pass(n_rows, decoded_tile)) * decoded_tile;
+    const int64_t per_pass = amx_tiles_per_pass(n_rows, decoded_tile);
+    const size_t pass_bytes = size_t(per_pass) * decoded_tile;
     auto* decoded = static_cast<int8_t*>(scratch(pass_bytes + 2 * 1024 * T::kSubs));
     auto* c = reinterpret_cast<int32_t*>(decoded + pass_bytes);
     const auto* first = static_cast<const uint8_t*>(tiles);
     static const AmxConfig config = amx_config(T::kSubElems);
     amx_passes(
-        config, n_rows, decoded_tile, n_amx, decoded,
+        config, n_rows, per_pass, decoded_tile, n_amx, decoded,
         [&](int64_t i, int8_t* dst) {
           for (int64_t sb = 0; sb < nsb; ++sb) T::decode(first + size_t(i) * tile_bytes + size_t(sb) * record, dst + 4096 * sb);
         },
