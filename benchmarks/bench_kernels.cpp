@@ -6,7 +6,7 @@
 //   bench_kernels [--quick] [--tokens N[,N...]]... [--only SHAPE] [--table NAME] [--threads N] [--hot]
 //                 [--rows N] [--repeats N] [--cpu-time] [--no-repack]
 //
-// Matrices of a type that the table also reads repacked (repack.h: the AVX-512 and AMX tables) are timed in
+// Matrices of a type that the table also reads repacked (repack.h: the AVX2, AVX-512 and AMX tables) are timed in
 // both layouts, the file's and the interleaved one a model loads by default (--no-repack: the
 // file's only).
 //

@@ -978,8 +978,9 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
         }
       }
     }
-  // The reference table, and the AVX-512 one where this CPU has it, read the layout of every type.
-  EXPECT_EQ(interleaved_tables, 7 * (1 + (avx512_kernels() ? 1 : 0) + (amx_kernels() ? 1 : 0)));
+  // The reference and AVX2 tables, and the AVX-512 and AMX ones where this CPU has them, read the
+  // layout of every type.
+  EXPECT_EQ(interleaved_tables, 7 * (2 + (avx512_kernels() ? 1 : 0) + (amx_kernels() ? 1 : 0)));
   // A copy pointed at other rows (as a packed subset of an LM head is) multiplies its own rows.
   const Matrix a = random_matrix(GgmlType::Q8_0, 40, 640, rng), b = random_matrix(GgmlType::Q8_0, 40, 640, rng);
   const std::vector<uint8_t> a_tiles = interleave(a);
@@ -995,6 +996,74 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
     matmul(ctx, moved, x.data(), 3, got.data(), 40);
     matmul(ctx, b.q(), x.data(), 3, want.data(), 40);
     EXPECT_EQ(got, want) << k->name << ": a re-pointed copy read the interleaved rows it no longer names";
+  }
+}
+
+// The largest integer products the formats allow: every quant at its extreme (Q8_0: -128 and
+// 127; 4-, 5- and 6-bit: all bits set; K-quant scales and mins at their largest) against
+// activations that all quantize to +127 or all to -127. The AVX2 kernels keep sums of products in
+// int16 where the bounds allow (kernels_avx2_quantized.cpp), and an overflow there would be far
+// off; every table, in both layouts and for one to many tokens, must match the scalar reference's
+// exact integers up to float rounding.
+TEST(Matmul, ExtremeQuantsDoNotOverflow) {
+  const int64_t rows = 24;
+  std::vector<const KernelTable*> tables = simd_tables();
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K,
+                        GgmlType::Q5_K, GgmlType::Q6_K}) {
+    const int64_t cols = is_k_quant(type) || type == GgmlType::Q5_K ? 512 : 256;
+    const TypeTraits& tr = type_traits(type);
+    Matrix w{type, rows, cols, std::vector<uint8_t>(row_bytes(type, cols) * rows, 0xFF)};
+    for (size_t blk = 0; blk < w.data.size() / tr.block_bytes; ++blk) {
+      const size_t o = blk * tr.block_bytes;
+      switch (type) {
+        case GgmlType::Q8_0:  // rows alternate between all -128 and all 127
+          std::memset(&w.data[o + 2], blk / (cols / kQK) % 2 ? 0x7F : 0x80, kQK);
+          put_f16(w.data, o, 0.01f);
+          break;
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_1:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+          put_f16(w.data, o, 0.01f);
+          put_f16(w.data, o + 2, 0.001f);
+          break;
+        case GgmlType::Q6_K:  // scales alternate between 127 and -128
+          for (int j = 0; j < 16; ++j) w.data[o + offsetof(BlockQ6_K, scales) + j] = j % 2 ? 0x80 : 0x7F;
+          put_f16(w.data, o + offsetof(BlockQ6_K, d), 0.01f);
+          break;
+        default:
+          put_f16(w.data, o, 0.01f);
+      }
+    }
+    const std::vector<uint8_t> packed = has_interleaved_layout(type) ? interleave(w) : std::vector<uint8_t>{};
+    QMatrix wi = w.q();
+    if (!packed.empty()) {
+      wi.interleaved = packed.data();
+      wi.interleaved_of = wi.data;
+    }
+    for (float sign : {1.0f, -1.0f}) {
+      const int64_t max_tokens = 17;
+      const std::vector<float> x(size_t(max_tokens * cols), sign);
+      std::vector<float> want(size_t(max_tokens * rows));
+      {
+        ThreadPool pool(1);
+        MatmulContext ctx(pool, reference_kernels());
+        matmul(ctx, w.q(), x.data(), max_tokens, want.data(), rows);
+      }
+      for (const KernelTable* k : tables)
+        for (int64_t nt : {1, 2, 8, 17}) {
+          ThreadPool pool(1);
+          MatmulContext ctx(pool, *k);
+          for (const QMatrix& m : {w.q(), wi}) {
+            std::vector<float> got(size_t(nt * rows), NAN);
+            matmul(ctx, m, x.data(), nt, got.data(), rows);
+            for (size_t i = 0; i < got.size(); ++i)
+              ASSERT_NEAR(got[i], want[i], 1e-4 * std::fabs(want[i]) + 1e-3)
+                  << k->name << " " << tname(type) << (m.interleaved ? " interleaved" : " file layout") << " tokens "
+                  << nt << " sign " << sign << " token " << i / rows << " row " << i % rows;
+          }
+        }
+    }
   }
 }
 

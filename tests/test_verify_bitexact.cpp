@@ -58,7 +58,7 @@ void check_rows_bit_exact(const std::string& path) {
   opt.n_threads = 2;
   std::unique_ptr<Model> model = Model::load(*file, opt);
   // Plain decoding runs on the mapped file's bytes as stored (--no-repack), verification on the
-  // default (Q8_0 matrices repacked into the interleaved layout on AVX-512): rows equal across both.
+  // default (the quantized matrices repacked into the interleaved layout): rows equal across both.
   ModelOptions plain_opt = opt;
   plain_opt.repack = false;
   std::unique_ptr<Model> plain = Model::load(*file, plain_opt);

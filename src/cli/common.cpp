@@ -27,7 +27,7 @@ void ModelArgs::add_to(CLI::App& cmd, int32_t default_batch) {
   cmd.add_flag_callback(
       "--no-repack", [this] { repack = false; },
       "multiply the mapped file's weights as stored: no interleaved copy of the Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K "
-      "and Q6_K matrices for the AVX-512 and AMX kernels (saves their size in memory; the same results, slower)");
+      "and Q6_K matrices for the AVX2, AVX-512 and AMX kernels (saves their size in memory; the same results, slower)");
 }
 
 void add_spec_options(CLI::App& cmd, SpecConfig& c) {

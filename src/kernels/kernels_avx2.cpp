@@ -1,10 +1,10 @@
-// AVX2 + FMA + F16C kernels: the baseline every supported x86-64 CPU runs.
+// AVX2 + FMA + F16C kernels: the baseline every supported x86-64 CPU runs. This file: float
+// weights (F32, F16, BF16), the activation quantizers, attention and the row arithmetic; the
+// quantized weight types are in kernels_avx2_quantized.cpp.
 //
-// Each weight type has one templated row kernel, dot<NT>, that decodes a weight block once and
-// applies it to NT activation rows (NT = 1..8; 1..4 for Q4_K/Q5_K and float weights). gemm tiles
-// rows x tokens over it, so up to 8 tokens stream each weight row once; vec_dot is gemm on one row
-// and one token.
-// Integer arithmetic is exact, so results differ from the reference only in float summation order.
+// A float weight row is dotted with up to 4 activation rows per pass (gemm tiles rows x tokens
+// over it); vec_dot is gemm on one row and one token. Results differ from the reference only in
+// float summation order.
 #include <immintrin.h>
 
 #include <cmath>
@@ -39,379 +39,6 @@ inline int hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-inline __m256i loadu(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
-
-// 16 packed bytes -> 32 bytes: low nibbles (elements 0-15) then high nibbles (elements 16-31).
-inline __m256i nibbles32(const uint8_t* qs) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
-}
-
-// Bit j of h -> byte j = 0xFF or 0x00.
-inline __m256i bits_to_bytes(uint32_t h) {
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(int(h)),
-      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
-  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ULL));
-  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-}
-
-inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-// Signed bytes w times signed bytes a, summed in pairs of 4 into 8 int32 lanes. |w|, |a| <= 127
-// except w = -128, whose absolute value 128 still fits maddubs' unsigned operand.
-inline __m256i dot_i8(__m256i w_abs, __m256i w, __m256i a) {
-  const __m256i p = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(a, w));
-  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-
-// Unsigned bytes u (<= 63) times signed bytes a, 8 int32 lanes.
-inline __m256i dot_u8(__m256i u, __m256i a) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1));
-}
-
-// ---------------------------------------------------------------------------------------------
-// What one row kernel call reads of the activations
-
-// Most tokens one row kernel call takes (the float kernels take 4: two accumulators per token).
-constexpr int kGroup = 8;
-static_assert(kGroup == 8, "with_token_count (token_count.h) covers 1..8 tokens");
-
-// The activation rows of one call (up to kGroup tokens, in the weight type's activation format)
-// and their block scales already in f32 (gemm converts them once per call instead of once per
-// weight row): d is block b's scale of token t, s likewise Q8_1's s = d * sum(qs). Q8_0/Q8_1 keep
-// them token-major, d[t * stride + b] (stride: the block count rounded up to even, the padding 0),
-// for the block pairs of dot32; Q8_K block-major, d[b * kGroup + t], for BlockScales. Unused for
-// f32 activations.
-struct Acts {
-  const uint8_t* row[kGroup];
-  const float* d;
-  const float* s;
-  int64_t stride;
-};
-
-// Which f32 scales a kernel's activation format needs from gemm.
-enum class ActScales { kNone, kD, kDS };
-
-// What gemm needs to know of a kernel's activations: the most tokens per row kernel call, the
-// f32 scales to convert, the elements per activation block and the block's layout.
-struct Q8_0Acts {
-  static constexpr int kMaxTokens = kGroup;
-  static constexpr ActScales kScales = ActScales::kD;
-  static constexpr int kBlockElems = kQK;
-  using ActBlock = BlockQ8_0;
-};
-struct Q8_1Acts {
-  static constexpr int kMaxTokens = kGroup;
-  static constexpr ActScales kScales = ActScales::kDS;
-  static constexpr int kBlockElems = kQK;
-  using ActBlock = BlockQ8_1;
-};
-template <int kTokens>
-struct Q8_KActs {
-  static constexpr int kMaxTokens = kTokens;
-  static constexpr ActScales kScales = ActScales::kD;
-  static constexpr int kBlockElems = kQKK;
-  using ActBlock = BlockQ8_K;
-};
-struct F32Acts {
-  static constexpr int kMaxTokens = 4;  // two accumulators per token
-  static constexpr ActScales kScales = ActScales::kNone;
-  static constexpr int kBlockElems = 1;
-  using ActBlock = float;
-};
-
-// Per-thread scratch for the f32 scales; grows to the largest call and stays.
-float* scale_scratch(size_t floats) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < floats) buf.resize(floats);
-  return buf.data();
-}
-
-// ---------------------------------------------------------------------------------------------
-// 32-element formats against Q8_0 / Q8_1 activations
-
-// Calls f.template operator()<T>() for T = 0..NT-1 in order.
-template <int NT, class F, int T = 0>
-inline void for_tokens(F&& f) {
-  if constexpr (T < NT) {
-    f.template operator()<T>();
-    for_tokens<NT, F, T + 1>(static_cast<F&&>(f));
-  }
-}
-
-// Two blocks' 8-lane integer sums folded into one vector: lanes 0, 2, 4, 6 hold block 0's lane
-// pairs (0+2, 1+3, 4+6, 5+7), lanes 1, 3, 5, 7 block 1's. Exact integer adds on the shuffle and
-// add ports, which leaves the multiply ports (sign, maddubs, madd, cvt, fma share two) to the
-// dot products.
-[[gnu::always_inline]] inline __m256i fold2(__m256i i0, __m256i i1) {
-  return _mm256_add_epi32(_mm256_unpacklo_epi32(i0, i1), _mm256_unpackhi_epi32(i0, i1));
-}
-
-// Two f16 scales -> [a b a b a b a b] (kDup) or [a b 0 0 0 0 0 0].
-template <bool kDup>
-[[gnu::always_inline]] inline __m256 scale_pair(fp16_t a, fp16_t b) {
-  const __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(int(uint32_t(a) | uint32_t(b) << 16)));
-  if constexpr (kDup)
-    return _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(v)));
-  else
-    return _mm256_zextps128_ps256(_mm_movelh_ps(v, _mm_setzero_ps()));
-}
-
-// Two consecutive f32 values -> [a b a b a b a b].
-[[gnu::always_inline]] inline __m256 f32_pair(const float* p) {
-  return _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(p)));
-}
-
-// The 32-element formats against Q8_0 (symmetric weights: K::decode gives signed w) or Q8_1
-// (asymmetric, value = q*d + m: K::decode gives unsigned q, plus m * s per block).
-//
-// Blocks go in pairs: per token, the pair's two integer sums are folded into one vector (fold2),
-// converted once and multiplied by [dx0*dy0, dx1*dy1, ...] in one fma, which halves the
-// conversions and fmas per block against one vector per block. A token's float steps (per pair:
-// that fma, then for Q8_1 one fma of [mx0, mx1, 0...] * [sy0, sy1, ...]; at the end a fixed
-// horizontal sum) use only its own values, so its result is the same whatever NT. An odd last
-// block pairs with a zero block of zero scale.
-template <class K, int NT>
-inline void dot32(const void* w, const Acts& a, int64_t n, float* s) {
-  constexpr bool kAsym = std::is_same_v<typename K::ActBlock, BlockQ8_1>;
-  using ActBlock = typename K::ActBlock;
-  const auto* x = static_cast<const typename K::Block*>(w);
-  const ActBlock* y[NT];
-  for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const ActBlock*>(a.row[t]);
-  const int64_t nb = n / kQK;
-  __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  auto step = [&]<bool kPair>(int64_t b) {
-    const __m256i q0 = K::decode(x[b]);
-    const __m256i q1 = kPair ? K::decode(x[b + 1]) : _mm256_setzero_si256();
-    const __m256i q0_abs = kAsym ? q0 : _mm256_sign_epi8(q0, q0);
-    const __m256i q1_abs = kAsym ? q1 : _mm256_sign_epi8(q1, q1);
-    const __m256 dx = scale_pair<true>(x[b].d, kPair ? x[b + 1].d : fp16_t(0));
-    __m256 mx;
-    if constexpr (kAsym) mx = scale_pair<false>(x[b].m, kPair ? x[b + 1].m : fp16_t(0));
-    for_tokens<NT>([&]<int T>() {
-      const __m256i a0 = loadu(y[T][b].qs);
-      const __m256i i0 = kAsym ? dot_u8(q0, a0) : dot_i8(q0_abs, q0, a0);
-      __m256i i1 = _mm256_setzero_si256();
-      if constexpr (kPair) {
-        const __m256i a1 = loadu(y[T][b + 1].qs);
-        i1 = kAsym ? dot_u8(q1, a1) : dot_i8(q1_abs, q1, a1);
-      }
-      const __m256 sc = _mm256_mul_ps(dx, f32_pair(a.d + T * a.stride + b));
-      acc[T] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold2(i0, i1)), sc, acc[T]);
-      if constexpr (kAsym) acc[T] = _mm256_fmadd_ps(mx, f32_pair(a.s + T * a.stride + b), acc[T]);
-    });
-  };
-  int64_t b = 0;
-  for (; b + 1 < nb; b += 2) step.template operator()<true>(b);
-  if (b < nb) step.template operator()<false>(b);
-  for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
-}
-
-struct Q8_0Kernel : Q8_0Acts {
-  using Block = BlockQ8_0;
-  template <int NT>
-  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
-    dot32<Q8_0Kernel, NT>(w, a, n, s);
-  }
-  static __m256i decode(const BlockQ8_0& b) { return loadu(b.qs); }
-};
-
-struct Q4_0Kernel : Q8_0Acts {
-  using Block = BlockQ4_0;
-  template <int NT>
-  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
-    dot32<Q4_0Kernel, NT>(w, a, n, s);
-  }
-  static __m256i decode(const BlockQ4_0& b) { return _mm256_sub_epi8(nibbles32(b.qs), _mm256_set1_epi8(8)); }
-};
-
-struct Q5_0Kernel : Q8_0Acts {
-  using Block = BlockQ5_0;
-  template <int NT>
-  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
-    dot32<Q5_0Kernel, NT>(w, a, n, s);
-  }
-  static __m256i decode(const BlockQ5_0& b) {
-    const __m256i high = bits_to_bytes(load_u32(b.qh));
-    return _mm256_sub_epi8(nibbles32(b.qs), _mm256_andnot_si256(high, _mm256_set1_epi8(16)));
-  }
-};
-
-struct Q4_1Kernel : Q8_1Acts {
-  using Block = BlockQ4_1;
-  template <int NT>
-  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
-    dot32<Q4_1Kernel, NT>(w, a, n, s);
-  }
-  static __m256i decode(const BlockQ4_1& b) { return nibbles32(b.qs); }
-};
-
-struct Q5_1Kernel : Q8_1Acts {
-  using Block = BlockQ5_1;
-  template <int NT>
-  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
-    dot32<Q5_1Kernel, NT>(w, a, n, s);
-  }
-  static __m256i decode(const BlockQ5_1& b) {
-    const __m256i high = bits_to_bytes(load_u32(b.qh));
-    return _mm256_or_si256(nibbles32(b.qs), _mm256_and_si256(high, _mm256_set1_epi8(16)));
-  }
-};
-
-// ---------------------------------------------------------------------------------------------
-// K-quants against Q8_K
-
-// The combined scales dx * dy[t] of one K-quant block for NT tokens, each broadcast to 8 lanes.
-// From 3 tokens on: one vector multiply for all tokens, then one in-lane shuffle per token; for
-// one or two, scalar products and broadcasts (cheaper there). The products are the same floats.
-template <int NT>
-struct BlockScales {
-  __m256 lo, hi;  // the products of tokens 0-3 / 4-7 in both 128-bit halves (NT > 2)
-  float dx;
-  const float* dy;
-  BlockScales(float dx_, const float* dy_) : dx(dx_), dy(dy_) {
-    if constexpr (NT > 2) {
-      const __m256 v = _mm256_mul_ps(_mm256_set1_ps(dx), _mm256_loadu_ps(dy));
-      lo = _mm256_permute2f128_ps(v, v, 0x00);
-      if constexpr (NT > 4) hi = _mm256_permute2f128_ps(v, v, 0x11);
-    }
-  }
-  template <int T>
-  __m256 get() const {
-    static_assert(T < NT);
-    if constexpr (NT <= 2)
-      return _mm256_set1_ps(dx * dy[T]);
-    else
-      return _mm256_permute_ps(T < 4 ? lo : hi, (T % 4) * 0x55);
-  }
-};
-
-// The eight 6-bit scales and mins of a Q4_K/Q5_K block, as bytes.
-[[gnu::always_inline]] inline void k4_scales(const uint8_t* packed, uint8_t* sc, uint8_t* m) {
-  uint32_t u[3];
-  std::memcpy(u, packed, 12);
-  const uint32_t sc_lo = u[0] & 0x3f3f3f3f, m_lo = u[1] & 0x3f3f3f3f;
-  const uint32_t sc_hi = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-  const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
-  std::memcpy(sc, &sc_lo, 4);
-  std::memcpy(sc + 4, &sc_hi, 4);
-  std::memcpy(m, &m_lo, 4);
-  std::memcpy(m + 4, &m_hi, 4);
-}
-
-// Mins as int16 pairs [m0, m0, m1, m1, ...], to madd with the 16 bsums.
-[[gnu::always_inline]] inline __m256i k4_mins_pairs(const uint8_t* m) {
-  uint64_t m8;
-  std::memcpy(&m8, m, 8);
-  const __m128i v = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(m8)));
-  return _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
-}
-
-template <bool kHigh>
-struct Q45KKernel : Q8_KActs<4> {  // 8 tokens would spill isum and acc
-  using Block = std::conditional_t<kHigh, BlockQ5_K, BlockQ4_K>;
-  template <int NT>
-  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
-    const auto* x = static_cast<const Block*>(w);
-    const BlockQ8_K* y[NT];
-    for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const BlockQ8_K*>(a.row[t]);
-    __m256 acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    for (int64_t b = 0; b < n / kQKK; ++b) {
-      uint8_t sc[8], m[8];
-      k4_scales(x[b].scales, sc, m);
-      const __m256i mins = k4_mins_pairs(m);
-      const float d = h2f(x[b].d), dmin = h2f(x[b].dmin);
-      __m256i isum[NT];
-      for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
-      __m256i hbits = kHigh ? loadu(reinterpret_cast<const BlockQ5_K*>(&x[b])->qh) : _mm256_setzero_si256();
-      for (int c = 0; c < 4; ++c) {
-        const __m256i q = loadu(x[b].qs + 32 * c);
-        __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-        if constexpr (kHigh) {
-          // Bit 2c of qh[l] is the fifth bit of low-nibble element l, bit 2c+1 of the high one.
-          const __m256i b16 = _mm256_set1_epi8(16);
-          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hbits, 4), b16));
-          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hbits, 3), b16));
-          hbits = _mm256_srli_epi16(hbits, 2);
-        }
-        const __m256i s_lo = _mm256_set1_epi16(sc[2 * c]), s_hi = _mm256_set1_epi16(sc[2 * c + 1]);
-        for (int t = 0; t < NT; ++t) {
-          const __m256i p_lo = _mm256_maddubs_epi16(lo, loadu(y[t][b].qs + 64 * c));
-          const __m256i p_hi = _mm256_maddubs_epi16(hi, loadu(y[t][b].qs + 64 * c + 32));
-          isum[t] = _mm256_add_epi32(
-              isum[t], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi)));
-        }
-      }
-      const BlockScales<NT> sd(d, a.d + b * kGroup), sm(dmin, a.d + b * kGroup);
-      for_tokens<NT>([&]<int T>() {
-        const __m256i mi = _mm256_madd_epi16(loadu(y[T][b].bsums), mins);
-        acc[T] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[T]), sd.template get<T>(), acc[T]);
-        acc[T] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), sm.template get<T>(), acc[T]);
-      });
-    }
-    for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
-  }
-};
-
-struct Q6KKernel : Q8_KActs<kGroup> {
-  template <int NT>
-  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
-    const auto* x = static_cast<const BlockQ6_K*>(w);
-    const BlockQ8_K* y[NT];
-    for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const BlockQ8_K*>(a.row[t]);
-    __m256 acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    for (int64_t b = 0; b < n / kQKK; ++b) {
-      const __m256i sc16 =
-          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].scales)));
-      __m256i isum[NT];
-      // The -32 offset of every quant: -32 * sum_j sc_j * bsum_j.
-      for (int t = 0; t < NT; ++t)
-        isum[t] = _mm256_slli_epi32(
-            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(loadu(y[t][b].bsums), sc16)), 5);
-      for (int half = 0; half < 2; ++half) {
-        const uint8_t* ql = x[b].ql + 64 * half;
-        const __m256i ql0 = loadu(ql), ql1 = loadu(ql + 32), qh = loadu(x[b].qh + 32 * half);
-        // Elements 0-31, 32-63, 64-95, 96-127 of this half, as unsigned 6-bit values.
-        __m256i q[4];
-        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4),
-                               _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4));
-        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
-                               _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(12)), 2));
-        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                               _mm256_and_si256(qh, _mm256_set1_epi8(48)));
-        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                               _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(char(0xC0))), 2));
-        for (int k = 0; k < 4; ++k) {
-          // Elements 32k..32k+31 of the half use scales 8*half + 2k (first 16) and + 2k + 1.
-          const int8_t* scp = x[b].scales + 8 * half + 2 * k;
-          const __m256i sv = _mm256_set_m128i(_mm_set1_epi16(scp[1]), _mm_set1_epi16(scp[0]));
-          for (int t = 0; t < NT; ++t) {
-            const __m256i p = _mm256_maddubs_epi16(q[k], loadu(y[t][b].qs + 128 * half + 32 * k));
-            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sv));
-          }
-        }
-      }
-      const BlockScales<NT> sd(h2f(x[b].d), a.d + b * kGroup);
-      for_tokens<NT>([&]<int T>() {
-        acc[T] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[T]), sd.template get<T>(), acc[T]);
-      });
-    }
-    for (int t = 0; t < NT; ++t) s[t] = hsum(acc[t]);
-  }
-};
-
 // ---------------------------------------------------------------------------------------------
 // Float weights against f32 activations
 
@@ -437,13 +64,14 @@ struct BF16Elems {
   static float load1(const uint16_t* p) { return bf16_to_fp32(*p); }
 };
 
+// Most tokens one call of a float row kernel takes: two accumulators per token.
+constexpr int64_t kFloatTokens = 4;
+
 template <class E>
-struct FloatKernel : F32Acts {
+struct FloatKernel {
   template <int NT>
-  static void dot(const void* w, const Acts& a, int64_t n, float* s) {
+  static void dot(const void* w, const float* const* y, int64_t n, float* s) {
     const auto* x = static_cast<const typename E::T*>(w);
-    const float* y[NT];
-    for (int t = 0; t < NT; ++t) y[t] = reinterpret_cast<const float*>(a.row[t]);
     __m256 acc0[NT], acc1[NT];
     for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
     int64_t i = 0;
@@ -470,69 +98,25 @@ using F32Kernel = FloatKernel<F32Elems>;
 using F16Kernel = FloatKernel<F16Elems>;
 using BF16Kernel = FloatKernel<BF16Elems>;
 
-// ---------------------------------------------------------------------------------------------
-// Tiling
-
-// The f32 scales of n_tokens activation rows of nb blocks each (see Acts), per group of G tokens:
-// group g's d table at out + g * per_group, its s table (Q8_1) half a group after it.
-template <class Block>
-void act_scales(const uint8_t* act, size_t act_stride, int64_t n_tokens, int64_t nb, int G, float* out,
-                size_t per_group) {
-  constexpr bool kTokenMajor = !std::is_same_v<Block, BlockQ8_K>;
-  const int64_t stride = (nb + 1) / 2 * 2;
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const auto* y = reinterpret_cast<const Block*>(act + size_t(t) * act_stride);
-    float* group = out + size_t(t / G) * per_group;
-    if constexpr (kTokenMajor) {
-      float* d = group + (t % G) * stride;
-      for (int64_t b = 0; b < nb; ++b) d[b] = h2f(y[b].d);
-      d[nb] = 0.0f;  // the padding when nb is odd (else overwritten or unused)
-      if constexpr (std::is_same_v<Block, BlockQ8_1>) {
-        float* s = d + per_group / 2;
-        for (int64_t b = 0; b < nb; ++b) s[b] = h2f(y[b].s);
-        s[nb] = 0.0f;
-      }
-    } else {
-      for (int64_t b = 0; b < nb; ++b) group[b * kGroup + t % G] = y[b].d;
-    }
-  }
-}
-
-// Rows in blocks of 8 so a block's weights stay in L1 while every group of up to kMaxTokens tokens
-// passes over it; up to kMaxTokens tokens, each weight row is streamed once and decoded once.
+// Rows in blocks of 8 so a block's weights stay in L1 while every group of up to 4 tokens passes
+// over it; up to 4 tokens, each weight row is streamed once.
 template <class K>
 void gemm(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, const void* act,
           size_t act_stride, int64_t n_tokens, int64_t n, float* out, int64_t ldo) {
-  constexpr int G = K::kMaxTokens;
   constexpr int64_t kRowBlock = 8;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* ab = static_cast<const uint8_t*>(act);
-  const float* scales = nullptr;  // per token group: [d table, s table], each nb * kGroup floats
-  const int64_t nb = n / K::kBlockElems;
-  size_t per_group = 0;
-  if constexpr (K::kScales != ActScales::kNone) {
-    // + 1: act_scales writes the odd-count padding entry even when nb is even.
-    per_group = size_t((nb + 1) / 2 * 2 + 1) * kGroup * (K::kScales == ActScales::kDS ? 2 : 1);
-    float* buf = scale_scratch(size_t((n_tokens + G - 1) / G) * per_group);
-    act_scales<typename K::ActBlock>(ab, act_stride, n_tokens, nb, G, buf, per_group);
-    scales = buf;
-  }
   for (int64_t r0 = 0; r0 < n_rows; r0 += kRowBlock) {
     const int64_t r1 = r0 + kRowBlock < n_rows ? r0 + kRowBlock : n_rows;
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += G) {
-      const int64_t g = n_tokens - t0 < G ? n_tokens - t0 : G;
-      Acts a{};
-      for (int64_t i = 0; i < g; ++i) a.row[i] = ab + size_t(t0 + i) * act_stride;
-      if (scales) {
-        a.d = scales + size_t(t0 / G) * per_group;
-        a.s = a.d + per_group / 2;
-        a.stride = (nb + 1) / 2 * 2;
-      }
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kFloatTokens) {
+      const int64_t g = n_tokens - t0 < kFloatTokens ? n_tokens - t0 : kFloatTokens;
+      const float* rows[kFloatTokens];
+      for (int64_t i = 0; i < g; ++i) rows[i] = reinterpret_cast<const float*>(ab + size_t(t0 + i) * act_stride);
       for (int64_t r = r0; r < r1; ++r) {
         const uint8_t* row = wb + size_t(row_ids ? row_ids[r] : r) * w_stride;
-        float s[kGroup] = {};
+        float s[kFloatTokens] = {};
         with_token_count(g, [&]<int NT>() {
-          if constexpr (NT <= G) K::template dot<NT>(row, a, n, s);
+          if constexpr (NT <= kFloatTokens) K::template dot<NT>(row, rows, n, s);
         });
         for (int64_t i = 0; i < g; ++i) out[(t0 + i) * ldo + r] = s[i];
       }
@@ -861,14 +445,8 @@ const KernelTable& avx2_kernels() {
     set<F32Kernel>(t, GgmlType::F32);
     set<F16Kernel>(t, GgmlType::F16);
     set<BF16Kernel>(t, GgmlType::BF16);
-    set<Q4_0Kernel>(t, GgmlType::Q4_0);
-    set<Q4_1Kernel>(t, GgmlType::Q4_1);
-    set<Q5_0Kernel>(t, GgmlType::Q5_0);
-    set<Q5_1Kernel>(t, GgmlType::Q5_1);
-    set<Q8_0Kernel>(t, GgmlType::Q8_0);
-    set<Q45KKernel<false>>(t, GgmlType::Q4_K);
-    set<Q45KKernel<true>>(t, GgmlType::Q5_K);
-    set<Q6KKernel>(t, GgmlType::Q6_K);
+    // The quantized types.
+    detail::set_avx2_quantized_kernels(t);
     t.quantize[int(GgmlType::F32)] = quantize_f32;
     t.quantize[int(GgmlType::Q8_0)] = quantize_q8_0;
     t.quantize[int(GgmlType::Q8_1)] = quantize_q8_1;

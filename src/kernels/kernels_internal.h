@@ -12,6 +12,10 @@ const KernelTable& avx512_table_unchecked();
 // weights), in the same file; only amx_kernels() calls it, after checking cpu_features().amx_int8.
 const KernelTable& amx_table_unchecked();
 
+// Sets the AVX2 table's kernels for the quantized weight types (kernels_avx2_quantized.cpp): vec_dot
+// and gemm for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K, gemm_interleaved for all but Q5_K.
+void set_avx2_quantized_kernels(KernelTable& t);
+
 // The constants of the row kernels' e^x (kernels.h, RowKernels), shared by every table so each
 // computes the reference's bits: x = n ln2 + r with n the nearest integer to x log2(e) and r =
 // x - n ln2_hi - n ln2_lo (two fused multiply-adds; ln2_hi has 9 significant bits, so n ln2_hi is

@@ -112,9 +112,10 @@ struct ModelOptions {
   int n_threads = 2;
   int32_t n_batch = 512;         // most tokens one forward call takes; scratch is sized for it at load
   std::string kernels = "auto";  // kernel table, see kernels_by_name()
-  // Repack weights at load into the interleaved layout the kernel table reads (repack.h; today
-  // Q8_0 matrices on the AVX-512 table): an extra copy of their size. false: multiply the mapped
-  // file's bytes only (zero-copy). Results are bitwise the same either way.
+  // Repack weights at load into the interleaved layout the kernel table reads (repack.h: the Q8_0,
+  // Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K matrices, on every SIMD table): an extra copy of their
+  // size. false: multiply the mapped file's bytes only (zero-copy). Results are bitwise the same
+  // either way.
   bool repack = true;
 };
 
