@@ -172,7 +172,8 @@ inline void prefetch_all(const uint8_t* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
 }
 
-// The file's layout: calls f(group, next) for each group of 8 rows, next: what to prefetch.
+// The file's layout: calls f(group, next, r0) for each group of 8 rows from row r0, next: what to
+// prefetch.
 template <class F>
 void for_each_row_group(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, F&& f) {
   const auto* wb = static_cast<const uint8_t*>(w);
@@ -190,9 +191,30 @@ void for_each_row_group(const void* w, size_t w_stride, const int32_t* row_ids, 
       after = row_group(wb, w_stride, row_ids, n_rows, r0 + kLaneRows);
       next.rows = after.rows;
     }
-    f(g, next);
+    f(g, next, r0);
     if (r0 + kLaneRows < n_rows) g = row_ids ? after : row_group(wb, w_stride, row_ids, n_rows, r0 + kLaneRows);
   }
+}
+
+// The file's layout in passes: part<NT>(group, next, r0, t0) for each group of 8 rows and each
+// group of NT <= kTokens tokens from t0 (the first pass over a row group prefetches the next).
+template <int kTokens, class Part>
+void for_each_row_pass(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, int64_t n_tokens,
+                       Part&& part) {
+  for_each_row_group(w, w_stride, row_ids, n_rows, [&](const RowGroup& g, const NextRows& next, int64_t r0) {
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokens)
+      with_token_count(min64(kTokens, n_tokens - t0), [&]<int NT>() {
+        if constexpr (NT <= kTokens) part.template operator()<NT>(g, t0 == 0 ? next : NextRows{}, r0, t0);
+      });
+  });
+}
+
+// vec_dot as the table's gemm on one row and one token.
+template <GemmFn kGemm>
+float vec_dot(const void* w, const void* a, int64_t n) {
+  float s;
+  kGemm(w, 0, nullptr, 1, a, 0, 1, n, &s, 1);
+  return s;
 }
 
 // =============================================================================================
@@ -423,23 +445,11 @@ void gemm32(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_ro
   const ActInfo info{base, base + n_tokens * nb};
   const auto* ab = static_cast<const uint8_t*>(act);
   act_info<W>(ab, act_stride, n_tokens, nb, info);
-  int64_t r0 = 0;
-  for_each_row_group(w, w_stride, row_ids, n_rows, [&](const RowGroup& g, const NextRows& next) {
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kGroupTokens) {
-      with_token_count(min64(kGroupTokens, n_tokens - t0), [&]<int NT>() {
-        rows8_tokens<W, NT>(g, t0 == 0 ? next.sliced(nb) : NextRows{}, nb, ab + size_t(t0) * act_stride, act_stride,
-                            info.d + t0 * nb, info.x + t0 * nb, nb, out + t0 * ldo + r0, ldo);
-      });
-    }
-    r0 += kLaneRows;
-  });
-}
-
-template <class W>
-float vec_dot32(const void* w, const void* a, int64_t n) {
-  float s;
-  gemm32<W>(w, 0, nullptr, 1, a, 0, 1, n, &s, 1);
-  return s;
+  for_each_row_pass<kGroupTokens>(w, w_stride, row_ids, n_rows, n_tokens,
+                                  [&]<int NT>(const RowGroup& g, const NextRows& next, int64_t r0, int64_t t0) {
+                                    rows8_tokens<W, NT>(g, next.sliced(nb), nb, ab + size_t(t0) * act_stride, act_stride,
+                                                        info.d + t0 * nb, info.x + t0 * nb, nb, out + t0 * ldo + r0, ldo);
+                                  });
 }
 
 // The interleaved layout: kHalves halves of a 16-row tile (rows 8 h..8 h+7 for half h from
@@ -789,23 +799,11 @@ void gemm_k(const void* w, size_t w_stride, const int32_t* row_ids, int64_t n_ro
   if (n_rows <= 0 || n_tokens <= 0) return;
   const int64_t nsb = n / kQKK;
   const auto* ab = static_cast<const uint8_t*>(act);
-  int64_t r0 = 0;
-  for_each_row_group(w, w_stride, row_ids, n_rows, [&](const RowGroup& g, const NextRows& next) {
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += K::kRowTokens)
-      with_token_count(min64(K::kRowTokens, n_tokens - t0), [&]<int NT>() {
-        if constexpr (NT <= K::kRowTokens)
-          rows8_k<K, NT>(g, t0 == 0 ? next.sliced(nsb) : NextRows{}, nsb, ab + size_t(t0) * act_stride, act_stride,
-                         out + t0 * ldo + r0, ldo);
-      });
-    r0 += kLaneRows;
-  });
-}
-
-template <class K>
-float vec_dot_k(const void* w, const void* a, int64_t n) {
-  float s;
-  gemm_k<K>(w, 0, nullptr, 1, a, 0, 1, n, &s, 1);
-  return s;
+  for_each_row_pass<K::kRowTokens>(w, w_stride, row_ids, n_rows, n_tokens,
+                                   [&]<int NT>(const RowGroup& g, const NextRows& next, int64_t r0, int64_t t0) {
+                                     rows8_k<K, NT>(g, next.sliced(nsb), nsb, ab + size_t(t0) * act_stride, act_stride,
+                                                    out + t0 * ldo + r0, ldo);
+                                   });
 }
 
 // The interleaved layout: kHalves halves of a 16-row tile from first_half against NT tokens.
@@ -852,14 +850,14 @@ void gemm_interleaved_k(const void* tiles, int64_t n_rows, const void* act, size
 
 template <class W>
 void set32(KernelTable& t) {
-  t.vec_dot[int(W::kType)] = vec_dot32<W>;
+  t.vec_dot[int(W::kType)] = vec_dot<gemm32<W>>;
   t.gemm[int(W::kType)] = gemm32<W>;
   t.gemm_interleaved[int(W::kType)] = gemm_interleaved32<W>;
 }
 
 template <class K>
 void set_k(KernelTable& t, GgmlType type) {
-  t.vec_dot[int(type)] = vec_dot_k<K>;
+  t.vec_dot[int(type)] = vec_dot<gemm_k<K>>;
   t.gemm[int(type)] = gemm_k<K>;
   t.gemm_interleaved[int(type)] = gemm_interleaved_k<K>;
 }
@@ -873,7 +871,7 @@ void detail::set_avx2_quantized_kernels(KernelTable& t) {
   set32<Q5_0L>(t);
   set32<Q5_1L>(t);
   set_k<Q45KL<false>>(t, GgmlType::Q4_K);
-  t.vec_dot[int(GgmlType::Q5_K)] = vec_dot_k<Q45KL<true>>;
+  t.vec_dot[int(GgmlType::Q5_K)] = vec_dot<gemm_k<Q45KL<true>>>;
   t.gemm[int(GgmlType::Q5_K)] = gemm_k<Q45KL<true>>;
   set_k<Q6KL>(t, GgmlType::Q6_K);
 }
