@@ -10,20 +10,16 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <type_traits>
-#include <vector>
 
 #include "kernels/kernels.h"
 #include "kernels/kernels_internal.h"
+#include "kernels/simd_common.h"
 #include "kernels/token_count.h"
 
 namespace microspec {
 
 namespace {
 
-inline float h2f(fp16_t h) {
-  return _cvtsh_ss(h);
-}
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -32,12 +28,6 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline int hsum_i32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtsi128_si32(s);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Float weights against f32 activations
@@ -180,7 +170,7 @@ void quantize_q8_1(const float* x, void* out, int64_t n) {
     __m256i i32[4];
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), round_pack32(x, _mm256_set1_ps(id), i32));
     const int sum =
-        hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3])));
+        hsum_i32x8(_mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3])));
     y[b].d = fp32_to_fp16(d);
     y[b].s = fp32_to_fp16(float(sum) * d);
   }
@@ -212,8 +202,8 @@ void quantize_q8_k(const float* x, void* out, int64_t n) {
       __m256i i32[4];
       // packs saturates at 127, which is the reference's min(127, q).
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs + k), round_pack32(x + k, vs, i32));
-      y[b].bsums[k / 16] = int16_t(hsum_i32(_mm256_add_epi32(i32[0], i32[1])));
-      y[b].bsums[k / 16 + 1] = int16_t(hsum_i32(_mm256_add_epi32(i32[2], i32[3])));
+      y[b].bsums[k / 16] = int16_t(hsum_i32x8(_mm256_add_epi32(i32[0], i32[1])));
+      y[b].bsums[k / 16 + 1] = int16_t(hsum_i32x8(_mm256_add_epi32(i32[2], i32[3])));
     }
     y[b].d = 1.0f / iscale;
   }

@@ -32,6 +32,7 @@
 #include "kernels/kernels.h"
 #include "kernels/kernels_internal.h"
 #include "kernels/repack.h"
+#include "kernels/simd_common.h"
 #include "kernels/token_count.h"
 
 namespace microspec {
@@ -40,38 +41,9 @@ namespace {
 
 constexpr int kLaneRows = 8;  // rows per register of row lanes
 
-inline float h2f(fp16_t h) {
-  return _cvtsh_ss(h);
-}
-
-inline __m256i loadu(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
-
-inline __m128i loadu128(const void* p) {
-  return _mm_loadu_si128(static_cast<const __m128i*>(p));
-}
-
-inline int32_t load_i32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // 4 activation quants (or two int16 bsums) in every 32-bit lane.
 inline __m256i bcast32(const void* p) {
   return _mm256_set1_epi32(load_i32(p));
-}
-
-inline int64_t min64(int64_t a, int64_t b) {
-  return a < b ? a : b;
-}
-
-inline int32_t hsum_i32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtsi128_si32(s);
 }
 
 // int16 lanes summed in pairs into int32 lanes (times 1: exact).
@@ -228,17 +200,11 @@ struct ActInfo {
   float* x;  // [n_tokens * nb]
 };
 
-inline int32_t block_sum(const int8_t* qs) {
-  // Unsigned sums of q + 128 over 8-byte groups, minus 32 * 128.
-  const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(loadu(qs), _mm256_set1_epi8(char(0x80))), _mm256_setzero_si256());
-  const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-  return int32_t(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
-}
 
 // What the kernels need of each type:
 //   Block/Act: the weight and activation blocks; kAsym: value = q d + m (else q d, q signed for
 //   Q8_0 or q - bias); kBiasShift: log2 of the bias of the unsigned quants; kSum16: groups whose
-//   products are summed in int16 (0: Q8_0's sign trick); kMinOffset: byte offset of m in a block.
+//   products are summed in int16 (0: Q8_0's sign trick);
 //   file(g, b, u): block b of the 8 rows of g in row lanes, u[k] = elements 4k..4k+3 (Q8_0: the
 //   signed quants; the others unsigned); kWholeTileTokens: the most tokens that take whole tiles
 //   (for_each_tile_pass);
@@ -255,12 +221,12 @@ struct Q8_0L {
   static constexpr int64_t kWholeTileTokens = 2;
   static constexpr size_t kQuantBytes = 8 * 64, kHighBytes = 0;
   static void file(const RowGroup& g, int64_t b, __m256i* u) {
-    for (int r = 0; r < kLaneRows; ++r) u[r] = loadu(reinterpret_cast<const Block*>(g.rows[r])[b].qs);
+    for (int r = 0; r < kLaneRows; ++r) u[r] = loadu256(reinterpret_cast<const Block*>(g.rows[r])[b].qs);
     transpose8(u);
   }
   // Stored as w + 128.
   static __m256i tile(const uint8_t* quants, const uint8_t*, int half, int k) {
-    return _mm256_xor_si256(loadu(quants + 64 * k + 32 * half), _mm256_set1_epi8(char(0x80)));
+    return _mm256_xor_si256(loadu256(quants + 64 * k + 32 * half), _mm256_set1_epi8(char(0x80)));
   }
 };
 
@@ -289,7 +255,7 @@ inline void file_nibble_groups(const RowGroup& g, int64_t b, __m256i* u) {
 }
 
 inline __m256i tile_nibble_group(const uint8_t* quants, int half, int k) {
-  const __m256i v = loadu(quants + 64 * (k % 4) + 32 * half);
+  const __m256i v = loadu256(quants + 64 * (k % 4) + 32 * half);
   return _mm256_and_si256(k < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
 }
 
@@ -315,7 +281,7 @@ inline void file_five_bits(const RowGroup& g, int64_t b, __m256i* u) {
 // In a tile, the fifth bits of elements 4k..4k+3 sit k bits below bit 4 of bytes 0..3 of each
 // row's word (repack.h).
 inline __m256i tile_five_bit_group(const uint8_t* quants, const uint8_t* high, int half, int k) {
-  const __m256i h = loadu(high + 32 * half);
+  const __m256i h = loadu256(high + 32 * half);
   const __m256i shifted = k < 4 ? _mm256_slli_epi32(h, 4 - k) : _mm256_srli_epi32(h, k - 4);
   return _mm256_or_si256(tile_nibble_group(quants, half, k), _mm256_and_si256(shifted, _mm256_set1_epi8(0x10)));
 }
@@ -507,8 +473,9 @@ void for_each_tile_part(const void* tiles, int64_t n_rows, size_t tile_bytes, F&
   }
 }
 
-// f(first_half, halves, t0, NT) on every part of the tiles and group of tokens: whole tiles for
-// up to kWholeTileTokens tokens, otherwise halves and groups of up to kGroupTokens.
+// part<NT, kHalves>(tile, next, first_half, r0, valid, t0) on every part of the tiles and group of
+// tokens from t0: whole tiles (kHalves 2) for up to kWholeTileTokens tokens, otherwise halves and
+// groups of up to kGroupTokens.
 template <int64_t kWholeTileTokens, class Part>
 void for_each_tile_pass(const void* tiles, int64_t n_rows, size_t tile_bytes, int64_t n_tokens, Part&& part) {
   static_assert(kWholeTileTokens <= 2);
@@ -615,11 +582,11 @@ struct Q45KL {
     const __m256i mins = _mm256_set_m128i(_mm_unpackhi_epi16(mw, mw), _mm_unpacklo_epi16(mw, mw));
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     __m256i hbits = _mm256_setzero_si256();
-    if constexpr (kHigh) hbits = loadu(x.qh);
+    if constexpr (kHigh) hbits = loadu256(x.qh);
     __m256i acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
-      const __m256i q = loadu(x.qs + 32 * c);
+      const __m256i q = loadu256(x.qs + 32 * c);
       __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
       if constexpr (kHigh) {
         // Bit 2c of qh[l] is the fifth bit of low-nibble element l, bit 2c+1 of the high one.
@@ -630,14 +597,14 @@ struct Q45KL {
       }
       const __m256i s_lo = _mm256_set1_epi16(sc[2 * c]), s_hi = _mm256_set1_epi16(sc[2 * c + 1]);
       for (int t = 0; t < NT; ++t) {
-        const __m256i p_lo = _mm256_maddubs_epi16(lo, loadu(a[t]->qs + 64 * c));
-        const __m256i p_hi = _mm256_maddubs_epi16(hi, loadu(a[t]->qs + 64 * c + 32));
+        const __m256i p_lo = _mm256_maddubs_epi16(lo, loadu256(a[t]->qs + 64 * c));
+        const __m256i p_hi = _mm256_maddubs_epi16(hi, loadu256(a[t]->qs + 64 * c + 32));
         acc[t] = _mm256_add_epi32(acc[t], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi)));
       }
     }
     for (int t = 0; t < NT; ++t) {
-      isum[t] = hsum_i32(acc[t]);
-      m[t] = hsum_i32(_mm256_madd_epi16(loadu(a[t]->bsums), mins));
+      isum[t] = hsum_i32x8(acc[t]);
+      m[t] = hsum_i32x8(_mm256_madd_epi16(loadu256(a[t]->bsums), mins));
     }
   }
   static void file_floats(const RowGroup& g, size_t at, SuperLanes* sl) {
@@ -662,7 +629,7 @@ struct Q45KL {
     for (int j = 0; j < 8; ++j) {
       const int c = j / 2, nib = j % 2;
       auto group = [&](int l) {
-        const __m256i v = loadu(rec + R::kQuants + 64 * (8 * c + l) + 32 * half);
+        const __m256i v = loadu256(rec + R::kQuants + 64 * (8 * c + l) + 32 * half);
         return _mm256_and_si256(nib ? _mm256_srli_epi16(v, 4) : v, low4);
       };
       __m256i p[NT];
@@ -693,7 +660,7 @@ struct Q6KL {
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_si256();
     for (int half = 0; half < 2; ++half) {
       const uint8_t* ql = x.ql + 64 * half;
-      const __m256i ql0 = loadu(ql), ql1 = loadu(ql + 32), qh = loadu(x.qh + 32 * half);
+      const __m256i ql0 = loadu256(ql), ql1 = loadu256(ql + 32), qh = loadu256(x.qh + 32 * half);
       // Elements 0-31, 32-63, 64-95, 96-127 of this half, as unsigned 6-bit values.
       __m256i q[4];
       q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4));
@@ -706,14 +673,14 @@ struct Q6KL {
         const int8_t* scp = x.scales + 8 * half + 2 * k;
         const __m256i sv = _mm256_set_m128i(_mm_set1_epi16(scp[1]), _mm_set1_epi16(scp[0]));
         for (int t = 0; t < NT; ++t) {
-          const __m256i p = _mm256_maddubs_epi16(q[k], loadu(a[t]->qs + 128 * half + 32 * k));
+          const __m256i p = _mm256_maddubs_epi16(q[k], loadu256(a[t]->qs + 128 * half + 32 * k));
           acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, sv));
         }
       }
     }
     for (int t = 0; t < NT; ++t) {
-      isum[t] = hsum_i32(acc[t]);
-      m[t] = -32 * hsum_i32(_mm256_madd_epi16(loadu(a[t]->bsums), sc16));
+      isum[t] = hsum_i32x8(acc[t]);
+      m[t] = -32 * hsum_i32x8(_mm256_madd_epi16(loadu256(a[t]->bsums), sc16));
     }
   }
   static void file_floats(const RowGroup& g, size_t at, SuperLanes* sl) {
@@ -740,8 +707,8 @@ struct Q6KL {
   // 8 hh + l (repack.h). Sub-block 8 hh + 2p + s = dwords 4s..4s+3 of the quarter.
   static __m256i dword(const uint8_t* rec, int half, int hh, int p, int l) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
-    const __m256i q = loadu(rec + R::kLow + 64 * (16 * hh + 8 * (p & 1) + l) + 32 * half);
-    const __m256i hb = loadu(rec + R::kHigh + 64 * (8 * hh + l) + 32 * half);
+    const __m256i q = loadu256(rec + R::kLow + 64 * (16 * hh + 8 * (p & 1) + l) + 32 * half);
+    const __m256i hb = loadu256(rec + R::kHigh + 64 * (8 * hh + l) + 32 * half);
     const __m256i nib = _mm256_and_si256(p < 2 ? q : _mm256_srli_epi16(q, 4), low4);
     const __m256i top = p == 0   ? _mm256_slli_epi16(hb, 4)
                         : p == 1 ? _mm256_slli_epi16(hb, 2)

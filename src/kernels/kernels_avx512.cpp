@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "kernels/kernels.h"
+#include "kernels/simd_common.h"
 #include "kernels/token_count.h"
 #include "kernels/kernels_internal.h"
 #include "kernels/repack.h"
@@ -47,31 +48,6 @@ namespace microspec {
 
 namespace {
 
-inline float h2f(fp16_t h) {
-  return _cvtsh_ss(h);
-}
-inline __m256i loadu256(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
-inline __m128i loadu128(const void* p) {
-  return _mm_loadu_si128(static_cast<const __m128i*>(p));
-}
-inline int64_t min64(int64_t a, int64_t b) {
-  return a < b ? a : b;
-}
-
-inline int32_t hsum_i32x8(__m256i v) {
-  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
-  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtsi128_si32(x);
-}
-
-inline uint32_t load_u32(const void* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 
 // Per-thread scratch (activation summaries, decoded tiles); grows to the largest call and stays.
 struct Scratch {
@@ -432,14 +408,6 @@ struct ActInfo {
   float* x;  // [n_tokens * nb]
 };
 
-// Sum of the 32 quants of a block.
-inline int32_t block_sum(const int8_t* qs) {
-  // Unsigned sums of q + 128 over 8-byte groups, minus 32 * 128.
-  const __m256i s =
-      _mm256_sad_epu8(_mm256_xor_si256(loadu256(qs), _mm256_set1_epi8(char(0x80))), _mm256_setzero_si256());
-  const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-  return int32_t(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
-}
 
 // Whether the symmetric types' integer starts are needed: the AMX kernels multiply signed weights,
 // whose products already include them, so x is left unwritten for them.
@@ -532,11 +500,6 @@ void rows16_few(const uint8_t* const* rows, const NextTile& next, int64_t nb, co
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(out + t * ldo, valid, acc[t]);
 }
 
-inline int32_t load_i32(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 
 // Block b of 16 rows in row lanes (u[k]: dword k, elements 4k..4k+3, of every row; dw/mw their
 // scales and mins) against NT tokens: each token's exact integer products, in two chains of four
