@@ -55,6 +55,22 @@ std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scale = 1.0
   return v;
 }
 
+// Byte offsets of a quantized block's f16 fields: the scale d, then the min (Q4_1, Q5_1) or dmin
+// (Q4_K, Q5_K).
+std::vector<size_t> f16_fields(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_1:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+      return {0, 2};
+    case GgmlType::Q6_K:
+      return {offsetof(BlockQ6_K, d)};
+    default:
+      return {0};
+  }
+}
+
 // A row of n elements of `type`. Quantized types get uniformly random bytes (every quant and
 // scale bit pattern, e.g. Q8_0 quants of -128 and Q6_K scales of -128) with sane f16 scale fields;
 // float types get random values.
@@ -67,23 +83,9 @@ std::vector<uint8_t> random_row(GgmlType type, int64_t n, std::mt19937& rng) {
   for (uint8_t& x : b) x = uint8_t(rng());
   std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
   const TypeTraits& tr = type_traits(type);
-  for (size_t blk = 0; blk < b.size() / tr.block_bytes; ++blk) {
-    const size_t o = blk * tr.block_bytes;
-    switch (type) {
-      case GgmlType::Q4_1:
-      case GgmlType::Q5_1:
-      case GgmlType::Q4_K:
-      case GgmlType::Q5_K:
-        put_f16(b, o, scale(rng));
-        put_f16(b, o + 2, scale(rng));
-        break;
-      case GgmlType::Q6_K:
-        put_f16(b, o + offsetof(BlockQ6_K, d), scale(rng));
-        break;
-      default:
-        put_f16(b, o, scale(rng));
-    }
-  }
+  const std::vector<size_t> fields = f16_fields(type);
+  for (size_t blk = 0; blk < b.size() / tr.block_bytes; ++blk)
+    for (size_t off : fields) put_f16(b, blk * tr.block_bytes + off, scale(rng));
   return b;
 }
 
@@ -1013,27 +1015,14 @@ TEST(Matmul, ExtremeQuantsDoNotOverflow) {
     const int64_t cols = is_k_quant(type) || type == GgmlType::Q5_K ? 512 : 256;
     const TypeTraits& tr = type_traits(type);
     Matrix w{type, rows, cols, std::vector<uint8_t>(row_bytes(type, cols) * rows, 0xFF)};
+    const std::vector<size_t> fields = f16_fields(type);
     for (size_t blk = 0; blk < w.data.size() / tr.block_bytes; ++blk) {
       const size_t o = blk * tr.block_bytes;
-      switch (type) {
-        case GgmlType::Q8_0:  // rows alternate between all -128 and all 127
-          std::memset(&w.data[o + 2], blk / (cols / kQK) % 2 ? 0x7F : 0x80, kQK);
-          put_f16(w.data, o, 0.01f);
-          break;
-        case GgmlType::Q4_1:
-        case GgmlType::Q5_1:
-        case GgmlType::Q4_K:
-        case GgmlType::Q5_K:
-          put_f16(w.data, o, 0.01f);
-          put_f16(w.data, o + 2, 0.001f);
-          break;
-        case GgmlType::Q6_K:  // scales alternate between 127 and -128
-          for (int j = 0; j < 16; ++j) w.data[o + offsetof(BlockQ6_K, scales) + j] = j % 2 ? 0x80 : 0x7F;
-          put_f16(w.data, o + offsetof(BlockQ6_K, d), 0.01f);
-          break;
-        default:
-          put_f16(w.data, o, 0.01f);
-      }
+      if (type == GgmlType::Q8_0)  // rows alternate between all -128 and all 127
+        std::memset(&w.data[o + 2], blk / (cols / kQK) % 2 ? 0x7F : 0x80, kQK);
+      if (type == GgmlType::Q6_K)  // scales alternate between 127 and -128
+        for (int j = 0; j < 16; ++j) w.data[o + offsetof(BlockQ6_K, scales) + j] = j % 2 ? 0x80 : 0x7F;
+      for (size_t f = 0; f < fields.size(); ++f) put_f16(w.data, o + fields[f], f == 0 ? 0.01f : 0.001f);
     }
     const std::vector<uint8_t> packed = has_interleaved_layout(type) ? interleave(w) : std::vector<uint8_t>{};
     QMatrix wi = w.q();
