@@ -192,15 +192,6 @@ float vec_dot(const void* w, const void* a, int64_t n) {
 // =============================================================================================
 // 32-element formats
 
-// Per token and block: the activation scale d and x = the integer start -bias * sum(quants)
-// (Q4_0, Q5_0: weights as unsigned quants; stored as int32), s = d * sum(quants) (Q4_1, Q5_1), or
-// nothing (Q8_0: signed weights).
-struct ActInfo {
-  float* d;  // [n_tokens * nb]
-  float* x;  // [n_tokens * nb]
-};
-
-
 // What the kernels need of each type:
 //   Block/Act: the weight and activation blocks; kAsym: value = q d + m (else q d, q signed for
 //   Q8_0 or q - bias); kBiasShift: log2 of the bias of the unsigned quants; kSum16: groups whose
@@ -320,22 +311,6 @@ struct Q5_1L : NibbleL<BlockQ5_1, BlockQ8_1, true, -1, 4> {
   static void file(const RowGroup& g, int64_t b, __m256i* u) { file_five_bits<Block>(g, b, u); }
   static __m256i tile(const uint8_t* q, const uint8_t* h, int half, int k) { return tile_five_bit_group(q, h, half, k); }
 };
-
-template <class W>
-void act_info(const uint8_t* act, size_t act_stride, int64_t n_tokens, int64_t nb, ActInfo info) {
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const auto* y = reinterpret_cast<const typename W::Act*>(act + size_t(t) * act_stride);
-    for (int64_t b = 0; b < nb; ++b) {
-      info.d[t * nb + b] = h2f(y[b].d);
-      if constexpr (W::kAsym) {
-        info.x[t * nb + b] = h2f(y[b].s);
-      } else if constexpr (W::kBiasShift >= 0) {
-        const int32_t start = -(block_sum(y[b].qs) << W::kBiasShift);
-        std::memcpy(&info.x[t * nb + b], &start, 4);
-      }
-    }
-  }
-}
 
 // The float steps of block b for one token (d, x: its activation summaries).
 template <class W>

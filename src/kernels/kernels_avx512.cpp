@@ -401,34 +401,6 @@ inline void pair_scales(const uint8_t* const* rows, int64_t p, __m512* d, __m512
   }
 }
 
-// Per token and block: the activation scale d, and x = the integer start -bias * sum(quants)
-// (symmetric types, stored as int32) or s = d * sum(quants) (asymmetric types).
-struct ActInfo {
-  float* d;  // [n_tokens * nb]
-  float* x;  // [n_tokens * nb]
-};
-
-
-// Whether the symmetric types' integer starts are needed: the AMX kernels multiply signed weights,
-// whose products already include them, so x is left unwritten for them.
-enum class Starts { kComputed, kInTheProducts };
-
-template <class W, Starts kStarts = Starts::kComputed>
-void act_info(const uint8_t* act, size_t act_stride, int64_t n_tokens, int64_t nb, ActInfo info) {
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const auto* y = reinterpret_cast<const typename W::Act*>(act + size_t(t) * act_stride);
-    for (int64_t b = 0; b < nb; ++b) {
-      info.d[t * nb + b] = h2f(y[b].d);
-      if constexpr (W::kAsym) {
-        info.x[t * nb + b] = h2f(y[b].s);
-      } else if constexpr (kStarts == Starts::kComputed) {
-        const int32_t start = -(block_sum(y[b].qs) << W::kBiasShift);
-        std::memcpy(&info.x[t * nb + b], &start, 4);
-      }
-    }
-  }
-}
-
 // Symmetric types: the integer start of block b (-bias * sum of its activation quants) in every lane.
 template <class W>
 inline __m512i block_start(const float* x, int64_t b) {

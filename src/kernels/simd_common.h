@@ -6,6 +6,7 @@
 // inline function would let the linker keep the AVX-512 file's copy for the AVX2 files too.
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -56,6 +57,36 @@ inline int32_t block_sum(const int8_t* qs) {
   const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(loadu256(qs), _mm256_set1_epi8(char(0x80))), _mm256_setzero_si256());
   const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
   return int32_t(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+}
+
+// The activation summaries of the 32-element formats' kernels, per token and block: d, the
+// activation scale, and x:
+//   asymmetric weights (W::kAsym: Q4_1, Q5_1): s = d * sum(quants);
+//   symmetric weights multiplied as unsigned quants w + 2^W::kBiasShift: the integer start
+//   -2^kBiasShift * sum(quants), stored as int32 bits;
+//   nothing where the products already include it: kStarts == kInTheProducts (the AMX tiles'
+//   signed weights), or W::kBiasShift < 0 (AVX2's signed Q8_0).
+struct ActInfo {
+  float* d;  // [n_tokens * nb]
+  float* x;  // [n_tokens * nb]
+};
+
+enum class Starts { kComputed, kInTheProducts };
+
+template <class W, Starts kStarts = Starts::kComputed>
+void act_info(const uint8_t* act, size_t act_stride, int64_t n_tokens, int64_t nb, ActInfo info) {
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const auto* y = reinterpret_cast<const typename W::Act*>(act + size_t(t) * act_stride);
+    for (int64_t b = 0; b < nb; ++b) {
+      info.d[t * nb + b] = h2f(y[b].d);
+      if constexpr (W::kAsym) {
+        info.x[t * nb + b] = h2f(y[b].s);
+      } else if constexpr (kStarts == Starts::kComputed && W::kBiasShift >= 0) {
+        const int32_t start = -(block_sum(y[b].qs) << W::kBiasShift);
+        std::memcpy(&info.x[t * nb + b], &start, 4);
+      }
+    }
+  }
 }
 
 }  // namespace
