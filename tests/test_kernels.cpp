@@ -1001,6 +1001,48 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
   }
 }
 
+// The AVX2 kernels of the quantized types compute each (row, block) integer exactly and then apply
+// the AVX-512 table's float steps in the same order, one row per lane (kernels_avx2_quantized.cpp),
+// so the two tables agree bit for bit on those types, in both layouts and for any token count: a
+// model gives the same logits on either machine. Named skip where the CPU has no AVX-512.
+TEST(Matmul, Avx2AndAvx512TablesGiveTheSameBits) {
+  const KernelTable* avx512 = avx512_kernels();
+  if (!avx512) GTEST_SKIP() << "this CPU lacks AVX-512: the AVX2 table cannot be compared with it";
+  std::mt19937 rng(31);
+  std::vector<GgmlType> types(std::begin(kInterleavedTypes), std::end(kInterleavedTypes));
+  types.push_back(GgmlType::Q5_K);  // no interleaved layout: the file's on both tables
+  for (GgmlType type : types)
+    for (int64_t cols : is_k_quant(type) || type == GgmlType::Q5_K ? std::vector<int64_t>{256, 1024}
+                                                                     : std::vector<int64_t>{32, 160, 640})
+      for (int64_t rows : {5, 37}) {
+        const Matrix w = random_matrix(type, rows, cols, rng);
+        const std::vector<uint8_t> packed =
+            type == GgmlType::Q5_K ? std::vector<uint8_t>{} : interleave(w);
+        const QMatrix wf = w.q();
+        QMatrix wi = w.q();
+        if (!packed.empty()) {
+          wi.interleaved = packed.data();
+          wi.interleaved_of = wi.data;
+        }
+        const int64_t max_tokens = 19;
+        const std::vector<float> x = random_floats(rng, max_tokens * cols);
+        ThreadPool pool(2);
+        MatmulContext ctx2(pool, avx2_kernels()), ctx512(pool, *avx512);
+        std::vector<const QMatrix*> layouts{&wf};
+        if (!packed.empty()) layouts.push_back(&wi);
+        for (const QMatrix* m : layouts)
+          for (int64_t nt : {1, 2, 3, 5, 8, 9, 16, 19}) {
+            std::vector<float> got(size_t(nt * rows), NAN), want(size_t(nt * rows), NAN);
+            matmul(ctx2, *m, x.data(), nt, got.data(), rows);
+            matmul(ctx512, *m, x.data(), nt, want.data(), rows);
+            for (size_t i = 0; i < got.size(); ++i)
+              ASSERT_EQ(got[i], want[i]) << tname(type) << (m == &wi ? " interleaved" : " file layout") << " rows "
+                                         << rows << " cols " << cols << " tokens " << nt << " token " << i / rows
+                                         << " row " << i % rows;
+          }
+      }
+}
+
 // The largest integer products the formats allow: every quant at its extreme (Q8_0: -128 and
 // 127; 4-, 5- and 6-bit: all bits set; K-quant scales and mins at their largest) against
 // activations that all quantize to +127 or all to -127. The AVX2 kernels keep sums of products in
