@@ -891,6 +891,16 @@ std::vector<uint8_t> interleave(const Matrix& w) {
   return out;
 }
 
+// The matrix w read through its interleaved copy `tiles` (interleave(w)); empty tiles: the file's layout.
+QMatrix with_tiles(const Matrix& w, const std::vector<uint8_t>& tiles) {
+  QMatrix m = w.q();
+  if (!tiles.empty()) {
+    m.interleaved = tiles.data();
+    m.interleaved_of = m.data;
+  }
+  return m;
+}
+
 const GgmlType kInterleavedTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
                                       GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q6_K};
 bool is_k_quant(GgmlType type) { return type_traits(type).block_elems == kQKK; }
@@ -934,9 +944,7 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
     for (int64_t rows : {37, 300}) {
       const Matrix w = random_matrix(type, rows, cols, rng);
       const std::vector<uint8_t> packed = interleave(w);
-      QMatrix wi = w.q();
-      wi.interleaved = packed.data();
-      wi.interleaved_of = wi.data;
+      const QMatrix wi = with_tiles(w, packed);
       const int64_t max_tokens = 67;
       const std::vector<float> x = random_floats(rng, max_tokens * cols);
       for (const KernelTable* k : tables) {
@@ -1016,14 +1024,8 @@ TEST(Matmul, Avx2AndAvx512TablesGiveTheSameBits) {
                                                                      : std::vector<int64_t>{32, 160, 640})
       for (int64_t rows : {5, 37}) {
         const Matrix w = random_matrix(type, rows, cols, rng);
-        const std::vector<uint8_t> packed =
-            type == GgmlType::Q5_K ? std::vector<uint8_t>{} : interleave(w);
-        const QMatrix wf = w.q();
-        QMatrix wi = w.q();
-        if (!packed.empty()) {
-          wi.interleaved = packed.data();
-          wi.interleaved_of = wi.data;
-        }
+        const std::vector<uint8_t> packed = has_interleaved_layout(type) ? interleave(w) : std::vector<uint8_t>{};
+        const QMatrix wf = w.q(), wi = with_tiles(w, packed);
         const int64_t max_tokens = 19;
         const std::vector<float> x = random_floats(rng, max_tokens * cols);
         ThreadPool pool(2);
@@ -1067,11 +1069,7 @@ TEST(Matmul, ExtremeQuantsDoNotOverflow) {
       for (size_t f = 0; f < fields.size(); ++f) put_f16(w.data, o + fields[f], f == 0 ? 0.01f : 0.001f);
     }
     const std::vector<uint8_t> packed = has_interleaved_layout(type) ? interleave(w) : std::vector<uint8_t>{};
-    QMatrix wi = w.q();
-    if (!packed.empty()) {
-      wi.interleaved = packed.data();
-      wi.interleaved_of = wi.data;
-    }
+    const QMatrix wi = with_tiles(w, packed);
     for (float sign : {1.0f, -1.0f}) {
       const int64_t max_tokens = 17;
       const std::vector<float> x(size_t(max_tokens * cols), sign);
