@@ -1009,6 +1009,43 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
   }
 }
 
+// Calls of more than 16 tokens go through the interleaved tiles in chunks of about 256 KB and
+// their tokens in blocks of 16 (token_count.h, for_tile_chunks_and_token_blocks). Matrices whose
+// tiles are large (2048 columns: 7 Q8_0 tiles or 14 Q4_K tiles a chunk) and a call of 700 rows per
+// thread cross several chunks, with a short last chunk and tile; 17-67 tokens give full and short
+// last token blocks. Every row must still be the one-token product's, bit for bit.
+TEST(Matmul, TokenBlocksOverTileChunksKeepEveryRowsBits) {
+  std::mt19937 rng(31);
+  const int64_t rows = 1400 + 5, cols = 2048, max_tokens = 67;
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+    const Matrix w = random_matrix(type, rows, cols, rng);
+    const std::vector<uint8_t> packed = interleave(w);
+    const QMatrix wi = with_tiles(w, packed);
+    const std::vector<float> x = random_floats(rng, max_tokens * cols);
+    for (const KernelTable* k : simd_tables()) {
+      if (!k->gemm_interleaved[int(type)]) continue;
+      ThreadPool pool1(1);
+      MatmulContext ctx1(pool1, *k);
+      std::vector<float> alone(size_t(max_tokens * rows));
+      for (int64_t t = 0; t < max_tokens; ++t)
+        matmul(ctx1, w.q(), x.data() + t * cols, 1, alone.data() + t * rows, rows);
+      for (int threads : {1, 2}) {
+        ThreadPool pool(threads);
+        MatmulContext ctx(pool, *k);
+        for (int64_t nt : {16, 17, 40, 67}) {
+          const int64_t first = max_tokens - nt;
+          std::vector<float> y(size_t(nt * rows), NAN);
+          matmul(ctx, wi, x.data() + first * cols, nt, y.data(), rows);
+          for (size_t i = 0; i < y.size(); ++i)
+            ASSERT_EQ(y[i], alone[size_t(first * rows) + i])
+                << k->name << " " << tname(type) << " tokens " << nt << " threads " << threads << " position "
+                << i / rows << " row " << i % rows;
+        }
+      }
+    }
+  }
+}
+
 // The AVX2 kernels of the quantized types compute each (row, block) integer exactly and then apply
 // the AVX-512 table's float steps in the same order, one row per lane (kernels_avx2_quantized.cpp),
 // so the two tables agree bit for bit on those types, in both layouts and for any token count: a

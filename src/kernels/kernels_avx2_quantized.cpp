@@ -358,6 +358,7 @@ template <class W, int NT, class Group>
 
 constexpr int kGroupTokens = 8;  // tokens per pass over a row group
 static_assert(kGroupTokens == 8, "with_token_count (token_count.h) covers 1..8 tokens");
+static_assert(kTokenBlock % kGroupTokens == 0, "token blocks are whole groups");
 
 // The file's layout: 8 rows against NT tokens.
 template <class W, int NT>
@@ -463,12 +464,21 @@ void for_each_tile_pass(const void* tiles, int64_t n_rows, size_t tile_bytes, in
     });
     return;
   }
-  for_each_tile_part<1>(tiles, n_rows, tile_bytes, [&](const uint8_t* tile, const NextRows& next, int first_half,
-                                                        int64_t r0, const __m256i* valid) {
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kGroupTokens)
-      with_token_count(min64(kGroupTokens, n_tokens - t0), [&]<int NT>() {
-        part.template operator()<NT, 1>(tile, t0 == 0 ? next : NextRows{}, first_half, r0, valid, t0);
-      });
+  // Many tokens in blocks over chunks of tiles (for_tile_chunks_and_token_blocks): a chunk's first
+  // block prefetches the next half tile, later blocks find the chunk in L2.
+  const auto* first = static_cast<const uint8_t*>(tiles);
+  for_tile_chunks_and_token_blocks((n_rows + 15) / 16, tile_bytes, n_tokens, [&](int64_t i0, int64_t i1, int64_t b0,
+                                                                                 int64_t b1) {
+    const int64_t c0 = i0 * kInterleavedRows;
+    for_each_tile_part<1>(first + size_t(i0) * tile_bytes, min64(n_rows, i1 * kInterleavedRows) - c0, tile_bytes,
+                          [&](const uint8_t* tile, const NextRows& next, int first_half, int64_t r0,
+                              const __m256i* valid) {
+                            for (int64_t t0 = b0; t0 < b1; t0 += kGroupTokens)
+                              with_token_count(min64(kGroupTokens, b1 - t0), [&]<int NT>() {
+                                part.template operator()<NT, 1>(tile, t0 == 0 ? next : NextRows{}, first_half, c0 + r0,
+                                                                valid, t0);
+                              });
+                          });
   });
 }
 

@@ -704,30 +704,39 @@ void tile_interleaved(const uint8_t* tile, const NextTile& next, int64_t nb, con
 
 // The tile loop of the interleaved kernels: f(tile, next, r0, valid, t0, n) for each tile of 16
 // rows (tile_bytes each, from `tiles`) and each group of n <= kGroupTokens tokens from t0; the tile
-// loop in f has n_iters iterations (blocks or superblocks), which sets the prefetch slices.
+// loop in f has n_iters iterations (blocks or superblocks), which sets the prefetch slices. Many
+// tokens go in blocks over chunks of tiles (for_tile_chunks_and_token_blocks); the groups of
+// tokens are the same either way, so the results are too.
+static_assert(kTokenBlock % kGroupTokens == 0, "token blocks are whole groups");
+
 template <class F>
 void for_each_interleaved_tile(const void* tiles, int64_t n_rows, size_t tile_bytes, int64_t n_iters,
                                int64_t n_tokens, F&& f) {
   const auto* first = static_cast<const uint8_t*>(tiles);
-  const int64_t n_tiles = (n_rows + 15) / 16;
-  // Tiles are contiguous: the next one (after the last, the one after this call's rows: usually
-  // the same thread's next chunk) is swept into L2 a slice per iteration while this one is used.
   const uint8_t* next_rows[1] = {first};  // only marks that there is a next tile
-  for (int64_t i = 0; i < n_tiles; ++i) {
-    const uint8_t* tile = first + size_t(i) * tile_bytes;
-    NextTile next;
-    next.rows = next_rows;
-    next.base = tile + tile_bytes;
-    next.bytes = tile_bytes;
-    next = next.sliced(n_iters);
-    const int64_t r0 = 16 * i;
-    const __mmask16 valid = __mmask16((1u << min64(16, n_rows - r0)) - 1);
-    // Groups of kGroupTokens tokens; the first prefetches the next tile, the others find this one
-    // in cache and decode it again (measured on Zen 4: as fast as decoding it once into a stored
-    // tile for tile_tokens, 4- and 5-bit types, 16-64 tokens).
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kGroupTokens)
-      f(tile, t0 == 0 ? next : NextTile{}, r0, valid, t0, min64(kGroupTokens, n_tokens - t0));
-  }
+  for_tile_chunks_and_token_blocks((n_rows + 15) / 16, tile_bytes, n_tokens, [&](int64_t i0, int64_t i1, int64_t b0,
+                                                                                 int64_t b1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const uint8_t* tile = first + size_t(i) * tile_bytes;
+      // Tiles are contiguous: in a chunk's first token block, the next one (after the last, the one
+      // after this call's rows: usually the same thread's next chunk) is swept into L2 a slice per
+      // iteration while this one is used; later blocks find the chunk in L2.
+      NextTile next;
+      if (b0 == 0) {
+        next.rows = next_rows;
+        next.base = tile + tile_bytes;
+        next.bytes = tile_bytes;
+        next = next.sliced(n_iters);
+      }
+      const int64_t r0 = 16 * i;
+      const __mmask16 valid = __mmask16((1u << min64(16, n_rows - r0)) - 1);
+      // Groups of kGroupTokens tokens; the first prefetches, the others find the tile in cache and
+      // decode it again (measured on Zen 4: as fast as decoding it once into a stored tile for
+      // tile_tokens, 4- and 5-bit types, 16-64 tokens).
+      for (int64_t t0 = b0; t0 < b1; t0 += kGroupTokens)
+        f(tile, t0 == b0 ? next : NextTile{}, r0, valid, t0, min64(kGroupTokens, b1 - t0));
+    }
+  });
 }
 
 template <class T>

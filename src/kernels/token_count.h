@@ -1,6 +1,6 @@
 #pragma once
 // Private to src/kernels: a call's token count (1..8) turned into a compile-time constant for the
-// kernels' templates, and row groups of such counts.
+// kernels' templates, row groups of such counts, and the cache blocking of many-token products.
 //
 // In an unnamed namespace on purpose: each kernel file is compiled with its own target flags
 // (kernels_avx512.cpp with AVX-512), so every file must get its own copy. A shared inline
@@ -47,6 +47,29 @@ template <class F>
 inline void for_row_groups(int64_t n, int64_t group, F&& f) {
   for (int64_t r0 = 0; r0 < n; r0 += group)
     with_token_count(n - r0 < group ? n - r0 : group, [&]<int NR>() { f.template operator()<NR>(r0); });
+}
+
+// Cache blocking of a many-token product over contiguous weight tiles. A call of more than
+// kTokenBlock tokens goes through its tiles in chunks of about kChunkBytes (they stay in L2 once
+// read) and, per chunk, through its tokens in blocks of kTokenBlock, every tile of the chunk
+// against one block before the next: a block's activations (16 x 680 bytes for Gemma's LM head)
+// stay in L1 beside the tile in use. One pass of all tokens per tile instead lets 64 tokens'
+// activations (43 KB) push the tile and themselves out of a 32 KB L1 at every group of tokens:
+// Gemma's LM head at 64 tokens ran at 130 against 164 GMAC/s blocked (Zen 4, AVX-512, one thread,
+// CPU time). Smaller calls are one block over all tiles. f(tile_begin, tile_end, t_begin, t_end)
+// is called for each chunk and block, blocks of a chunk in order, so the first block of a chunk
+// (t_begin == 0) is the one that reads its tiles from memory.
+constexpr int64_t kTokenBlock = 16;
+constexpr size_t kChunkBytes = size_t(256) << 10;
+
+template <class F>
+inline void for_tile_chunks_and_token_blocks(int64_t n_tiles, size_t tile_bytes, int64_t n_tokens, F&& f) {
+  const bool blocked = n_tokens > kTokenBlock;
+  const int64_t chunk = !blocked ? n_tiles : tile_bytes < kChunkBytes ? int64_t(kChunkBytes / tile_bytes) : 1;
+  const int64_t block = blocked ? kTokenBlock : n_tokens;
+  for (int64_t c0 = 0; c0 < n_tiles; c0 += chunk)
+    for (int64_t b0 = 0; b0 < n_tokens; b0 += block)
+      f(c0, n_tiles - c0 < chunk ? n_tiles : c0 + chunk, b0, n_tokens - b0 < block ? n_tokens : b0 + block);
 }
 
 }  // namespace
