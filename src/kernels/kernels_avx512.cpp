@@ -1396,11 +1396,11 @@ struct Q6KTiles {
   static void isums(const uint8_t* rec, const SuperScales& ss, const BlockQ8_K* const* a, __m512i* isum) {
     constexpr bool kUnrolled = NT == kGroupTokens;
     for (int h = 0; h < 2; ++h)
-      repeat<4, kUnrolled>([&](int p) [[gnu::always_inline]] {
+      repeat<4, kUnrolled>([&](int p) __attribute__((always_inline)) {
         for (int s = 0; s < 2; ++s) {
           __m512i ij[NT];
           for (int t = 0; t < NT; ++t) ij[t] = _mm512_setzero_si512();
-          repeat<4, kUnrolled>([&](int i) [[gnu::always_inline]] {
+          repeat<4, kUnrolled>([&](int i) __attribute__((always_inline)) {
             const int l = 4 * s + i;
             const __m512i u = dword(rec, h, p, l);
             for (int t = 0; t < NT; ++t)
