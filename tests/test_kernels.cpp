@@ -821,6 +821,30 @@ TEST(Matmul, RowsSubsetAndStridedOutput) {
 // tokens and must reproduce one-token decoding exactly. So: bitwise equality, no tolerance.
 namespace {
 
+// Each of the first n_tokens tokens of x alone through w, on one thread: the one-token decoding
+// path, [n_tokens][w.rows].
+std::vector<float> one_token_products(const KernelTable& k, const QMatrix& w, const std::vector<float>& x,
+                                      int64_t n_tokens) {
+  ThreadPool pool(1);
+  MatmulContext ctx(pool, k);
+  std::vector<float> alone(size_t(n_tokens * w.rows));
+  for (int64_t t = 0; t < n_tokens; ++t)
+    matmul(ctx, w, x.data() + t * w.cols, 1, alone.data() + t * w.rows, w.rows);
+  return alone;
+}
+
+// y, one call's [n][rows] products of tokens first..first + n - 1, against those tokens' rows of
+// `alone` (one_token_products), every element equal.
+::testing::AssertionResult equals_one_token_products(const std::vector<float>& y, const std::vector<float>& alone,
+                                                     int64_t first, int64_t rows) {
+  for (size_t i = 0; i < y.size(); ++i)
+    if (!(y[i] == alone[size_t(first * rows) + i]))
+      return ::testing::AssertionFailure() << "position " << i / size_t(rows) << " row " << i % size_t(rows)
+                                           << ": " << y[i] << " in the call, " << alone[size_t(first * rows) + i]
+                                           << " alone";
+  return ::testing::AssertionSuccess();
+}
+
 // cols32 / colsK: the column count for the 32-element formats / the K-quants.
 void expect_batch_invariant(int64_t cols32, int64_t colsK, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -831,12 +855,7 @@ void expect_batch_invariant(int64_t cols32, int64_t colsK, uint32_t seed) {
     const int64_t max_tokens = 67;
     const std::vector<float> x = random_floats(rng, max_tokens * cols);
     for (const KernelTable* k : simd_tables()) {
-      ThreadPool pool1(1);
-      MatmulContext ctx1(pool1, *k);
-      // Each token alone.
-      std::vector<float> alone(size_t(max_tokens * rows));
-      for (int64_t t = 0; t < max_tokens; ++t)
-        matmul(ctx1, w.q(), x.data() + t * cols, 1, alone.data() + t * rows, rows);
+      const std::vector<float> alone = one_token_products(*k, w.q(), x, max_tokens);
       for (int threads : {1, 2, 3}) {
         ThreadPool pool(threads);
         MatmulContext ctx(pool, *k);
@@ -850,10 +869,9 @@ void expect_batch_invariant(int64_t cols32, int64_t colsK, uint32_t seed) {
           for (int64_t first : {int64_t(0), max_tokens - nt, (max_tokens - nt) / 2}) {
             std::vector<float> y(size_t(nt * rows));
             matmul(ctx, w.q(), x.data() + first * cols, nt, y.data(), rows);
-            for (size_t i = 0; i < y.size(); ++i)
-              ASSERT_EQ(y[i], alone[size_t(first * rows) + i])
-                  << k->name << " " << tname(type) << " cols " << cols << " tokens " << nt << " from token "
-                  << first << " threads " << threads << " position " << i / rows << " row " << i % rows;
+            ASSERT_TRUE(equals_one_token_products(y, alone, first, rows))
+                << k->name << " " << tname(type) << " cols " << cols << " tokens " << nt << " from token " << first
+                << " threads " << threads;
           }
         // Gathered rows (matmul_rows: a row at any position of the gather, repeated ids, a tail
         // shorter than a row block) for every few-token count and past a group of 8 tokens.
@@ -949,12 +967,8 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
       const std::vector<float> x = random_floats(rng, max_tokens * cols);
       for (const KernelTable* k : tables) {
         interleaved_tables += k->gemm_interleaved[int(type)] != nullptr && (cols == 160 || cols == 768) && rows == 37;
-        ThreadPool pool1(1);
-        MatmulContext ctx1(pool1, *k);
         // Each token alone on the file's layout: the one-token decoding path.
-        std::vector<float> alone(size_t(max_tokens * rows));
-        for (int64_t t = 0; t < max_tokens; ++t)
-          matmul(ctx1, w.q(), x.data() + t * cols, 1, alone.data() + t * rows, rows);
+        const std::vector<float> alone = one_token_products(*k, w.q(), x, max_tokens);
         std::vector<int64_t> counts;
         for (int64_t nt = 1; nt <= 16; ++nt) counts.push_back(nt);
         for (int64_t nt : {17, 24, 31, 32, 33, 48, 64, 67}) counts.push_back(nt);
@@ -966,10 +980,9 @@ TEST(Matmul, InterleavedWeightsGiveTheFileLayoutsBits) {
             const int64_t first = (max_tokens - nt) / 2;
             std::vector<float> y(size_t(nt * rows), NAN);
             matmul(ctx, wi, x.data() + first * cols, nt, y.data(), rows);
-            for (size_t i = 0; i < y.size(); ++i)
-              ASSERT_EQ(y[i], alone[size_t(first * rows) + i])
-                  << k->name << " interleaved " << tname(type) << " rows " << rows << " cols " << cols << " tokens " << nt << " threads "
-                  << threads << " position " << i / rows << " row " << i % rows;
+            ASSERT_TRUE(equals_one_token_products(y, alone, first, rows))
+                << k->name << " interleaved " << tname(type) << " rows " << rows << " cols " << cols << " tokens " << nt
+                << " threads " << threads;
           }
           // A view of rows [16, rows) (starting the second tile) with its part of the interleaved copy.
           QMatrix view = wi;
@@ -1024,11 +1037,7 @@ TEST(Matmul, TokenBlocksOverTileChunksKeepEveryRowsBits) {
     const std::vector<float> x = random_floats(rng, max_tokens * cols);
     for (const KernelTable* k : simd_tables()) {
       if (!k->gemm_interleaved[int(type)]) continue;
-      ThreadPool pool1(1);
-      MatmulContext ctx1(pool1, *k);
-      std::vector<float> alone(size_t(max_tokens * rows));
-      for (int64_t t = 0; t < max_tokens; ++t)
-        matmul(ctx1, w.q(), x.data() + t * cols, 1, alone.data() + t * rows, rows);
+      const std::vector<float> alone = one_token_products(*k, w.q(), x, max_tokens);
       for (int threads : {1, 2}) {
         ThreadPool pool(threads);
         MatmulContext ctx(pool, *k);
@@ -1036,10 +1045,8 @@ TEST(Matmul, TokenBlocksOverTileChunksKeepEveryRowsBits) {
           const int64_t first = max_tokens - nt;
           std::vector<float> y(size_t(nt * rows), NAN);
           matmul(ctx, wi, x.data() + first * cols, nt, y.data(), rows);
-          for (size_t i = 0; i < y.size(); ++i)
-            ASSERT_EQ(y[i], alone[size_t(first * rows) + i])
-                << k->name << " " << tname(type) << " tokens " << nt << " threads " << threads << " position "
-                << i / rows << " row " << i % rows;
+          ASSERT_TRUE(equals_one_token_products(y, alone, first, rows))
+              << k->name << " " << tname(type) << " tokens " << nt << " threads " << threads;
         }
       }
     }

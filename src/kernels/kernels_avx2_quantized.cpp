@@ -467,18 +467,18 @@ void for_each_tile_pass(const void* tiles, int64_t n_rows, size_t tile_bytes, in
   // Many tokens in blocks over chunks of tiles (for_tile_chunks_and_token_blocks): a chunk's first
   // block prefetches the next half tile, later blocks find the chunk in L2.
   const auto* first = static_cast<const uint8_t*>(tiles);
-  for_tile_chunks_and_token_blocks((n_rows + 15) / 16, tile_bytes, n_tokens, [&](int64_t i0, int64_t i1, int64_t b0,
-                                                                                 int64_t b1) {
-    const int64_t c0 = i0 * kInterleavedRows;
-    for_each_tile_part<1>(first + size_t(i0) * tile_bytes, min64(n_rows, i1 * kInterleavedRows) - c0, tile_bytes,
-                          [&](const uint8_t* tile, const NextRows& next, int first_half, int64_t r0,
-                              const __m256i* valid) {
-                            for (int64_t t0 = b0; t0 < b1; t0 += kGroupTokens)
-                              with_token_count(min64(kGroupTokens, b1 - t0), [&]<int NT>() {
-                                part.template operator()<NT, 1>(tile, t0 == 0 ? next : NextRows{}, first_half, c0 + r0,
-                                                                valid, t0);
-                              });
-                          });
+  const int64_t n_tiles = (n_rows + kInterleavedRows - 1) / kInterleavedRows;
+  for_tile_chunks_and_token_blocks(n_tiles, tile_bytes, n_tokens, [&](int64_t i0, int64_t i1, int64_t b0, int64_t b1) {
+    const int64_t c0 = i0 * kInterleavedRows;  // the chunk's first row
+    const int64_t chunk_rows = min64(n_rows, i1 * kInterleavedRows) - c0;
+    auto block_on_part = [&](const uint8_t* tile, const NextRows& next, int first_half, int64_t r0,
+                             const __m256i* valid) {
+      for (int64_t t0 = b0; t0 < b1; t0 += kGroupTokens)
+        with_token_count(min64(kGroupTokens, b1 - t0), [&]<int NT>() {
+          part.template operator()<NT, 1>(tile, t0 == 0 ? next : NextRows{}, first_half, c0 + r0, valid, t0);
+        });
+    };
+    for_each_tile_part<1>(first + size_t(i0) * tile_bytes, chunk_rows, tile_bytes, block_on_part);
   });
 }
 

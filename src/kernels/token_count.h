@@ -5,6 +5,7 @@
 // In an unnamed namespace on purpose: each kernel file is compiled with its own target flags
 // (kernels_avx512.cpp with AVX-512), so every file must get its own copy. A shared inline
 // function would let the linker keep the AVX-512 file's copy for the AVX2 file too.
+#include <algorithm>
 #include <cstdint>
 
 namespace microspec {
@@ -64,12 +65,12 @@ constexpr size_t kChunkBytes = size_t(256) << 10;
 
 template <class F>
 inline void for_tile_chunks_and_token_blocks(int64_t n_tiles, size_t tile_bytes, int64_t n_tokens, F&& f) {
-  const bool blocked = n_tokens > kTokenBlock;
-  const int64_t chunk = !blocked ? n_tiles : tile_bytes < kChunkBytes ? int64_t(kChunkBytes / tile_bytes) : 1;
-  const int64_t block = blocked ? kTokenBlock : n_tokens;
+  if (n_tiles <= 0 || n_tokens <= 0) return;
+  if (n_tokens <= kTokenBlock) return f(int64_t(0), n_tiles, int64_t(0), n_tokens);
+  const int64_t chunk = std::max(int64_t(1), int64_t(kChunkBytes / tile_bytes));
   for (int64_t c0 = 0; c0 < n_tiles; c0 += chunk)
-    for (int64_t b0 = 0; b0 < n_tokens; b0 += block)
-      f(c0, n_tiles - c0 < chunk ? n_tiles : c0 + chunk, b0, n_tokens - b0 < block ? n_tokens : b0 + block);
+    for (int64_t b0 = 0; b0 < n_tokens; b0 += kTokenBlock)
+      f(c0, std::min(n_tiles, c0 + chunk), b0, std::min(n_tokens, b0 + kTokenBlock));
 }
 
 }  // namespace
