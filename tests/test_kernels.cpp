@@ -1053,6 +1053,65 @@ TEST(Matmul, TokenBlocksOverTileChunksKeepEveryRowsBits) {
   }
 }
 
+// A layer's q/k/v (or gate/up) in one call: each output is bitwise the separate product's, also
+// when the products' activation formats differ (two groups), their rows are not whole tiles, a
+// pool chunk covers the end of one product and the start of the next (many tokens, large
+// grains), and in either layout. Outputs start as NaN, so a row left unwritten fails.
+TEST(Matmul, SharedInputProductsEqualSeparateProducts) {
+  std::mt19937 rng(7);
+  const int64_t cols = 512, max_tokens = 19;
+  const std::vector<std::pair<GgmlType, int64_t>> shapes = {
+      {GgmlType::Q4_K, 80}, {GgmlType::Q5_0, 37}, {GgmlType::Q6_K, 48}, {GgmlType::Q8_0, 21}};
+  std::vector<Matrix> ws;
+  std::vector<std::vector<uint8_t>> packed;
+  for (const auto& [type, rows] : shapes) {
+    ws.push_back(random_matrix(type, rows, cols, rng));
+    packed.push_back(interleave(ws.back()));
+  }
+  const std::vector<float> x = random_floats(rng, max_tokens * cols);
+  std::vector<const KernelTable*> tables = simd_tables();
+  tables.push_back(&reference_kernels());
+  for (const KernelTable* k : tables)
+    for (bool tiles : {false, true})
+      for (int threads : {1, 2}) {
+        ThreadPool pool(threads);
+        MatmulContext ctx(pool, *k);
+        std::vector<QMatrix> qs;
+        for (size_t i = 0; i < ws.size(); ++i)
+          qs.push_back(tiles && k->gemm_interleaved[int(ws[i].type)] ? with_tiles(ws[i], packed[i]) : ws[i].q());
+        for (int64_t nt : {1, 3, 8, 19}) {
+          std::vector<std::vector<float>> want(qs.size()), got(qs.size());
+          std::vector<SharedInputProduct> products;
+          for (size_t i = 0; i < qs.size(); ++i) {
+            want[i].assign(size_t(nt * qs[i].rows), NAN);
+            got[i].assign(size_t(nt * qs[i].rows), NAN);
+            matmul(ctx, qs[i], x.data(), nt, want[i].data(), qs[i].rows);
+            products.push_back({&qs[i], got[i].data(), qs[i].rows});
+          }
+          matmul_shared_input(ctx, products, x.data(), nt);
+          for (size_t i = 0; i < qs.size(); ++i)
+            for (size_t e = 0; e < got[i].size(); ++e)
+              ASSERT_EQ(got[i][e], want[i][e]) << k->name << (tiles ? " tiles" : " file layout") << " threads "
+                                               << threads << " tokens " << nt << " product " << i << " ("
+                                               << tname(ws[i].type) << ") token " << e / qs[i].rows << " row "
+                                               << e % qs[i].rows;
+        }
+      }
+  // Products must share the column count, and there are at most kMaxSharedInputProducts.
+  ThreadPool pool(1);
+  MatmulContext ctx(pool, reference_kernels());
+  const Matrix other = random_matrix(GgmlType::Q8_0, 16, 256, rng);
+  const QMatrix a = ws[3].q(), b = other.q();
+  std::vector<float> ya(64), yb(64);
+  const SharedInputProduct mixed[] = {{&a, ya.data(), a.rows}, {&b, yb.data(), b.rows}};
+  EXPECT_NE(test::error_of([&] { matmul_shared_input(ctx, mixed, x.data(), 1); }).find("512 and 256 columns"),
+            std::string::npos);
+  const SharedInputProduct five[] = {{&a, ya.data(), a.rows}, {&a, ya.data(), a.rows}, {&a, ya.data(), a.rows},
+                                     {&a, ya.data(), a.rows}, {&a, ya.data(), a.rows}};
+  EXPECT_NE(test::error_of([&] { matmul_shared_input(ctx, five, x.data(), 1); }).find("5 products, at most 4"),
+            std::string::npos);
+}
+
 // The AVX2 kernels of the quantized types compute each (row, block) integer exactly and then apply
 // the AVX-512 table's float steps in the same order, one row per lane (kernels_avx2_quantized.cpp),
 // so the two tables agree bit for bit on those types, in both layouts and for any token count: a

@@ -135,7 +135,7 @@ TEST(NgramIndex, ContextLimitAndBadParameters) {
 }
 
 TEST(NgramDrafter, DraftsAChainWithPointMassesAndFollowsTheCommittedTokens) {
-  NgramDrafter d({2, 4}, 64);
+  NgramDrafter d({2, 4, 0}, 64);  // min-accept 0: the whole continuation
   d.begin({10, 11, 12, 13, 14, 10}, {});
   DraftTree tree;
   // Context 10 11 12 13 14 10 | root 11: [10 11] matches, 12 13 14 10 follow.
@@ -176,6 +176,100 @@ TEST(NgramDrafter, DraftsAChainWithPointMassesAndFollowsTheCommittedTokens) {
   EXPECT_FALSE(d.fits(TreeParams{0, 1, 3}, 3));
 }
 
+TEST(NgramConfidence, UnseenDepthsAreAHalfAndTheCutFollowsTheCounts) {
+  NgramConfidence c(4);
+  EXPECT_DOUBLE_EQ(c.rate(2, 1), 0.5);
+  // 1/2, 1/4, 1/8 >= 10%, 1/16 is not.
+  EXPECT_EQ(c.tokens_worth_drafting(2, 8, 10), 3);
+  EXPECT_EQ(c.tokens_worth_drafting(2, 2, 10), 2) << "never more than the continuation has";
+  EXPECT_EQ(c.tokens_worth_drafting(2, 8, 0), 8) << "0 percent: the whole continuation";
+  EXPECT_EQ(c.tokens_worth_drafting(2, 8, 51), 0);
+  // Depth 1 of length-2 matches always held, depth 2 never: one token, whatever the floor.
+  for (int i = 0; i < 20; ++i) {
+    c.record(2, 1, true);
+    c.record(2, 2, false);
+  }
+  EXPECT_DOUBLE_EQ(c.rate(2, 1), 21.0 / 22.0);
+  EXPECT_DOUBLE_EQ(c.rate(2, 2), 1.0 / 22.0);
+  EXPECT_EQ(c.tokens_worth_drafting(2, 8, 10), 1);
+  EXPECT_EQ(c.tokens_worth_drafting(2, 8, 96), 0);
+  EXPECT_EQ(c.tokens_worth_drafting(3, 8, 10), 3) << "each match length counts on its own";
+  // Depths past kDepths share the last one's counts.
+  c.record(4, NgramConfidence::kDepths + 5, false);
+  EXPECT_DOUBLE_EQ(c.rate(4, NgramConfidence::kDepths), 1.0 / 3.0);
+  c.reset();
+  EXPECT_DOUBLE_EQ(c.rate(2, 2), 0.5);
+  EXPECT_NE(error_of([&] { c.rate(5, 1); }).find("match length 5"), std::string::npos);
+  EXPECT_NE(error_of([&] { c.record(0, 1, true); }).find("match length 0"), std::string::npos);
+  EXPECT_NE(error_of([&] { c.rate(2, 0); }).find("depth 0"), std::string::npos);
+  EXPECT_NE(error_of([] { NgramIndex bad({1, 2, 101}, 10); }).find("[0, 100], got 101"), std::string::npos);
+}
+
+// A context that repeats one phrase: the chain grows as its tokens keep being accepted, shrinks to
+// nothing when the target stops following it, and comes back when the target follows it again,
+// because the token after what was committed is observed even when nothing was drafted.
+TEST(NgramDrafter, TheCutGrowsShrinksAndRecoversWithTheCommittedTokens) {
+  NgramDrafter d({2, 2, 40}, 512);
+  const std::vector<int32_t> phrase = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<int32_t> prompt;
+  for (int r = 0; r < 3; ++r) prompt.insert(prompt.end(), phrase.begin(), phrase.end());
+  d.begin(prompt, {});
+  DraftTree tree;
+  const TreeParams chain{7, 1, 8};
+  int32_t pos = int32_t(prompt.size());
+  // One step: propose after `root`, the target accepts the first `accept` drafted tokens (all of
+  // them when accept < 0). Returns how many were drafted.
+  auto step = [&](int32_t root, int32_t accept) {
+    d.propose(root, pos, chain, nullptr, tree);
+    std::vector<int32_t> path;
+    for (int32_t i = 0; i < tree.size() && (accept < 0 || i < accept); ++i) path.push_back(i);
+    d.accepted(root, tree, path, nullptr);
+    pos += int32_t(path.size()) + 1;
+    return std::make_pair(tree.size(), int32_t(path.size()));
+  };
+  auto next_in_phrase = [&](int32_t token, int32_t ahead) { return phrase[size_t((token - 1 + ahead) % 8)]; };
+
+  // 1. The target follows the phrase: everything drafted is accepted and its next token (the next
+  // root) continues the phrase. At 40%, with every count starting at 1 of 2: 1/2 -> one token;
+  // then 2/3 * 2/3 -> two; 3/4 * 3/4 * 2/3 -> two; 4/5 * 4/5 * 3/4 -> three; ...
+  int32_t root = 1;
+  std::vector<int32_t> sizes;
+  for (int i = 0; i < 6; ++i) {
+    const auto [drafted, accepted] = step(root, -1);
+    sizes.push_back(drafted);
+    root = next_in_phrase(root, accepted + 1);
+  }
+  EXPECT_EQ(sizes, (std::vector<int32_t>{1, 2, 2, 3, 3, 4}));
+  EXPECT_DOUBLE_EQ(d.confidence().rate(2, 1), 7.0 / 8.0);
+
+  // 2. The target stops following it: after [1 2] it answers a new token every time. Depth 1
+  // misses until nothing is drafted any more; it is still observed, so its rate keeps falling.
+  int32_t fresh = 100;
+  sizes.clear();
+  for (int i = 0; i < 12; ++i) {
+    step(fresh++, 0);  // no earlier [x fresh]: nothing drafted
+    step(1, 0);        // no earlier [fresh 1] either
+    sizes.push_back(step(2, 0).first);  // [1 2] matches; its chain 3 4 ... is rejected
+  }
+  EXPECT_GE(sizes.front(), 1);
+  EXPECT_EQ(sizes.back(), 0);
+  EXPECT_LT(d.confidence().rate(2, 1), 0.4);
+
+  // 3. The target follows the phrase again: with nothing drafted, each next root still counts as
+  // a hit at depth 1, and drafting comes back.
+  step(fresh++, 0);
+  step(1, 0);
+  root = 2;
+  sizes.clear();
+  for (int i = 0; i < 6; ++i) {
+    const auto [drafted, accepted] = step(root, -1);
+    sizes.push_back(drafted);
+    root = next_in_phrase(root, accepted + 1);
+  }
+  EXPECT_EQ(sizes.front(), 0);
+  EXPECT_GE(sizes.back(), 1);
+}
+
 // A fallback that records what it is told and drafts one fixed token.
 class RecordingDrafter final : public Drafter {
  public:
@@ -204,7 +298,7 @@ class RecordingDrafter final : public Drafter {
 TEST(NgramFirstDrafter, LongMatchesDraftElseTheFallbackAndOnlyItsTreeResumes) {
   auto fallback = std::make_unique<RecordingDrafter>();
   RecordingDrafter& fb = *fallback;
-  NgramFirstDrafter d({1, 4}, 3, 64, std::move(fallback));
+  NgramFirstDrafter d({1, 4, 0}, 3, 64, std::move(fallback));
   EXPECT_EQ(d.prompt_top_k(), 3);
   const std::vector<int32_t> prompt = {5, 6, 7, 8, 9, 5, 6};
   d.begin(prompt, {});

@@ -4,6 +4,7 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <array>
 #include <string>
 
 #include "kernels/repack.h"
@@ -26,14 +27,20 @@ struct Activations {
   size_t stride;  // bytes per token row
 };
 
-// Validates the product and brings x into the activation format of w's type (x itself for F32).
-Activations prepare(MatmulContext& ctx, const QMatrix& w, const float* x, int64_t n_tokens, GemmFn* gemm) {
+// The table's kernel for w's type; Error when it has none.
+GemmFn gemm_for(MatmulContext& ctx, const QMatrix& w) {
   const KernelTable& k = ctx.kernels();
   const int type_id = int(w.type);
-  *gemm = type_id >= 0 && type_id < kMaxTypeId ? k.gemm[type_id] : nullptr;
-  if (!*gemm)
+  const GemmFn gemm = type_id >= 0 && type_id < kMaxTypeId ? k.gemm[type_id] : nullptr;
+  if (!gemm)
     throw Error(std::string("no ") + k.name + " matmul kernel for weights of type " +
                 type_name(uint32_t(w.type)));
+  return gemm;
+}
+
+// x brought into the activation format of w's type (x itself for F32).
+Activations quantize_input(MatmulContext& ctx, const QMatrix& w, const float* x, int64_t n_tokens) {
+  const KernelTable& k = ctx.kernels();
   const GgmlType act_type = activation_type(w.type);
   const size_t act_stride = row_bytes(act_type, w.cols);  // throws when cols is not whole blocks
   if (act_type == GgmlType::F32) return {reinterpret_cast<const uint8_t*>(x), act_stride};
@@ -65,6 +72,26 @@ void check_shape(const QMatrix& w, int64_t n_tokens, int64_t n_out, int64_t ldy)
                 ", tokens " + std::to_string(n_tokens) + ", ldy " + std::to_string(ldy) + ")");
 }
 
+// Rows [b, e) of w's product with prepared activations, through the interleaved tiles when the
+// table reads them (b is then a multiple of the tile's 16 rows).
+void product_rows(MatmulContext& ctx, const QMatrix& w, GemmFn gemm, const Activations& act, int64_t n_tokens,
+                  float* y, int64_t ldy, int64_t b, int64_t e) {
+  const InterleavedGemmFn gemm_tiles =
+      w.interleaved && w.interleaved_of == w.data ? ctx.kernels().gemm_interleaved[int(w.type)] : nullptr;
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+    const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
+    if (gemm_tiles)
+      gemm_tiles(w.interleaved + size_t(b / kInterleavedRows) * interleaved_tile_bytes(w.type, w.cols), e - b,
+                 act.data + size_t(t0) * act.stride, act.stride, nt, w.cols, y + t0 * ldy + b, ldy);
+    else
+      gemm(w.data + size_t(b) * w.row_stride, w.row_stride, nullptr, e - b, act.data + size_t(t0) * act.stride,
+           act.stride, nt, w.cols, y + t0 * ldy + b, ldy);
+  }
+}
+
+// Chunks start at multiples of the grain, a multiple of the 16 rows of a tile.
+static_assert(kRowGrain % kInterleavedRows == 0);
+
 }  // namespace
 
 void MatmulContext::reserve(int64_t n_tokens, int64_t cols) {
@@ -83,30 +110,59 @@ uint8_t* MatmulContext::scratch(size_t bytes) {
 void matmul(MatmulContext& ctx, const QMatrix& w, const float* x, int64_t n_tokens, float* y, int64_t ldy) {
   check_shape(w, n_tokens, w.rows, ldy);
   if (n_tokens == 0 || w.rows == 0) return;
-  GemmFn gemm;
-  const Activations act = prepare(ctx, w, x, n_tokens, &gemm);
-  const InterleavedGemmFn gemm_tiles =
-      w.interleaved && w.interleaved_of == w.data ? ctx.kernels().gemm_interleaved[int(w.type)] : nullptr;
-  if (gemm_tiles) {
-    // Chunks start at multiples of the grain, a multiple of the 16 rows of a tile.
-    static_assert(kRowGrain % kInterleavedRows == 0);
-    const size_t tile_bytes = interleaved_tile_bytes(w.type, w.cols);
-    ctx.pool().parallel_for(w.rows, row_grain(ctx, w.rows, n_tokens), [&](int64_t b, int64_t e, int) {
-      for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
-        const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
-        gemm_tiles(w.interleaved + size_t(b / kInterleavedRows) * tile_bytes, e - b,
-                   act.data + size_t(t0) * act.stride, act.stride, nt, w.cols, y + t0 * ldy + b, ldy);
+  const GemmFn gemm = gemm_for(ctx, w);
+  const Activations act = quantize_input(ctx, w, x, n_tokens);
+  ctx.pool().parallel_for(w.rows, row_grain(ctx, w.rows, n_tokens), [&](int64_t b, int64_t e, int) {
+    product_rows(ctx, w, gemm, act, n_tokens, y, ldy, b, e);
+  });
+}
+
+void matmul_shared_input(MatmulContext& ctx, std::span<const SharedInputProduct> products, const float* x,
+                         int64_t n_tokens) {
+  if (products.size() > kMaxSharedInputProducts)
+    throw Error("matmul_shared_input: " + std::to_string(products.size()) + " products, at most " +
+                std::to_string(kMaxSharedInputProducts));
+  for (const SharedInputProduct& p : products) {
+    check_shape(*p.w, n_tokens, p.w->rows, p.ldy);
+    if (p.w->cols != products[0].w->cols)
+      throw Error("matmul_shared_input: products of " + std::to_string(products[0].w->cols) + " and " +
+                  std::to_string(p.w->cols) + " columns cannot share an input");
+  }
+  if (n_tokens == 0) return;
+  // The products go in groups of one activation format (usually all of them): each group's input
+  // is quantized once and its rows go out in one pool call, on one row axis where each product
+  // starts at a multiple of 16 rows (a tile).
+  std::array<bool, kMaxSharedInputProducts> done{};
+  for (size_t g = 0; g < products.size(); ++g) {
+    if (done[g]) continue;
+    const GgmlType format = activation_type(products[g].w->type);
+    struct Part {
+      const SharedInputProduct* p;
+      GemmFn gemm;
+      int64_t first;  // the product's first row on the group's axis
+    };
+    std::array<Part, kMaxSharedInputProducts> parts{};
+    size_t n_parts = 0;
+    int64_t axis = 0;
+    Activations act{};
+    for (size_t i = g; i < products.size(); ++i) {
+      if (done[i] || activation_type(products[i].w->type) != format) continue;
+      const GemmFn gemm = gemm_for(ctx, *products[i].w);
+      if (n_parts == 0) act = quantize_input(ctx, *products[i].w, x, n_tokens);
+      parts[n_parts++] = {&products[i], gemm, axis};
+      axis += (products[i].w->rows + kRowGrain - 1) / kRowGrain * kRowGrain;
+      done[i] = true;
+    }
+    if (axis == 0) continue;
+    // A chunk may cover the end of one product and the start of the next: each gets its part.
+    ctx.pool().parallel_for(axis, row_grain(ctx, axis, n_tokens), [&](int64_t b, int64_t e, int) {
+      for (size_t i = 0; i < n_parts; ++i) {
+        const SharedInputProduct& p = *parts[i].p;
+        const int64_t rb = std::max(b - parts[i].first, int64_t(0)), re = std::min(e - parts[i].first, p.w->rows);
+        if (rb < re) product_rows(ctx, *p.w, parts[i].gemm, act, n_tokens, p.y, p.ldy, rb, re);
       }
     });
-    return;
   }
-  ctx.pool().parallel_for(w.rows, row_grain(ctx, w.rows, n_tokens), [&](int64_t b, int64_t e, int) {
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
-      const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
-      gemm(w.data + size_t(b) * w.row_stride, w.row_stride, nullptr, e - b,
-           act.data + size_t(t0) * act.stride, act.stride, nt, w.cols, y + t0 * ldy + b, ldy);
-    }
-  });
 }
 
 void matmul_rows(MatmulContext& ctx, const QMatrix& w, const int32_t* rows, int64_t n_rows, const float* x,
@@ -117,8 +173,8 @@ void matmul_rows(MatmulContext& ctx, const QMatrix& w, const int32_t* rows, int6
       throw Error("matmul_rows: row " + std::to_string(rows[j]) + " outside a matrix of " +
                   std::to_string(w.rows) + " rows");
   if (n_tokens == 0 || n_rows == 0) return;
-  GemmFn gemm;
-  const Activations act = prepare(ctx, w, x, n_tokens, &gemm);
+  const GemmFn gemm = gemm_for(ctx, w);
+  const Activations act = quantize_input(ctx, w, x, n_tokens);
   ctx.pool().parallel_for(n_rows, row_grain(ctx, n_rows, n_tokens), [&](int64_t b, int64_t e, int) {
     for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
       const int64_t nt = std::min(kTokenChunk, n_tokens - t0);

@@ -1,6 +1,8 @@
 #pragma once
 // Matrix products of a quantized weight matrix with a batch of f32 activation rows.
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -44,6 +46,21 @@ class MatmulContext {
 // y[t * ldy + r] = dot(W row r, x[t * w.cols .. ]) for t < n_tokens, r < w.rows. Each result is
 // bitwise independent of n_tokens, the other tokens and the thread count (see GemmFn).
 void matmul(MatmulContext& ctx, const QMatrix& w, const float* x, int64_t n_tokens, float* y, int64_t ldy);
+
+// One product of several that share their input x: y[t * ldy + r] = dot(W row r, x[t]).
+struct SharedInputProduct {
+  const QMatrix* w = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+constexpr size_t kMaxSharedInputProducts = 4;
+
+// matmul() of every product (at most kMaxSharedInputProducts, all of w.cols columns) on the same
+// x: a layer's q/k/v or gate/up. x is quantized once per activation format, and the products of
+// one format share one pool call, so the pool wakes once and small matrices balance together.
+// Every output is bitwise what matmul() of its matrix alone gives.
+void matmul_shared_input(MatmulContext& ctx, std::span<const SharedInputProduct> products, const float* x,
+                         int64_t n_tokens);
 
 // Same for a subset of rows: y[t * ldy + j] = dot(W row rows[j], x[t]) for j < n_rows.
 void matmul_rows(MatmulContext& ctx, const QMatrix& w, const int32_t* rows, int64_t n_rows, const float* x,

@@ -194,9 +194,8 @@ void Model::matmul(const QMatrix& w, const float* x, int32_t n, float* y) {
 
 void Model::project_qkv(const QMatrix& wq, const QMatrix& wk, const QMatrix& wv, const float* xn, int32_t n,
                         float* q, float* k, float* v) {
-  matmul(wq, xn, n, q);
-  matmul(wk, xn, n, k);
-  matmul(wv, xn, n, v);
+  const SharedInputProduct qkv[] = {{&wq, q, wq.rows}, {&wk, k, wk.rows}, {&wv, v, wv.rows}};
+  matmul_shared_input(mm_, qkv, xn, n);
 }
 
 template <class F>
@@ -209,8 +208,8 @@ void Model::for_rows(int64_t n_rows, int64_t row_elems, F&& f) {
 
 void Model::gated_ffn(const QMatrix& w_gate, const QMatrix& w_up, const QMatrix& w_down, Activation act,
                       const float* xn, int32_t n, float* gate, float* up, float* out) {
-  matmul(w_gate, xn, n, gate);
-  matmul(w_up, xn, n, up);
+  const SharedInputProduct gate_up[] = {{&w_gate, gate, w_gate.rows}, {&w_up, up, w_up.rows}};
+  matmul_shared_input(mm_, gate_up, xn, n);
   const size_t n_ff = config_.n_ff;
   const GatedActivationFn activate =
       act == Activation::GeluTanh ? mm_.kernels().rows.gelu_tanh_mul : mm_.kernels().rows.silu_mul;

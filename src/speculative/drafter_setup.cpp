@@ -129,7 +129,7 @@ BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file
                            const Tokenizer& tokenizer, Model* shared_draft_model) {
   BuiltDrafter b;
   if (!config.enabled()) return b;
-  const NgramParams ngram{config.ngram_min, config.ngram_max};
+  const NgramParams ngram{config.ngram_min, config.ngram_max, config.ngram_min_accept};
   const int32_t n_ctx = gen.cache().n_ctx();
   const std::string ngram_describe =
       "n-gram lookup " + std::to_string(ngram.min_n) + ".." + std::to_string(ngram.max_n) + " tokens";

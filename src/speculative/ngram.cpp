@@ -11,6 +11,45 @@ void NgramParams::validate() const {
   if (min_n < 1 || max_n > 64 || min_n > max_n)
     throw Error("n-gram lengths must satisfy 1 <= ngram-min <= ngram-max <= 64, got ngram-min " +
                 std::to_string(min_n) + ", ngram-max " + std::to_string(max_n));
+  if (min_accept_percent < 0 || min_accept_percent > 100)
+    throw Error("ngram-min-accept must be a percentage in [0, 100], got " + std::to_string(min_accept_percent));
+}
+
+NgramConfidence::NgramConfidence(int32_t max_n) : max_n_(max_n), counts_(size_t(max_n + 1) * kDepths) {}
+
+void NgramConfidence::reset() {
+  std::fill(counts_.begin(), counts_.end(), Count{});
+}
+
+size_t NgramConfidence::slot(int32_t length, int32_t depth) const {
+  if (length < 1 || length > max_n_ || depth < 1)
+    throw Error("n-gram confidence: match length " + std::to_string(length) + " / depth " + std::to_string(depth) +
+                " outside [1, " + std::to_string(max_n_) + "] / [1, ...)");
+  return size_t(length) * kDepths + size_t(std::min(depth, kDepths) - 1);
+}
+
+double NgramConfidence::rate(int32_t length, int32_t depth) const {
+  const Count& c = counts_[slot(length, depth)];
+  return double(c.hits) / double(c.trials);
+}
+
+void NgramConfidence::record(int32_t length, int32_t depth, bool hit) {
+  Count& c = counts_[slot(length, depth)];
+  c.hits += hit ? 1 : 0;
+  c.trials += 1;
+}
+
+int32_t NgramConfidence::tokens_worth_drafting(int32_t length, int32_t available, int32_t min_accept_percent) const {
+  if (min_accept_percent == 0) return available;
+  const double floor = min_accept_percent / 100.0;
+  double all_accepted = 1.0;  // estimated probability that tokens 1..j are all accepted
+  int32_t j = 0;
+  while (j < available) {
+    all_accepted *= rate(length, j + 1);
+    if (all_accepted < floor) break;
+    ++j;
+  }
+  return j;
 }
 
 NgramIndex::NgramIndex(const NgramParams& params, int32_t capacity) : params_(params), capacity_(capacity) {
@@ -92,25 +131,38 @@ int32_t NgramIndex::continuation(const NgramMatch& m, int32_t max_tokens, std::v
   return static_cast<int32_t>(out.size());
 }
 
-NgramDrafter::NgramDrafter(const NgramParams& params, int32_t n_ctx) : index_(params, n_ctx) {}
+NgramDrafter::NgramDrafter(const NgramParams& params, int32_t n_ctx)
+    : index_(params, n_ctx), confidence_(params.max_n) {}
 
 void NgramDrafter::begin(const std::vector<int32_t>& prompt, std::span<const int32_t>) {
   index_.reset(prompt);
+  confidence_.reset();
   root_pushed_ = false;
+  chain_length_ = 0;
+  open_ = {};
+}
+
+void NgramDrafter::push_root(int32_t root) {
+  if (open_.length > 0) confidence_.record(open_.length, open_.depth, root == open_.token);
+  open_ = {};
+  index_.push(root);
+  root_pushed_ = true;
 }
 
 NgramMatch NgramDrafter::match_with_root(int32_t root) {
-  if (!root_pushed_) {
-    index_.push(root);
-    root_pushed_ = true;
-  }
+  if (!root_pushed_) push_root(root);
   return index_.longest_match();
 }
 
-void NgramDrafter::draft_chain(const NgramMatch& m, const TreeParams& params, DraftSampling* sampling,
-                               DraftTree& tree) {
-  tree.clear();
+int32_t NgramDrafter::plan_chain(const NgramMatch& m, const TreeParams& params) {
   const int32_t n = index_.continuation(m, params.total_tokens, chain_);
+  chain_length_ = n > 0 ? m.length : 0;
+  return n > 0 ? confidence_.tokens_worth_drafting(m.length, n, index_.params().min_accept_percent) : 0;
+}
+
+void NgramDrafter::draft_chain(int32_t tokens, DraftSampling* sampling, DraftTree& tree) {
+  tree.clear();
+  const int32_t n = std::min(tokens, static_cast<int32_t>(chain_.size()));
   for (int32_t i = 0; i < n; ++i) tree.nodes.push_back({chain_[size_t(i)], i - 1, i + 1, 0.0f, i});
   if (!sampling || n == 0) return;
   // The draft distribution of a deterministic proposal: q[0] at the root, q[i + 1] at node i;
@@ -123,16 +175,27 @@ void NgramDrafter::draft_chain(const NgramMatch& m, const TreeParams& params, Dr
 void NgramDrafter::propose(int32_t root, int32_t, const TreeParams& params, DraftSampling* sampling,
                            DraftTree& tree) {
   const NgramMatch m = match_with_root(root);
-  if (m.length >= index_.params().min_n)
-    draft_chain(m, params, sampling, tree);
-  else
-    tree.clear();
+  const int32_t tokens = m.length >= index_.params().min_n ? plan_chain(m, params) : 0;
+  draft_chain(tokens, sampling, tree);
 }
 
 void NgramDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path, const float*) {
-  if (!root_pushed_) index_.push(root);  // the step did not draft (no room)
+  if (!root_pushed_) push_root(root);  // the step did not draft (no room)
+  // The step's continuation against the committed tokens, whoever drafted them: each depth is
+  // observed while the ones before it held; the depth after the last committed token is settled
+  // by the next root (the target's own next token).
+  if (chain_length_ > 0) {
+    int32_t depth = 0;
+    bool held = true;
+    for (; depth < static_cast<int32_t>(path.size()) && depth < static_cast<int32_t>(chain_.size()) && held; ++depth) {
+      held = tree.nodes[size_t(path[size_t(depth)])].token == chain_[size_t(depth)];
+      confidence_.record(chain_length_, depth + 1, held);
+    }
+    if (held && depth < static_cast<int32_t>(chain_.size())) open_ = {chain_length_, depth + 1, chain_[size_t(depth)]};
+  }
   for (int32_t p : path) index_.push(tree.nodes[size_t(p)].token);
   root_pushed_ = false;
+  chain_length_ = 0;
 }
 
 NgramFirstDrafter::NgramFirstDrafter(const NgramParams& params, int32_t first_min, int32_t n_ctx,
@@ -158,13 +221,16 @@ void NgramFirstDrafter::propose(int32_t root, int32_t position, const TreeParams
 TreeGrowth NgramFirstDrafter::begin_propose(int32_t root, int32_t position, const TreeParams& params,
                                             DraftSampling* sampling, DraftTree& tree) {
   const NgramMatch m = ngram_.match_with_root(root);
-  fallback_drafted_ = m.length < first_min_;
+  // A long enough match drafts unless its continuation is not worth it (then the fallback drafts
+  // and the continuation is still observed).
+  const int32_t tokens = m.length >= first_min_ ? ngram_.plan_chain(m, params) : 0;
+  fallback_drafted_ = tokens == 0;
   if (fallback_drafted_) {
     ++fallback_steps_;
     return fallback_->begin_propose(root, position, params, sampling, tree);
   }
   ++ngram_steps_;
-  ngram_.draft_chain(m, params, sampling, tree);
+  ngram_.draft_chain(tokens, sampling, tree);
   return {};
 }
 

@@ -8,7 +8,15 @@
 //                      limit) mapping it to its most recent end position. A push indexes the
 //                      max_n - min_n + 1 n-grams ending one token earlier; a lookup hashes the
 //                      suffix for each length, longest first. Nothing is O(context) per token.
-//   NgramDrafter:      drafts a chain with the match's continuation (see below why a chain).
+//   NgramDrafter:      drafts a chain with the match's continuation (see below why a chain),
+//                      cut where NgramConfidence says its tokens stop paying.
+//   NgramConfidence:   per generation, how often the j-th token of a continuation found by a
+//                      match of L tokens was the token the target produced (given tokens 1..j-1
+//                      were). A chain stops before the token whose estimated probability of being
+//                      accepted, all earlier ones with it, falls below --ngram-min-accept percent.
+//                      Every step observes one depth past what it accepted (the target's own
+//                      next token, the next step's root), so a depth that stopped being drafted
+//                      keeps being measured and comes back when the text starts repeating.
 //   NgramFirstDrafter: "n-gram first, else a fallback drafter" (--spec self+ngram, draft+ngram;
 //                      any Drafter composes): a match of at least `first_min` tokens drafts,
 //                      otherwise the fallback does.
@@ -19,7 +27,10 @@
 // x is drawn a point mass has nothing left to draw, so a second child would need a made-up q with
 // a random draw order. A chain keeps q honest under sampling and greedy alike, and on a CPU every
 // extra verified row costs target time, while a second continuation of the same suffix rarely
-// wins. (The verifier accepts a point-mass child with probability p(x) and otherwise moves on to
+// wins. Why a cut: a verified row is not free. On SmolLM2 (small matrices, compute-bound at a few
+// tokens) 5 rows cost ~1.8x one row, so a chain whose tail is rarely accepted slows decoding; on
+// Gemma (its 262k-row LM head dominates) the same rows cost ~1.2x, and long chains pay. The
+// statistics depend only on the tokens, so drafting stays deterministic. (The verifier accepts a point-mass child with probability p(x) and otherwise moves on to
 // the residual norm(max(0, p - q)) = p without x: plain sampling's distribution exactly, tested
 // in tests/test_spec_sampling_power.cpp.)
 #include <cstdint>
@@ -34,7 +45,10 @@ namespace microspec {
 struct NgramParams {
   int32_t min_n = 2;  // shortest suffix match that drafts (and is indexed)
   int32_t max_n = 5;  // longest suffix tried
-  void validate() const;  // throws Error unless 1 <= min_n <= max_n <= 64
+  // A chain keeps its j-th token while the estimated probability that tokens 1..j are all
+  // accepted is at least this many percent (0: the whole continuation, up to tree-tokens).
+  int32_t min_accept_percent = 10;
+  void validate() const;  // throws Error unless 1 <= min_n <= max_n <= 64 and 0 <= percent <= 100
 };
 
 // The longest earlier occurrence of the context's suffix.
@@ -79,6 +93,33 @@ class NgramIndex {
   size_t mask_ = 0;
 };
 
+// Acceptance counts per (match length, depth), reset for every generation. Counts start at one
+// hit in two trials, so a depth never seen is estimated at 1/2 and gets tried.
+class NgramConfidence {
+ public:
+  static constexpr int32_t kDepths = 16;  // depths past it share the last one's counts
+  explicit NgramConfidence(int32_t max_n);
+  void reset();
+  // How many leading tokens of a continuation of `available` tokens, found by a match of `length`
+  // tokens, to draft: the most j such that the product of the estimated per-depth acceptance
+  // rates over depths 1..j is at least min_accept_percent / 100.
+  int32_t tokens_worth_drafting(int32_t length, int32_t available, int32_t min_accept_percent) const;
+  // One observation: the continuation's token at `depth` was (hit) or was not the target's, the
+  // tokens before it having been.
+  void record(int32_t length, int32_t depth, bool hit);
+  // The estimated acceptance rate at `depth` given the earlier ones were accepted.
+  double rate(int32_t length, int32_t depth) const;
+
+ private:
+  struct Count {
+    int32_t hits = 1, trials = 2;
+  };
+  // The counts' index; Error for a length outside [1, max_n] or a depth < 1.
+  size_t slot(int32_t length, int32_t depth) const;
+  int32_t max_n_;
+  std::vector<Count> counts_;  // [(max_n + 1) * kDepths], row = match length
+};
+
 class NgramDrafter final : public Drafter {
  public:
   // n_ctx: the target's context limit (the index's capacity).
@@ -95,15 +136,30 @@ class NgramDrafter final : public Drafter {
 
   // The step's root joins the context (once per step) and the longest suffix match is returned.
   NgramMatch match_with_root(int32_t root);
-  // Fills `tree` with the chain continuing `m` (up to params.total_tokens nodes); with sampling,
-  // every node's draft distribution is the point mass on its token.
-  void draft_chain(const NgramMatch& m, const TreeParams& params, DraftSampling* sampling, DraftTree& tree);
+  // The step's continuation of `m` (up to params.total_tokens tokens) and how many of its tokens
+  // the confidence keeps (0: not worth a draft). The step then observes the continuation against
+  // what the target commits, whoever drafts.
+  int32_t plan_chain(const NgramMatch& m, const TreeParams& params);
+  // Fills `tree` with the first `tokens` tokens of the planned continuation; with sampling, every
+  // node's draft distribution is the point mass on its token.
+  void draft_chain(int32_t tokens, DraftSampling* sampling, DraftTree& tree);
   const NgramIndex& index() const { return index_; }
+  const NgramConfidence& confidence() const { return confidence_; }
 
  private:
+  // The step's root joins the context; it settles the observation the last step left open.
+  void push_root(int32_t root);
+
   NgramIndex index_;
+  NgramConfidence confidence_;
   bool root_pushed_ = false;      // the current step's root is already in the index
-  std::vector<int32_t> chain_;    // [<= total_tokens] scratch: the drafted continuation
+  std::vector<int32_t> chain_;    // [<= total_tokens] the step's planned continuation
+  int32_t chain_length_ = 0;      // the match length that found chain_; 0 = no continuation this step
+  // An observation waiting for the next root: the continuation's token at `depth` against the
+  // target's next token.
+  struct Open {
+    int32_t length = 0, depth = 0, token = -1;  // length 0 = none
+  } open_;
 };
 
 class NgramFirstDrafter final : public Drafter {

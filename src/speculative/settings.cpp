@@ -168,6 +168,11 @@ std::vector<SpecSetting> make_table() {
   t.push_back(integer(
       "ngram-first", [](C & c) -> auto& { return c.ngram_first; }, 1, 64,
       "X+ngram: a match of at least this many tokens drafts instead of X (in [ngram-min, ngram-max])"));
+  t.push_back(integer(
+      "ngram-min-accept", [](C & c) -> auto& { return c.ngram_min_accept; }, 0, 100,
+      "ngram, X+ngram: a chain stops before the token whose estimated chance of being accepted with "
+      "all before it (counted in this generation per match length) is below this percent; 0 = the "
+      "whole continuation"));
   return t;
 }
 

@@ -62,6 +62,7 @@ struct SpecConfig {
   int32_t ngram_min = 2;    // ngram: shortest suffix match that drafts
   int32_t ngram_max = 5;    // ngram / X+ngram: longest suffix match tried
   int32_t ngram_first = 3;  // X+ngram: a match this long drafts instead of the fallback drafter
+  int32_t ngram_min_accept = 10;  // ngram / X+ngram: a chain's cut, percent (NgramParams)
 
   bool enabled() const { return mode != SpecMode::None; }
   // Throws Error for inconsistent settings (e.g. --draft-model without --spec draft) and values
