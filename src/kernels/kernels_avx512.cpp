@@ -1602,6 +1602,19 @@ void f16_widen(const fp16_t* x, float* y, int64_t n) {
   if (i < n) _mm256_storeu_ps(y + i, load_f16x8(x + i));
 }
 
+// A head's keys (values) are a strided walk through the cache, one or two lines per key, that the
+// hardware prefetcher follows too late on Zen 4, as it does the weights' tiles (prefetch_next):
+// each key's step asks for the key kAttentionPrefetchKeys ahead into L2. At 800 tokens of context
+// that made a forward of 1-6 rows 3-8% faster on SmolLM2 and 2-7% on Gemma (2 threads, the two
+// versions alternated in one process). Prefetches never fault: past the cache's end they are
+// dropped.
+constexpr int32_t kAttentionPrefetchKeys = 16;
+
+[[gnu::always_inline]] inline void prefetch_key_ahead(const fp16_t* row, int64_t stride, int64_t n) {
+  const char* ahead = reinterpret_cast<const char*>(row + kAttentionPrefetchKeys * stride);
+  for (int64_t b = 0; b < n * int64_t(sizeof(fp16_t)); b += 64) _mm_prefetch(ahead + b, _MM_HINT_T1);
+}
+
 // Blocks of up to NR query rows (kernels.h): each key (value) row is widened once for all of them;
 // every row's arithmetic is f16_dot_reference's (f16_axpy_reference's) exactly.
 template <int NR>
@@ -1609,6 +1622,7 @@ void scores_rows(const float* q, int64_t ldq, const fp16_t* k, int64_t k_stride,
                  float* out, int64_t ldo) {
   for (int32_t j = 0; j < n_keys; ++j) {
     const fp16_t* kj = k + j * k_stride;
+    prefetch_key_ahead(kj, k_stride, n);
     __m512 acc[NR];
     for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
     int64_t i = 0;
@@ -1655,6 +1669,7 @@ void weighted_sum_rows(const float* w, int64_t ldw, const fp16_t* v, int64_t v_s
       __m512 acc[NR];
       for (int r = 0; r < NR; ++r) acc[r] = j0 == 0 ? zero : _mm512_loadu_ps(out + r * ldo + i);
       for (int32_t j = j0; j < j1; ++j) {
+        if (i == 0) prefetch_key_ahead(v + j * v_stride, v_stride, n);  // once per value row
         const __m512 x = load_f16x16(v + j * v_stride + i);
         for (int r = 0; r < NR; ++r) {
           const __m512 wr = _mm512_set1_ps(w[r * ldw + j]);
