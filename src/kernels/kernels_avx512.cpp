@@ -1605,8 +1605,8 @@ void f16_widen(const fp16_t* x, float* y, int64_t n) {
 // A head's keys (values) are a strided walk through the cache, one or two lines per key, that the
 // hardware prefetcher follows too late on Zen 4, as it does the weights' tiles (prefetch_next):
 // each key's step asks for the key kAttentionPrefetchKeys ahead into L2. At 800 tokens of context
-// that made a forward of 1-6 rows 3-8% faster on SmolLM2 and 2-7% on Gemma (2 threads, the two
-// versions alternated in one process). Prefetches never fault: past the cache's end they are
+// a forward of 1-6 rows took 0.93-0.98x the time on SmolLM2 and 0.92-0.99x on Gemma (2 threads, the
+// two versions alternated in one process; README, "Attention prefetches its keys and values"). Prefetches never fault: past the cache's end they are
 // dropped.
 constexpr int32_t kAttentionPrefetchKeys = 16;
 

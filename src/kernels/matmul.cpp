@@ -72,21 +72,47 @@ void check_shape(const QMatrix& w, int64_t n_tokens, int64_t n_out, int64_t ldy)
                 ", tokens " + std::to_string(n_tokens) + ", ldy " + std::to_string(ldy) + ")");
 }
 
-// Rows [b, e) of w's product with prepared activations, through the interleaved tiles when the
-// table reads them (b is then a multiple of the tile's 16 rows).
-void product_rows(MatmulContext& ctx, const QMatrix& w, GemmFn gemm, const Activations& act, int64_t n_tokens,
-                  float* y, int64_t ldy, int64_t b, int64_t e) {
-  const InterleavedGemmFn gemm_tiles =
-      w.interleaved && w.interleaved_of == w.data ? ctx.kernels().gemm_interleaved[int(w.type)] : nullptr;
+// Outputs [b, e) of w's product with prepared activations, in chunks of tokens. `rows` null: w's
+// rows b..e, through the interleaved tiles when the table reads them (b is then a multiple of the
+// tile's 16 rows); otherwise the gathered rows rows[b..e) of the file layout.
+void product_rows(MatmulContext& ctx, const QMatrix& w, const int32_t* rows, GemmFn gemm, const Activations& act,
+                  int64_t n_tokens, float* y, int64_t ldy, int64_t b, int64_t e) {
+  const InterleavedGemmFn gemm_tiles = !rows && w.interleaved && w.interleaved_of == w.data
+                                           ? ctx.kernels().gemm_interleaved[int(w.type)]
+                                           : nullptr;
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
     const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
+    const uint8_t* a = act.data + size_t(t0) * act.stride;
     if (gemm_tiles)
-      gemm_tiles(w.interleaved + size_t(b / kInterleavedRows) * interleaved_tile_bytes(w.type, w.cols), e - b,
-                 act.data + size_t(t0) * act.stride, act.stride, nt, w.cols, y + t0 * ldy + b, ldy);
+      gemm_tiles(w.interleaved + size_t(b / kInterleavedRows) * interleaved_tile_bytes(w.type, w.cols), e - b, a,
+                 act.stride, nt, w.cols, y + t0 * ldy + b, ldy);
+    else if (rows)
+      gemm(w.data, w.row_stride, rows + b, e - b, a, act.stride, nt, w.cols, y + t0 * ldy + b, ldy);
     else
-      gemm(w.data + size_t(b) * w.row_stride, w.row_stride, nullptr, e - b, act.data + size_t(t0) * act.stride,
-           act.stride, nt, w.cols, y + t0 * ldy + b, ldy);
+      gemm(w.data + size_t(b) * w.row_stride, w.row_stride, nullptr, e - b, a, act.stride, nt, w.cols,
+           y + t0 * ldy + b, ldy);
   }
+}
+
+// One product of matmul_shared_input's on its group's row axis, where it starts at row `first`.
+struct AxisPart {
+  const SharedInputProduct* p;
+  GemmFn gemm;
+  int64_t first;
+};
+
+// The products of one activation format, their input quantized once, in one pool call on one row
+// axis where each product starts at a multiple of 16 rows (a tile). A chunk may cover the end of
+// one product and the start of the next: each gets its part.
+void run_axis(MatmulContext& ctx, std::span<const AxisPart> parts, int64_t axis, const float* x, int64_t n_tokens) {
+  const Activations act = quantize_input(ctx, *parts[0].p->w, x, n_tokens);
+  ctx.pool().parallel_for(axis, row_grain(ctx, axis, n_tokens), [&](int64_t b, int64_t e, int) {
+    for (const AxisPart& part : parts) {
+      const SharedInputProduct& p = *part.p;
+      const int64_t rb = std::max(b - part.first, int64_t(0)), re = std::min(e - part.first, p.w->rows);
+      if (rb < re) product_rows(ctx, *p.w, nullptr, part.gemm, act, n_tokens, p.y, p.ldy, rb, re);
+    }
+  });
 }
 
 // Chunks start at multiples of the grain, a multiple of the 16 rows of a tile.
@@ -113,7 +139,7 @@ void matmul(MatmulContext& ctx, const QMatrix& w, const float* x, int64_t n_toke
   const GemmFn gemm = gemm_for(ctx, w);
   const Activations act = quantize_input(ctx, w, x, n_tokens);
   ctx.pool().parallel_for(w.rows, row_grain(ctx, w.rows, n_tokens), [&](int64_t b, int64_t e, int) {
-    product_rows(ctx, w, gemm, act, n_tokens, y, ldy, b, e);
+    product_rows(ctx, w, nullptr, gemm, act, n_tokens, y, ldy, b, e);
   });
 }
 
@@ -129,39 +155,21 @@ void matmul_shared_input(MatmulContext& ctx, std::span<const SharedInputProduct>
                   std::to_string(p.w->cols) + " columns cannot share an input");
   }
   if (n_tokens == 0) return;
-  // The products go in groups of one activation format (usually all of them): each group's input
-  // is quantized once and its rows go out in one pool call, on one row axis where each product
-  // starts at a multiple of 16 rows (a tile).
-  std::array<bool, kMaxSharedInputProducts> done{};
+  // Groups of one activation format (usually all of the products form one), in order of first use.
+  std::array<bool, kMaxSharedInputProducts> grouped{};
   for (size_t g = 0; g < products.size(); ++g) {
-    if (done[g]) continue;
+    if (grouped[g]) continue;
     const GgmlType format = activation_type(products[g].w->type);
-    struct Part {
-      const SharedInputProduct* p;
-      GemmFn gemm;
-      int64_t first;  // the product's first row on the group's axis
-    };
-    std::array<Part, kMaxSharedInputProducts> parts{};
+    std::array<AxisPart, kMaxSharedInputProducts> parts{};
     size_t n_parts = 0;
     int64_t axis = 0;
-    Activations act{};
     for (size_t i = g; i < products.size(); ++i) {
-      if (done[i] || activation_type(products[i].w->type) != format) continue;
-      const GemmFn gemm = gemm_for(ctx, *products[i].w);
-      if (n_parts == 0) act = quantize_input(ctx, *products[i].w, x, n_tokens);
-      parts[n_parts++] = {&products[i], gemm, axis};
+      if (grouped[i] || activation_type(products[i].w->type) != format) continue;
+      parts[n_parts++] = {&products[i], gemm_for(ctx, *products[i].w), axis};
       axis += (products[i].w->rows + kRowGrain - 1) / kRowGrain * kRowGrain;
-      done[i] = true;
+      grouped[i] = true;
     }
-    if (axis == 0) continue;
-    // A chunk may cover the end of one product and the start of the next: each gets its part.
-    ctx.pool().parallel_for(axis, row_grain(ctx, axis, n_tokens), [&](int64_t b, int64_t e, int) {
-      for (size_t i = 0; i < n_parts; ++i) {
-        const SharedInputProduct& p = *parts[i].p;
-        const int64_t rb = std::max(b - parts[i].first, int64_t(0)), re = std::min(e - parts[i].first, p.w->rows);
-        if (rb < re) product_rows(ctx, *p.w, parts[i].gemm, act, n_tokens, p.y, p.ldy, rb, re);
-      }
-    });
+    if (axis > 0) run_axis(ctx, std::span<const AxisPart>(parts.data(), n_parts), axis, x, n_tokens);
   }
 }
 
@@ -176,11 +184,7 @@ void matmul_rows(MatmulContext& ctx, const QMatrix& w, const int32_t* rows, int6
   const GemmFn gemm = gemm_for(ctx, w);
   const Activations act = quantize_input(ctx, w, x, n_tokens);
   ctx.pool().parallel_for(n_rows, row_grain(ctx, n_rows, n_tokens), [&](int64_t b, int64_t e, int) {
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
-      const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
-      gemm(w.data, w.row_stride, rows + b, e - b, act.data + size_t(t0) * act.stride, act.stride, nt, w.cols,
-           y + t0 * ldy + b, ldy);
-    }
+    product_rows(ctx, w, rows, gemm, act, n_tokens, y, ldy, b, e);
   });
 }
 

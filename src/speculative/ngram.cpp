@@ -185,13 +185,14 @@ void NgramDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const
   // observed while the ones before it held; the depth after the last committed token is settled
   // by the next root (the target's own next token).
   if (chain_length_ > 0) {
-    int32_t depth = 0;
-    bool held = true;
-    for (; depth < static_cast<int32_t>(path.size()) && depth < static_cast<int32_t>(chain_.size()) && held; ++depth) {
-      held = tree.nodes[size_t(path[size_t(depth)])].token == chain_[size_t(depth)];
-      confidence_.record(chain_length_, depth + 1, held);
-    }
-    if (held && depth < static_cast<int32_t>(chain_.size())) open_ = {chain_length_, depth + 1, chain_[size_t(depth)]};
+    const size_t compared = std::min(path.size(), chain_.size());
+    size_t held = 0;  // leading committed tokens equal to the continuation's
+    while (held < compared && tree.nodes[size_t(path[held])].token == chain_[held]) ++held;
+    for (size_t d = 1; d <= held; ++d) confidence_.record(chain_length_, int32_t(d), true);
+    if (held < compared)
+      confidence_.record(chain_length_, int32_t(held) + 1, false);
+    else if (held < chain_.size())
+      open_ = {chain_length_, int32_t(held) + 1, chain_[held]};
   }
   for (int32_t p : path) index_.push(tree.nodes[size_t(p)].token);
   root_pushed_ = false;
