@@ -255,6 +255,12 @@ TEST_F(DraftHead, RefusesBrokenFiles) {
     const std::string e = load_error(s);
     EXPECT_NE(e.find("'fc.weight' has shape [128, 64], expected [192, 64]"), std::string::npos) << e;
   }
+  {
+    test::TinyHeadSpec s;
+    s.head_dim = 12;  // even, but not the half-float attention kernels' multiple of 8
+    const std::string e = load_error(s);
+    EXPECT_NE(e.find("head dimension 12 is not a multiple of 8"), std::string::npos) << e;
+  }
   for (const char* name : {"fc.weight", "blk.0.attn_norm_2.weight", "blk.0.ffn_down.weight"}) {
     test::TinyHeadSpec s;
     s.nan_tensor = name;

@@ -18,7 +18,9 @@
 //   - bonus_from_p: the bonus token is drawn from p instead of the last residual;
 //   - accept_q_over_p: a child is accepted with probability min(1, q/p) instead of min(1, p/q);
 //   - score-ranked pruning: the tree keeps its best nodes by cumulative draft score instead of
-//     the first ones in creation order (verified by the library's verifier).
+//     the first ones in creation order (verified by the library's verifier);
+//   - the p-min cut applied to a sampled tree as to a greedy one: nodes whose path probability is
+//     under p-min dropped instead of kept unexpanded (verified by the library's verifier).
 // N-gram drafting (speculative/ngram.h) proposes deterministic chains: its q is a point mass. A
 // case runs the real NgramDrafter over a context that repeats the target's likely continuation,
 // so its drafts are accepted at times and rejected at times; the library verifier must pass and
@@ -175,6 +177,23 @@ DraftTree prune_by_score(const DraftTree& full, int32_t keep) {
   return t;
 }
 
+// The mutant cut: drops the nodes whose path log-probability is under min_score (and so their
+// subtrees), as a greedy tree does; a sampled node's fate then depends on its own draw.
+DraftTree drop_below(const DraftTree& full, float min_score) {
+  std::vector<int32_t> new_index(size_t(full.size()), -1);
+  DraftTree t;
+  t.q.push_back(full.q[0]);
+  for (int32_t old = 0; old < full.size(); ++old) {
+    TreeNode n = full.nodes[old];
+    if (n.score < min_score || (n.parent >= 0 && new_index[n.parent] < 0)) continue;
+    n.parent = n.parent < 0 ? -1 : new_index[n.parent];
+    new_index[old] = t.size();
+    t.nodes.push_back(n);
+    t.q.push_back(full.q[size_t(old) + 1]);
+  }
+  return t;
+}
+
 struct Outcome {
   std::map<std::vector<int32_t>, int> observed;
   int64_t drafted = 0, accepted = 0;
@@ -186,6 +205,7 @@ struct Case {
   float sigma;        // draft noise: acceptance falls as it grows
   TreeParams tree;
   bool prune_by_score = false;  // build every candidate, keep the best tree.total_tokens by score
+  bool drop_below_p_min = false;  // the mutant cut: sampled nodes under tree.p_min dropped, as greedy trees do
 };
 
 Outcome run_case(const Case& c, const Verifier& verify, int n_samples, uint64_t seed) {
@@ -208,6 +228,7 @@ Outcome run_case(const Case& c, const Verifier& verify, int n_samples, uint64_t 
       expander.context = tokens.empty() ? kStart : tokens.back();
       builder.build(build_params, expander, tree, &sampling);
       if (c.prune_by_score) tree = prune_by_score(tree, c.tree.total_tokens);
+      if (c.drop_below_p_min) tree = drop_below(tree, std::log(float(c.tree.p_min) / 100.0f));
       rows.assign(m.target.begin() + size_t(expander.context) * V, m.target.begin() + size_t(expander.context + 1) * V);
       for (const TreeNode& n : tree.nodes)
         rows.insert(rows.end(), m.target.begin() + size_t(n.token) * V, m.target.begin() + size_t(n.token + 1) * V);
@@ -296,6 +317,7 @@ Verifier written_out(Mutation m) {
 const TreeParams kWideTree{2, 2, 5};  // depth 2 (3 levels), width 2, 5 of 10 candidates kept
 const TreeParams kBushy{1, 3, 12};    // every candidate kept: 3 children, 9 grandchildren
 const TreeParams kChain{3, 1, 4};
+const TreeParams kCutTree{2, 2, 5, /*p_min=*/30};  // the wide tree, nodes under 30% not expanded
 
 struct Band {
   Case c;
@@ -310,6 +332,7 @@ const std::vector<Band>& bands() {
       {{"close draft (sigma 0.3), wide tree", 0.3f, kWideTree}, 0.3, 0.5},
       {{"medium draft (sigma 1), wide tree", 1.0f, kWideTree}, 0.25, 0.45},
       {{"far draft (sigma 2.5), bushy tree", 2.5f, kBushy}, 0.05, 0.25},
+      {{"medium draft (sigma 1), wide tree, p-min 30", 1.0f, kCutTree}, 0.2, 0.4},
   };
   return b;
 }
@@ -364,6 +387,16 @@ TEST(SpecSamplingPower, ScoreRankedPruningOfASampledTreeFails) {
   const auto [stat, crit] = chi_square(exact_sequences(make_pair(c.sigma).target), o.observed, kSamples);
   std::printf("%s: chi-square %.1f (critical %.1f), statistic / N %.4f\n", c.name.c_str(), stat, crit, stat / kSamples);
   EXPECT_GT(stat, crit) << "keeping the best nodes by score must bias the output";
+}
+
+TEST(SpecSamplingPower, DroppingSampledNodesUnderPMinFails) {
+  Case c = bands()[5].c;  // medium draft, wide tree, p-min 30
+  c.name = "sampled nodes under p-min dropped";
+  c.drop_below_p_min = true;
+  const Outcome o = run_case(c, library_verifier(), kSamples, 400);
+  const auto [stat, crit] = chi_square(exact_sequences(make_pair(c.sigma).target), o.observed, kSamples);
+  std::printf("%s: chi-square %.1f (critical %.1f), statistic / N %.4f\n", c.name.c_str(), stat, crit, stat / kSamples);
+  EXPECT_GT(stat, crit) << "dropping a sampled node for its own draw must bias the output";
 }
 
 // Samples kLength tokens after kStart with the NgramDrafter drafting from `prompt` + the tokens so

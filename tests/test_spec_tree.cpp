@@ -115,6 +115,60 @@ TEST(SpecTree, ChainDepthZeroAndEmpty) {
   EXPECT_THROW(b.build({2, 0, 5}, e, t), Error);
 }
 
+// The p-min cut on the example's path log-probabilities (log 0.5 = -0.693, log 0.6 = -0.511):
+// a greedy tree drops the candidates below it and does not expand them; a sampled tree keeps
+// them but expands only the ones above.
+TEST(SpecTree, PathProbabilityCut) {
+  TableExpander e = example();
+  TreeBuilder b;
+  DraftTree t;
+  b.build({/*depth=*/2, /*top_k=*/2, /*total_tokens=*/50, /*p_min=*/50}, e, t);
+  EXPECT_EQ(e.calls[1], (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(e.calls[2], (std::vector<int32_t>{2, 3}));  // 20 and 22; 21 (-1.25) and 23 were not made
+  expect_tree(t, {{10, -1, 1, -0.25f},
+                  {11, -1, 1, -0.5f},
+                  {20, 0, 2, -0.5f},
+                  {22, 1, 2, -0.625f},
+                  {32, 3, 3, -0.6875f}});  // 30 (-1.0) and 31 fall below it
+
+  e.calls.clear();
+  b.build({2, 2, 50, /*p_min=*/60}, e, t);
+  EXPECT_EQ(e.calls.size(), 3u);
+  EXPECT_EQ(e.calls[2], (std::vector<int32_t>{2}));
+  expect_tree(t, {{10, -1, 1, -0.25f}, {11, -1, 1, -0.5f}, {20, 0, 2, -0.5f}});
+
+  e.calls.clear();
+  b.build({2, 2, 50, /*p_min=*/80}, e, t);  // even the root's best child is below: one draft pass
+  EXPECT_EQ(t.size(), 0);
+  EXPECT_EQ(e.calls.size(), 1u);
+
+  b.build({/*depth=*/5, /*top_k=*/1, 50, /*p_min=*/50}, e, t);  // a chain stops at the cut
+  expect_tree(t, {{10, -1, 1, -0.25f}, {20, 0, 2, -0.5f}});
+
+  // Sampled: every draw is kept (children in draw order), only 20 is expanded at p-min 60.
+  DraftSampling sampling;
+  sampling.row_q.resize(4);
+  e.calls.clear();
+  b.build({2, 2, 50, /*p_min=*/60}, e, t, &sampling);
+  EXPECT_EQ(e.calls.size(), 3u);
+  EXPECT_EQ(e.calls[2], (std::vector<int32_t>{2}));
+  expect_tree(t, {{10, -1, 1, -0.25f},
+                  {11, -1, 1, -0.5f},
+                  {20, 0, 2, -0.5f},
+                  {21, 0, 2, -1.25f},
+                  {22, 1, 2, -0.625f},
+                  {23, 1, 2, -2.5f},
+                  {30, 2, 3, -1.0f},
+                  {31, 2, 3, -1.25f}});
+  e.calls.clear();
+  b.build({2, 2, 50}, e, t, &sampling);  // off: 20 and 22 are expanded
+  EXPECT_EQ(e.calls[2], (std::vector<int32_t>{2, 4}));
+  EXPECT_EQ(t.size(), 10);
+
+  EXPECT_THROW(b.build({2, 2, 5, 101}, e, t), Error);
+  EXPECT_THROW(b.build({2, 2, 5, -1}, e, t), Error);
+}
+
 // All log-probabilities 0: every score ties, and the kept set must still be a connected tree
 // (ties rank the earlier candidate, so parents come first).
 TEST(SpecTree, TiedScoresKeepTreeConnected) {

@@ -169,8 +169,9 @@ void run_generate(const GenerateArgs& a) {
       throw Error("--device cuda runs greedy decoding: --temp 0, no --stop, --prompts-jsonl or --json");
     if (a.spec.enabled()) {
       // The device drafts a chain with the full vocabulary's head, from the target's own first layers.
-      if (a.spec.mode != SpecMode::Self || a.spec.tree.top_k != 1 || a.spec.draft_vocab != DraftVocabKind::Full)
-        throw Error("--device cuda speculates with --spec self --tree-topk 1 --draft-vocab full only");
+      if (a.spec.mode != SpecMode::Self || a.spec.tree.top_k != 1 || a.spec.draft_vocab != DraftVocabKind::Full ||
+          a.spec.tree.p_min != 0)
+        throw Error("--device cuda speculates with --spec self --tree-topk 1 --draft-vocab full --draft-p-min 0 only");
       a.spec.tree.validate();
       cuda_args.spec_draft_layers = a.spec.draft_layers;
       cuda_args.spec_chain = std::max(1, std::min(a.spec.tree.depth + 1, a.spec.tree.total_tokens));

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <string>
 
 #include "gguf/gguf.h"
@@ -59,8 +58,8 @@ Eagle3Head::Eagle3Head(std::unique_ptr<GgufFile> file, Model& target, int32_t n_
     throw Error(f.name() + ": invalid head sizes (embedding " + std::to_string(c.n_embd) + ", heads " +
                 std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + ", ffn " + std::to_string(c.n_ff) + ")");
   c.head_dim = static_cast<int32_t>(f.get_int_opt(a + "attention.key_length").value_or(c.n_embd / c.n_head));
-  if (c.head_dim < 2 || c.head_dim % 2 != 0)
-    throw Error(f.name() + ": head dimension " + std::to_string(c.head_dim) + " must be even");
+  if (c.head_dim < 8 || c.head_dim % 8 != 0)  // the half-float attention kernels' multiple
+    throw Error(f.name() + ": head dimension " + std::to_string(c.head_dim) + " is not a multiple of 8");
   if (auto v = f.get_int_opt(a + "attention.value_length")) expect_equal(f, a + "attention.value_length", c.head_dim, *v);
   if (auto r = f.get_int_opt(a + "rope.dimension_count")) expect_equal(f, a + "rope.dimension_count", c.head_dim, *r);
   if (!(c.rms_eps > 0.0f) || !(c.rope_base > 0.0f))
@@ -228,50 +227,45 @@ void Eagle3Head::attention(const Batch& batch, KVCache& kv, const float* q, cons
                            float* out) {
   const Eagle3Config& c = config_;
   const int32_t n = batch.size(), hd = c.head_dim, kvd = c.kv_dim(), n_past = kv.n_past();
-  const int32_t group = c.n_head / c.n_head_kv;
+  const int32_t n_kv = c.n_head_kv, group = c.n_head / n_kv;
+  const F16AttentionKernels f16 = mm_.kernels().f16;
+  const RowKernels rowk = mm_.kernels().rows;
   for (int32_t i = 0; i < n; ++i) {
     const int32_t slot = n_past + batch.start + i;
-    for (int32_t j = 0; j < kvd; ++j) {
-      kv.k(0, slot)[j] = fp32_to_fp16(k[size_t(i) * kvd + j]);
-      kv.v(0, slot)[j] = fp32_to_fp16(v[size_t(i) * kvd + j]);
-    }
+    f16.round(k + size_t(i) * kvd, kv.k(0, slot), kvd);
+    f16.round(v + size_t(i) * kvd, kv.v(0, slot), kvd);
   }
-  if (act_.scores.size() < size_t(kv.n_ctx())) act_.scores.assign(size_t(kv.n_ctx()), 0.0f);
-  if (act_.visible.size() < size_t(kv.n_ctx())) act_.visible.assign(size_t(kv.n_ctx()), 0);
+
+  // Scratch of each pool thread, grown once to the cache's length.
+  ThreadPool& pool = mm_.pool();
+  const size_t keys_max = size_t(kv.n_ctx());
+  if (act_.scores.size() < size_t(pool.size()) * group * keys_max) {
+    act_.scores.assign(size_t(pool.size()) * group * keys_max, 0.0f);
+    act_.seen.assign(size_t(pool.size()) * keys_max, 0);
+  }
+
+  // One task per (row, KV head): the group's query heads against the keys the row sees, each key
+  // and value row read once for the whole group. Row i sees the committed prefix, then of the
+  // pending slots [0, batch.start + i] itself and its ancestors (the tree's parent mask).
   const float scale = 1.0f / std::sqrt(float(hd));
-  float* scores = act_.scores.data();
-  int32_t* visible = act_.visible.data();
-  for (int32_t i = 0; i < n; ++i) {
-    // Keys this row sees: the committed prefix, then its pending ancestors (root first) and itself.
-    int32_t n_visible = 0;
-    for (int32_t p = batch.start + i; p >= 0; p = kv.pending_parent(p)) visible[n_visible++] = p;
-    std::reverse(visible, visible + n_visible);
-    const int32_t n_keys = n_past + n_visible;
-    auto slot_of = [&](int32_t key) { return key < n_past ? key : n_past + visible[key - n_past]; };
-    for (int32_t h = 0; h < c.n_head; ++h) {
-      const float* qh = q + (size_t(i) * c.n_head + h) * hd;
-      const int32_t koff = (h / group) * hd;
-      float max_score = -std::numeric_limits<float>::infinity();
-      for (int32_t s = 0; s < n_keys; ++s) {
-        const uint16_t* kr = kv.k(0, slot_of(s)) + koff;
-        float dot = 0.0f;
-        for (int32_t j = 0; j < hd; ++j) dot += qh[j] * fp16_to_fp32(kr[j]);
-        scores[s] = dot * scale;
-        max_score = std::max(max_score, scores[s]);
-      }
-      for (int32_t s = 0; s < n_keys; ++s) scores[s] -= max_score;
-      mm_.kernels().rows.exp(scores, scores, n_keys);
-      float sum = 0.0f;
-      for (int32_t s = 0; s < n_keys; ++s) sum += scores[s];
-      float* oh = out + (size_t(i) * c.n_head + h) * hd;
-      std::fill(oh, oh + hd, 0.0f);
-      for (int32_t s = 0; s < n_keys; ++s) {
-        const float w = scores[s] / sum;
-        const uint16_t* vr = kv.v(0, slot_of(s)) + koff;
-        for (int32_t j = 0; j < hd; ++j) oh[j] += w * fp16_to_fp32(vr[j]);
-      }
+  pool.parallel_for(int64_t(n) * n_kv, 1, [&](int64_t begin, int64_t end, int thread) {
+    float* scores = act_.scores.data() + size_t(thread) * group * keys_max;  // [group][n_keys]
+    uint8_t* seen = act_.seen.data() + size_t(thread) * keys_max;            // [n_keys]
+    for (int64_t task = begin; task < end; ++task) {
+      const int32_t i = static_cast<int32_t>(task / n_kv), g = static_cast<int32_t>(task % n_kv);
+      const int32_t n_pending = batch.start + i + 1, n_keys = n_past + n_pending;
+      std::memset(seen, 1, size_t(n_past));
+      std::memset(seen + n_past, 0, size_t(n_pending));
+      for (int32_t p = n_pending - 1; p >= 0; p = kv.pending_parent(p)) seen[n_past + p] = 1;
+
+      const float* q_group = q + (size_t(i) * c.n_head + size_t(g) * group) * hd;  // [group][hd]
+      float* out_group = out + (size_t(i) * c.n_head + size_t(g) * group) * hd;    // [group][hd]
+      const size_t koff = size_t(g) * hd;
+      f16.scores(q_group, hd, group, kv.k(0, 0) + koff, kvd, n_keys, hd, scores, n_keys);
+      for (int32_t h = 0; h < group; ++h) rowk.softmax(scores + size_t(h) * n_keys, seen, n_keys, scale);
+      f16.weighted_sum(scores, n_keys, group, kv.v(0, 0) + koff, kvd, n_keys, hd, out_group, hd);
     }
-  }
+  });
 }
 
 void Eagle3Head::fuse(const float* features, int32_t n, float* fused) {
@@ -338,9 +332,8 @@ void Eagle3Head::forward(const Batch& batch, const float* g, KVCache& kv, float*
   float* k = act_.k.data();        // [n][n_head_kv][head_dim]
   float* v = act_.v.data();        // [n][n_head_kv][head_dim]
   float* attn = act_.attn.data();  // [n][q_dim]
-  matmul(mm_, wq_, attn_in, n, q, wq_.rows);
-  matmul(mm_, wk_, attn_in, n, k, wk_.rows);
-  matmul(mm_, wv_, attn_in, n, v, wv_.rows);
+  const SharedInputProduct qkv[] = {{&wq_, q, wq_.rows}, {&wk_, k, wk_.rows}, {&wv_, v, wv_.rows}};
+  matmul_shared_input(mm_, qkv, attn_in, n);
   rope(q, n, c.n_head, batch.positions.data());
   rope(k, n, c.n_head_kv, batch.positions.data());
   attention(batch, kv, q, k, v, attn);
@@ -353,8 +346,8 @@ void Eagle3Head::forward(const Batch& batch, const float* g, KVCache& kv, float*
   float* gate = act_.gate.data();  // [n][n_ff]
   float* up = act_.up.data();      // [n][n_ff]
   rms_norm(prenorm, ffn_norm_, n, H, config_.rms_eps, rn);
-  matmul(mm_, w_gate_, rn, n, gate, w_gate_.rows);
-  matmul(mm_, w_up_, rn, n, up, w_up_.rows);
+  const SharedInputProduct gate_up[] = {{&w_gate_, gate, w_gate_.rows}, {&w_up_, up, w_up_.rows}};
+  matmul_shared_input(mm_, gate_up, rn, n);
   mm_.kernels().rows.silu_mul(gate, up, int64_t(n) * c.n_ff);
   matmul(mm_, w_down_, gate, n, embd, w_down_.rows);  // embd is free again: the FFN output
   for (size_t j = 0; j < size_t(n) * H; ++j) prenorm[j] += embd[j];

@@ -158,8 +158,8 @@ class Eagle3Head {
     std::vector<float> attn;      // [n_batch][q_dim]
     std::vector<float> rn;        // [n_batch][H] normed FFN input
     std::vector<float> gate, up;  // [n_batch][n_ff]
-    std::vector<float> scores;    // [n_ctx + n_batch] attention scores of one query head (grows once)
-    std::vector<int32_t> visible; // [n_ctx] pending slots one query sees (grows once)
+    std::vector<float> scores;    // [threads][n_head / n_head_kv][n_ctx] attention scores (grown once)
+    std::vector<uint8_t> seen;    // [threads][n_ctx] the keys one row sees (grown once)
   };
   Activations act_;
 };

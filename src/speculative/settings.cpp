@@ -131,6 +131,11 @@ std::vector<SpecSetting> make_table() {
   t.push_back(integer(
       "tree-tokens", [](C & c) -> auto& { return c.tree.total_tokens; }, 0, 1024,
       "draft tree nodes verified per step"));
+  t.push_back(integer(
+      "draft-p-min", [](C & c) -> auto& { return c.tree.p_min; }, 0, 100,
+      "self/draft/head: a draft token whose path probability (the draft's probabilities from the "
+      "root multiplied) is below this percent is not drafted (greedy) or not expanded (sampling); "
+      "0 = off"));
   t.push_back(choice<DraftVocabKind>(
       "draft-vocab", [](C & c) -> auto& { return c.draft_vocab; }, kVocabNames,
       "draft vocabulary: full, freq, dynamic or hybrid"));

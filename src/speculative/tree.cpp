@@ -15,6 +15,7 @@ void TreeParams::validate() const {
   if (top_k < 1 || top_k > 64) throw Error("tree top-k must be in [1, 64], got " + std::to_string(top_k));
   if (total_tokens < 0 || total_tokens > 1024)
     throw Error("tree tokens must be in [0, 1024], got " + std::to_string(total_tokens));
+  if (p_min < 0 || p_min > 100) throw Error("draft p-min must be in [0, 100] percent, got " + std::to_string(p_min));
 }
 
 namespace {
@@ -96,34 +97,40 @@ void TreeBuilder::take_q() {
 void TreeBuilder::absorb() {
   take_q();
   const int32_t k = params_.top_k;
-  if (frontier_.size() == 1 && frontier_[0] < 0) {
+  // The p-min cut on path log-probabilities: below it a candidate is not expanded, and a greedy
+  // tree does not make it at all.
+  const float min_score = std::log(float(params_.p_min) / 100.0f);
+  auto passes = [&](float score) { return params_.p_min == 0 || score >= min_score; };
+  auto add_candidate = [&](int32_t token, int32_t parent, int32_t depth, float score) {
+    if (!sampling_ && !passes(score)) return;
+    cand_.push_back({token, parent, depth, score, static_cast<int32_t>(cand_.size())});
+  };
+  const int32_t first_new = static_cast<int32_t>(cand_.size());
+  const bool root_level = frontier_.size() == 1 && frontier_[0] < 0;
+  if (root_level) {
     // Root level: the root's top-k tokens.
-    frontier_.clear();
     for (int32_t j = 0; j < k; ++j) {
       const Proposal& p = proposals_[j];
-      if (p.token < 0) continue;
-      cand_.push_back({p.token, -1, 1, p.logprob, static_cast<int32_t>(cand_.size())});
-      frontier_.push_back(cand_.back().candidate);
+      if (p.token >= 0) add_candidate(p.token, -1, 1, p.logprob);
     }
   } else {
     ++rounds_;
-    const int32_t first_child = static_cast<int32_t>(cand_.size());
     for (size_t i = 0; i < frontier_.size(); ++i) {
       const TreeNode parent = cand_[frontier_[i]];
       for (int32_t j = 0; j < k; ++j) {
         const Proposal& p = proposals_[i * k + j];
-        if (p.token < 0) continue;
-        cand_.push_back({p.token, frontier_[i], parent.depth + 1, parent.score + p.logprob,
-                         static_cast<int32_t>(cand_.size())});
+        if (p.token >= 0) add_candidate(p.token, frontier_[i], parent.depth + 1, parent.score + p.logprob);
       }
     }
-    // Next frontier: the global top-k of this round's children.
-    order_.clear();
-    for (int32_t c = first_child; c < static_cast<int32_t>(cand_.size()); ++c) order_.push_back(c);
-    const size_t keep = std::min(order_.size(), size_t(k));
-    std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), RanksBefore{&cand_});
-    frontier_.assign(order_.begin(), order_.begin() + keep);
   }
+  // Next frontier: of the new candidates that pass the cut, the root level's all (at most k, in
+  // proposal order), a deeper level's global top-k.
+  order_.clear();
+  for (int32_t c = first_new; c < static_cast<int32_t>(cand_.size()); ++c)
+    if (passes(cand_[c].score)) order_.push_back(c);
+  const size_t keep = std::min(order_.size(), size_t(k));
+  if (!root_level) std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), RanksBefore{&cand_});
+  frontier_.assign(order_.begin(), order_.begin() + keep);
   if (rounds_ >= params_.depth) frontier_.clear();  // every round after the root level is done
 }
 

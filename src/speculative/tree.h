@@ -29,8 +29,14 @@ struct TreeParams {
   int32_t depth = 3;         // expansion rounds after the root level: nodes have depth 1..depth+1
   int32_t top_k = 1;         // children proposed per frontier node, and frontier width
   int32_t total_tokens = 4;  // draft nodes kept (the root is not counted)
+  // Percent. A candidate whose path probability (the draft's probabilities from the root's child
+  // down to it, multiplied: its estimated chance of being accepted) is below p_min% is not
+  // expanded, and a greedy tree does not keep it at all (so it costs no verification row). A
+  // sampled tree keeps it, unexpanded: which children a node keeps must not depend on their own
+  // draws. 0 = off.
+  int32_t p_min = 0;
 
-  void validate() const;  // throws Error on values outside 0 <= depth, 1 <= top_k, 0 <= total_tokens
+  void validate() const;  // throws Error on values outside 0 <= depth, 1 <= top_k, 0 <= total_tokens, 0 <= p_min <= 100
   // Most nodes a drafter runs through its model for one tree: the root plus `depth` frontiers.
   int32_t max_draft_rows() const { return 1 + depth * top_k; }
 };
