@@ -379,24 +379,26 @@ TEST(SpecSamplingPower, WrittenOutVerifierPassesAndEachBrokenRuleFails) {
   }
 }
 
+// A sampled-tree mutant, verified by the library's verifier, must fail the chi-square test.
+void expect_biased(const Case& c, uint64_t seed, const char* why) {
+  const Outcome o = run_case(c, library_verifier(), kSamples, seed);
+  const auto [stat, crit] = chi_square(exact_sequences(make_pair(c.sigma).target), o.observed, kSamples);
+  std::printf("%s: chi-square %.1f (critical %.1f), statistic / N %.4f\n", c.name.c_str(), stat, crit, stat / kSamples);
+  EXPECT_GT(stat, crit) << why;
+}
+
 TEST(SpecSamplingPower, ScoreRankedPruningOfASampledTreeFails) {
   Case c = bands()[2].c;  // close draft, wide tree: pruning drops 5 of 10 candidates
   c.name = "score-ranked pruning";
   c.prune_by_score = true;
-  const Outcome o = run_case(c, library_verifier(), kSamples, 300);
-  const auto [stat, crit] = chi_square(exact_sequences(make_pair(c.sigma).target), o.observed, kSamples);
-  std::printf("%s: chi-square %.1f (critical %.1f), statistic / N %.4f\n", c.name.c_str(), stat, crit, stat / kSamples);
-  EXPECT_GT(stat, crit) << "keeping the best nodes by score must bias the output";
+  expect_biased(c, 300, "keeping the best nodes by score must bias the output");
 }
 
 TEST(SpecSamplingPower, DroppingSampledNodesUnderPMinFails) {
   Case c = bands()[5].c;  // medium draft, wide tree, p-min 30
   c.name = "sampled nodes under p-min dropped";
   c.drop_below_p_min = true;
-  const Outcome o = run_case(c, library_verifier(), kSamples, 400);
-  const auto [stat, crit] = chi_square(exact_sequences(make_pair(c.sigma).target), o.observed, kSamples);
-  std::printf("%s: chi-square %.1f (critical %.1f), statistic / N %.4f\n", c.name.c_str(), stat, crit, stat / kSamples);
-  EXPECT_GT(stat, crit) << "dropping a sampled node for its own draw must bias the output";
+  expect_biased(c, 400, "dropping a sampled node for its own draw must bias the output");
 }
 
 // Samples kLength tokens after kStart with the NgramDrafter drafting from `prompt` + the tokens so
