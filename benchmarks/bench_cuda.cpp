@@ -2,7 +2,9 @@
 // directly in device memory (no file): decode tok/s with CUDA graphs on and off, LM-head time
 // with the full / 32k / ~3k packed heads, the packed head's row gather on the copy stream, one
 // decoder layer on 10 rows (the EAGLE-layer analogue), a 60-token verification forward, and the
-// draft / whole step composed from those as the cost model does (depth 5, 10 rows).
+// draft / whole step composed from those as the cost model does (depth 5, 10 rows); then
+// MicroSpec's vocabulary on the device (a step's update, the packed draft head) and the device's
+// self-draft chain end to end with the full and the dynamic vocabulary.
 //
 //   bench_cuda [--layers N] [--steps N] [--reps N] [--profile-steps N]
 // --profile-steps N: only a prompt and N decode steps (graphs off) between cudaProfilerStart/Stop,
@@ -11,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +24,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_model.h"
+#include "cuda/draft_vocab.h"
 #include "cuda/ops.h"
 #include "cuda/packed_head.h"
 #include "util/error.h"
@@ -171,6 +175,55 @@ int run(int argc, char** argv) {
   const double verify60 =
       time_ms(s, std::max(5, reps / 5), [&] { model->forward(HostBatch{t60, p60, par60, o60, 0}, {.logits = true}); });
 
+  // MicroSpec's vocabulary on the device (W_max 3072, K_pre 3, K_ver 3): one step's update (the
+  // target's top 3 of 6 verification rows, 60 fresh tree tokens into the window in one device
+  // thread, the gather of the entered rows on the copy stream, joined), and the draft head over
+  // the 3,072 packed slots with its argmax over the active ones, 10 rows.
+  DeviceDraftVocab vocab(full, DynamicVocabParams{}, {.max_prompt = int32_t(prompt.size()), .max_rows = 10}, s);
+  MS_CUDA(cudaMemcpy(vocab.prompt_ids(), prompt.data(), prompt.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<int32_t> host_ids(size_t(4096) * 60);
+  for (size_t i = 0; i < host_ids.size(); ++i) host_ids[i] = int32_t((int64_t(i) * 2654435761LL) % cfg.n_vocab);
+  MS_CUDA(cudaMemcpy(vocab.prompt_top(), host_ids.data(), prompt.size() * 3 * 4, cudaMemcpyHostToDevice));
+  int32_t *tree_ids = nullptr, *best = nullptr;
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&tree_ids), host_ids.size() * 4));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&best), 10 * 4));
+  MS_CUDA(cudaMemcpy(tree_ids, host_ids.data(), host_ids.size() * 4, cudaMemcpyHostToDevice));
+  vocab.begin(int32_t(prompt.size()));
+  fill_random_f32(logits, 6 * int64_t(cfg.n_vocab), 0.0f, 1.0f, 11, s);
+  const std::vector<int32_t> ver_rows = {0, 1, 2, 3, 4, 5};
+  int32_t round = 0;
+  const double vocab_step = time_ms(s, reps, [&] {
+    vocab.step(tree_ids + size_t(round++ % 4096) * 60, 60, logits, ver_rows);
+    vocab.logits(hidden, 1, scratch);  // joins the gather
+  });
+  const double dyn_head10 = time_ms(s, reps, [&] {
+    vocab.logits(hidden, 10, scratch);
+    vocab.argmax(10, best);
+  });
+  cudaFree(tree_ids);
+  cudaFree(best);
+
+  // The device's self-draft chain end to end (4 of the layers draft a chain of 5, one forward of
+  // all layers verifies it), full vocabulary against MicroSpec's: milliseconds per step. Random
+  // weights accept almost nothing, so a step is one chain drafted and verified.
+  auto chain_ms = [&](bool dynamic) {
+    SpecChainOptions so;
+    so.n_predict = 48;
+    so.draft_layers = 4;
+    so.depth = 5;
+    if (dynamic) so.dynamic_vocab = DynamicVocabParams{};
+    std::vector<double> per_step;
+    for (int r = 0; r < 3; ++r) {
+      SpecChainStats st;
+      const auto t0 = std::chrono::steady_clock::now();
+      model->generate_speculative(prompt, so, &st);
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      per_step.push_back(ms / std::max(st.steps, 1));
+    }
+    return median(per_step);
+  };
+  const double chain_full = chain_ms(false), chain_dynamic = chain_ms(true);
+
   const double draft_full = 5 * (layer10 + full10), draft_32k = 5 * (layer10 + p32k), draft_3k = 5 * (layer10 + p3k);
   std::printf("\n| measurement | microspec CUDA | issue's table (PyTorch + graphs) |\n|---|---|---|\n");
   std::printf("| decode, CUDA graphs on | %.1f tok/s (%.2f ms/step, %.2f TB/s of weights) | 5.22 ms (191 tok/s) |\n",
@@ -187,6 +240,12 @@ int run(int argc, char** argv) {
   std::printf("| whole step (draft + verify): full / 3k | %.2f / %.2f ms | 8.98 / 7.65 ms |\n",
               draft_full + verify60, draft_3k + verify60);
   std::printf("| 3k draft vs full draft | %.2fx | 0.47x |\n", draft_3k / draft_full);
+  std::printf("| dynamic vocabulary: one step's update (top 3 of 6 rows, 60 tokens into the window, gather joined) | %.3f ms | - |\n",
+              vocab_step);
+  std::printf("| dynamic vocabulary: draft head over 3,072 packed slots + argmax, 10 rows | %.3f ms | 0.033 ms (3k head) |\n",
+              dyn_head10);
+  std::printf("| self-draft chain step (4 layers draft 5 tokens, host-driven, incl. prefill): full / dynamic vocabulary | %.2f / %.2f ms | - |\n",
+              chain_full, chain_dynamic);
   cudaFree(hidden);
   cudaFree(logits);
   cudaFree(scratch);

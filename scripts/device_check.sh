@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA backend's check on a GPU machine, in one call of a few minutes: the CUDA-vs-CPU tests
 # (every device kernel against its CPU oracle; tiny generated models of every weight type: tree
-# forwards, KV compaction, packed head gather, greedy tokens equal to the CPU's), then the
-# benchmark on a Llama-3-8B-shaped model whose random BF16 weights are made in device memory.
+# forwards, KV compaction, packed head gather, the dynamic vocabulary's state against the CPU's,
+# greedy tokens equal to the CPU's), the CLI on SmolLM2 when it is staged under models/ (plain and
+# self-drafted with the full and the dynamic vocabulary: the same text), then the benchmark on a
+# Llama-3-8B-shaped model whose random BF16 weights are made in device memory.
 #
 #   scripts/device_check.sh [BIN_DIR]     (default: build-cuda)
 #
@@ -27,6 +29,25 @@ status=0
 "$BIN/microspec_tests" --gtest_filter='Cuda*' >"$LOG/tests.log" 2>&1 || status=$?
 grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[  PASSED|^\[ real model|Failure' "$LOG/tests.log" | head -40
 if [ "$status" -ne 0 ]; then echo "CUDA tests FAILED (status $status): see tests.log"; fi
+
+SMOL=models/smollm2-135m-instruct-q4_1.gguf
+if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
+  echo "== generate --device cuda on SmolLM2 (96 tokens): plain, self-draft with the full and the dynamic vocabulary"
+  P="Write a short story about a lighthouse keeper."
+  for vocab in plain full dynamic; do
+    spec=()
+    [ "$vocab" = plain ] || spec=(--spec self --tree-topk 1 --draft-vocab "$vocab")
+    "$BIN/microspec" generate -m "$SMOL" -p "$P" --chat -n 96 --ignore-eos --device cuda "${spec[@]}" \
+      >"$LOG/cli_$vocab.txt" 2>"$LOG/cli_$vocab.err" || { status=1; tail -3 "$LOG/cli_$vocab.err"; }
+    echo "$vocab: $(tail -1 "$LOG/cli_$vocab.err")"
+  done
+  if [ -s "$LOG/cli_plain.txt" ] && cmp -s "$LOG/cli_plain.txt" "$LOG/cli_full.txt" &&
+     cmp -s "$LOG/cli_plain.txt" "$LOG/cli_dynamic.txt"; then
+    echo "same text from all three"
+  else
+    echo "TEXTS DIFFER (see $LOG/cli_*.txt)"; status=1
+  fi
+fi
 
 echo "== Llama-3-8B-shaped benchmark (random BF16 weights in device memory)"
 "$BIN/bench_cuda" "${@:2}" 2>&1 | tee "$LOG/bench.log"

@@ -18,12 +18,14 @@
 #include "kernels/matmul.h"
 #include "kernels/threadpool.h"
 #include "kernels/types.h"
+#include "math/select.h"
 #include "sampling/sampler.h"
 #include "util/error.h"
 #include "vocab/candidate_stream.h"
 #include "vocab/freq_file.h"
 #include "vocab/packed_head.h"
 #include "vocab/vocab_window.h"
+#include "vocab/window_state.h"
 
 namespace microspec {
 namespace {
@@ -360,6 +362,131 @@ TEST(PackedHead, LogitsEqualTheFullHeadsRowsAfterRandomUpdates) {
       }
       EXPECT_GT(packed.rows_moved(), 0) << what;  // the shrinking phases compacted the buffer
       EXPECT_GT(packed.rows_gathered(), packed.capacity()) << what;  // slots were reused
+    }
+  }
+}
+
+// The slot algorithm shared with the CUDA backend (window_state.h): the copies of one update read
+// only the full head or packed rows no copy of that update writes, so the device may run them all
+// at once. Here they run in reverse order, one row of bytes per token id, over updates that free
+// the last rows and refill them in the same update (the case where a move reads a row just gathered).
+TEST(PackedSlots, CopiesOfAnUpdateRunInAnyOrder) {
+  constexpr int32_t kVocab = 300, kCapacity = 48;
+  std::vector<int32_t> slot_of(kVocab, -1), token_of_slot(kCapacity, -1), holes(kCapacity);
+  std::vector<int32_t> source_of_slot(kCapacity, PackedSlots::kNoSource);
+  std::vector<RowCopy> copies(2 * kCapacity);
+  PackedSlots p{slot_of.data(), token_of_slot.data(), holes.data(), source_of_slot.data(), copies.data(), kCapacity, 0, 0};
+  std::vector<int32_t> rows(kCapacity, -1);  // packed buffer: "row" j holds the id whose row it copied
+  std::mt19937 rng(3);
+  std::set<int32_t> active;
+  int64_t moves_from_fresh_rows = 0;
+  for (int step = 0; step < 3000; ++step) {
+    // Leave: a random subset, biased to the last slots; enter: fresh ids, fewer than left half the time.
+    Ids left, entered;
+    for (int32_t j = p.n_rows - 1; j >= 0; --j)
+      if (rng() % 4 == 0 || (j >= p.n_rows - 3 && rng() % 2 == 0)) left.push_back(token_of_slot[j]);
+    std::shuffle(left.begin(), left.end(), rng);
+    const int32_t room = kCapacity - (int32_t(active.size()) - int32_t(left.size()));
+    const int32_t want = int32_t(rng() % (step % 2 ? 4 : 16));
+    for (int32_t tries = 0; int32_t(entered.size()) < std::min(want, room) && tries < 100; ++tries) {
+      const int32_t t = int32_t(rng() % kVocab);
+      if (!active.count(t) && std::find(entered.begin(), entered.end(), t) == entered.end()) entered.push_back(t);
+    }
+    for (int32_t t : left) active.erase(t);
+    for (int32_t t : entered) active.insert(t);
+    packed_update(p, left.data(), int32_t(left.size()), entered.data(), int32_t(entered.size()));
+    const std::vector<int32_t> before = rows;
+    for (int32_t i = p.n_copies - 1; i >= 0; --i) {
+      const RowCopy c = p.copies[i];
+      if (c.src < 0 && std::any_of(p.copies, p.copies + p.n_copies, [&](const RowCopy& o) { return o.dst == -c.src - 1; }))
+        FAIL() << "step " << step << ": a copy reads slot " << -c.src - 1 << ", which this update writes";
+      if (i >= int32_t(entered.size()) && c.src >= 0) ++moves_from_fresh_rows;  // gathers come first, then moves
+      rows[c.dst] = c.src >= 0 ? c.src : before[-c.src - 1];
+    }
+    ASSERT_EQ(p.n_rows, int32_t(active.size()));
+    for (int32_t j = 0; j < p.n_rows; ++j) {
+      ASSERT_GE(token_of_slot[j], 0) << "step " << step << ": hole at " << j;
+      ASSERT_EQ(slot_of[token_of_slot[j]], j);
+      ASSERT_EQ(rows[j], token_of_slot[j]) << "step " << step << " slot " << j;
+    }
+    for (int32_t s : source_of_slot) ASSERT_EQ(s, PackedSlots::kNoSource);
+  }
+  EXPECT_GT(moves_from_fresh_rows, 0);  // moves did read rows gathered earlier in their own update
+}
+
+// DraftVocabState's begin and step, what one CUDA thread runs per step (window_state.h), on host
+// arrays: the same window, active set and slot of every token as the CPU's CandidateStream +
+// PackedHead fed the same prompt, candidates, tree tokens and verification rows, over a window of
+// 40 entries that churns (slots freed, reused, compacted), for the prompt + steps and steps-only
+// streams.
+TEST(DraftVocabState, BeginAndStepEqualTheCpuStreamAndPackedHead) {
+  constexpr int32_t kVocab = 500, kPrompt = 60, kPre = 3, kVer = 3;
+  const HeadWeights head = random_head(GgmlType::Q8_0, kVocab, 32, 2);
+  std::mt19937 rng(9);
+  auto ids = [&](int32_t n) {
+    Ids v(static_cast<size_t>(n));
+    for (int32_t& t : v) t = int32_t(rng() % kVocab);
+    return v;
+  };
+  using Source = CandidateStreamParams::Source;
+  for (Source source : {Source::Both, Source::Ext}) {
+    SCOPED_TRACE(source == Source::Both ? "both" : "ext");
+    const CandidateStreamParams params = [&] {
+      CandidateStreamParams p = stream_params(40, kPre, kVer);
+      p.source = source;
+      return p;
+    }();
+    CandidateStream cpu(kVocab, params);
+    PackedHead cpu_head(head.m, cpu.window().capacity(), false);
+    const int32_t cap = cpu.window().capacity();
+    std::vector<int32_t> count(kVocab, 0), touched(kVocab), ring(size_t(params.w_max)), slot_of(kVocab, -1);
+    std::vector<uint8_t> touched_flag(kVocab, 0);
+    std::vector<uint32_t> stamp(kVocab, 0);
+    const size_t ucap = static_cast<size_t>(cap);
+    std::vector<int32_t> token_of_slot(ucap, -1), holes(ucap), entered_s(ucap), left_s(ucap);
+    std::vector<int32_t> source_of_slot(ucap, PackedSlots::kNoSource);
+    std::vector<RowCopy> copies(2 * ucap);
+    DraftVocabState st;
+    st.window = WindowState{count.data(), touched_flag.data(), touched.data(), ring.data(), kVocab, params.w_max};
+    st.stamps = StreamStamps{stamp.data(), kVocab, 0};
+    st.slots = PackedSlots{slot_of.data(), token_of_slot.data(), holes.data(), source_of_slot.data(), copies.data(), cap, 0, 0};
+    st.entered = entered_s.data();
+    st.left = left_s.data();
+    Ids entered, left;
+    auto expect_same = [&](const std::string& when) {
+      cpu.window().take_changes(entered, left);
+      cpu_head.update(left, entered);
+      ASSERT_EQ(st.window.active, cpu.window().active_size()) << when;
+      ASSERT_EQ(st.slots.n_rows, cpu_head.size()) << when;
+      for (int32_t j = 0; j < cpu_head.size(); ++j) ASSERT_EQ(token_of_slot[j], cpu_head.token(j)) << when << " slot " << j;
+      for (int32_t t = 0; t < kVocab; ++t) ASSERT_EQ(count[t] > 0, cpu.window().contains(t)) << when << " token " << t;
+    };
+    const Ids prompt = ids(kPrompt);
+    Ids prompt_top = ids(kPrompt * kPre);
+    prompt_top[4] = -1;  // a position with fewer candidates
+    if (source == Source::Ext) {
+      cpu.begin(prompt, {}, 0);
+      vocab_state_begin(st, prompt.data(), 0, prompt_top.data(), kPre, 0);
+    } else {
+      cpu.begin(prompt, prompt_top, kPre);
+      vocab_state_begin(st, prompt.data(), kPrompt, prompt_top.data(), kPre, kPre);
+    }
+    expect_same("begin");
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int32_t step = 0; step < 200; ++step) {
+      const Ids tree = ids(int32_t(rng() % 12));
+      const int32_t n_rows = 1 + int32_t(rng() % 5);
+      std::vector<float> verify(size_t(n_rows) * kVocab);
+      for (float& x : verify) x = normal(rng);
+      Ids rows, tops;
+      for (int32_t r = 0; r < n_rows; r += 1 + step % 2) rows.push_back(r);
+      for (int32_t r : rows) {
+        tops.resize(tops.size() + kVer);
+        top_k_indices(verify.data() + size_t(r) * kVocab, kVocab, kVer, tops.data() + tops.size() - kVer);
+      }
+      cpu.step(tree, verify.data(), rows);
+      vocab_state_step(st, tree.data(), int32_t(tree.size()), tops.data(), int32_t(tops.size()));
+      expect_same("step " + std::to_string(step));
     }
   }
 }

@@ -11,6 +11,7 @@
 #include "cli/common.h"
 #include "engine/generator.h"
 #include "speculative/decoder.h"
+#include "speculative/drafter_setup.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
 
@@ -163,16 +164,26 @@ void run_generate(const GenerateArgs& a) {
   if (a.n_predict < 0) throw Error("-n must be >= 0");
 
   if (a.device != "cpu" && a.device != "cuda") throw Error("--device must be cpu or cuda, got '" + a.device + "'");
-  CudaGenerateArgs cuda_args{a.n_predict, a.model.n_ctx, a.model.n_batch, a.ignore_eos, a.quiet};
+  CudaGenerateArgs cuda_args;
+  cuda_args.n_predict = a.n_predict;
+  cuda_args.n_ctx = a.model.n_ctx;
+  cuda_args.n_batch = a.model.n_batch;
+  cuda_args.ignore_eos = a.ignore_eos;
+  cuda_args.quiet = a.quiet;
   if (a.device == "cuda") {
     if (a.temperature != 0.0f || !a.stop.empty() || !a.prompts_jsonl.empty() || a.json)
       throw Error("--device cuda runs greedy decoding: --temp 0, no --stop, --prompts-jsonl or --json");
     if (a.spec.enabled()) {
-      // The device drafts a chain with the full vocabulary's head, from the target's own first layers.
-      if (a.spec.mode != SpecMode::Self || a.spec.tree.top_k != 1 || a.spec.draft_vocab != DraftVocabKind::Full ||
+      // The device drafts a chain from the target's own first layers or a draft model, with the
+      // full vocabulary's head or MicroSpec's dynamic one.
+      if ((a.spec.mode != SpecMode::Self && a.spec.mode != SpecMode::Draft) || a.spec.tree.top_k != 1 ||
+          (a.spec.draft_vocab != DraftVocabKind::Full && a.spec.draft_vocab != DraftVocabKind::Dynamic) ||
           a.spec.tree.p_min != 0)
-        throw Error("--device cuda speculates with --spec self --tree-topk 1 --draft-vocab full --draft-p-min 0 only");
-      a.spec.tree.validate();
+        throw Error("--device cuda speculates with --spec self|draft --tree-topk 1 --draft-vocab full|dynamic "
+                    "--draft-p-min 0 only");
+      a.spec.validate();
+      if (a.spec.draft_vocab == DraftVocabKind::Dynamic) cuda_args.dynamic_vocab = dynamic_vocab_params(a.spec);
+      if (a.spec.mode == SpecMode::Draft) cuda_args.draft_model = a.spec.draft_model;
       cuda_args.spec_draft_layers = a.spec.draft_layers;
       cuda_args.spec_chain = std::max(1, std::min(a.spec.tree.depth + 1, a.spec.tree.total_tokens));
     }
@@ -262,6 +273,9 @@ void add_generate_command(CLI::App& app) {
       "batch mode: a JSONL file of {\"turns\": [...]} (first turn), {\"prompt\": ...} or {\"prompt_ids\": [...]} "
       "objects, \"turns\" winning over \"prompt\" when a row has both; an optional \"seed\" (integer >= 0) "
       "replaces --seed for that row; prints one JSON line per prompt");
+  cmd->add_option("--device", args->device,
+                  "cpu, or cuda: greedy decoding on the GPU, plain or self-drafted (builds with MICROSPEC_CUDA)")
+      ->capture_default_str();
   add_spec_options(*cmd, args->spec);
   cmd->callback([args] { run_generate(*args); });
 }

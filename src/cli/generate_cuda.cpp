@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "checkpoint/hf_folder.h"
+#include "gguf/gguf.h"
+#include "speculative/drafter.h"
 #include "speculative/settings.h"
 #include "util/error.h"
 
@@ -24,6 +27,13 @@ void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, co
   opt.n_batch = args.n_batch;
   opt.max_generate = args.n_predict + 1;
   auto model = cuda::CudaModel::load(*m.file, opt);
+  std::unique_ptr<GgufFile> draft_file;
+  std::unique_ptr<cuda::CudaModel> draft_model;
+  if (!args.draft_model.empty()) {
+    draft_file = open_model_file(args.draft_model);
+    check_same_vocabulary(*m.file, *draft_file);
+    draft_model = cuda::CudaModel::load(*draft_file, opt);
+  }
   cuda::GreedyOptions g;
   g.n_predict = args.n_predict;
   if (!args.ignore_eos) g.stop_ids = tok.end_of_generation_ids();
@@ -49,6 +59,8 @@ void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, co
     so.stop_ids = g.stop_ids;
     so.depth = args.spec_chain;
     so.draft_layers = args.spec_draft_layers > 0 ? args.spec_draft_layers : default_draft_layers(model->config().n_layer);
+    so.dynamic_vocab = args.dynamic_vocab;
+    so.draft_model = draft_model.get();
     ids = model->generate_speculative(prompt, so, &spec_stats);  // tokens arrive at the end of the run
     for (int32_t id : ids) print(id);
   } else {
@@ -66,10 +78,12 @@ void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, co
     // Prefill and decoding run in one call here: one rate over both.
     std::fprintf(stderr,
                  "device: %s | prompt tokens: %zu | prefill + decode: %.1f tok/s (%zu tokens) | speculative "
-                 "(self-draft chain of %d): %d steps, mean acceptance length %.2f\n",
+                 "(%s chain of %d, %s vocabulary): %d steps, mean acceptance length %.2f\n",
                  cuda::device_description().c_str(), prompt.size(),
                  ids.size() / std::max(std::chrono::duration<double>(t_end - t0).count(), 1e-9), ids.size(),
-                 args.spec_chain, spec_stats.steps, spec_stats.mean_acceptance_length());
+                 draft_model ? "draft-model" : "self-draft", args.spec_chain, args.dynamic_vocab ? "dynamic" : "full",
+                 spec_stats.steps,
+                 spec_stats.mean_acceptance_length());
     return;
   }
   std::fprintf(stderr, "device: %s | prompt tokens: %zu | prefill: %.1f tok/s | decode: %.1f tok/s (%zu tokens)\n",

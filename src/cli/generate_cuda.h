@@ -3,9 +3,12 @@
 // (self-drafted chain), streaming text and printing a statistics line like the CPU path. In a
 // build without MICROSPEC_CUDA it throws.
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "cli/common.h"
+#include "vocab/draft_vocab.h"
 
 namespace microspec::cli {
 
@@ -17,6 +20,8 @@ struct CudaGenerateArgs {
   bool quiet = false;
   int32_t spec_chain = 0;         // > 0: speculative decoding with a self-drafted chain of this length
   int32_t spec_draft_layers = 0;  // self-draft layers; 0 = the CPU path's default for the model
+  std::optional<DynamicVocabParams> dynamic_vocab;  // --draft-vocab dynamic; none: the full head
+  std::string draft_model;  // --spec draft: the draft model's file (GGUF or Hugging Face folder)
 };
 
 void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, const std::vector<int32_t>& prompt);

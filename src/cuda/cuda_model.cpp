@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/cuda_check.h"
+#include "cuda/draft_vocab.h"
 #include "gguf/gguf.h"
 #include "kernels/types.h"
 #include "util/error.h"
@@ -224,6 +225,7 @@ void CudaModel::allocate_buffers() {
   residual_ = floats(B * d);
   hidden_ = floats(B * d);
   logits_ = floats(B * c.n_vocab);
+  top_values_ = floats(64);
   const int64_t widest = std::max<int64_t>({c.n_embd, c.n_ff, c.q_dim()});
   act_scratch_ = static_cast<uint8_t*>(alloc(matmul_scratch_bytes(int64_t(B), widest)));
   d_tokens_ = ints(B);
@@ -410,31 +412,42 @@ void CudaModel::capture_decode_graph() {
   MS_CUDA(e);
 }
 
-void CudaModel::prefill_for_decode(std::span<const int32_t> prompt) {
+void CudaModel::prefill_for_decode(std::span<const int32_t> prompt) { prefill_for_decode(prompt, PromptCandidates{}); }
+
+void CudaModel::prefill_for_decode(std::span<const int32_t> prompt, const PromptCandidates& candidates) {
   if (prompt.empty()) throw Error("generate: empty prompt");
+  if (candidates.k < 0 || candidates.k > 64 || (candidates.k > 0 && !candidates.prompt_top))
+    throw Error("prefill: prompt candidates k " + std::to_string(candidates.k) + " outside 0..64 or without a buffer");
   truncate(0);
   const int32_t n_prompt = static_cast<int32_t>(prompt.size());
   if (n_prompt >= options_.n_ctx)
     throw Error("context full: the prompt has " + std::to_string(n_prompt) + " tokens, context size is " +
                 std::to_string(options_.n_ctx));
-  std::vector<int32_t> positions, parents;
+  const int32_t k = candidates.k;
+  if (candidates.prompt_ids)
+    MS_CUDA(cudaMemcpyAsync(candidates.prompt_ids, prompt.data(), prompt.size() * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, stream_));
+  std::vector<int32_t> positions, parents, out_rows;
   for (int32_t p0 = 0; p0 < n_prompt; p0 += options_.n_batch) {
     const int32_t n = std::min(options_.n_batch, n_prompt - p0);
     positions.resize(n);
     parents.resize(n);
     for (int32_t i = 0; i < n; ++i) positions[i] = p0 + i, parents[i] = i - 1;
     const bool last = p0 + n == n_prompt;
-    const int32_t out_row = n - 1;
-    HostBatch b{prompt.subspan(p0, n), positions, parents, last ? std::span<const int32_t>(&out_row, 1)
-                                                                : std::span<const int32_t>(),
-                0};
-    forward(b, {.logits = last});
+    // Output rows: every position when its candidates are wanted, else the last one of the prompt.
+    out_rows.clear();
+    for (int32_t i = k > 0 ? 0 : n - 1; i < n && (k > 0 || last); ++i) out_rows.push_back(i);
+    forward(HostBatch{prompt.subspan(p0, n), positions, parents, out_rows, 0}, {.logits = !out_rows.empty()});
     commit_prefix(n);
+    for (int32_t i = 0; i < n && k > 0; ++i)
+      top_k(logits_ + int64_t(i) * config_.n_vocab, config_.n_vocab, k, candidates.prompt_top + int64_t(p0 + i) * k,
+            top_values_, stream_);
     if (last) {
-      argmax_rows(logits_, 1, config_.n_vocab, d_tokens_, d_argmax_scratch_, stream_);
+      const float* row = logits_ + int64_t(out_rows.size() - 1) * config_.n_vocab;
+      argmax_rows(row, 1, config_.n_vocab, d_tokens_, d_argmax_scratch_, stream_);
       decode_begin(kv_, decode_state(), stream_);
     }
-    MS_CUDA(cudaStreamSynchronize(stream_));  // positions/parents are reused for the next chunk
+    MS_CUDA(cudaStreamSynchronize(stream_));  // positions/parents/out_rows are reused for the next chunk
   }
 }
 
@@ -489,12 +502,39 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
                                                      SpecChainStats* stats) {
   if (o.depth < 1 || o.depth + 1 > options_.n_batch)
     throw Error("speculative depth " + std::to_string(o.depth) + " outside 1.." + std::to_string(options_.n_batch - 1));
-  if (o.draft_layers < 1 || o.draft_layers > config_.n_layer)
+  CudaModel& drafter = o.draft_model ? *o.draft_model : *this;
+  if (o.draft_model) {
+    if (o.draft_model == this) throw Error("the draft model is the target itself (use the self-draft)");
+    if (drafter.config_.n_vocab != config_.n_vocab)
+      throw Error("draft model: vocabulary of " + std::to_string(drafter.config_.n_vocab) + " tokens, the target's has " +
+                  std::to_string(config_.n_vocab));
+    if (drafter.options_.n_ctx < options_.n_ctx || drafter.options_.n_batch < 2)
+      throw Error("draft model: its context (" + std::to_string(drafter.options_.n_ctx) + ") must hold the target's (" +
+                  std::to_string(options_.n_ctx) + ") and its batch at least 2 tokens");
+  } else if (o.draft_layers < 1 || o.draft_layers > config_.n_layer) {
     throw Error("draft layers " + std::to_string(o.draft_layers) + " outside 1.." + std::to_string(config_.n_layer));
+  }
   SpecChainStats st;
   std::vector<int32_t> out;
   if (o.n_predict <= 0) return out;
-  prefill_for_decode(prompt);  // leaves the prompt's argmax in d_tokens_[0] and out_ids[0]
+
+  // The draft LM head over the drafter's rows: MicroSpec's packed ones (state on the device) or the
+  // full vocabulary's.
+  std::unique_ptr<DeviceDraftVocab> vocab;
+  if (o.dynamic_vocab)
+    vocab = std::make_unique<DeviceDraftVocab>(drafter.output_, *o.dynamic_vocab,
+                                               DeviceVocabSizes{.max_prompt = int32_t(prompt.size()), .max_rows = 1},
+                                               drafter.stream_);
+
+  // Prefill, and the candidate stream's start: the prompt and the target's top K_pre per position.
+  if (vocab) {
+    prefill_for_decode(prompt, PromptCandidates{vocab->prompt_top_k(), vocab->prompt_top(), vocab->prompt_ids()});
+    if (o.draft_model) MS_CUDA(cudaStreamSynchronize(stream_));  // the vocabulary runs on the drafter's stream
+    vocab->begin(int32_t(prompt.size()));
+  } else {
+    prefill_for_decode(prompt);  // leaves the prompt's argmax in d_tokens_[0] and out_ids[0]
+  }
+  if (o.draft_model) drafter.prefill_for_decode(prompt);
   int32_t last = 0;
   MS_CUDA(cudaMemcpyAsync(&last, d_tokens_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   MS_CUDA(cudaStreamSynchronize(stream_));
@@ -504,32 +544,81 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
            std::find(o.stop_ids.begin(), o.stop_ids.end(), id) != o.stop_ids.end();
   };
   if (emit(last)) return out;
-  std::vector<int32_t> tokens, positions, parents, rows;
+
+  // The drafter's inputs this step: tokens of the text its cache lacks (`behind`: a separate draft
+  // model has not run the last draft of a fully accepted chain), then `last`, then each draft but
+  // the newest. Input i goes to the drafter's pending slot i; the self-draft shares the target's
+  // pending slots, which the verification then overwrites with all layers.
+  std::vector<int32_t> behind, inputs;
+  auto draft_token = [&](int32_t d) {
+    const int32_t first = d == 0 ? 0 : int32_t(behind.size()) + d;  // pending index of this forward's first input
+    const int32_t end = int32_t(behind.size()) + d + 1;
+    std::vector<int32_t> pos, par;
+    for (int32_t i = first; i < end; ++i) pos.push_back(drafter.n_past_ + i), par.push_back(i - 1);
+    const int32_t row = end - first - 1;
+    drafter.forward(HostBatch{std::span<const int32_t>(inputs).subspan(first, end - first), pos, par,
+                              std::span<const int32_t>(&row, 1), first},
+                    {.logits = !vocab, .end_layer = o.draft_model ? -1 : o.draft_layers});
+    if (!vocab) return drafter.argmax_to_host(1)[0];
+    vocab->logits(drafter.hidden_, 1, drafter.act_scratch_);
+    vocab->argmax(1, drafter.d_argmax_out_);
+    int32_t id = -1;
+    MS_CUDA(cudaMemcpyAsync(&id, drafter.d_argmax_out_, sizeof(int32_t), cudaMemcpyDeviceToHost, drafter.stream_));
+    MS_CUDA(cudaStreamSynchronize(drafter.stream_));
+    return id;  // -1: the vocabulary is empty (an ext-only stream before its first step)
+  };
+
+  std::vector<int32_t> tokens, positions, parents, rows, ver_rows;
   while (true) {
     // Room for the chain: the pending slots of `last` and the drafts must fit the context.
-    const int32_t depth = std::min(o.depth, options_.n_ctx - n_past_ - 1);
-    if (depth < 0) break;
-    // Draft: token d runs at pending slot d (d = 0 is `last`), its argmax is draft d.
+    const int32_t room = std::min(o.depth, options_.n_ctx - n_past_ - 1);
+    if (room < 0) break;
+    // Draft: input d (`last`, then draft d - 1) gives draft d.
+    inputs = behind;
+    inputs.push_back(last);
     std::vector<int32_t> draft;
-    for (int32_t d = 0; d < depth; ++d) {
-      const int32_t t = d == 0 ? last : draft[d - 1], pos = n_past_ + d, par = d - 1, row = 0;
-      forward(HostBatch{std::span<const int32_t>(&t, 1), std::span<const int32_t>(&pos, 1),
-                        std::span<const int32_t>(&par, 1), std::span<const int32_t>(&row, 1), d},
-              {.logits = true, .end_layer = o.draft_layers});
-      draft.push_back(argmax_to_host(1)[0]);
+    for (int32_t d = 0; d < room; ++d) {
+      if (d > 0) inputs.push_back(draft[d - 1]);
+      const int32_t id = draft_token(d);
+      if (id < 0) break;
+      draft.push_back(id);
     }
+    const int32_t ran = room > 0 ? int32_t(inputs.size()) : 0;  // inputs in the drafter's pending slots
+    const int32_t depth = int32_t(draft.size());
     // Verify `last` and the drafts in one forward of all layers.
     tokens.assign(1, last);
     tokens.insert(tokens.end(), draft.begin(), draft.end());
     positions.clear(), parents.clear(), rows.clear();
     for (int32_t i = 0; i <= depth; ++i) positions.push_back(n_past_ + i), parents.push_back(i - 1), rows.push_back(i);
     forward(HostBatch{tokens, positions, parents, rows, 0}, {.logits = true});
-    const std::vector<int32_t> pred = argmax_to_host(depth + 1);
+    const std::vector<int32_t> pred = argmax_to_host(depth + 1);  // synchronizes the target's stream
     int32_t a = 0;
     while (a < depth && draft[a] == pred[a]) ++a;
     ++st.steps;
     st.accepted_drafts += a;
+    if (vocab) {
+      // The chain's tokens (the batch's rows 1..depth, still on the device) and the target's top
+      // K_ver at the accepted positions (rows 0..a) or at the last one only.
+      ver_rows.clear();
+      if (vocab->params().stream.kver_rows == CandidateStreamParams::KverRows::Last)
+        ver_rows.push_back(a);
+      else
+        for (int32_t i = 0; i <= a; ++i) ver_rows.push_back(i);
+      vocab->step(d_tokens_ + 1, depth, logits_, ver_rows);
+      // The target's next forward overwrites what the step reads: it waits for it.
+      if (o.draft_model) MS_CUDA(cudaStreamSynchronize(drafter.stream_));
+    }
     commit_prefix(a + 1);  // `last` and the accepted drafts
+    if (o.draft_model) {
+      // The accepted text is behind, last, draft 0..a-1: the drafter keeps the inputs it ran of it
+      // and runs the rest (at most the chain's newest draft) at the start of the next step.
+      std::vector<int32_t> accepted(behind);
+      accepted.push_back(last);
+      accepted.insert(accepted.end(), draft.begin(), draft.begin() + a);
+      const int32_t keep = std::min(ran, int32_t(accepted.size()));
+      drafter.commit_prefix(keep);
+      behind.assign(accepted.begin() + keep, accepted.end());
+    }
     bool done = false;
     for (int32_t i = 0; i < a && !done; ++i) done = emit(draft[i]);
     if (!done) done = emit(pred[a]);

@@ -11,11 +11,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "cuda/ops.h"
 #include "model/config.h"
+#include "vocab/draft_vocab.h"
 
 namespace microspec {
 class GgufFile;
@@ -47,17 +49,30 @@ struct GreedyOptions {
   int32_t sync_every = 8;  // steps between host checks for a stop token (more steps may run past it)
 };
 
+class CudaModel;
+
 // Speculative decoding on the device with a self-drafter: the target's first draft_layers layers
 // (with the final norm and LM head) propose a chain of `depth` tokens one at a time, written into
 // the pending KV slots; one batched forward over the chain verifies them; the longest prefix that
 // matches the target's argmax is kept plus the target's own next token, and the cache keeps that
 // prefix. Every kernel's result for a token is the same whatever the batch (batch invariance), so
 // the output equals plain greedy decoding token for token.
+//
+// With dynamic_vocab the draft LM head is MicroSpec's (DeviceDraftVocab): the prompt's tokens and
+// the target's top K_pre at every prompt position start the candidate stream, each step appends
+// the chain's tokens and the target's top K_ver at the accepted positions, all on the device; the
+// drafts are scored over the packed rows only. Without it, the full vocabulary's head.
+//
+// With draft_model the drafter is a separate model with the target's vocabulary (its own cache, on
+// its own stream), rolled back to the accepted text after each verification; draft_layers is then
+// unused.
 struct SpecChainOptions {
   int32_t n_predict = 128;
   std::vector<int32_t> stop_ids;
   int32_t draft_layers = 1;
   int32_t depth = 4;
+  std::optional<DynamicVocabParams> dynamic_vocab;
+  CudaModel* draft_model = nullptr;
 };
 struct SpecChainStats {
   int32_t steps = 0;           // verification forwards
@@ -116,6 +131,14 @@ class CudaModel {
   // into the device batch by generate_greedy or prefill_for_decode); returns the seconds they
   // took, timed with device events. For benchmarks.
   void prefill_for_decode(std::span<const int32_t> prompt);
+  // The same, also leaving the prompt in prompt_ids (device, [prompt.size()]; unless null) and, for k > 0, the
+  // target's top k ids at every prompt position in prompt_top (device, [prompt.size()][k], k <= 64).
+  struct PromptCandidates {
+    int32_t k = 0;
+    int32_t* prompt_top = nullptr;
+    int32_t* prompt_ids = nullptr;
+  };
+  void prefill_for_decode(std::span<const int32_t> prompt, const PromptCandidates& candidates);
   double time_decode_steps(int32_t steps, Graphs graphs);
 
  private:
@@ -160,6 +183,7 @@ class CudaModel {
   float* residual_ = nullptr; // [n_batch][n_embd] output rows' residual stream
   float* hidden_ = nullptr;   // [n_batch][n_embd] output rows after the final norm
   float* logits_ = nullptr;   // [n_batch][n_vocab]
+  float* top_values_ = nullptr;  // [64] top-k values scratch
   uint8_t* act_scratch_ = nullptr;  // quantized activations
   int32_t* d_tokens_ = nullptr;     // [n_batch]
   int32_t* d_positions_ = nullptr;  // [n_batch]

@@ -991,6 +991,43 @@ __global__ void k_copy_rows(const uint8_t* from, size_t from_stride, const int32
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Dynamic draft vocabulary: window_state.h's functions in one thread, the gather in parallel.
+
+__global__ void k_vocab_begin(DraftVocabState* st, const int32_t* prompt, int32_t n_prompt,
+                              const int32_t* prompt_top, int32_t k, int32_t use_k) {
+  vocab_state_begin(*st, prompt, n_prompt, prompt_top, k, use_k);
+}
+
+__global__ void k_vocab_step(DraftVocabState* st, const int32_t* tree, int32_t n_tree, const int32_t* tops,
+                             int32_t n_top) {
+  vocab_state_step(*st, tree, n_tree, tops, n_top);
+}
+
+__global__ void k_gather_packed_rows(const uint8_t* full, size_t stride, const DraftVocabState* st, uint8_t* rows) {
+  if (int32_t(blockIdx.x) >= st->slots.n_copies) return;
+  const RowCopy c = st->slots.copies[blockIdx.x];
+  const uint8_t* src = c.src >= 0 ? full + size_t(c.src) * stride : rows + size_t(-c.src - 1) * stride;
+  uint8_t* dst = rows + size_t(c.dst) * stride;
+  if (stride % 16 == 0) {
+    for (size_t o = threadIdx.x * 16; o < stride; o += blockDim.x * 16)
+      *reinterpret_cast<uint4*>(dst + o) = *reinterpret_cast<const uint4*>(src + o);
+  } else {
+    for (size_t o = threadIdx.x; o < stride; o += blockDim.x) dst[o] = src[o];
+  }
+}
+
+__global__ void k_packed_argmax(const float* logits, int64_t ld, const DraftVocabState* st, int32_t* out) {
+  const float* row = logits + int64_t(blockIdx.x) * ld;
+  const int32_t n = st->slots.n_rows;
+  float bv = 0.0f;
+  int64_t bi = -1;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    if (better(row[i], i, bv, bi)) bv = row[i], bi = i;
+  block_best(bv, bi);
+  if (threadIdx.x == 0) out[blockIdx.x] = bi >= 0 ? st->slots.token_of_slot[bi] : -1;
+}
+
 __device__ __forceinline__ float hash_uniform(uint64_t seed, uint64_t i) {
   uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -1207,6 +1244,34 @@ void copy_rows(const DeviceMatrix& from, const int32_t* src_ids, const int32_t* 
   if (n == 0) return;
   k_copy_rows<<<unsigned(n), 128, 0, stream>>>(from.data, from.row_stride, src_ids, dst_slots, from.row_stride, to,
                                                to_stride);
+  MS_CUDA_LAUNCH();
+}
+
+void vocab_begin(DraftVocabState* st, const int32_t* prompt, int32_t n_prompt, const int32_t* prompt_top, int32_t k,
+                 int32_t use_k, cudaStream_t stream) {
+  if (n_prompt < 0 || use_k < 0 || use_k > k) throw Error("cuda vocab_begin: bad prompt sizes");
+  k_vocab_begin<<<1, 1, 0, stream>>>(st, prompt, n_prompt, prompt_top, k, use_k);
+  MS_CUDA_LAUNCH();
+}
+
+void vocab_step(DraftVocabState* st, const int32_t* tree, int32_t n_tree, const int32_t* tops, int32_t n_top,
+                cudaStream_t stream) {
+  if (n_tree < 0 || n_top < 0) throw Error("cuda vocab_step: negative sizes");
+  k_vocab_step<<<1, 1, 0, stream>>>(st, tree, n_tree, tops, n_top);
+  MS_CUDA_LAUNCH();
+}
+
+void gather_packed_rows(const DeviceMatrix& full, const DraftVocabState* st, int32_t max_copies, uint8_t* rows,
+                        cudaStream_t stream) {
+  if (max_copies <= 0) return;
+  k_gather_packed_rows<<<unsigned(max_copies), 128, 0, stream>>>(full.data, full.row_stride, st, rows);
+  MS_CUDA_LAUNCH();
+}
+
+void packed_argmax(const float* logits, int64_t ld, int32_t n_out, const DraftVocabState* st, int32_t* out,
+                   cudaStream_t stream) {
+  if (n_out <= 0) return;
+  k_packed_argmax<<<unsigned(n_out), kSelectThreads, 0, stream>>>(logits, ld, st, out);
   MS_CUDA_LAUNCH();
 }
 

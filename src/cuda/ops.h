@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/types.h"
+#include "vocab/window_state.h"
 
 namespace microspec::cuda {
 
@@ -160,6 +161,24 @@ void top_k(const float* x, int64_t n, int32_t k, int32_t* ids, float* values, cu
 // gather of newly entered vocabulary rows into a packed LM head.
 void copy_rows(const DeviceMatrix& from, const int32_t* src_ids, const int32_t* dst_slots, int32_t n,
                uint8_t* to, size_t to_stride, cudaStream_t stream);
+
+// MicroSpec's dynamic draft vocabulary on the device: a DraftVocabState (vocab/window_state.h, the
+// CPU's algorithm, shared) whose struct and arrays are in device memory. One device thread advances
+// it per step (O(tokens appended)), so the host never waits for the window or the slot map.
+// vocab_state_begin in one device thread.
+void vocab_begin(DraftVocabState* st, const int32_t* prompt, int32_t n_prompt, const int32_t* prompt_top, int32_t k,
+                 int32_t use_k, cudaStream_t stream);
+// vocab_state_step in one device thread.
+void vocab_step(DraftVocabState* st, const int32_t* tree, int32_t n_tree, const int32_t* tops, int32_t n_top,
+                cudaStream_t stream);
+// Runs the last update's row copies (st->slots.copies[0, n_copies), at most max_copies) into the
+// packed rows, all at once (no copy of an update reads a row another writes).
+void gather_packed_rows(const DeviceMatrix& full, const DraftVocabState* st, int32_t max_copies, uint8_t* rows,
+                        cudaStream_t stream);
+// out[r] = the token of the best of the first st->slots.n_rows values of logits row r (row r at
+// logits + r * ld; value descending, then slot ascending, NaN never wins), -1 if none.
+void packed_argmax(const float* logits, int64_t ld, int32_t n_out, const DraftVocabState* st, int32_t* out,
+                   cudaStream_t stream);
 
 // Fills n values of a 16-bit float type (BF16 or F16) with uniform(-scale, scale) from a hash of
 // (seed, index): random weights made on the device for benchmarks.

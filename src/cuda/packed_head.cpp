@@ -7,13 +7,21 @@
 
 namespace microspec::cuda {
 
-DevicePackedHead::DevicePackedHead(const DeviceMatrix& full, int32_t capacity, cudaStream_t compute)
+DevicePackedHead::DevicePackedHead(const DeviceMatrix& full, int32_t capacity, cudaStream_t compute,
+                                   GatherStream gather)
     : full_(full), capacity_(capacity), compute_(compute) {
   if (capacity < 1 || capacity > full.rows)
     throw Error("packed head: capacity " + std::to_string(capacity) + " outside 1.." + std::to_string(full.rows));
-  MS_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  if (gather == GatherStream::Copy) {
+    MS_CUDA(cudaStreamCreateWithFlags(&own_copy_, cudaStreamNonBlocking));
+    copy_ = own_copy_;
+  } else {
+    copy_ = compute_;
+  }
+  MS_CUDA(cudaEventCreateWithFlags(&updated_, cudaEventDisableTiming));
   MS_CUDA(cudaEventCreateWithFlags(&gathered_, cudaEventDisableTiming));
   MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&rows_), full.row_stride * size_t(capacity)));
+  MS_CUDA(cudaMemsetAsync(rows_, 0, full.row_stride * size_t(capacity), copy_));
   MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_ids_), sizeof(int32_t) * capacity));
   MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_slots_), sizeof(int32_t) * capacity));
   MS_CUDA(cudaEventRecord(gathered_, copy_));
@@ -24,8 +32,9 @@ DevicePackedHead::~DevicePackedHead() {
   cudaFree(rows_);
   cudaFree(d_ids_);
   cudaFree(d_slots_);
+  if (updated_) cudaEventDestroy(updated_);
   if (gathered_) cudaEventDestroy(gathered_);
-  if (copy_) cudaStreamDestroy(copy_);
+  if (own_copy_) cudaStreamDestroy(own_copy_);
 }
 
 void DevicePackedHead::enter(std::span<const int32_t> ids, std::span<const int32_t> slots) {
@@ -41,6 +50,15 @@ void DevicePackedHead::enter(std::span<const int32_t> ids, std::span<const int32
   MS_CUDA(cudaMemcpyAsync(d_ids_, ids.data(), bytes, cudaMemcpyHostToDevice, copy_));
   MS_CUDA(cudaMemcpyAsync(d_slots_, slots.data(), bytes, cudaMemcpyHostToDevice, copy_));
   copy_rows(full_, d_ids_, d_slots_, int32_t(ids.size()), rows_, full_.row_stride, copy_);
+  MS_CUDA(cudaEventRecord(gathered_, copy_));
+}
+
+void DevicePackedHead::gather(const DraftVocabState* state, int32_t max_copies) {
+  if (max_copies < 0 || max_copies > 2 * capacity_)
+    throw Error("packed head: " + std::to_string(max_copies) + " copies for capacity " + std::to_string(capacity_));
+  MS_CUDA(cudaEventRecord(updated_, compute_));
+  MS_CUDA(cudaStreamWaitEvent(copy_, updated_, 0));
+  gather_packed_rows(full_, state, max_copies, rows_, copy_);
   MS_CUDA(cudaEventRecord(gathered_, copy_));
 }
 

@@ -12,10 +12,16 @@
 
 namespace microspec::cuda {
 
+// Where gathers run: on the head's own copy stream, overlapping the compute stream's work until
+// the logits join them (the paper's design), or on the compute stream itself (--no-async-gather).
+enum class GatherStream { Copy, Compute };
+
 class DevicePackedHead {
  public:
   // full: the model's LM head ([n_vocab rows][n_embd]); compute: the stream the logits run on.
-  DevicePackedHead(const DeviceMatrix& full, int32_t capacity, cudaStream_t compute);
+  // The packed rows start as zeros.
+  DevicePackedHead(const DeviceMatrix& full, int32_t capacity, cudaStream_t compute,
+                   GatherStream gather = GatherStream::Copy);
   ~DevicePackedHead();
   DevicePackedHead(const DevicePackedHead&) = delete;
   DevicePackedHead& operator=(const DevicePackedHead&) = delete;
@@ -25,6 +31,9 @@ class DevicePackedHead {
 
   // Enqueues on the copy stream: full-head rows ids[j] into packed slots slots[j] (j < ids.size()).
   void enter(std::span<const int32_t> ids, std::span<const int32_t> slots);
+  // Enqueues the row copies of the vocabulary's last update (vocab_begin / vocab_step, already
+  // enqueued on the compute stream) on the gather stream, after that update.
+  void gather(const DraftVocabState* state, int32_t max_copies);
   // logits[t * ldl + j] = dot(packed row j, hidden[t]) for j < n_rows, t < n, on the compute stream
   // after the last gather (event join). scratch: matmul_scratch_bytes(n, n_embd) bytes.
   void logits(const float* hidden, int32_t n, int32_t n_rows, float* logits, int64_t ldl, uint8_t* scratch);
@@ -33,7 +42,9 @@ class DevicePackedHead {
   DeviceMatrix full_;
   int32_t capacity_;
   cudaStream_t compute_;
-  cudaStream_t copy_ = nullptr;
+  cudaStream_t copy_ = nullptr;     // the gather stream: its own, or compute_ (GatherStream::Compute)
+  cudaStream_t own_copy_ = nullptr;
+  cudaEvent_t updated_ = nullptr;   // compute stream: the slot update a gather waits for
   cudaEvent_t gathered_ = nullptr;
   uint8_t* rows_ = nullptr;       // [capacity][full.row_stride] packed rows
   int32_t* d_ids_ = nullptr;      // [capacity] rows being gathered

@@ -52,12 +52,7 @@ DraftVocabulary make_vocabulary(const SpecConfig& c, const std::string& target_f
     *describe = "freq vocabulary " + std::to_string(ids.size());
     return DraftVocabulary::packed(model, std::move(ids));
   }
-  DynamicVocabParams p;
-  p.stream.w_max = c.vocab_window;
-  p.stream.k_pre = c.vocab_kpre;
-  p.stream.k_ver = c.vocab_kver;
-  p.stream.source = c.vocab_source;
-  p.async_gather = c.async_gather;
+  const DynamicVocabParams p = dynamic_vocab_params(c);
   std::vector<int32_t> pinned;
   if (c.draft_vocab == DraftVocabKind::Hybrid && c.hybrid_top > 0) pinned = frequent(c.hybrid_top);
   *describe = std::string(name_of(c.draft_vocab)) + " vocabulary W " + std::to_string(c.vocab_window) +
@@ -124,6 +119,16 @@ void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile
 }
 
 }  // namespace
+
+DynamicVocabParams dynamic_vocab_params(const SpecConfig& c) {
+  DynamicVocabParams p;
+  p.stream.w_max = c.vocab_window;
+  p.stream.k_pre = c.vocab_kpre;
+  p.stream.k_ver = c.vocab_kver;
+  p.stream.source = c.vocab_source;
+  p.async_gather = c.async_gather;
+  return p;
+}
 
 BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
                            const Tokenizer& tokenizer, Model* shared_draft_model) {

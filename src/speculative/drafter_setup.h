@@ -22,6 +22,10 @@ struct BuiltDrafter {
   std::string describe;              // drafter and draft vocabulary, for statistics lines
 };
 
+// The dynamic / hybrid vocabulary's parameters of a config (--vocab-window, --vocab-kpre,
+// --vocab-kver, --vocab-source, --no-async-gather): also what the CUDA backend's vocabulary takes.
+DynamicVocabParams dynamic_vocab_params(const SpecConfig& config);
+
 // config must be valid (SpecConfig::validate). gen's model is the target, and its cache is shared
 // with a self-drafter; target_file (the target's GGUF) locates the default frequency file and is
 // compared with a draft model's vocabulary. shared_draft_model: for --spec draft, a draft model

@@ -20,13 +20,8 @@ CandidateStream::CandidateStream(int32_t n_vocab, const CandidateStreamParams& p
                                  std::span<const int32_t> pinned)
     : params_(params), window_(n_vocab, params.w_max, pinned), stamp_(size_t(n_vocab), 0) {
   if (params.k_pre < 0 || params.k_ver < 0) throw Error("candidate stream: K_pre and K_ver must be >= 0");
+  stamps_ = StreamStamps{stamp_.data(), n_vocab, 0};
   top_.resize(size_t(params.k_ver));
-}
-
-void CandidateStream::push_once(int32_t token) {
-  if (stamp_[token] == group_) return;
-  stamp_[token] = group_;
-  window_.push(token);
 }
 
 void CandidateStream::begin(std::span<const int32_t> prompt, std::span<const int32_t> prompt_top, int32_t k) {
@@ -42,33 +37,27 @@ void CandidateStream::begin(std::span<const int32_t> prompt, std::span<const int
   if (prompt_top.size() != prompt.size() * size_t(k))
     throw Error("candidate stream: prompt top-k table has " + std::to_string(prompt_top.size()) +
                 " entries, expected " + std::to_string(prompt.size() * size_t(k)));
-  if (++group_ == 0) {  // the stamps wrapped: forget them all (once every 4 billion groups)
-    std::fill(stamp_.begin(), stamp_.end(), 0u);
-    group_ = 1;
-  }
+  stamps_next_group(stamps_);
   const int32_t use = std::min(k, params_.k_pre);
   for (size_t p = 0; p < prompt.size(); ++p)
     for (int32_t j = 0; j < use; ++j) {
       const int32_t t = prompt_top[p * size_t(k) + size_t(j)];
-      if (t >= 0 && t < n_vocab) push_once(t);
+      if (t >= 0 && t < n_vocab) window_.push_once(stamps_, t);
     }
 }
 
 void CandidateStream::step(std::span<const int32_t> tree_tokens, const float* verify_logits,
                            std::span<const int32_t> rows) {
   if (params_.source == CandidateStreamParams::Source::Ctx) return;
-  if (++group_ == 0) {
-    std::fill(stamp_.begin(), stamp_.end(), 0u);
-    group_ = 1;
-  }
+  stamps_next_group(stamps_);
   const int32_t n_vocab = window_.n_vocab();
   for (int32_t t : tree_tokens)
-    if (t >= 0 && t < n_vocab) push_once(t);
+    if (t >= 0 && t < n_vocab) window_.push_once(stamps_, t);
   if (params_.k_ver == 0) return;
   for (int32_t r : rows) {
     top_k_indices(verify_logits + size_t(r) * n_vocab, n_vocab, params_.k_ver, top_.data());
     for (int32_t t : top_)
-      if (t >= 0) push_once(t);
+      if (t >= 0) window_.push_once(stamps_, t);
   }
 }
 

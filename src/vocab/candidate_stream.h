@@ -47,6 +47,11 @@ class CandidateStream {
  public:
   // pinned: ids always active (hybrid); see VocabWindow.
   CandidateStream(int32_t n_vocab, const CandidateStreamParams& params, std::span<const int32_t> pinned = {});
+  // stamps_ points into stamp_ (and the window into its arrays): moves keep them, copies would not.
+  CandidateStream(const CandidateStream&) = delete;
+  CandidateStream& operator=(const CandidateStream&) = delete;
+  CandidateStream(CandidateStream&&) = default;
+  CandidateStream& operator=(CandidateStream&&) = default;
 
   // Restarts S for a new prompt. prompt_top: [prompt.size()][k] target top ids per position (-1
   // entries are skipped); ignored for Source::Ext.
@@ -61,12 +66,10 @@ class CandidateStream {
   const CandidateStreamParams& params() const { return params_; }
 
  private:
-  void push_once(int32_t token);  // appends unless already appended under the current stamp
-
   CandidateStreamParams params_;
   VocabWindow window_;
   std::vector<uint32_t> stamp_;  // [n_vocab] last append group a token was appended in
-  uint32_t group_ = 0;           // current append group (a prompt union or one step)
+  StreamStamps stamps_;          // over stamp_ (window_state.h)
   std::vector<int32_t> top_;     // [k_ver] scratch
 };
 

@@ -21,8 +21,11 @@ PackedHead::PackedHead(const QMatrix& head, int32_t capacity, bool async)
   packed_.rows = 0;
   slot_of_.assign(size_t(head.rows), -1);
   token_of_slot_.assign(size_t(capacity), -1);
-  holes_.reserve(size_t(capacity));
-  copies_.reserve(2 * size_t(capacity));
+  holes_.assign(size_t(capacity), 0);
+  source_of_slot_.assign(size_t(capacity), PackedSlots::kNoSource);
+  copies_.assign(2 * size_t(capacity), RowCopy{0, 0});
+  slots_ = PackedSlots{slot_of_.data(), token_of_slot_.data(), holes_.data(), source_of_slot_.data(), copies_.data(),
+                       capacity, 0, 0};
   if (async_) thread_ = std::thread([this] { worker(); });
 }
 
@@ -52,7 +55,11 @@ void PackedHead::worker() {
 
 void PackedHead::run_copies() {
   const size_t stride = head_.row_stride;
-  for (const Copy& c : copies_) std::memcpy(rows_ + size_t(c.dst) * stride, c.src, stride);
+  for (int32_t i = 0; i < slots_.n_copies; ++i) {
+    const RowCopy c = slots_.copies[i];
+    const uint8_t* src = c.src >= 0 ? head_.data + size_t(c.src) * stride : rows_ + size_t(-c.src - 1) * stride;
+    std::memcpy(rows_ + size_t(c.dst) * stride, src, stride);
+  }
 }
 
 void PackedHead::wait_copies() {
@@ -73,50 +80,16 @@ void PackedHead::update(std::span<const int32_t> left, std::span<const int32_t> 
   for (int32_t t : entered)
     if (t < 0 || t >= vocab || slot_of_[t] >= 0)
       throw Error("packed LM head: token " + std::to_string(t) + " entered but is already active");
-  if (int64_t(n_rows_) - int64_t(left.size()) + int64_t(entered.size()) > capacity_)
+  if (int64_t(slots_.n_rows) - int64_t(left.size()) + int64_t(entered.size()) > capacity_)
     throw Error("packed LM head: more than " + std::to_string(capacity_) + " active rows");
   wait_copies();  // the previous copies read or write slots this update may reassign
 
-  copies_.clear();
-  holes_.clear();
-  for (int32_t t : left) {
-    const int32_t s = slot_of_[t];
-    slot_of_[t] = -1;
-    token_of_slot_[s] = -1;
-    holes_.push_back(s);
-  }
-  // Entered rows go into freed slots first, then at the end.
-  for (int32_t t : entered) {
-    int32_t s;
-    if (!holes_.empty()) {
-      s = holes_.back();
-      holes_.pop_back();
-    } else {
-      s = n_rows_++;
-    }
-    slot_of_[t] = s;
-    token_of_slot_[s] = t;
-    copies_.push_back({head_.data + size_t(t) * head_.row_stride, s});
-  }
+  packed_update(slots_, left.data(), static_cast<int32_t>(left.size()), entered.data(),
+                static_cast<int32_t>(entered.size()));
   rows_gathered_ += int64_t(entered.size());
-  // Holes left over (more left than entered): fill each from the last row, keeping [0, n_rows_)
-  // dense. Copies run in order, so a move may read a row that an earlier copy of this update wrote.
-  const size_t stride = head_.row_stride;
-  for (int32_t h : holes_) {
-    while (n_rows_ > 0 && token_of_slot_[n_rows_ - 1] < 0) --n_rows_;
-    if (h >= n_rows_) continue;  // the hole is past the new end already
-    const int32_t last = n_rows_ - 1, t = token_of_slot_[last];
-    copies_.push_back({rows_ + size_t(last) * stride, h});
-    token_of_slot_[h] = t;
-    slot_of_[t] = h;
-    token_of_slot_[last] = -1;
-    --n_rows_;
-    ++rows_moved_;
-  }
-  while (n_rows_ > 0 && token_of_slot_[n_rows_ - 1] < 0) --n_rows_;
-  holes_.clear();
-  packed_.rows = n_rows_;
-  if (copies_.empty()) return;
+  rows_moved_ += slots_.n_copies - int64_t(entered.size());
+  packed_.rows = slots_.n_rows;
+  if (slots_.n_copies == 0) return;
   if (!async_) {
     run_copies();
     return;

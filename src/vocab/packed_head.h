@@ -6,7 +6,8 @@
 // Slots: update() frees the slots of tokens that left and gives tokens that entered a freed slot
 // (or the next one at the end); when more left than entered, the last rows move into the holes so
 // rows [0, size()) stay dense. Only rows of tokens that newly entered are copied from the head;
-// the work per update is O(tokens entered + tokens left), never O(capacity).
+// the work per update is O(tokens entered + tokens left), never O(capacity). The bookkeeping is
+// window_state.h's packed_update, which the CUDA backend runs too.
 //
 // Copies: with `async`, update() only does the slot bookkeeping (so size() and token() are exact
 // at once) and hands the row copies to a helper thread made once in the constructor; matrix()
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "kernels/matmul.h"
+#include "vocab/window_state.h"
 
 namespace microspec {
 
@@ -37,7 +39,7 @@ class PackedHead {
   // duplicates. Throws Error (before changing anything) otherwise or past the capacity.
   void update(std::span<const int32_t> left, std::span<const int32_t> entered);
 
-  int32_t size() const { return n_rows_; }
+  int32_t size() const { return slots_.n_rows; }
   int32_t capacity() const { return capacity_; }
   // Token id of packed row j < size().
   int32_t token(int32_t j) const { return token_of_slot_[j]; }
@@ -55,25 +57,23 @@ class PackedHead {
   int64_t rows_moved() const { return rows_moved_; }
 
  private:
-  struct Copy {
-    const uint8_t* src;  // a head row or a packed row
-    int32_t dst;         // packed slot
-  };
-  void run_copies();   // executes copies_ in order
+  void run_copies();   // executes slots_.copies (any order would do: window_state.h)
   void wait_copies();  // returns once no copies are pending
   void worker();
 
   QMatrix head_;
   int32_t capacity_;
   bool async_;
-  std::vector<uint8_t> storage_;        // [capacity * row_stride + 64] packed rows, 64-byte aligned
-  uint8_t* rows_ = nullptr;             // aligned start in storage_
-  QMatrix packed_;                      // view of rows [0, n_rows_)
-  int32_t n_rows_ = 0;                  // slots [0, n_rows_) hold rows (no holes between updates)
-  std::vector<int32_t> slot_of_;        // [n_vocab] packed slot, -1 = inactive
-  std::vector<int32_t> token_of_slot_;  // [capacity] token id, -1 = hole
-  std::vector<int32_t> holes_;          // [capacity] freed slots during an update
-  std::vector<Copy> copies_;            // [2 * capacity] row copies of the last update, in order
+  std::vector<uint8_t> storage_;          // [capacity * row_stride + 64] packed rows, 64-byte aligned
+  uint8_t* rows_ = nullptr;               // aligned start in storage_
+  QMatrix packed_;                        // view of rows [0, size())
+  // The arrays behind slots_ (window_state.h has the slot algorithm, shared with the CUDA backend).
+  std::vector<int32_t> slot_of_;          // [n_vocab] packed slot, -1 = inactive
+  std::vector<int32_t> token_of_slot_;    // [capacity] token id, -1 = hole
+  std::vector<int32_t> holes_;            // [capacity] freed slots during an update
+  std::vector<int32_t> source_of_slot_;   // [capacity] update scratch
+  std::vector<RowCopy> copies_;           // [2 * capacity] row copies of the last update
+  PackedSlots slots_;
   double wait_seconds_ = 0.0;
   int64_t rows_gathered_ = 0, rows_moved_ = 0;
 

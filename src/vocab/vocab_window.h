@@ -16,15 +16,24 @@
 #include <span>
 #include <vector>
 
+#include "vocab/window_state.h"
+
 namespace microspec {
 
 class VocabWindow {
  public:
   // w_max >= 1 entries; pinned: distinct ids in [0, n_vocab). Throws Error otherwise.
   VocabWindow(int32_t n_vocab, int32_t w_max, std::span<const int32_t> pinned = {});
+  // state_ points into the arrays: moves keep them, copies would not.
+  VocabWindow(const VocabWindow&) = delete;
+  VocabWindow& operator=(const VocabWindow&) = delete;
+  VocabWindow(VocabWindow&&) = default;
+  VocabWindow& operator=(VocabWindow&&) = default;
 
   // Appends one token to S (evicting the oldest entry when the window is full).
   void push(int32_t token);
+  // Appends it unless `stamps`' current group has appended it already (CandidateStream's groups).
+  void push_once(StreamStamps& stamps, int32_t token);
   // Empties the stream (pinned tokens stay). O(entries in the window): once per generation.
   void clear();
   // Net membership changes since the last call (or construction: the pinned tokens enter then).
@@ -32,27 +41,26 @@ class VocabWindow {
   void take_changes(std::vector<int32_t>& entered, std::vector<int32_t>& left);
 
   bool contains(int32_t token) const { return count_[token] > 0; }
-  int32_t active_size() const { return active_; }
+  int32_t active_size() const { return state_.active; }
   // Entries in the window (<= w_max).
-  int32_t entries() const { return static_cast<int32_t>(ring_.size()); }
-  int32_t w_max() const { return w_max_; }
-  int32_t n_vocab() const { return static_cast<int32_t>(count_.size()); }
+  int32_t entries() const { return state_.entries; }
+  int32_t w_max() const { return state_.w_max; }
+  int32_t n_vocab() const { return state_.n_vocab; }
   // Upper bound of active_size(): min(n_vocab, w_max + pinned).
   int32_t capacity() const;
   // The active set in ascending id order: O(n_vocab), for tests and tools.
   std::vector<int32_t> active_tokens() const;
 
  private:
-  void touch(int32_t token);  // records the token's membership before its first change
+  void prepare_push(int32_t token);  // checks the id, grows the ring for one more entry
 
-  int32_t w_max_;
+  // The arrays behind state_ (window_state.h has the algorithm, shared with the CUDA backend).
   int32_t n_pinned_ = 0;
-  int32_t active_ = 0;                 // tokens with count_ > 0
   std::vector<int32_t> count_;         // [n_vocab] window entries holding the token (+1 if pinned)
-  std::vector<int32_t> ring_;          // [<= w_max] window entries; grows until full, then a ring
-  int32_t head_ = 0;                   // oldest entry once the ring is full
-  std::vector<int32_t> touched_;       // tokens whose count crossed zero since take_changes
   std::vector<uint8_t> touched_flag_;  // [n_vocab] 0 untouched; 1 + (was active) otherwise
+  std::vector<int32_t> touched_;       // [n_vocab] tokens whose count crossed zero since take_changes
+  std::vector<int32_t> ring_;          // [min(w_max, entries ever pushed)]: grows until full, then a ring
+  WindowState state_;
 };
 
 }  // namespace microspec

@@ -10,11 +10,13 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <vector>
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_model.h"
+#include "cuda/draft_vocab.h"
 #include "cuda/ops.h"
 #include "cuda/packed_head.h"
 #include "gguf/gguf.h"
@@ -26,6 +28,8 @@
 #include "../test_helpers.h"
 #include "../tiny_model.h"
 #include "util/error.h"
+#include "vocab/candidate_stream.h"
+#include "vocab/packed_head.h"
 
 namespace microspec {
 namespace {
@@ -404,25 +408,62 @@ TEST(CudaModel, GreedyTokensEqualCpu) {
 
 // Speculative decoding on the device (self-draft chain, batched verification, acceptance) gives
 // exactly the device's plain greedy tokens: every kernel is batch invariant, so this is bitwise.
+// With the full vocabulary's draft head (chains of 1 and 4) and with MicroSpec's, in the stream's
+// variants: prompt + steps, steps only, K_ver at the last accepted position only with a window
+// smaller than the prompt and the gather in line, prompt only; and with a separate draft model
+// (the target's weights drawn again in another format: it agrees often, not always, so chains are
+// cut and fully accepted, and its cache is rolled back and caught up), with both vocabularies.
 TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
   REQUIRE_GPU();
+  using Source = CandidateStreamParams::Source;
+  using Rows = CandidateStreamParams::KverRows;
+  enum class Drafter { Self, Model };
+  struct Variant {
+    const char* name;
+    int32_t depth;
+    std::optional<DynamicVocabParams> vocab;
+    Drafter drafter;
+  };
+  auto dynamic = [](int32_t w_max, Source source, Rows rows, bool async) {
+    DynamicVocabParams p;
+    p.stream.w_max = w_max;
+    p.stream.source = source;
+    p.stream.kver_rows = rows;
+    p.async_gather = async;
+    return std::optional<DynamicVocabParams>(p);
+  };
+  const Variant variants[] = {
+      {"full, depth 1", 1, std::nullopt, Drafter::Self},
+      {"full, depth 4", 4, std::nullopt, Drafter::Self},
+      {"dynamic W 64", 4, dynamic(64, Source::Both, Rows::Accepted, true), Drafter::Self},
+      {"dynamic ext W 64", 4, dynamic(64, Source::Ext, Rows::Accepted, true), Drafter::Self},
+      {"dynamic W 5, K_ver last row, in line", 4, dynamic(5, Source::Both, Rows::Last, false), Drafter::Self},
+      {"dynamic ctx W 3072", 4, dynamic(3072, Source::Ctx, Rows::Accepted, true), Drafter::Self},
+      {"draft model, full, depth 3", 3, std::nullopt, Drafter::Model},
+      {"draft model, dynamic W 64", 4, dynamic(64, Source::Both, Rows::Accepted, true), Drafter::Model}};
   for (const Case& c : kModelCases) {
     SCOPED_TRACE(c.arch + " " + type_name(uint32_t(c.type)));
     TinyPair m(device_spec(c.arch, c.type));
+    TinyPair draft(device_spec(c.arch, c.type == GgmlType::Q8_0 ? GgmlType::Q4_1 : GgmlType::Q8_0));
     const std::vector<int32_t> prompt = random_tokens(7, m.cpu->config().n_vocab, 5);
     cuda::GreedyOptions g;
     g.n_predict = 40;
     const std::vector<int32_t> plain = m.gpu->generate_greedy(prompt, g);
-    for (int32_t depth : {1, 4}) {
+    int32_t draft_model_accepted = 0;
+    for (const Variant& v : variants) {
       cuda::SpecChainOptions o;
       o.n_predict = 40;
       o.draft_layers = 2;
-      o.depth = depth;
+      o.depth = v.depth;
+      o.dynamic_vocab = v.vocab;
+      if (v.drafter == Drafter::Model) o.draft_model = draft.gpu.get();
       cuda::SpecChainStats st;
-      EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &st), plain) << "depth " << depth;
-      EXPECT_GT(st.steps, 0);
-      EXPECT_LE(st.steps, 40);
+      EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &st), plain) << v.name;
+      EXPECT_GT(st.steps, 0) << v.name;
+      EXPECT_LE(st.steps, 40) << v.name;
+      if (v.drafter == Drafter::Model) draft_model_accepted += st.accepted_drafts;
     }
+    EXPECT_GT(draft_model_accepted, 0) << "the draft model never agreed: the catch-up path went untested";
   }
 }
 
@@ -442,6 +483,7 @@ TEST(CudaModel, RealModelGreedyEqualsCpu) {
   cuda::CudaModelOptions gopt;
   gopt.n_ctx = 512;
   auto gpu = cuda::CudaModel::load(*file, gopt);
+  auto draft = cuda::CudaModel::load(*file, gopt);
   const int32_t V = cpu->config().n_vocab, n_predict = 64;
   for (const char* text : {"The history of the printing press", "def fibonacci(n):", "Rain falls on the"}) {
     SCOPED_TRACE(text);
@@ -474,6 +516,20 @@ TEST(CudaModel, RealModelGreedyEqualsCpu) {
     EXPECT_EQ(gpu->generate_speculative(prompt, so, &st), got) << "speculative vs plain on the device";
     std::printf("[ real model ] speculative (self-draft 24 of 30 layers, chain of 4): %d steps, mean acceptance length %.2f\n",
                 st.steps, st.mean_acceptance_length());
+    so.dynamic_vocab = DynamicVocabParams{};  // MicroSpec's defaults: W_max 3072, K_pre 3, K_ver 3
+    EXPECT_EQ(gpu->generate_speculative(prompt, so, &st), got) << "speculative, dynamic vocabulary, vs plain";
+    std::printf("[ real model ] the same with the dynamic vocabulary: %d steps, mean acceptance length %.2f\n", st.steps,
+                st.mean_acceptance_length());
+    // The file as its own draft model: every chain is accepted whole, so the drafter is always one
+    // token behind and catches up at the start of each step.
+    // (Full vocabulary: every kernel is batch invariant, so its drafts are the target's tokens.)
+    so.draft_model = draft.get();
+    so.dynamic_vocab.reset();
+    EXPECT_EQ(gpu->generate_speculative(prompt, so, &st), got) << "speculative, draft model, vs plain";
+    EXPECT_EQ(st.accepted_drafts, 4 * st.steps) << "a model drafting for itself accepts whole chains";
+    std::printf("[ real model ] the same with the file as its own draft model: %d steps, mean acceptance length %.2f\n",
+                st.steps, st.mean_acceptance_length());
+    so.draft_model = nullptr;
     size_t k = 0;
     while (k < want.size() && got[k] == want[k]) ++k;
     std::printf("[ real model ] \"%s\": %zu of %zu greedy tokens equal%s\n", text, k, want.size(),
@@ -507,6 +563,89 @@ TEST(CudaModel, PackedHeadGatherMatchesCpuRows) {
   head.logits(dh.ptr, n, int32_t(rows.size()), logits.ptr, int64_t(rows.size()), scratch.ptr);
   MS_CUDA(cudaStreamSynchronize(m.gpu->stream()));
   EXPECT_LT(rel_max_diff(logits.to_host(), want), kMatmulTol);
+}
+
+// MicroSpec's vocabulary on the device against the CPU's CandidateStream + PackedHead, fed the
+// same prompt, prompt candidates, tree tokens and verification logits: the same active set, the
+// same token in every packed slot (the device runs the CPU's algorithm in one thread), packed rows
+// whose logits are the full head's rows of those tokens, and an argmax over the active slots only.
+// A window of 24 entries churns, so slots are freed, reused and compacted; the gather runs on the
+// copy stream and in line.
+TEST(CudaModel, DynamicVocabularyStateEqualsCpu) {
+  REQUIRE_GPU();
+  TinyPair m(device_spec("llama", GgmlType::Q6_K));
+  const ModelConfig& cfg = m.cpu->config();
+  const int32_t V = cfg.n_vocab, n_prompt = 30, k_pre = 2, n_hidden = 3;
+  const std::vector<int32_t> prompt = random_tokens(n_prompt, V, 3);
+  std::vector<int32_t> prompt_top = random_tokens(n_prompt * k_pre, V, 4);
+  prompt_top[5] = -1;  // a position with fewer candidates: skipped by both
+  const std::vector<float> hidden = normal_floats(size_t(n_hidden) * cfg.n_embd, 6);
+  DeviceBuffer<float> d_hidden(hidden);
+  DeviceBuffer<uint8_t> scratch(cuda::matmul_scratch_bytes(n_hidden, cfg.n_embd));
+  DeviceBuffer<int32_t> d_best(n_hidden);
+  using Source = CandidateStreamParams::Source;
+  for (Source source : {Source::Both, Source::Ext})
+    for (bool async : {true, false}) {
+      SCOPED_TRACE(std::string(source == Source::Both ? "both" : "ext") + (async ? ", copy stream" : ", in line"));
+      DynamicVocabParams p;
+      p.stream.w_max = 24;
+      p.stream.k_pre = k_pre;
+      p.stream.k_ver = 3;
+      p.stream.source = source;
+      p.async_gather = async;
+      cuda::DeviceDraftVocab dev(m.gpu->output_matrix(), p, {.max_prompt = n_prompt, .max_rows = n_hidden},
+                                 m.gpu->stream());
+      MS_CUDA(cudaMemcpy(dev.prompt_ids(), prompt.data(), prompt.size() * 4, cudaMemcpyHostToDevice));
+      if (dev.prompt_top_k() > 0)
+        MS_CUDA(cudaMemcpy(dev.prompt_top(), prompt_top.data(), prompt_top.size() * 4, cudaMemcpyHostToDevice));
+      CandidateStream cpu(V, p.stream);
+      PackedHead cpu_head(m.cpu->output_matrix(), cpu.window().capacity(), false);
+      ASSERT_EQ(dev.capacity(), cpu_head.capacity());
+      std::vector<int32_t> entered, left;
+      auto check = [&](const std::string& when) {
+        cpu.window().take_changes(entered, left);
+        cpu_head.update(left, entered);
+        const cuda::DeviceDraftVocab::Snapshot snap = dev.snapshot();
+        ASSERT_EQ(snap.active, cpu.window().active_size()) << when;
+        ASSERT_EQ(int32_t(snap.token_of_slot.size()), cpu_head.size()) << when;
+        for (int32_t j = 0; j < cpu_head.size(); ++j) ASSERT_EQ(snap.token_of_slot[j], cpu_head.token(j)) << when << " slot " << j;
+        const int32_t n = cpu_head.size();
+        const float* d_logits = dev.logits(d_hidden.ptr, n_hidden, scratch.ptr);
+        dev.argmax(n_hidden, d_best.ptr);
+        std::vector<float> got(size_t(n_hidden) * dev.capacity());
+        MS_CUDA(cudaStreamSynchronize(m.gpu->stream()));
+        MS_CUDA(cudaMemcpy(got.data(), d_logits, got.size() * 4, cudaMemcpyDeviceToHost));
+        const std::vector<int32_t> best = d_best.to_host();
+        if (n == 0) {
+          for (int32_t b : best) EXPECT_EQ(b, -1) << when;
+          return;
+        }
+        std::vector<float> want(size_t(n_hidden) * n), active(size_t(n_hidden) * n);
+        m.cpu->lm_head_rows(hidden.data(), n_hidden, snap.token_of_slot.data(), n, want.data());
+        for (int32_t t = 0; t < n_hidden; ++t) {
+          std::copy_n(got.begin() + size_t(t) * dev.capacity(), n, active.begin() + size_t(t) * n);
+          EXPECT_EQ(best[t], snap.token_of_slot[first_argmax(active.data() + size_t(t) * n, n)]) << when << " row " << t;
+        }
+        EXPECT_LT(rel_max_diff(active, want), kMatmulTol) << when;
+      };
+      dev.begin(n_prompt);
+      cpu.begin(prompt, source == Source::Ext ? std::vector<int32_t>{} : prompt_top,
+                source == Source::Ext ? 0 : k_pre);
+      check("begin");
+      for (int32_t step = 0; step < 40; ++step) {
+        const std::vector<int32_t> tree = random_tokens(1 + step % 6, V, 100 + step);
+        const int32_t n_rows = 1 + step % 4;
+        const std::vector<float> verify = normal_floats(size_t(n_rows) * V, 200 + step);
+        std::vector<int32_t> rows;
+        for (int32_t r = n_rows - 1; r >= 0; r -= 1 + step % 2) rows.push_back(r);
+        DeviceBuffer<int32_t> d_tree(tree);
+        DeviceBuffer<float> d_verify(verify);
+        dev.step(d_tree.ptr, int32_t(tree.size()), d_verify.ptr, rows);
+        cpu.step(tree, verify.data(), rows);
+        check("step " + std::to_string(step));
+        MS_CUDA(cudaStreamSynchronize(m.gpu->stream()));  // d_tree and d_verify go out of scope
+      }
+    }
 }
 
 TEST(CudaModel, BadInputIsAnError) {

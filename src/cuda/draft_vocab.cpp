@@ -1,0 +1,130 @@
+#include "cuda/draft_vocab.h"
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/cuda_check.h"
+#include "util/error.h"
+
+namespace microspec::cuda {
+
+namespace {
+// Rows whose top K_ver one step appends at most: a verification has at most this many rows.
+constexpr int32_t kMaxStepRows = 256;
+}  // namespace
+
+DeviceDraftVocab::DeviceDraftVocab(const DeviceMatrix& head, const DynamicVocabParams& params,
+                                   const DeviceVocabSizes& sizes, cudaStream_t compute)
+    : head_(head), params_(params), compute_(compute), n_vocab_(int32_t(head.rows)), sizes_(sizes) {
+  if (sizes.max_prompt < 1 || sizes.max_rows < 1) throw Error("device draft vocabulary: empty sizes");
+  const CandidateStreamParams& sp = params.stream;
+  if (sp.w_max < 1 || sp.w_max > kMaxWindow)
+    throw Error("--device cuda: vocabulary window " + std::to_string(sp.w_max) + " outside 1.." +
+                std::to_string(kMaxWindow));
+  if (sp.k_pre < 0 || sp.k_ver < 0 || sp.k_pre > 64 || sp.k_ver > 64)
+    throw Error("--device cuda: K_pre and K_ver must be in 0..64, got " + std::to_string(sp.k_pre) + " and " +
+                std::to_string(sp.k_ver));
+  capacity_ = std::min(sp.w_max, n_vocab_);
+  packed_ = std::make_unique<DevicePackedHead>(head, capacity_, compute,
+                                               params.async_gather ? GatherStream::Copy : GatherStream::Compute);
+  auto alloc = [this](size_t bytes) {
+    void* p = nullptr;
+    MS_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+    allocations_.push_back(p);
+    return p;
+  };
+  const size_t V = size_t(n_vocab_), C = size_t(capacity_);
+  DraftVocabState s;
+  s.window.count = static_cast<int32_t*>(alloc(V * 4));
+  s.window.touched_flag = static_cast<uint8_t*>(alloc(V));
+  s.window.touched = static_cast<int32_t*>(alloc(V * 4));
+  s.window.ring = static_cast<int32_t*>(alloc(size_t(sp.w_max) * 4));
+  s.window.n_vocab = n_vocab_;
+  s.window.w_max = sp.w_max;
+  s.stamps.stamp = static_cast<uint32_t*>(alloc(V * 4));
+  s.stamps.n_vocab = n_vocab_;
+  s.slots.slot_of = static_cast<int32_t*>(alloc(V * 4));
+  s.slots.token_of_slot = static_cast<int32_t*>(alloc(C * 4));
+  s.slots.holes = static_cast<int32_t*>(alloc(C * 4));
+  s.slots.source_of_slot = static_cast<int32_t*>(alloc(C * 4));
+  s.slots.copies = static_cast<RowCopy*>(alloc(2 * C * sizeof(RowCopy)));
+  s.slots.capacity = capacity_;
+  s.entered = static_cast<int32_t*>(alloc(C * 4));
+  s.left = static_cast<int32_t*>(alloc(C * 4));
+  MS_CUDA(cudaMemsetAsync(s.window.count, 0, V * 4, compute));
+  MS_CUDA(cudaMemsetAsync(s.window.touched_flag, 0, V, compute));
+  MS_CUDA(cudaMemsetAsync(s.stamps.stamp, 0, V * 4, compute));
+  MS_CUDA(cudaMemsetAsync(s.slots.slot_of, 0xFF, V * 4, compute));  // -1
+  MS_CUDA(cudaMemsetAsync(s.slots.token_of_slot, 0xFF, C * 4, compute));
+  const std::vector<int32_t> no_source(C, PackedSlots::kNoSource);
+  MS_CUDA(cudaMemcpyAsync(s.slots.source_of_slot, no_source.data(), C * 4, cudaMemcpyHostToDevice, compute));
+  state_ = static_cast<DraftVocabState*>(alloc(sizeof(DraftVocabState)));
+  MS_CUDA(cudaMemcpyAsync(state_, &s, sizeof(s), cudaMemcpyHostToDevice, compute));
+  prompt_ids_ = static_cast<int32_t*>(alloc(size_t(sizes.max_prompt) * 4));
+  prompt_top_ = static_cast<int32_t*>(alloc(size_t(sizes.max_prompt) * size_t(std::max(prompt_top_k(), 1)) * 4));
+  logits_ = static_cast<float*>(alloc(size_t(sizes.max_rows) * C * sizeof(float)));
+  max_step_tops_ = kMaxStepRows * sp.k_ver;
+  tops_ = static_cast<int32_t*>(alloc(size_t(std::max(max_step_tops_, 1)) * 4));
+  top_values_ = static_cast<float*>(alloc(size_t(std::max(sp.k_ver, 1)) * 4));
+  MS_CUDA(cudaStreamSynchronize(compute));  // the host vectors above are gone after this scope
+}
+
+DeviceDraftVocab::~DeviceDraftVocab() {
+  if (compute_) cudaStreamSynchronize(compute_);
+  packed_.reset();
+  for (void* p : allocations_) cudaFree(p);
+}
+
+void DeviceDraftVocab::begin(int32_t n_prompt) {
+  if (n_prompt < 0 || n_prompt > sizes_.max_prompt)
+    throw Error("device draft vocabulary: prompt of " + std::to_string(n_prompt) + " tokens, at most " +
+                std::to_string(sizes_.max_prompt));
+  const int32_t k = prompt_top_k();
+  if (params_.stream.source == CandidateStreamParams::Source::Ext)
+    vocab_begin(state_, prompt_ids_, 0, prompt_top_, k, 0, compute_);
+  else
+    vocab_begin(state_, prompt_ids_, n_prompt, prompt_top_, k, k, compute_);
+  packed_->gather(state_, 2 * capacity_);
+}
+
+void DeviceDraftVocab::step(const int32_t* tree, int32_t n_tree, const float* verify_logits,
+                            std::span<const int32_t> rows) {
+  if (params_.stream.source == CandidateStreamParams::Source::Ctx) return;
+  const int32_t k = params_.stream.k_ver;
+  const int32_t n_rows = k > 0 ? int32_t(rows.size()) : 0;
+  if (n_tree < 0 || n_rows > kMaxStepRows)
+    throw Error("device draft vocabulary: " + std::to_string(rows.size()) + " verification rows, at most " +
+                std::to_string(kMaxStepRows));
+  for (int32_t i = 0; i < n_rows; ++i)
+    top_k(verify_logits + int64_t(rows[i]) * n_vocab_, n_vocab_, k, tops_ + int64_t(i) * k, top_values_, compute_);
+  vocab_step(state_, tree, n_tree, tops_, n_rows * k, compute_);
+  // Each append enters at most one token and evicts at most one; a move follows each eviction.
+  packed_->gather(state_, std::min(2 * capacity_, 2 * (n_tree + n_rows * k)));
+}
+
+const float* DeviceDraftVocab::logits(const float* hidden, int32_t n, uint8_t* scratch) {
+  if (n < 1 || n > sizes_.max_rows)
+    throw Error("device draft vocabulary: " + std::to_string(n) + " rows, at most " + std::to_string(sizes_.max_rows));
+  packed_->logits(hidden, n, capacity_, logits_, capacity_, scratch);
+  return logits_;
+}
+
+void DeviceDraftVocab::argmax(int32_t n, int32_t* out) {
+  if (n < 1 || n > sizes_.max_rows)
+    throw Error("device draft vocabulary: " + std::to_string(n) + " rows, at most " + std::to_string(sizes_.max_rows));
+  packed_argmax(logits_, capacity_, n, state_, out, compute_);
+}
+
+DeviceDraftVocab::Snapshot DeviceDraftVocab::snapshot() const {
+  MS_CUDA(cudaStreamSynchronize(compute_));
+  DraftVocabState s;
+  MS_CUDA(cudaMemcpy(&s, state_, sizeof(s), cudaMemcpyDeviceToHost));
+  Snapshot out;
+  out.active = s.window.active;
+  out.token_of_slot.resize(size_t(s.slots.n_rows));
+  MS_CUDA(cudaMemcpy(out.token_of_slot.data(), s.slots.token_of_slot, out.token_of_slot.size() * 4,
+                     cudaMemcpyDeviceToHost));
+  return out;
+}
+
+}  // namespace microspec::cuda

@@ -1,0 +1,90 @@
+#pragma once
+// MicroSpec's dynamic draft vocabulary on the GPU: the CPU's DraftVocabulary::dynamic (without
+// pinned tokens) with its state in device memory, so a speculative step needs no host round trip
+// for it:
+// - the candidate stream's window (occupancy counts), its append stamps and the packed slots are
+//   advanced on the device by ops.h's vocab_begin / vocab_step, which run the CPU's own algorithm
+//   (vocab/window_state.h): the device's active set and slot map are the CPU's, entry for entry;
+// - the rows of newly entered tokens are gathered into the packed head on its copy stream, which
+//   waits for the update through an event and overlaps the next draft backbone; the draft LM head
+//   joins the gather through a second event (GatherStream::Compute runs the gather in line);
+// - the draft LM head scores every packed slot (a fixed shape, ready for graph capture) and the
+//   argmax looks only at the active rows, whose count lives on the device.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cuda/ops.h"
+#include "cuda/packed_head.h"
+#include "vocab/draft_vocab.h"
+
+namespace microspec::cuda {
+
+struct DeviceVocabSizes {
+  int32_t max_prompt = 1;  // longest prompt begin() takes
+  int32_t max_rows = 1;    // most draft rows one logits() call scores
+};
+
+class DeviceDraftVocab {
+ public:
+  // head: the target's LM head on the device ([n_vocab rows][n_embd]). params: as the CPU's
+  // (async_gather picks the copy stream); W_max at most kMaxWindow. compute: the model's stream.
+  DeviceDraftVocab(const DeviceMatrix& head, const DynamicVocabParams& params, const DeviceVocabSizes& sizes,
+                   cudaStream_t compute);
+  ~DeviceDraftVocab();
+  DeviceDraftVocab(const DeviceDraftVocab&) = delete;
+  DeviceDraftVocab& operator=(const DeviceDraftVocab&) = delete;
+
+  static constexpr int32_t kMaxWindow = 1 << 20;  // the device ring is allocated whole
+
+  int32_t capacity() const { return capacity_; }  // packed slots = logits columns
+  const DynamicVocabParams& params() const { return params_; }
+  // Target top-k per prompt position begin() takes (0 for source ext).
+  int32_t prompt_top_k() const { return params_.stream.prompt_top_k(); }
+  // Where the caller leaves the prompt ([max_prompt]) and the target's top prompt_top_k() ids at
+  // each prompt position ([max_prompt][prompt_top_k()]) before begin(): device memory.
+  int32_t* prompt_ids() const { return prompt_ids_; }
+  int32_t* prompt_top() const { return prompt_top_; }
+
+  // Restarts the stream for a prompt of n_prompt tokens (in prompt_ids() / prompt_top()).
+  void begin(int32_t n_prompt);
+  // One verification step: the draft tree's tokens (device [n_tree], tree order) and the target's
+  // top K_ver of verification logits rows `rows` (device logits [.][n_vocab]; the caller picks the
+  // rows by params().stream.kver_rows). No-op for source ctx.
+  void step(const int32_t* tree, int32_t n_tree, const float* verify_logits, std::span<const int32_t> rows);
+  // The draft LM head: logits [n][capacity()] for every packed slot (slots past the active ones are
+  // stale), after the last gather. scratch: matmul_scratch_bytes(n, n_embd).
+  const float* logits(const float* hidden, int32_t n, uint8_t* scratch);
+  // out[t] = the token of the best active slot of the last logits()' row t (-1 when the
+  // vocabulary is empty).
+  void argmax(int32_t n, int32_t* out);
+
+  // The state as the host sees it after synchronizing (tests).
+  struct Snapshot {
+    int32_t active = 0;                  // window's distinct tokens
+    std::vector<int32_t> token_of_slot;  // [n_rows] packed rows in slot order
+  };
+  Snapshot snapshot() const;
+
+ private:
+  DeviceMatrix head_;
+  DynamicVocabParams params_;
+  cudaStream_t compute_;
+  int32_t n_vocab_ = 0;
+  int32_t capacity_ = 0;
+  std::unique_ptr<DevicePackedHead> packed_;
+  std::vector<void*> allocations_;
+  DraftVocabState* state_ = nullptr;  // device: the state, its arrays below
+  DeviceVocabSizes sizes_;
+  int32_t* prompt_ids_ = nullptr;      // [max_prompt]
+  int32_t* prompt_top_ = nullptr;      // [max_prompt][K_pre]
+  float* logits_ = nullptr;            // [max_rows][capacity]
+  int32_t max_step_tops_ = 0;
+  int32_t* tops_ = nullptr;            // [max_step_tops] top K_ver ids of a step's rows
+  float* top_values_ = nullptr;        // [K_ver] scratch
+};
+
+}  // namespace microspec::cuda

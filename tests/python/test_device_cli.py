@@ -1,0 +1,48 @@
+"""`generate --device cuda` on any machine: what the device path accepts and refuses is decided before
+the model is loaded, with the list of what it supports; an accepted run then either generates (a GPU
+is present) or ends with a clear error naming why it cannot (no GPU here, or a build without the CUDA
+backend). The device-against-CPU tests themselves are the `Cuda*` tests of microspec_tests."""
+import subprocess
+
+import pytest
+
+from repo_paths import BIN, MODELS
+
+SMOL = MODELS["smollm2"]
+NO_DEVICE = ("no CUDA device is available", "this build has no CUDA backend")
+
+
+def generate(*args):
+    return subprocess.run([BIN, "generate", "-m", SMOL, "-p", "Hello", "-n", "8", "--device", "cuda", *map(str, args)],
+                          capture_output=True, timeout=300, text=True)
+
+
+@pytest.mark.parametrize("args", [
+    [],
+    ["--spec", "self", "--tree-topk", "1", "--draft-vocab", "full"],
+    ["--spec", "self", "--tree-topk", "1"],  # the default vocabulary: MicroSpec's dynamic one
+    ["--spec", "self", "--tree-topk", "1", "--vocab-window", "512", "--vocab-source", "ext", "--no-async-gather"],
+    ["--spec", "draft", "--draft-model", SMOL, "--tree-topk", "1"],
+])
+def test_accepted_settings_reach_the_device(args):
+    p = generate(*args)
+    if p.returncode == 0:  # a GPU machine
+        assert p.stdout.strip(), "no text generated"
+        return
+    assert any(m in p.stderr for m in NO_DEVICE), p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--spec", "self", "--tree-topk", "1", "--draft-vocab", "freq"], "--draft-vocab full|dynamic"),
+    (["--spec", "self", "--tree-topk", "1", "--draft-vocab", "hybrid"], "--draft-vocab full|dynamic"),
+    (["--spec", "self", "--tree-topk", "2"], "--tree-topk 1"),
+    (["--spec", "ngram"], "--spec self|draft"),
+    (["--spec", "head", "--tree-topk", "1"], "--spec self|draft"),
+    (["--spec", "self", "--tree-topk", "1", "--draft-p-min", "20"], "--draft-p-min 0"),
+    (["--temp", "0.7"], "greedy decoding"),
+])
+def test_refused_settings_name_what_the_device_supports(args, says):
+    p = generate(*args)
+    assert p.returncode != 0
+    assert says in p.stderr, p.stderr[-2000:]
+    assert not any(m in p.stderr for m in NO_DEVICE), "refused only after trying the device"
