@@ -209,7 +209,7 @@ int run(int argc, char** argv) {
   auto chain_ms = [&](bool dynamic) {
     SpecChainOptions so;
     so.n_predict = 48;
-    so.draft_layers = 4;
+    so.draft_layers = std::min(4, cfg.n_layer);
     so.depth = 5;
     if (dynamic) so.dynamic_vocab = DynamicVocabParams{};
     std::vector<double> per_step;
@@ -240,7 +240,7 @@ int run(int argc, char** argv) {
   std::printf("| whole step (draft + verify): full / 3k | %.2f / %.2f ms | 8.98 / 7.65 ms |\n",
               draft_full + verify60, draft_3k + verify60);
   std::printf("| 3k draft vs full draft | %.2fx | 0.47x |\n", draft_3k / draft_full);
-  std::printf("| dynamic vocabulary: one step's update (top 3 of 6 rows, 60 tokens into the window, gather joined) | %.3f ms | - |\n",
+  std::printf("| dynamic vocabulary: one step's update (top 3 of 6 rows, 60 tokens into the window, gather joined by a 1-row draft head) | %.3f ms | - |\n",
               vocab_step);
   std::printf("| dynamic vocabulary: draft head over 3,072 packed slots + argmax, 10 rows | %.3f ms | 0.033 ms (3k head) |\n",
               dyn_head10);

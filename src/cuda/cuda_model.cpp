@@ -514,6 +514,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   } else if (o.draft_layers < 1 || o.draft_layers > config_.n_layer) {
     throw Error("draft layers " + std::to_string(o.draft_layers) + " outside 1.." + std::to_string(config_.n_layer));
   }
+  if (prompt.empty()) throw Error("generate: empty prompt");
   SpecChainStats st;
   std::vector<int32_t> out;
   if (o.n_predict <= 0) return out;
@@ -529,8 +530,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   // Prefill, and the candidate stream's start: the prompt and the target's top K_pre per position.
   if (vocab) {
     prefill_for_decode(prompt, PromptCandidates{vocab->prompt_top_k(), vocab->prompt_top(), vocab->prompt_ids()});
-    if (o.draft_model) MS_CUDA(cudaStreamSynchronize(stream_));  // the vocabulary runs on the drafter's stream
-    vocab->begin(int32_t(prompt.size()));
+    vocab->begin(int32_t(prompt.size()));  // prefill_for_decode has synchronized: the drafter's stream may read
   } else {
     prefill_for_decode(prompt);  // leaves the prompt's argmax in d_tokens_[0] and out_ids[0]
   }

@@ -80,6 +80,7 @@ void DeviceDraftVocab::begin(int32_t n_prompt) {
     throw Error("device draft vocabulary: prompt of " + std::to_string(n_prompt) + " tokens, at most " +
                 std::to_string(sizes_.max_prompt));
   const int32_t k = prompt_top_k();
+  packed_->wait_for_gather();
   if (params_.stream.source == CandidateStreamParams::Source::Ext)
     vocab_begin(state_, prompt_ids_, 0, prompt_top_, k, 0, compute_);
   else
@@ -92,11 +93,13 @@ void DeviceDraftVocab::step(const int32_t* tree, int32_t n_tree, const float* ve
   if (params_.stream.source == CandidateStreamParams::Source::Ctx) return;
   const int32_t k = params_.stream.k_ver;
   const int32_t n_rows = k > 0 ? int32_t(rows.size()) : 0;
-  if (n_tree < 0 || n_rows > kMaxStepRows)
+  if (n_tree < 0) throw Error("device draft vocabulary: " + std::to_string(n_tree) + " tree tokens");
+  if (n_rows > kMaxStepRows)
     throw Error("device draft vocabulary: " + std::to_string(rows.size()) + " verification rows, at most " +
                 std::to_string(kMaxStepRows));
   for (int32_t i = 0; i < n_rows; ++i)
     top_k(verify_logits + int64_t(rows[i]) * n_vocab_, n_vocab_, k, tops_ + int64_t(i) * k, top_values_, compute_);
+  packed_->wait_for_gather();
   vocab_step(state_, tree, n_tree, tops_, n_rows * k, compute_);
   // Each append enters at most one token and evicts at most one; a move follows each eviction.
   packed_->gather(state_, std::min(2 * capacity_, 2 * (n_tree + n_rows * k)));

@@ -53,6 +53,8 @@ void DevicePackedHead::enter(std::span<const int32_t> ids, std::span<const int32
   MS_CUDA(cudaEventRecord(gathered_, copy_));
 }
 
+void DevicePackedHead::wait_for_gather() { MS_CUDA(cudaStreamWaitEvent(compute_, gathered_, 0)); }
+
 void DevicePackedHead::gather(const DraftVocabState* state, int32_t max_copies) {
   if (max_copies < 0 || max_copies > 2 * capacity_)
     throw Error("packed head: " + std::to_string(max_copies) + " copies for capacity " + std::to_string(capacity_));

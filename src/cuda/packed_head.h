@@ -31,8 +31,11 @@ class DevicePackedHead {
 
   // Enqueues on the copy stream: full-head rows ids[j] into packed slots slots[j] (j < ids.size()).
   void enter(std::span<const int32_t> ids, std::span<const int32_t> slots);
+  // Makes the compute stream wait for the last gather: before an update rewrites the copy list
+  // and the slots that gather reads.
+  void wait_for_gather();
   // Enqueues the row copies of the vocabulary's last update (vocab_begin / vocab_step, already
-  // enqueued on the compute stream) on the gather stream, after that update.
+  // enqueued on the compute stream, after wait_for_gather) on the gather stream, after that update.
   void gather(const DraftVocabState* state, int32_t max_copies);
   // logits[t * ldl + j] = dot(packed row j, hidden[t]) for j < n_rows, t < n, on the compute stream
   // after the last gather (event join). scratch: matmul_scratch_bytes(n, n_embd) bytes.
