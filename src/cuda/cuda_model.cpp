@@ -67,6 +67,7 @@ CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
 }
 
 CudaModel::~CudaModel() {
+  draft_vocab_.reset();  // it runs on stream_ and reads output_
   if (stream_) cudaStreamSynchronize(stream_);
   if (decode_graph_) cudaGraphExecDestroy(decode_graph_);
   for (void* p : allocations_) cudaFree(p);
@@ -521,11 +522,18 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
 
   // The draft LM head over the drafter's rows: MicroSpec's packed ones (state on the device) or the
   // full vocabulary's.
-  std::unique_ptr<DeviceDraftVocab> vocab;
-  if (o.dynamic_vocab)
-    vocab = std::make_unique<DeviceDraftVocab>(drafter.output_, *o.dynamic_vocab,
-                                               DeviceVocabSizes{.max_prompt = int32_t(prompt.size()), .max_rows = 1},
-                                               drafter.stream_);
+  // Made once and kept by the drafter (its head, its stream) for later generations with the same
+  // settings; begin() restarts it.
+  DeviceDraftVocab* vocab = nullptr;
+  if (o.dynamic_vocab) {
+    const DeviceVocabSizes sizes{.max_prompt = options_.n_ctx, .max_rows = 1};
+    std::unique_ptr<DeviceDraftVocab>& kept = drafter.draft_vocab_;
+    if (!kept || !kept->made_for(drafter.output_, *o.dynamic_vocab, sizes, drafter.stream_)) {
+      kept.reset();
+      kept = std::make_unique<DeviceDraftVocab>(drafter.output_, *o.dynamic_vocab, sizes, drafter.stream_);
+    }
+    vocab = kept.get();
+  }
 
   // Prefill, and the candidate stream's start: the prompt and the target's top K_pre per position.
   if (vocab) {
@@ -549,11 +557,13 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   // model has not run the last draft of a fully accepted chain), then `last`, then each draft but
   // the newest. Input i goes to the drafter's pending slot i; the self-draft shares the target's
   // pending slots, which the verification then overwrites with all layers.
-  std::vector<int32_t> behind, inputs;
+  // Host vectors of the loop, reused step after step.
+  std::vector<int32_t> behind, inputs, draft, accepted, pos, par;
+  std::vector<int32_t> tokens, positions, parents, rows, ver_rows;
   auto draft_token = [&](int32_t d) {
     const int32_t first = d == 0 ? 0 : int32_t(behind.size()) + d;  // pending index of this forward's first input
     const int32_t end = int32_t(behind.size()) + d + 1;
-    std::vector<int32_t> pos, par;
+    pos.clear(), par.clear();
     for (int32_t i = first; i < end; ++i) pos.push_back(drafter.n_past_ + i), par.push_back(i - 1);
     const int32_t row = end - first - 1;
     drafter.forward(HostBatch{std::span<const int32_t>(inputs).subspan(first, end - first), pos, par,
@@ -568,7 +578,6 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     return id;  // -1: the vocabulary is empty (an ext-only stream before its first step)
   };
 
-  std::vector<int32_t> tokens, positions, parents, rows, ver_rows;
   while (true) {
     // Room for the chain: the pending slots of `last` and the drafts must fit the context.
     const int32_t room = std::min(o.depth, options_.n_ctx - n_past_ - 1);
@@ -576,7 +585,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     // Draft: input d (`last`, then draft d - 1) gives draft d.
     inputs = behind;
     inputs.push_back(last);
-    std::vector<int32_t> draft;
+    draft.clear();
     for (int32_t d = 0; d < room; ++d) {
       if (d > 0) inputs.push_back(draft[d - 1]);
       const int32_t id = draft_token(d);
@@ -612,7 +621,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     if (o.draft_model) {
       // The accepted text is behind, last, draft 0..a-1: the drafter keeps the inputs it ran of it
       // and runs the rest (at most the chain's newest draft) at the start of the next step.
-      std::vector<int32_t> accepted(behind);
+      accepted = behind;
       accepted.push_back(last);
       accepted.insert(accepted.end(), draft.begin(), draft.begin() + a);
       const int32_t keep = std::min(ran, int32_t(accepted.size()));

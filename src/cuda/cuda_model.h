@@ -25,6 +25,8 @@ class GgufFile;
 
 namespace microspec::cuda {
 
+class DeviceDraftVocab;
+
 struct CudaModelOptions {
   int32_t n_batch = 64;   // most tokens one forward takes; buffers are sized for it at load
   int32_t n_ctx = 2048;   // KV cache slots
@@ -196,6 +198,9 @@ class CudaModel {
   int32_t* d_argmax_out_ = nullptr;       // [n_batch] argmax of each logits row (speculative steps)
   int32_t* h_staging_ = nullptr;    // pinned: [4][n_batch] batch arrays, then [n_ctx] keep list
 
+  // MicroSpec's vocabulary over this model's head when it drafts (generate_speculative), kept
+  // between generations.
+  std::unique_ptr<DeviceDraftVocab> draft_vocab_;
   cudaGraphExec_t decode_graph_ = nullptr;
   cudaEvent_t ev_start_ = nullptr, ev_stop_ = nullptr;
 };

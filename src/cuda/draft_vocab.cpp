@@ -1,6 +1,7 @@
 #include "cuda/draft_vocab.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <string>
 
 #include "cuda/cuda_check.h"
@@ -11,11 +12,14 @@ namespace microspec::cuda {
 namespace {
 // Rows whose top K_ver one step appends at most: a verification has at most this many rows.
 constexpr int32_t kMaxStepRows = 256;
+// Where the packed slots' counters are inside the device state.
+constexpr size_t kCopiesOffset = offsetof(DraftVocabState, slots) + offsetof(PackedSlots, n_copies);
+constexpr size_t kRowsOffset = offsetof(DraftVocabState, slots) + offsetof(PackedSlots, n_rows);
 }  // namespace
 
 DeviceDraftVocab::DeviceDraftVocab(const DeviceMatrix& head, const DynamicVocabParams& params,
                                    const DeviceVocabSizes& sizes, cudaStream_t compute)
-    : head_(head), params_(params), compute_(compute), n_vocab_(int32_t(head.rows)), sizes_(sizes) {
+    : head_data_(head.data), params_(params), compute_(compute), n_vocab_(int32_t(head.rows)), sizes_(sizes) {
   if (sizes.max_prompt < 1 || sizes.max_rows < 1) throw Error("device draft vocabulary: empty sizes");
   const CandidateStreamParams& sp = params.stream;
   if (sp.w_max < 1 || sp.w_max > kMaxWindow)
@@ -34,7 +38,7 @@ DeviceDraftVocab::DeviceDraftVocab(const DeviceMatrix& head, const DynamicVocabP
     return p;
   };
   const size_t V = size_t(n_vocab_), C = size_t(capacity_);
-  DraftVocabState s;
+  DraftVocabState& s = layout_;
   s.window.count = static_cast<int32_t*>(alloc(V * 4));
   s.window.touched_flag = static_cast<uint8_t*>(alloc(V));
   s.window.touched = static_cast<int32_t*>(alloc(V * 4));
@@ -69,6 +73,10 @@ DeviceDraftVocab::DeviceDraftVocab(const DeviceMatrix& head, const DynamicVocabP
   MS_CUDA(cudaStreamSynchronize(compute));  // the host vectors above are gone after this scope
 }
 
+const int32_t* DeviceDraftVocab::device_counter(size_t offset) const {
+  return reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(state_) + offset);
+}
+
 DeviceDraftVocab::~DeviceDraftVocab() {
   if (compute_) cudaStreamSynchronize(compute_);
   packed_.reset();
@@ -85,7 +93,7 @@ void DeviceDraftVocab::begin(int32_t n_prompt) {
     vocab_begin(state_, prompt_ids_, 0, prompt_top_, k, 0, compute_);
   else
     vocab_begin(state_, prompt_ids_, n_prompt, prompt_top_, k, k, compute_);
-  packed_->gather(state_, 2 * capacity_);
+  packed_->gather(layout_.slots.copies, device_counter(kCopiesOffset), 2 * capacity_);
 }
 
 void DeviceDraftVocab::step(const int32_t* tree, int32_t n_tree, const float* verify_logits,
@@ -102,7 +110,7 @@ void DeviceDraftVocab::step(const int32_t* tree, int32_t n_tree, const float* ve
   packed_->wait_for_gather();
   vocab_step(state_, tree, n_tree, tops_, n_rows * k, compute_);
   // Each append enters at most one token and evicts at most one; a move follows each eviction.
-  packed_->gather(state_, std::min(2 * capacity_, 2 * (n_tree + n_rows * k)));
+  packed_->gather(layout_.slots.copies, device_counter(kCopiesOffset), std::min(2 * capacity_, 2 * (n_tree + n_rows * k)));
 }
 
 const float* DeviceDraftVocab::logits(const float* hidden, int32_t n, uint8_t* scratch) {
@@ -115,7 +123,7 @@ const float* DeviceDraftVocab::logits(const float* hidden, int32_t n, uint8_t* s
 void DeviceDraftVocab::argmax(int32_t n, int32_t* out) {
   if (n < 1 || n > sizes_.max_rows)
     throw Error("device draft vocabulary: " + std::to_string(n) + " rows, at most " + std::to_string(sizes_.max_rows));
-  packed_argmax(logits_, capacity_, n, state_, out, compute_);
+  packed_argmax(logits_, capacity_, n, device_counter(kRowsOffset), layout_.slots.token_of_slot, out, compute_);
 }
 
 DeviceDraftVocab::Snapshot DeviceDraftVocab::snapshot() const {

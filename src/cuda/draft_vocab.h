@@ -41,6 +41,12 @@ class DeviceDraftVocab {
   static constexpr int32_t kMaxWindow = 1 << 20;  // the device ring is allocated whole
 
   int32_t capacity() const { return capacity_; }  // packed slots = logits columns
+  // Whether this vocabulary is the one these arguments would make (so a caller can keep it).
+  bool made_for(const DeviceMatrix& head, const DynamicVocabParams& params, const DeviceVocabSizes& sizes,
+                cudaStream_t compute) const {
+    return head.data == head_data_ && params == params_ && sizes.max_prompt <= sizes_.max_prompt &&
+           sizes.max_rows <= sizes_.max_rows && compute == compute_;
+  }
   const DynamicVocabParams& params() const { return params_; }
   // Target top-k per prompt position begin() takes (0 for source ext).
   int32_t prompt_top_k() const { return params_.stream.prompt_top_k(); }
@@ -70,14 +76,18 @@ class DeviceDraftVocab {
   Snapshot snapshot() const;
 
  private:
-  DeviceMatrix head_;
+  // The device address of one of the state's counters (offset inside DraftVocabState).
+  const int32_t* device_counter(size_t offset) const;
+
+  const uint8_t* head_data_;
   DynamicVocabParams params_;
   cudaStream_t compute_;
   int32_t n_vocab_ = 0;
   int32_t capacity_ = 0;
   std::unique_ptr<DevicePackedHead> packed_;
   std::vector<void*> allocations_;
-  DraftVocabState* state_ = nullptr;  // device: the state, its arrays below
+  DraftVocabState* state_ = nullptr;  // device: the state
+  DraftVocabState layout_;            // host copy as made: the device addresses of its arrays
   DeviceVocabSizes sizes_;
   int32_t* prompt_ids_ = nullptr;      // [max_prompt]
   int32_t* prompt_top_ = nullptr;      // [max_prompt][K_pre]

@@ -977,22 +977,8 @@ __global__ void k_top_k(const float* x, int64_t n, int32_t k, int32_t* ids, floa
 }
 
 // ---------------------------------------------------------------------------------------------
-// Row copies (packed head gather) and random fills.
-
-__global__ void k_copy_rows(const uint8_t* from, size_t from_stride, const int32_t* src_ids,
-                            const int32_t* dst_slots, size_t row_bytes, uint8_t* to, size_t to_stride) {
-  const uint8_t* src = from + size_t(src_ids[blockIdx.x]) * from_stride;
-  uint8_t* dst = to + size_t(dst_slots[blockIdx.x]) * to_stride;
-  if (row_bytes % 16 == 0 && from_stride % 16 == 0 && to_stride % 16 == 0) {
-    for (size_t o = threadIdx.x * 16; o < row_bytes; o += blockDim.x * 16)
-      *reinterpret_cast<uint4*>(dst + o) = *reinterpret_cast<const uint4*>(src + o);
-  } else {
-    for (size_t o = threadIdx.x; o < row_bytes; o += blockDim.x) dst[o] = src[o];
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Dynamic draft vocabulary: window_state.h's functions in one thread, the gather in parallel.
+// Dynamic draft vocabulary (window_state.h's functions in one thread, the packed head's gather in
+// parallel), then random fills.
 
 __global__ void k_vocab_begin(DraftVocabState* st, const int32_t* prompt, int32_t n_prompt,
                               const int32_t* prompt_top, int32_t k, int32_t use_k) {
@@ -1004,9 +990,10 @@ __global__ void k_vocab_step(DraftVocabState* st, const int32_t* tree, int32_t n
   vocab_state_step(*st, tree, n_tree, tops, n_top);
 }
 
-__global__ void k_gather_packed_rows(const uint8_t* full, size_t stride, const DraftVocabState* st, uint8_t* rows) {
-  if (int32_t(blockIdx.x) >= st->slots.n_copies) return;
-  const RowCopy c = st->slots.copies[blockIdx.x];
+__global__ void k_gather_packed_rows(const uint8_t* full, size_t stride, const RowCopy* copies, const int32_t* n_copies,
+                                     uint8_t* rows) {
+  if (int32_t(blockIdx.x) >= *n_copies) return;
+  const RowCopy c = copies[blockIdx.x];
   const uint8_t* src = c.src >= 0 ? full + size_t(c.src) * stride : rows + size_t(-c.src - 1) * stride;
   uint8_t* dst = rows + size_t(c.dst) * stride;
   if (stride % 16 == 0) {
@@ -1017,15 +1004,16 @@ __global__ void k_gather_packed_rows(const uint8_t* full, size_t stride, const D
   }
 }
 
-__global__ void k_packed_argmax(const float* logits, int64_t ld, const DraftVocabState* st, int32_t* out) {
+__global__ void k_packed_argmax(const float* logits, int64_t ld, const int32_t* n_rows, const int32_t* token_of_slot,
+                                int32_t* out) {
   const float* row = logits + int64_t(blockIdx.x) * ld;
-  const int32_t n = st->slots.n_rows;
+  const int32_t n = *n_rows;
   float bv = 0.0f;
   int64_t bi = -1;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
     if (better(row[i], i, bv, bi)) bv = row[i], bi = i;
   block_best(bv, bi);
-  if (threadIdx.x == 0) out[blockIdx.x] = bi >= 0 ? st->slots.token_of_slot[bi] : -1;
+  if (threadIdx.x == 0) out[blockIdx.x] = bi >= 0 ? token_of_slot[bi] : -1;
 }
 
 __device__ __forceinline__ float hash_uniform(uint64_t seed, uint64_t i) {
@@ -1239,14 +1227,6 @@ void top_k(const float* x, int64_t n, int32_t k, int32_t* ids, float* values, cu
   MS_CUDA_LAUNCH();
 }
 
-void copy_rows(const DeviceMatrix& from, const int32_t* src_ids, const int32_t* dst_slots, int32_t n, uint8_t* to,
-               size_t to_stride, cudaStream_t stream) {
-  if (n == 0) return;
-  k_copy_rows<<<unsigned(n), 128, 0, stream>>>(from.data, from.row_stride, src_ids, dst_slots, from.row_stride, to,
-                                               to_stride);
-  MS_CUDA_LAUNCH();
-}
-
 void vocab_begin(DraftVocabState* st, const int32_t* prompt, int32_t n_prompt, const int32_t* prompt_top, int32_t k,
                  int32_t use_k, cudaStream_t stream) {
   if (n_prompt < 0 || use_k < 0 || use_k > k) throw Error("cuda vocab_begin: bad prompt sizes");
@@ -1261,17 +1241,17 @@ void vocab_step(DraftVocabState* st, const int32_t* tree, int32_t n_tree, const 
   MS_CUDA_LAUNCH();
 }
 
-void gather_packed_rows(const DeviceMatrix& full, const DraftVocabState* st, int32_t max_copies, uint8_t* rows,
-                        cudaStream_t stream) {
+void gather_packed_rows(const DeviceMatrix& full, const RowCopy* copies, const int32_t* n_copies, int32_t max_copies,
+                        uint8_t* rows, cudaStream_t stream) {
   if (max_copies <= 0) return;
-  k_gather_packed_rows<<<unsigned(max_copies), 128, 0, stream>>>(full.data, full.row_stride, st, rows);
+  k_gather_packed_rows<<<unsigned(max_copies), 128, 0, stream>>>(full.data, full.row_stride, copies, n_copies, rows);
   MS_CUDA_LAUNCH();
 }
 
-void packed_argmax(const float* logits, int64_t ld, int32_t n_out, const DraftVocabState* st, int32_t* out,
-                   cudaStream_t stream) {
+void packed_argmax(const float* logits, int64_t ld, int32_t n_out, const int32_t* n_rows, const int32_t* token_of_slot,
+                   int32_t* out, cudaStream_t stream) {
   if (n_out <= 0) return;
-  k_packed_argmax<<<unsigned(n_out), kSelectThreads, 0, stream>>>(logits, ld, st, out);
+  k_packed_argmax<<<unsigned(n_out), kSelectThreads, 0, stream>>>(logits, ld, n_rows, token_of_slot, out);
   MS_CUDA_LAUNCH();
 }
 

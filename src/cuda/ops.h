@@ -157,11 +157,6 @@ void argmax_rows(const float* x, int32_t n_rows, int64_t n, int32_t* out, uint64
 // k <= 64.
 void top_k(const float* x, int64_t n, int32_t k, int32_t* ids, float* values, cudaStream_t stream);
 
-// Copies rows src_ids[j] of `from` into rows dst_slots[j] of `to` (same format and width): the
-// gather of newly entered vocabulary rows into a packed LM head.
-void copy_rows(const DeviceMatrix& from, const int32_t* src_ids, const int32_t* dst_slots, int32_t n,
-               uint8_t* to, size_t to_stride, cudaStream_t stream);
-
 // MicroSpec's dynamic draft vocabulary on the device: a DraftVocabState (vocab/window_state.h, the
 // CPU's algorithm, shared) whose struct and arrays are in device memory. One device thread advances
 // it per step (O(tokens appended)), so the host never waits for the window or the slot map.
@@ -171,14 +166,16 @@ void vocab_begin(DraftVocabState* st, const int32_t* prompt, int32_t n_prompt, c
 // vocab_state_step in one device thread.
 void vocab_step(DraftVocabState* st, const int32_t* tree, int32_t n_tree, const int32_t* tops, int32_t n_top,
                 cudaStream_t stream);
-// Runs the last update's row copies (st->slots.copies[0, n_copies), at most max_copies) into the
-// packed rows, all at once (no copy of an update reads a row another writes).
-void gather_packed_rows(const DeviceMatrix& full, const DraftVocabState* st, int32_t max_copies, uint8_t* rows,
-                        cudaStream_t stream);
-// out[r] = the token of the best of the first st->slots.n_rows values of logits row r (row r at
+// The gather into a packed LM head: copies[i] for i < *n_copies (device count, at most
+// max_copies, which sizes the grid) from rows of `full` (src >= 0) or of the packed buffer itself
+// (src < 0, as window_state.h's RowCopy says) into packed rows, all at once: no copy of one update
+// reads a row another writes.
+void gather_packed_rows(const DeviceMatrix& full, const RowCopy* copies, const int32_t* n_copies, int32_t max_copies,
+                        uint8_t* rows, cudaStream_t stream);
+// out[r] = token_of_slot[the best of the first *n_rows values of logits row r] (row r at
 // logits + r * ld; value descending, then slot ascending, NaN never wins), -1 if none.
-void packed_argmax(const float* logits, int64_t ld, int32_t n_out, const DraftVocabState* st, int32_t* out,
-                   cudaStream_t stream);
+void packed_argmax(const float* logits, int64_t ld, int32_t n_out, const int32_t* n_rows, const int32_t* token_of_slot,
+                   int32_t* out, cudaStream_t stream);
 
 // Fills n values of a 16-bit float type (BF16 or F16) with uniform(-scale, scale) from a hash of
 // (seed, index): random weights made on the device for benchmarks.

@@ -1,6 +1,7 @@
 #include "cuda/packed_head.h"
 
 #include <string>
+#include <vector>
 
 #include "cuda/cuda_check.h"
 #include "util/error.h"
@@ -22,46 +23,49 @@ DevicePackedHead::DevicePackedHead(const DeviceMatrix& full, int32_t capacity, c
   MS_CUDA(cudaEventCreateWithFlags(&gathered_, cudaEventDisableTiming));
   MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&rows_), full.row_stride * size_t(capacity)));
   MS_CUDA(cudaMemsetAsync(rows_, 0, full.row_stride * size_t(capacity), copy_));
-  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_ids_), sizeof(int32_t) * capacity));
-  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_slots_), sizeof(int32_t) * capacity));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_copies_), sizeof(RowCopy) * capacity));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_n_copies_), sizeof(int32_t)));
   MS_CUDA(cudaEventRecord(gathered_, copy_));
 }
 
 DevicePackedHead::~DevicePackedHead() {
   if (copy_) cudaStreamSynchronize(copy_);
   cudaFree(rows_);
-  cudaFree(d_ids_);
-  cudaFree(d_slots_);
+  cudaFree(d_copies_);
+  cudaFree(d_n_copies_);
   if (updated_) cudaEventDestroy(updated_);
   if (gathered_) cudaEventDestroy(gathered_);
   if (own_copy_) cudaStreamDestroy(own_copy_);
+}
+
+void DevicePackedHead::wait_for_gather() { MS_CUDA(cudaStreamWaitEvent(compute_, gathered_, 0)); }
+
+void DevicePackedHead::gather(const RowCopy* copies, const int32_t* n_copies, int32_t max_copies) {
+  if (max_copies < 0 || max_copies > 2 * capacity_)
+    throw Error("packed head: " + std::to_string(max_copies) + " copies for capacity " + std::to_string(capacity_));
+  MS_CUDA(cudaEventRecord(updated_, compute_));
+  MS_CUDA(cudaStreamWaitEvent(copy_, updated_, 0));
+  gather_packed_rows(full_, copies, n_copies, max_copies, rows_, copy_);
+  MS_CUDA(cudaEventRecord(gathered_, copy_));
 }
 
 void DevicePackedHead::enter(std::span<const int32_t> ids, std::span<const int32_t> slots) {
   if (ids.size() != slots.size() || ids.size() > size_t(capacity_))
     throw Error("packed head: " + std::to_string(ids.size()) + " ids for " + std::to_string(slots.size()) +
                 " slots (capacity " + std::to_string(capacity_) + ")");
-  for (size_t j = 0; j < ids.size(); ++j)
+  std::vector<RowCopy> copies(ids.size());
+  for (size_t j = 0; j < ids.size(); ++j) {
     if (ids[j] < 0 || ids[j] >= full_.rows || slots[j] < 0 || slots[j] >= capacity_)
       throw Error("packed head: row " + std::to_string(ids[j]) + " -> slot " + std::to_string(slots[j]) +
                   " out of range");
-  if (ids.empty()) return;
-  const size_t bytes = ids.size() * sizeof(int32_t);
-  MS_CUDA(cudaMemcpyAsync(d_ids_, ids.data(), bytes, cudaMemcpyHostToDevice, copy_));
-  MS_CUDA(cudaMemcpyAsync(d_slots_, slots.data(), bytes, cudaMemcpyHostToDevice, copy_));
-  copy_rows(full_, d_ids_, d_slots_, int32_t(ids.size()), rows_, full_.row_stride, copy_);
-  MS_CUDA(cudaEventRecord(gathered_, copy_));
-}
-
-void DevicePackedHead::wait_for_gather() { MS_CUDA(cudaStreamWaitEvent(compute_, gathered_, 0)); }
-
-void DevicePackedHead::gather(const DraftVocabState* state, int32_t max_copies) {
-  if (max_copies < 0 || max_copies > 2 * capacity_)
-    throw Error("packed head: " + std::to_string(max_copies) + " copies for capacity " + std::to_string(capacity_));
-  MS_CUDA(cudaEventRecord(updated_, compute_));
-  MS_CUDA(cudaStreamWaitEvent(copy_, updated_, 0));
-  gather_packed_rows(full_, state, max_copies, rows_, copy_);
-  MS_CUDA(cudaEventRecord(gathered_, copy_));
+    copies[j] = RowCopy{ids[j], slots[j]};
+  }
+  if (copies.empty()) return;
+  const int32_t n = static_cast<int32_t>(copies.size());
+  // Pageable sources: the runtime stages them before returning.
+  MS_CUDA(cudaMemcpyAsync(d_copies_, copies.data(), copies.size() * sizeof(RowCopy), cudaMemcpyHostToDevice, copy_));
+  MS_CUDA(cudaMemcpyAsync(d_n_copies_, &n, sizeof(n), cudaMemcpyHostToDevice, copy_));
+  gather(d_copies_, d_n_copies_, n);
 }
 
 void DevicePackedHead::logits(const float* hidden, int32_t n, int32_t n_rows, float* logits, int64_t ldl,

@@ -29,14 +29,15 @@ class DevicePackedHead {
   int32_t capacity() const { return capacity_; }
   cudaStream_t copy_stream() const { return copy_; }
 
-  // Enqueues on the copy stream: full-head rows ids[j] into packed slots slots[j] (j < ids.size()).
-  void enter(std::span<const int32_t> ids, std::span<const int32_t> slots);
   // Makes the compute stream wait for the last gather: before an update rewrites the copy list
   // and the slots that gather reads.
   void wait_for_gather();
-  // Enqueues the row copies of the vocabulary's last update (vocab_begin / vocab_step, already
-  // enqueued on the compute stream, after wait_for_gather) on the gather stream, after that update.
-  void gather(const DraftVocabState* state, int32_t max_copies);
+  // Enqueues on the gather stream, after what the compute stream has enqueued so far (e.g. the
+  // vocabulary update that wrote the list): copies[0, *n_copies) (device; at most max_copies) into
+  // the packed rows (ops.h gather_packed_rows).
+  void gather(const RowCopy* copies, const int32_t* n_copies, int32_t max_copies);
+  // The same for a list made on the host: full-head rows ids[j] into packed slots slots[j].
+  void enter(std::span<const int32_t> ids, std::span<const int32_t> slots);
   // logits[t * ldl + j] = dot(packed row j, hidden[t]) for j < n_rows, t < n, on the compute stream
   // after the last gather (event join). scratch: matmul_scratch_bytes(n, n_embd) bytes.
   void logits(const float* hidden, int32_t n, int32_t n_rows, float* logits, int64_t ldl, uint8_t* scratch);
@@ -50,8 +51,8 @@ class DevicePackedHead {
   cudaEvent_t updated_ = nullptr;   // compute stream: the slot update a gather waits for
   cudaEvent_t gathered_ = nullptr;
   uint8_t* rows_ = nullptr;       // [capacity][full.row_stride] packed rows
-  int32_t* d_ids_ = nullptr;      // [capacity] rows being gathered
-  int32_t* d_slots_ = nullptr;    // [capacity] their slots
+  RowCopy* d_copies_ = nullptr;   // [capacity] enter()'s copies
+  int32_t* d_n_copies_ = nullptr; // [1] their count
 };
 
 }  // namespace microspec::cuda

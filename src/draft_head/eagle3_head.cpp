@@ -254,9 +254,7 @@ void Eagle3Head::attention(const Batch& batch, KVCache& kv, const float* q, cons
     for (int64_t task = begin; task < end; ++task) {
       const int32_t i = static_cast<int32_t>(task / n_kv), g = static_cast<int32_t>(task % n_kv);
       const int32_t n_pending = batch.start + i + 1, n_keys = n_past + n_pending;
-      std::memset(seen, 1, size_t(n_past));
-      std::memset(seen + n_past, 0, size_t(n_pending));
-      for (int32_t p = n_pending - 1; p >= 0; p = kv.pending_parent(p)) seen[n_past + p] = 1;
+      kv.visible_keys(n_pending - 1, batch.positions[i], /*window=*/0, n_keys, seen);
 
       const float* q_group = q + (size_t(i) * c.n_head + size_t(g) * group) * hd;  // [group][hd]
       float* out_group = out + (size_t(i) * c.n_head + size_t(g) * group) * hd;    // [group][hd]

@@ -17,6 +17,16 @@ KVCache::KVCache(int32_t n_layer, int32_t n_ctx, int32_t kv_dim)
   parents_.assign(n_ctx, -1);
 }
 
+void KVCache::visible_keys(int32_t pending, int32_t qpos, int32_t window, int32_t n_keys, uint8_t* seen) const {
+  if (window == 0)
+    std::memset(seen, 1, size_t(n_past_));
+  else
+    for (int32_t slot = 0; slot < n_past_; ++slot) seen[slot] = qpos - positions_[slot] < window;
+  std::memset(seen + n_past_, 0, size_t(n_keys - n_past_));
+  for (int32_t p = pending; p >= 0; p = pending_parent(p))
+    seen[n_past_ + p] = window == 0 || qpos - positions_[n_past_ + p] < window;
+}
+
 void KVCache::set_slot_meta(int32_t slot, int32_t position, int32_t parent_pending_index) {
   positions_[slot] = position;
   parents_[slot] = parent_pending_index;

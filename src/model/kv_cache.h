@@ -34,6 +34,12 @@ class KVCache {
   int32_t position(int32_t slot) const { return positions_[slot]; }
   int32_t pending_parent(int32_t pending_index) const { return parents_[n_past_ + pending_index]; }
 
+  // Which keys a query sees: seen[0, n_keys) for the query at pending index `pending` (position
+  // qpos; n_keys > n_past + pending): the committed slots, then of the pending ones itself and its
+  // chain of ancestors (the tree's parent mask); with window > 0 only keys with
+  // qpos - position < window.
+  void visible_keys(int32_t pending, int32_t qpos, int32_t window, int32_t n_keys, uint8_t* seen) const;
+
   // Called by the forward pass for each token it writes.
   void set_slot_meta(int32_t slot, int32_t position, int32_t parent_pending_index);
 

@@ -330,17 +330,8 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
 
       // 1. Which keys each query sees: the committed ones within its window, then of the pending
       // ones itself and its chain of ancestors (within its window too).
-      for (int32_t j = 0; j < nq; ++j) {
-        uint8_t* seen = seen_keys + size_t(j) * n_keys;
-        const int32_t qpos = rows.positions[i0 + j];
-        if (window == 0)
-          std::memset(seen, 1, size_t(n_past));
-        else
-          for (int32_t slot = 0; slot < n_past; ++slot) seen[slot] = qpos - kv.position(slot) < window;
-        std::memset(seen + n_past, 0, size_t(n_pending));
-        for (int32_t p = pending0 + j; p >= 0; p = kv.pending_parent(p))
-          seen[n_past + p] = window == 0 || qpos - kv.position(n_past + p) < window;
-      }
+      for (int32_t j = 0; j < nq; ++j)
+        kv.visible_keys(pending0 + j, rows.positions[i0 + j], window, n_keys, seen_keys + size_t(j) * n_keys);
       // Keys before the first one some query sees are left out (they weigh nothing for anyone).
       int32_t first = n_keys;
       for (int32_t j = 0; j < nq; ++j) {

@@ -37,6 +37,7 @@ struct CandidateStreamParams {
   Source source = Source::Both;
   KverRows kver_rows = KverRows::Accepted;
 
+  bool operator==(const CandidateStreamParams&) const = default;
   // "ctx", "ext" or "both"; throws Error otherwise.
   static Source parse_source(const std::string& name);
   // Target top tokens per prompt position that begin() consumes (0 for Source::Ext).
@@ -70,7 +71,7 @@ class CandidateStream {
   VocabWindow window_;
   std::vector<uint32_t> stamp_;  // [n_vocab] last append group a token was appended in
   StreamStamps stamps_;          // over stamp_ (window_state.h)
-  std::vector<int32_t> top_;     // [k_ver] scratch
+  std::vector<int32_t> tops_;    // [verification rows][k_ver] scratch of a step (grows to the most rows)
 };
 
 }  // namespace microspec

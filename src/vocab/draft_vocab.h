@@ -31,6 +31,7 @@ struct DraftTree;
 struct DynamicVocabParams {
   CandidateStreamParams stream;
   bool async_gather = true;  // copy new rows on a helper thread (false: inside accepted())
+  bool operator==(const DynamicVocabParams&) const = default;
 };
 
 class DraftVocabulary {

@@ -34,23 +34,19 @@ int32_t VocabWindow::capacity() const {
   return static_cast<int32_t>(std::min<int64_t>(int64_t(state_.w_max) + n_pinned_, n_vocab()));
 }
 
-void VocabWindow::prepare_push(int32_t token) {
-  if (token < 0 || token >= n_vocab())
-    throw Error("vocabulary window: token " + std::to_string(token) + " is outside the vocabulary");
-  if (state_.entries == static_cast<int32_t>(ring_.size()) && state_.entries < state_.w_max) {
-    ring_.resize(std::min<size_t>(ring_.size() * 2, size_t(state_.w_max)));
+WindowState& VocabWindow::state_for_appends(int64_t n) {
+  const int64_t need = std::min<int64_t>(int64_t(state_.entries) + n, state_.w_max);
+  if (need > int64_t(ring_.size())) {
+    ring_.resize(size_t(std::max<int64_t>(need, std::min<int64_t>(2 * int64_t(ring_.size()), state_.w_max))));
     state_.ring = ring_.data();
   }
+  return state_;
 }
 
 void VocabWindow::push(int32_t token) {
-  prepare_push(token);
-  window_push(state_, token);
-}
-
-void VocabWindow::push_once(StreamStamps& stamps, int32_t token) {
-  prepare_push(token);
-  stream_push_once(stamps, state_, token);
+  if (token < 0 || token >= n_vocab())
+    throw Error("vocabulary window: token " + std::to_string(token) + " is outside the vocabulary");
+  window_push(state_for_appends(1), token);
 }
 
 void VocabWindow::clear() { window_clear(state_); }

@@ -32,8 +32,9 @@ class VocabWindow {
 
   // Appends one token to S (evicting the oldest entry when the window is full).
   void push(int32_t token);
-  // Appends it unless `stamps`' current group has appended it already (CandidateStream's groups).
-  void push_once(StreamStamps& stamps, int32_t token);
+  // Grows the ring so that n more appends fit, then the state for window_state.h's functions
+  // (CandidateStream appends through them).
+  WindowState& state_for_appends(int64_t n);
   // Empties the stream (pinned tokens stay). O(entries in the window): once per generation.
   void clear();
   // Net membership changes since the last call (or construction: the pinned tokens enter then).
@@ -52,8 +53,6 @@ class VocabWindow {
   std::vector<int32_t> active_tokens() const;
 
  private:
-  void prepare_push(int32_t token);  // checks the id, grows the ring for one more entry
-
   // The arrays behind state_ (window_state.h has the algorithm, shared with the CUDA backend).
   int32_t n_pinned_ = 0;
   std::vector<int32_t> count_;         // [n_vocab] window entries holding the token (+1 if pinned)

@@ -11,8 +11,8 @@
 //   StreamStamps  "append each token at most once per group" (a prompt union or one step);
 //   PackedSlots   which packed LM-head row holds which token, and the row copies an update needs
 //                 (see packed_head.h);
-// and DraftVocabState, the three together, with the candidate stream's begin and step as the
-// device runs them (candidate_stream.h has the rules).
+// the candidate stream's begin and step over the first two (candidate_stream.h has the rules), and
+// DraftVocabState, the three together, advanced as the device runs it.
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -203,33 +203,44 @@ MS_HOST_DEVICE inline void vocab_state_apply_changes(DraftVocabState& s) {
   packed_update(s.slots, s.left, n_left, s.entered, n_entered);
 }
 
-// CandidateStream::begin then the changes: the window emptied, prompt[0, n_prompt) appended as
-// written, then, as one group, prompt_top[p * k + j] for j < use_k (ids outside the vocabulary
-// skipped). Source ext passes n_prompt = use_k = 0.
+// CandidateStream::begin on the window: emptied, prompt[0, n_prompt) appended as written, then,
+// as one group, prompt_top[p * k + j] for j < use_k (ids outside the vocabulary skipped). Source
+// ext passes n_prompt = use_k = 0. The ring must have room for every append.
+MS_HOST_DEVICE inline void stream_begin(WindowState& w, StreamStamps& s, const int32_t* prompt, int32_t n_prompt,
+                                        const int32_t* prompt_top, int32_t k, int32_t use_k) {
+  window_clear(w);
+  for (int32_t i = 0; i < n_prompt; ++i) window_push(w, prompt[i]);
+  if (use_k <= 0) return;
+  stamps_next_group(s);
+  for (int32_t p = 0; p < n_prompt; ++p)
+    for (int32_t j = 0; j < use_k; ++j) {
+      const int32_t t = prompt_top[int64_t(p) * k + j];
+      if (t >= 0 && t < w.n_vocab) stream_push_once(s, w, t);
+    }
+}
+
+// CandidateStream::step on the window: one group of tree[0, n_tree), then tops[0, n_top) (the
+// target's top K_ver of each verification row, row after row; ids outside the vocabulary skipped).
+MS_HOST_DEVICE inline void stream_step(WindowState& w, StreamStamps& s, const int32_t* tree, int32_t n_tree,
+                                       const int32_t* tops, int32_t n_top) {
+  stamps_next_group(s);
+  for (int32_t i = 0; i < n_tree; ++i)
+    if (tree[i] >= 0 && tree[i] < w.n_vocab) stream_push_once(s, w, tree[i]);
+  for (int32_t i = 0; i < n_top; ++i)
+    if (tops[i] >= 0 && tops[i] < w.n_vocab) stream_push_once(s, w, tops[i]);
+}
+
+// stream_begin, then the window's changes into the packed slots.
 MS_HOST_DEVICE inline void vocab_state_begin(DraftVocabState& s, const int32_t* prompt, int32_t n_prompt,
                                              const int32_t* prompt_top, int32_t k, int32_t use_k) {
-  window_clear(s.window);
-  for (int32_t i = 0; i < n_prompt; ++i) window_push(s.window, prompt[i]);
-  if (use_k > 0) {
-    stamps_next_group(s.stamps);
-    for (int32_t p = 0; p < n_prompt; ++p)
-      for (int32_t j = 0; j < use_k; ++j) {
-        const int32_t t = prompt_top[int64_t(p) * k + j];
-        if (t >= 0 && t < s.window.n_vocab) stream_push_once(s.stamps, s.window, t);
-      }
-  }
+  stream_begin(s.window, s.stamps, prompt, n_prompt, prompt_top, k, use_k);
   vocab_state_apply_changes(s);
 }
 
-// CandidateStream::step then the changes: one group of tree[0, n_tree), then tops[0, n_top) (the
-// target's top K_ver of each verification row, row after row; ids outside the vocabulary skipped).
+// stream_step, then the window's changes into the packed slots.
 MS_HOST_DEVICE inline void vocab_state_step(DraftVocabState& s, const int32_t* tree, int32_t n_tree,
                                             const int32_t* tops, int32_t n_top) {
-  stamps_next_group(s.stamps);
-  for (int32_t i = 0; i < n_tree; ++i)
-    if (tree[i] >= 0 && tree[i] < s.window.n_vocab) stream_push_once(s.stamps, s.window, tree[i]);
-  for (int32_t i = 0; i < n_top; ++i)
-    if (tops[i] >= 0 && tops[i] < s.window.n_vocab) stream_push_once(s.stamps, s.window, tops[i]);
+  stream_step(s.window, s.stamps, tree, n_tree, tops, n_top);
   vocab_state_apply_changes(s);
 }
 
