@@ -4,7 +4,8 @@
 // decoder layer on 10 rows (the EAGLE-layer analogue), a 60-token verification forward, and the
 // draft / whole step composed from those as the cost model does (depth 5, 10 rows); then
 // MicroSpec's vocabulary on the device (a step's update, the packed draft head) and the device's
-// self-draft chain end to end with the full and the dynamic vocabulary.
+// self-draft chain end to end (device-resident) with the full and the dynamic vocabulary, CUDA
+// graphs on and off.
 //
 //   bench_cuda [--layers N] [--steps N] [--reps N] [--profile-steps N]
 // --profile-steps N: only a prompt and N decode steps (graphs off) between cudaProfilerStart/Stop,
@@ -185,44 +186,58 @@ int run(int argc, char** argv) {
   for (size_t i = 0; i < host_ids.size(); ++i) host_ids[i] = int32_t((int64_t(i) * 2654435761LL) % cfg.n_vocab);
   MS_CUDA(cudaMemcpy(vocab.prompt_top(), host_ids.data(), prompt.size() * 3 * 4, cudaMemcpyHostToDevice));
   int32_t *tree_ids = nullptr, *best = nullptr;
+  VocabUpdate* update = nullptr;
   MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&tree_ids), host_ids.size() * 4));
   MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&best), 10 * 4));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&update), sizeof(VocabUpdate)));
   MS_CUDA(cudaMemcpy(tree_ids, host_ids.data(), host_ids.size() * 4, cudaMemcpyHostToDevice));
+  const VocabUpdate six_rows{.n_tree = 60, .first_row = 0, .n_rows = 6};
+  MS_CUDA(cudaMemcpy(update, &six_rows, sizeof(six_rows), cudaMemcpyHostToDevice));
   vocab.begin(int32_t(prompt.size()));
   fill_random_f32(logits, 6 * int64_t(cfg.n_vocab), 0.0f, 1.0f, 11, s);
-  const std::vector<int32_t> ver_rows = {0, 1, 2, 3, 4, 5};
   int32_t round = 0;
   const double vocab_step = time_ms(s, reps, [&] {
-    vocab.step(tree_ids + size_t(round++ % 4096) * 60, 60, logits, ver_rows);
+    vocab.step(tree_ids + size_t(round++ % 4096) * 60, logits, update, 60, 6);
     vocab.logits(hidden, 1, scratch);  // joins the gather
   });
   const double dyn_head10 = time_ms(s, reps, [&] {
     vocab.logits(hidden, 10, scratch);
-    vocab.argmax(10, best);
+    vocab.argmax(10, /*if_empty=*/-1, best);
   });
   cudaFree(tree_ids);
   cudaFree(best);
+  cudaFree(update);
 
   // The device's self-draft chain end to end (4 of the layers draft a chain of 5, one forward of
-  // all layers verifies it), full vocabulary against MicroSpec's: milliseconds per step. Random
-  // weights accept almost nothing, so a step is one chain drafted and verified.
-  auto chain_ms = [&](bool dynamic) {
+  // all layers verifies it; the step resident on the device), full vocabulary against MicroSpec's,
+  // graphs on and off: milliseconds per step, from two generation lengths (the difference drops
+  // the prefill). Random weights accept almost nothing, so a step is one chain drafted and verified.
+  auto chain_ms = [&](bool dynamic, Graphs graphs) {
     SpecChainOptions so;
-    so.n_predict = 48;
     so.draft_layers = std::min(4, cfg.n_layer);
     so.depth = 5;
+    so.graphs = graphs;
+    so.sync_every = 8;
     if (dynamic) so.dynamic_vocab = DynamicVocabParams{};
-    std::vector<double> per_step;
-    for (int r = 0; r < 3; ++r) {
+    auto run_ms = [&](int32_t n_predict, int32_t& steps) {
+      so.n_predict = n_predict;
       SpecChainStats st;
       const auto t0 = std::chrono::steady_clock::now();
       model->generate_speculative(prompt, so, &st);
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      per_step.push_back(ms / std::max(st.steps, 1));
+      steps = st.steps;
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    };
+    int32_t steps_short = 0, steps_long = 0;
+    run_ms(16, steps_short);  // warm-up (and graph capture)
+    std::vector<double> per_step;
+    for (int r = 0; r < 3; ++r) {
+      const double short_ms = run_ms(16, steps_short), long_ms = run_ms(80, steps_long);
+      per_step.push_back((long_ms - short_ms) / std::max(steps_long - steps_short, 1));
     }
     return median(per_step);
   };
-  const double chain_full = chain_ms(false), chain_dynamic = chain_ms(true);
+  const double chain_full = chain_ms(false, Graphs::On), chain_dynamic = chain_ms(true, Graphs::On);
+  const double chain_full_eager = chain_ms(false, Graphs::Off), chain_dynamic_eager = chain_ms(true, Graphs::Off);
 
   const double draft_full = 5 * (layer10 + full10), draft_32k = 5 * (layer10 + p32k), draft_3k = 5 * (layer10 + p3k);
   std::printf("\n| measurement | microspec CUDA | issue's table (PyTorch + graphs) |\n|---|---|---|\n");
@@ -244,8 +259,9 @@ int run(int argc, char** argv) {
               vocab_step);
   std::printf("| dynamic vocabulary: draft head over 3,072 packed slots + argmax, 10 rows | %.3f ms | 0.033 ms (3k head) |\n",
               dyn_head10);
-  std::printf("| self-draft chain step (4 layers draft 5 tokens, host-driven, incl. prefill): full / dynamic vocabulary | %.2f / %.2f ms | - |\n",
+  std::printf("| self-draft chain step (4 layers draft 5 tokens, all verify; device-resident), CUDA graphs on: full / dynamic vocabulary | %.2f / %.2f ms | - |\n",
               chain_full, chain_dynamic);
+  std::printf("| the same, CUDA graphs off | %.2f / %.2f ms | - |\n", chain_full_eager, chain_dynamic_eager);
   cudaFree(hidden);
   cudaFree(logits);
   cudaFree(scratch);

@@ -2,7 +2,8 @@
 # The CUDA backend's check on a GPU machine, in one call of a few minutes: the CUDA-vs-CPU tests
 # (every device kernel against its CPU oracle; tiny generated models of every weight type: tree
 # forwards, KV compaction, packed head gather, the dynamic vocabulary's state against the CPU's,
-# greedy tokens equal to the CPU's), the CLI on SmolLM2 when it is staged under models/ (plain and
+# greedy tokens equal to the CPU's, the device-resident speculative step with and without its CUDA
+# graph equal to plain greedy decoding), the CLI on SmolLM2 when it is staged under models/ (plain and
 # self-drafted with the full and the dynamic vocabulary: the same text), then the benchmark on a
 # Llama-3-8B-shaped model whose random BF16 weights are made in device memory.
 #

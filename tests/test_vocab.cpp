@@ -26,6 +26,7 @@
 #include "vocab/packed_head.h"
 #include "vocab/vocab_window.h"
 #include "vocab/window_state.h"
+#include "host_vocab_state.h"
 
 namespace microspec {
 namespace {
@@ -438,20 +439,10 @@ TEST(DraftVocabState, BeginAndStepEqualTheCpuStreamAndPackedHead) {
     }();
     CandidateStream cpu(kVocab, params);
     PackedHead cpu_head(head.m, cpu.window().capacity(), false);
-    const int32_t cap = cpu.window().capacity();
-    std::vector<int32_t> count(kVocab, 0), touched(kVocab), ring(size_t(params.w_max)), slot_of(kVocab, -1);
-    std::vector<uint8_t> touched_flag(kVocab, 0);
-    std::vector<uint32_t> stamp(kVocab, 0);
-    const size_t ucap = static_cast<size_t>(cap);
-    std::vector<int32_t> token_of_slot(ucap, -1), holes(ucap), entered_s(ucap), left_s(ucap);
-    std::vector<int32_t> source_of_slot(ucap, PackedSlots::kNoSource);
-    std::vector<RowCopy> copies(2 * ucap);
-    DraftVocabState st;
-    st.window = WindowState{count.data(), touched_flag.data(), touched.data(), ring.data(), kVocab, params.w_max};
-    st.stamps = StreamStamps{stamp.data(), kVocab, 0};
-    st.slots = PackedSlots{slot_of.data(), token_of_slot.data(), holes.data(), source_of_slot.data(), copies.data(), cap, 0, 0};
-    st.entered = entered_s.data();
-    st.left = left_s.data();
+    test::HostDraftVocabState host(kVocab, params.w_max, cpu.window().capacity());
+    DraftVocabState& st = host.st;
+    const std::vector<int32_t>& count = host.count;
+    const std::vector<int32_t>& token_of_slot = host.token_of_slot;
     Ids entered, left;
     auto expect_same = [&](const std::string& when) {
       cpu.window().take_changes(entered, left);

@@ -25,7 +25,8 @@ void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, co
   cuda::CudaModelOptions opt;
   opt.n_ctx = args.n_ctx;
   opt.n_batch = args.n_batch;
-  opt.max_generate = args.n_predict + 1;
+  // Room for the last speculative step's whole chain past n_predict (its extra tokens are dropped).
+  opt.max_generate = args.n_predict + 1 + std::max(args.spec_chain, 0);
   auto model = cuda::CudaModel::load(*m.file, opt);
   std::unique_ptr<GgufFile> draft_file;
   std::unique_ptr<cuda::CudaModel> draft_model;

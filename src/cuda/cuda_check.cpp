@@ -1,5 +1,7 @@
 #include "cuda/cuda_check.h"
 
+#include <algorithm>
+
 #include "util/error.h"
 
 namespace microspec::cuda {
@@ -26,6 +28,17 @@ std::string device_description() {
   return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
          std::to_string(p.multiProcessorCount) + " SMs, " +
          std::to_string(p.totalGlobalMem >> 30) + " GiB)";
+}
+
+DeviceAllocations::~DeviceAllocations() {
+  for (void* p : blocks_) cudaFree(p);
+}
+
+void* DeviceAllocations::alloc(size_t bytes) {
+  void* p = nullptr;
+  MS_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+  blocks_.push_back(p);
+  return p;
 }
 
 }  // namespace microspec::cuda

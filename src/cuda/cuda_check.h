@@ -2,7 +2,9 @@
 // Error checking for CUDA runtime calls and the device queries the rest of the backend needs.
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <string>
+#include <vector>
 
 namespace microspec::cuda {
 
@@ -13,6 +15,22 @@ void check(cudaError_t e, const char* what, const char* file, int line);
 bool device_available();
 // "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)" for device 0; throws when there is none.
 std::string device_description();
+
+// Device allocations owned together and freed together (also when the owner's constructor throws
+// halfway: a member of this type is destroyed with what it holds). The owner synchronizes the
+// streams that use them before they go.
+class DeviceAllocations {
+ public:
+  DeviceAllocations() = default;
+  ~DeviceAllocations();
+  DeviceAllocations(const DeviceAllocations&) = delete;
+  DeviceAllocations& operator=(const DeviceAllocations&) = delete;
+  // cudaMalloc of max(bytes, 16) bytes, kept until destruction.
+  void* alloc(size_t bytes);
+
+ private:
+  std::vector<void*> blocks_;
+};
 
 }  // namespace microspec::cuda
 

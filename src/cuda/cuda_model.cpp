@@ -70,6 +70,7 @@ CudaModel::~CudaModel() {
   draft_vocab_.reset();  // it runs on stream_ and reads output_
   if (stream_) cudaStreamSynchronize(stream_);
   if (decode_graph_) cudaGraphExecDestroy(decode_graph_);
+  if (chain_graph_) cudaGraphExecDestroy(chain_graph_);
   for (void* p : allocations_) cudaFree(p);
   if (ev_start_) cudaEventDestroy(ev_start_);
   if (ev_stop_) cudaEventDestroy(ev_stop_);
@@ -226,7 +227,7 @@ void CudaModel::allocate_buffers() {
   residual_ = floats(B * d);
   hidden_ = floats(B * d);
   logits_ = floats(B * c.n_vocab);
-  top_values_ = floats(64);
+  top_values_ = floats(B * 64);
   const int64_t widest = std::max<int64_t>({c.n_embd, c.n_ff, c.q_dim()});
   act_scratch_ = static_cast<uint8_t*>(alloc(matmul_scratch_bytes(int64_t(B), widest)));
   d_tokens_ = ints(B);
@@ -238,6 +239,8 @@ void CudaModel::allocate_buffers() {
   d_counter_ = ints(1);
   d_argmax_scratch_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * B));
   d_argmax_out_ = ints(B);
+  d_update_ = static_cast<VocabUpdate*>(alloc(sizeof(VocabUpdate)));
+  d_totals_ = static_cast<ChainTotals*>(alloc(sizeof(ChainTotals)));
 
   kv_.n_layer = c.n_layer;
   kv_.n_ctx = options_.n_ctx;
@@ -253,8 +256,8 @@ void CudaModel::allocate_buffers() {
   MS_CUDA(cudaStreamSynchronize(stream_));
 }
 
-DeviceBatch CudaModel::device_batch(int32_t n, int32_t start) const {
-  return DeviceBatch{d_tokens_, d_positions_, d_parents_, n, start};
+DeviceBatch CudaModel::device_batch(int32_t offset, int32_t n, int32_t start) const {
+  return DeviceBatch{d_tokens_ + offset, d_positions_ + offset, d_parents_ + offset, n, start};
 }
 
 DecodeState CudaModel::decode_state() const {
@@ -290,7 +293,7 @@ void CudaModel::forward(const HostBatch& b, const ForwardOptions& options) {
   if (n_out > 0)
     MS_CUDA(cudaMemcpyAsync(d_out_rows_, b.output_rows.data(), n_out * sizeof(int32_t), cudaMemcpyHostToDevice,
                             stream_));
-  enqueue_forward(n, b.start, n_out, options);
+  enqueue_forward(device_batch(0, n, b.start), n_out, options);
 }
 
 void CudaModel::project(const Projection& p, const float* x, int32_t n, float* y, int64_t ldy) {
@@ -302,11 +305,10 @@ void CudaModel::project(const Projection& p, const float* x, int32_t n, float* y
   }
 }
 
-void CudaModel::enqueue_layer(const Layer& L, int32_t il, int32_t n, int32_t start) {
+void CudaModel::enqueue_layer(const Layer& L, int32_t il, const DeviceBatch& batch) {
   const ModelConfig& c = config_;
-  const int32_t d = c.n_embd, hd = c.head_dim;
+  const int32_t d = c.n_embd, hd = c.head_dim, n = batch.n;
   const bool gemma = c.arch == Arch::Gemma3;
-  const DeviceBatch batch = device_batch(n, start);
   float* q = qkv_;
   float* k = qkv_ + c.q_dim();
 
@@ -347,12 +349,12 @@ void CudaModel::enqueue_layer(const Layer& L, int32_t il, int32_t n, int32_t sta
   }
 }
 
-void CudaModel::enqueue_forward(int32_t n, int32_t start, int32_t n_out, const ForwardOptions& options) {
+void CudaModel::enqueue_forward(const DeviceBatch& batch, int32_t n_out, const ForwardOptions& options) {
   const ModelConfig& c = config_;
   const int32_t n_layers = options.end_layer < 0 || options.end_layer > c.n_layer ? c.n_layer : options.end_layer;
-  set_slot_meta(kv_, device_batch(n, start), stream_);
-  gather_rows_f32(token_embd_, d_tokens_, n, c.embed_scale, x_, stream_);
-  for (int32_t il = 0; il < n_layers; ++il) enqueue_layer(layers_[il], il, n, start);
+  set_slot_meta(kv_, batch, stream_);
+  gather_rows_f32(token_embd_, batch.tokens, batch.n, c.embed_scale, x_, stream_);
+  for (int32_t il = 0; il < n_layers; ++il) enqueue_layer(layers_[il], il, batch);
   select_rows(x_, c.n_embd, d_out_rows_, n_out, residual_, stream_);
   rms_norm(residual_, hidden_, RowGroups{n_out, 1, c.n_embd}, c.n_embd, output_norm_, c.rms_eps, stream_);
   if (options.logits)
@@ -391,26 +393,27 @@ void CudaModel::truncate(int32_t n) {
 }
 
 void CudaModel::enqueue_decode_step() {
-  enqueue_forward(1, 0, 1, {.logits = true});
+  enqueue_forward(device_batch(0, 1, 0), 1, {.logits = true});
   argmax_rows(logits_, 1, config_.n_vocab, d_tokens_, d_argmax_scratch_, stream_);
   decode_advance(kv_, decode_state(), stream_);
 }
 
-void CudaModel::capture_decode_graph() {
-  if (decode_graph_) return;
+cudaGraphExec_t CudaModel::capture(const std::function<void()>& enqueue) {
   cudaGraph_t graph = nullptr;
   MS_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
-    enqueue_decode_step();
+    enqueue();
   } catch (...) {
     cudaStreamEndCapture(stream_, &graph);
     if (graph) cudaGraphDestroy(graph);
     throw;
   }
   MS_CUDA(cudaStreamEndCapture(stream_, &graph));
-  const cudaError_t e = cudaGraphInstantiate(&decode_graph_, graph, 0);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   MS_CUDA(e);
+  return exec;
 }
 
 void CudaModel::prefill_for_decode(std::span<const int32_t> prompt) { prefill_for_decode(prompt, PromptCandidates{}); }
@@ -440,9 +443,9 @@ void CudaModel::prefill_for_decode(std::span<const int32_t> prompt, const Prompt
     for (int32_t i = k > 0 ? 0 : n - 1; i < n && (k > 0 || last); ++i) out_rows.push_back(i);
     forward(HostBatch{prompt.subspan(p0, n), positions, parents, out_rows, 0}, {.logits = !out_rows.empty()});
     commit_prefix(n);
-    for (int32_t i = 0; i < n && k > 0; ++i)
-      top_k(logits_ + int64_t(i) * config_.n_vocab, config_.n_vocab, k, candidates.prompt_top + int64_t(p0 + i) * k,
-            top_values_, stream_);
+    if (k > 0)
+      top_k_rows(logits_, config_.n_vocab, config_.n_vocab, RowRange{.max_rows = n}, k,
+                 candidates.prompt_top + int64_t(p0) * k, top_values_, stream_);
     if (last) {
       const float* row = logits_ + int64_t(out_rows.size() - 1) * config_.n_vocab;
       argmax_rows(row, 1, config_.n_vocab, d_tokens_, d_argmax_scratch_, stream_);
@@ -452,42 +455,54 @@ void CudaModel::prefill_for_decode(std::span<const int32_t> prompt, const Prompt
   }
 }
 
-std::vector<int32_t> CudaModel::generate_greedy(std::span<const int32_t> prompt, const GreedyOptions& o,
-                                                const std::function<void(int32_t)>& on_token) {
-  prefill_for_decode(prompt);
-  std::vector<int32_t> ids;
-  int32_t produced = 1;  // the prompt's argmax, in out_ids[0]
-  const int32_t limit = std::min(o.n_predict, options_.max_generate);
-  auto fetch_and_check = [&]() {
-    const size_t old = ids.size();
-    ids.resize(produced);
+bool CudaModel::fetch_emitted(int32_t produced, int32_t limit, const std::vector<int32_t>& stop_ids,
+                              const std::function<void(int32_t)>& on_token, std::vector<int32_t>& ids) {
+  const size_t old = ids.size();
+  if (size_t(produced) > old) {
+    ids.resize(size_t(produced));
     MS_CUDA(cudaMemcpyAsync(ids.data() + old, d_out_ids_ + old, (produced - old) * sizeof(int32_t),
                             cudaMemcpyDeviceToHost, stream_));
-    MS_CUDA(cudaStreamSynchronize(stream_));
-    for (size_t i = old; i < ids.size(); ++i) {
-      if (on_token) on_token(ids[i]);
-      if (std::find(o.stop_ids.begin(), o.stop_ids.end(), ids[i]) != o.stop_ids.end()) {
-        ids.resize(i + 1);
-        return true;
-      }
+  }
+  MS_CUDA(cudaStreamSynchronize(stream_));
+  for (size_t i = old; i < ids.size(); ++i) {
+    if (ids[i] < 0)
+      throw Error("the model's logits were all NaN at generated token " + std::to_string(i) + ": no token to pick");
+    if (on_token) on_token(ids[i]);
+    const bool stop = std::find(stop_ids.begin(), stop_ids.end(), ids[i]) != stop_ids.end();
+    if (stop || int32_t(i) + 1 >= limit) {
+      ids.resize(i + 1);
+      return true;
     }
-    return false;
-  };
-  if (o.n_predict <= 0) return {};
-  if (fetch_and_check()) return ids;
-  if (o.graphs == Graphs::On) capture_decode_graph();
+  }
+  return false;
+}
+
+void CudaModel::decode_until(int32_t limit, const std::vector<int32_t>& stop_ids, Graphs graphs, int32_t sync_every,
+                             const std::function<void(int32_t)>& on_token, std::vector<int32_t>& ids) {
+  int32_t produced = int32_t(ids.size());
+  if (graphs == Graphs::On && !decode_graph_) decode_graph_ = capture([this] { enqueue_decode_step(); });
   while (produced < limit && n_past_ < options_.n_ctx) {
-    const int32_t steps = std::min({std::max(o.sync_every, 1), limit - produced, options_.n_ctx - n_past_});
+    const int32_t steps = std::min({std::max(sync_every, 1), limit - produced, options_.n_ctx - n_past_});
     for (int32_t s = 0; s < steps; ++s) {
-      if (o.graphs == Graphs::On)
+      if (graphs == Graphs::On)
         MS_CUDA(cudaGraphLaunch(decode_graph_, stream_));
       else
         enqueue_decode_step();
     }
     n_past_ += steps;
     produced += steps;
-    if (fetch_and_check()) return ids;
+    if (fetch_emitted(produced, limit, stop_ids, on_token, ids)) return;
   }
+}
+
+std::vector<int32_t> CudaModel::generate_greedy(std::span<const int32_t> prompt, const GreedyOptions& o,
+                                                const std::function<void(int32_t)>& on_token) {
+  prefill_for_decode(prompt);
+  std::vector<int32_t> ids;
+  const int32_t limit = std::min(o.n_predict, options_.max_generate);
+  if (limit <= 0) return ids;
+  if (fetch_emitted(1, limit, o.stop_ids, on_token, ids)) return ids;  // the prompt's argmax, in out_ids[0]
+  decode_until(limit, o.stop_ids, o.graphs, o.sync_every, on_token, ids);
   return ids;
 }
 
@@ -497,6 +512,54 @@ std::vector<int32_t> CudaModel::argmax_to_host(int32_t n_rows) {
   MS_CUDA(cudaMemcpyAsync(ids.data(), d_argmax_out_, n_rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   MS_CUDA(cudaStreamSynchronize(stream_));
   return ids;
+}
+
+ChainState CudaModel::chain_state(const ChainStep& step) const {
+  ChainState s;
+  s.tokens = d_tokens_;
+  s.positions = d_positions_;
+  s.parents = d_parents_;
+  s.output_rows = d_out_rows_;
+  s.pred = d_argmax_out_;
+  s.draft_rows = step.vocab ? step.vocab->device_rows() : nullptr;
+  s.n_past = kv_.n_past;
+  s.out_ids = d_out_ids_;
+  s.counter = d_counter_;
+  s.update = d_update_;
+  s.totals = d_totals_;
+  s.depth = step.depth;
+  s.kver_last_only = step.vocab && step.vocab->params().stream.kver_rows == CandidateStreamParams::KverRows::Last;
+  return s;
+}
+
+// One self-draft step, all on the device, in a fixed sequence of launches (a graph replays it):
+void CudaModel::enqueue_chain_step(const ChainStep& step) {
+  const int32_t depth = step.depth;
+  // 1. The draft vocabulary's update from the previous verification (an empty one after the
+  //    prompt): the chain's drafts and the target's top K_ver at the rows chain_accept chose. Its
+  //    gather runs on the copy stream, overlapping draft 0's backbone.
+  if (step.vocab) {
+    const bool last_only = step.vocab->params().stream.kver_rows == CandidateStreamParams::KverRows::Last;
+    step.vocab->step(d_tokens_ + 1, logits_, d_update_, depth, last_only ? 1 : depth + 1);
+  }
+  // 2. Drafts: the backbone runs batch row d alone (pending slot d), the draft head's argmax is
+  //    row d + 1. An empty draft vocabulary drafts token 0 as a placeholder (chain_accept ignores
+  //    placeholders; the verification is valid whatever the tokens).
+  for (int32_t d = 0; d < depth; ++d) {
+    enqueue_forward(device_batch(d, 1, d), 1, {.logits = step.vocab == nullptr, .end_layer = step.draft_layers});
+    int32_t* next = d_tokens_ + d + 1;
+    if (step.vocab) {
+      step.vocab->logits(hidden_, 1, act_scratch_);
+      step.vocab->argmax(1, /*if_empty=*/0, next);
+    } else {
+      argmax_rows(logits_, 1, config_.n_vocab, next, d_argmax_scratch_, stream_);
+    }
+  }
+  // 3. Verification: every layer over the whole chain, the target's argmax per row.
+  enqueue_forward(device_batch(0, depth + 1, 0), depth + 1, {.logits = true});
+  argmax_rows(logits_, depth + 1, config_.n_vocab, d_argmax_out_, d_argmax_scratch_, stream_);
+  // 4. Acceptance: emit, commit the accepted prefix, lay out the next batch and update.
+  chain_accept(chain_state(step), stream_);
 }
 
 std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> prompt, const SpecChainOptions& o,
@@ -516,19 +579,30 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     throw Error("draft layers " + std::to_string(o.draft_layers) + " outside 1.." + std::to_string(config_.n_layer));
   }
   if (prompt.empty()) throw Error("generate: empty prompt");
+  // Checked here rather than inside a step that a graph captures.
+  if (o.dynamic_vocab && o.depth + 1 > DeviceDraftVocab::kMaxStepRows)
+    throw Error("speculative depth " + std::to_string(o.depth) + ": the dynamic vocabulary takes K_ver from at most " +
+                std::to_string(DeviceDraftVocab::kMaxStepRows) + " verification rows");
   SpecChainStats st;
   std::vector<int32_t> out;
-  if (o.n_predict <= 0) return out;
+  if (o.n_predict <= 0 || options_.max_generate <= 0) {
+    if (stats) *stats = st;
+    return out;
+  }
 
   // The draft LM head over the drafter's rows: MicroSpec's packed ones (state on the device) or the
   // full vocabulary's.
   // Made once and kept by the drafter (its head, its stream) for later generations with the same
-  // settings; begin() restarts it.
+  // settings; begin() restarts it. A step graph captured over a vocabulary goes with it.
   DeviceDraftVocab* vocab = nullptr;
   if (o.dynamic_vocab) {
     const DeviceVocabSizes sizes{.max_prompt = options_.n_ctx, .max_rows = 1};
     std::unique_ptr<DeviceDraftVocab>& kept = drafter.draft_vocab_;
     if (!kept || !kept->made_for(drafter.output_, *o.dynamic_vocab, sizes, drafter.stream_)) {
+      if (kept && drafter.chain_graph_ && drafter.chain_graph_for_.vocab == kept.get()) {
+        cudaGraphExecDestroy(drafter.chain_graph_);
+        drafter.chain_graph_ = nullptr;
+      }
       kept.reset();
       kept = std::make_unique<DeviceDraftVocab>(drafter.output_, *o.dynamic_vocab, sizes, drafter.stream_);
     }
@@ -542,24 +616,76 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   } else {
     prefill_for_decode(prompt);  // leaves the prompt's argmax in d_tokens_[0] and out_ids[0]
   }
-  if (o.draft_model) drafter.prefill_for_decode(prompt);
+  out = o.draft_model ? speculate_with_draft_model(prompt, o, vocab, st) : speculate_resident(o, vocab, st);
+  if (stats) *stats = st;
+  return out;
+}
+
+std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, DeviceDraftVocab* vocab,
+                                                   SpecChainStats& st) {
+  const ChainStep step{o.depth, o.draft_layers, vocab};
+  const int32_t per_step = o.depth + 1;  // most tokens a step emits, and the cache slots its batch takes
+  const int32_t limit = std::min(o.n_predict, options_.max_generate);
+  std::vector<int32_t> ids;
+  chain_begin(chain_state(step), stream_);  // after the prompt's argmax (out_ids[0], the batch's row 0)
+  if (vocab) vocab->wait_for_gather();      // the prompt's gather: a captured step must not wait on it
+  int32_t produced = 1;
+  bool done = fetch_emitted(produced, limit, o.stop_ids, {}, ids);
+  while (!done) {
+    // Steps that fit even if each accepts its whole chain: every step's batch in the context, its
+    // tokens in out_ids.
+    const int32_t room = options_.n_ctx - n_past_;
+    const int32_t fit_ctx = room >= per_step ? (room - per_step) / per_step + 1 : 0;
+    const int32_t fit_out = (options_.max_generate - produced) / per_step;
+    const int32_t steps = std::min({std::max(o.sync_every, 1), fit_ctx, fit_out, limit - produced});
+    if (steps < 1) break;
+    if (o.graphs == Graphs::On && (!chain_graph_ || !(chain_graph_for_ == step))) {
+      if (chain_graph_) cudaGraphExecDestroy(chain_graph_);
+      chain_graph_ = nullptr;
+      chain_graph_ = capture([&] { enqueue_chain_step(step); });
+      chain_graph_for_ = step;
+    }
+    for (int32_t s = 0; s < steps; ++s) {
+      if (o.graphs == Graphs::On)
+        MS_CUDA(cudaGraphLaunch(chain_graph_, stream_));
+      else
+        enqueue_chain_step(step);
+    }
+    // Device to pageable host memory: each copy returns once done, after the steps.
+    MS_CUDA(cudaMemcpyAsync(&produced, d_counter_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    MS_CUDA(cudaMemcpyAsync(&n_past_, kv_.n_past, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    done = fetch_emitted(produced, limit, o.stop_ids, {}, ids);
+  }
+  ChainTotals totals;  // steps run past a stop token are counted too
+  MS_CUDA(cudaMemcpyAsync(&totals, d_totals_, sizeof(totals), cudaMemcpyDeviceToHost, stream_));
+  st.steps = totals.steps;
+  st.accepted_drafts = totals.accepted;
+  // Where a whole chain no longer fits: plain decode steps from the same device state.
+  if (!done) decode_until(limit, o.stop_ids, o.graphs, o.sync_every, {}, ids);
+  return ids;
+}
+
+std::vector<int32_t> CudaModel::speculate_with_draft_model(std::span<const int32_t> prompt, const SpecChainOptions& o,
+                                                           DeviceDraftVocab* vocab, SpecChainStats& st) {
+  CudaModel& drafter = *o.draft_model;
+  const int32_t limit = std::min(o.n_predict, options_.max_generate);
+  std::vector<int32_t> out;
+  drafter.prefill_for_decode(prompt);
   int32_t last = 0;
   MS_CUDA(cudaMemcpyAsync(&last, d_tokens_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   MS_CUDA(cudaStreamSynchronize(stream_));
   auto emit = [&](int32_t id) {
     out.push_back(id);
-    return int32_t(out.size()) >= o.n_predict ||
-           std::find(o.stop_ids.begin(), o.stop_ids.end(), id) != o.stop_ids.end();
+    return int32_t(out.size()) >= limit || std::find(o.stop_ids.begin(), o.stop_ids.end(), id) != o.stop_ids.end();
   };
   if (emit(last)) return out;
 
-  // The drafter's inputs this step: tokens of the text its cache lacks (`behind`: a separate draft
-  // model has not run the last draft of a fully accepted chain), then `last`, then each draft but
-  // the newest. Input i goes to the drafter's pending slot i; the self-draft shares the target's
-  // pending slots, which the verification then overwrites with all layers.
+  // The drafter's inputs this step: tokens of the text its cache lacks (`behind`: the draft model
+  // has not run the last draft of a fully accepted chain), then `last`, then each draft but the
+  // newest. Input i goes to the drafter's pending slot i.
   // Host vectors of the loop, reused step after step.
   std::vector<int32_t> behind, inputs, draft, accepted, pos, par;
-  std::vector<int32_t> tokens, positions, parents, rows, ver_rows;
+  std::vector<int32_t> tokens, positions, parents, rows;
   auto draft_token = [&](int32_t d) {
     const int32_t first = d == 0 ? 0 : int32_t(behind.size()) + d;  // pending index of this forward's first input
     const int32_t end = int32_t(behind.size()) + d + 1;
@@ -568,10 +694,10 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     const int32_t row = end - first - 1;
     drafter.forward(HostBatch{std::span<const int32_t>(inputs).subspan(first, end - first), pos, par,
                               std::span<const int32_t>(&row, 1), first},
-                    {.logits = !vocab, .end_layer = o.draft_model ? -1 : o.draft_layers});
+                    {.logits = !vocab});
     if (!vocab) return drafter.argmax_to_host(1)[0];
     vocab->logits(drafter.hidden_, 1, drafter.act_scratch_);
-    vocab->argmax(1, drafter.d_argmax_out_);
+    vocab->argmax(1, /*if_empty=*/-1, drafter.d_argmax_out_);
     int32_t id = -1;
     MS_CUDA(cudaMemcpyAsync(&id, drafter.d_argmax_out_, sizeof(int32_t), cudaMemcpyDeviceToHost, drafter.stream_));
     MS_CUDA(cudaStreamSynchronize(drafter.stream_));
@@ -607,41 +733,35 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     st.accepted_drafts += a;
     if (vocab) {
       // The chain's tokens (the batch's rows 1..depth, still on the device) and the target's top
-      // K_ver at the accepted positions (rows 0..a) or at the last one only.
-      ver_rows.clear();
-      if (vocab->params().stream.kver_rows == CandidateStreamParams::KverRows::Last)
-        ver_rows.push_back(a);
-      else
-        for (int32_t i = 0; i <= a; ++i) ver_rows.push_back(i);
-      vocab->step(d_tokens_ + 1, depth, logits_, ver_rows);
+      // K_ver at the accepted positions (rows 0..a) or at the last one only, as chain_accept picks.
+      const bool last_only = vocab->params().stream.kver_rows == CandidateStreamParams::KverRows::Last;
+      vocab->step(d_tokens_ + 1, logits_, VocabUpdate{.n_tree = depth, .first_row = last_only ? a : 0,
+                                                      .n_rows = last_only ? 1 : a + 1});
       // The target's next forward overwrites what the step reads: it waits for it.
-      if (o.draft_model) MS_CUDA(cudaStreamSynchronize(drafter.stream_));
+      MS_CUDA(cudaStreamSynchronize(drafter.stream_));
     }
     commit_prefix(a + 1);  // `last` and the accepted drafts
-    if (o.draft_model) {
-      // The accepted text is behind, last, draft 0..a-1: the drafter keeps the inputs it ran of it
-      // and runs the rest (at most the chain's newest draft) at the start of the next step.
-      accepted = behind;
-      accepted.push_back(last);
-      accepted.insert(accepted.end(), draft.begin(), draft.begin() + a);
-      const int32_t keep = std::min(ran, int32_t(accepted.size()));
-      drafter.commit_prefix(keep);
-      behind.assign(accepted.begin() + keep, accepted.end());
-    }
+    // The accepted text is behind, last, draft 0..a-1: the drafter keeps the inputs it ran of it
+    // and runs the rest (at most the chain's newest draft) at the start of the next step.
+    accepted = behind;
+    accepted.push_back(last);
+    accepted.insert(accepted.end(), draft.begin(), draft.begin() + a);
+    const int32_t keep = std::min(ran, int32_t(accepted.size()));
+    drafter.commit_prefix(keep);
+    behind.assign(accepted.begin() + keep, accepted.end());
     bool done = false;
     for (int32_t i = 0; i < a && !done; ++i) done = emit(draft[i]);
     if (!done) done = emit(pred[a]);
-    if (done || n_past_ + 1 >= options_.n_ctx) break;
+    if (done || n_past_ >= options_.n_ctx) break;  // with one slot left, `last` alone is verified
     last = pred[a];
   }
-  if (stats) *stats = st;
   return out;
 }
 
 double CudaModel::time_decode_steps(int32_t steps, Graphs graphs) {
   if (n_past_ + steps > options_.n_ctx || steps + 1 > options_.max_generate)
     throw Error("time_decode_steps: " + std::to_string(steps) + " steps do not fit the context");
-  if (graphs == Graphs::On) capture_decode_graph();
+  if (graphs == Graphs::On && !decode_graph_) decode_graph_ = capture([this] { enqueue_decode_step(); });
   MS_CUDA(cudaEventRecord(ev_start_, stream_));
   for (int32_t s = 0; s < steps; ++s) {
     if (graphs == Graphs::On)

@@ -60,6 +60,14 @@ class CudaModel;
 // prefix. Every kernel's result for a token is the same whatever the batch (batch invariance), so
 // the output equals plain greedy decoding token for token.
 //
+// The self-draft step is device-resident: each draft is fed to the next draft forward on the
+// device, acceptance and the next batch are made by one device thread (speculative/chain_state.h)
+// and the vocabulary's update reads its counts on the device, so the host only launches steps and
+// looks at the emitted tokens every sync_every steps (steps past a stop token may run; their
+// tokens are dropped). With graphs on, the whole step (vocabulary update, drafts, verification,
+// acceptance) is captured once as a CUDA graph and replayed. Near the end of the context, where a
+// whole chain no longer fits, plain decode steps finish the generation.
+//
 // With dynamic_vocab the draft LM head is MicroSpec's (DeviceDraftVocab): the prompt's tokens and
 // the target's top K_pre at every prompt position start the candidate stream, each step appends
 // the chain's tokens and the target's top K_ver at the accepted positions, all on the device; the
@@ -75,7 +83,11 @@ struct SpecChainOptions {
   int32_t depth = 4;
   std::optional<DynamicVocabParams> dynamic_vocab;
   CudaModel* draft_model = nullptr;
+  Graphs graphs = Graphs::On;  // self-draft: replay the step as a captured CUDA graph
+  int32_t sync_every = 4;      // self-draft: steps between host checks for a stop token
 };
+// Self-draft: the device's counts, which include the few steps run past a stop token or n_predict
+// before the host looked, and not the plain decode steps at the context's end.
 struct SpecChainStats {
   int32_t steps = 0;           // verification forwards
   int32_t accepted_drafts = 0;  // draft tokens kept
@@ -147,16 +159,39 @@ class CudaModel {
   CudaModel(const ModelConfig& config, const CudaModelOptions& options);
   struct Layer;
   struct Projection;
+  // What one device-resident speculative step runs (and what its captured graph was made for).
+  struct ChainStep {
+    int32_t depth = 0;
+    int32_t draft_layers = 0;
+    DeviceDraftVocab* vocab = nullptr;  // null: the full vocabulary's draft head
+    bool operator==(const ChainStep&) const = default;
+  };
   void allocate_buffers();
-  void enqueue_forward(int32_t n, int32_t start, int32_t n_out, const ForwardOptions& options);
-  void enqueue_layer(const Layer& L, int32_t il, int32_t n, int32_t start);
+  // Runs `batch` (its arrays in device memory) through the layers; output rows are d_out_rows_[0, n_out).
+  void enqueue_forward(const DeviceBatch& batch, int32_t n_out, const ForwardOptions& options);
+  void enqueue_layer(const Layer& L, int32_t il, const DeviceBatch& batch);
   void project(const Projection& p, const float* x, int32_t n, float* y, int64_t ldy);
   void enqueue_decode_step();
-  void capture_decode_graph();
-  DeviceBatch device_batch(int32_t n, int32_t start) const;
+  void enqueue_chain_step(const ChainStep& step);
+  // Captures what `enqueue` launches on stream_ as an instantiated graph.
+  cudaGraphExec_t capture(const std::function<void()>& enqueue);
+  // n tokens of the device batch arrays from index `offset`, written to pending slots start + i.
+  DeviceBatch device_batch(int32_t offset, int32_t n, int32_t start) const;
   DecodeState decode_state() const;
+  ChainState chain_state(const ChainStep& step) const;
   void* alloc(size_t bytes);
   std::vector<int32_t> argmax_to_host(int32_t n_rows);
+  // Copies out_ids[ids.size(), produced) to ids, calling on_token for each; stops after a stop id or
+  // at `limit` tokens (truncating ids there). Returns whether the generation is over.
+  bool fetch_emitted(int32_t produced, int32_t limit, const std::vector<int32_t>& stop_ids,
+                     const std::function<void(int32_t)>& on_token, std::vector<int32_t>& ids);
+  // Plain decode steps after the device state (tokens[0] emitted, at position n_past) until
+  // `limit` tokens, a stop id or the end of the context; ids holds every token emitted so far.
+  void decode_until(int32_t limit, const std::vector<int32_t>& stop_ids, Graphs graphs, int32_t sync_every,
+                    const std::function<void(int32_t)>& on_token, std::vector<int32_t>& ids);
+  std::vector<int32_t> speculate_resident(const SpecChainOptions& o, DeviceDraftVocab* vocab, SpecChainStats& st);
+  std::vector<int32_t> speculate_with_draft_model(std::span<const int32_t> prompt, const SpecChainOptions& o,
+                                                  DeviceDraftVocab* vocab, SpecChainStats& st);
 
   ModelConfig config_;
   CudaModelOptions options_;
@@ -185,7 +220,7 @@ class CudaModel {
   float* residual_ = nullptr; // [n_batch][n_embd] output rows' residual stream
   float* hidden_ = nullptr;   // [n_batch][n_embd] output rows after the final norm
   float* logits_ = nullptr;   // [n_batch][n_vocab]
-  float* top_values_ = nullptr;  // [64] top-k values scratch
+  float* top_values_ = nullptr;  // [n_batch][64] top-k values scratch
   uint8_t* act_scratch_ = nullptr;  // quantized activations
   int32_t* d_tokens_ = nullptr;     // [n_batch]
   int32_t* d_positions_ = nullptr;  // [n_batch]
@@ -196,12 +231,16 @@ class CudaModel {
   int32_t* d_counter_ = nullptr;    // [1]
   uint64_t* d_argmax_scratch_ = nullptr;  // [n_batch]
   int32_t* d_argmax_out_ = nullptr;       // [n_batch] argmax of each logits row (speculative steps)
+  VocabUpdate* d_update_ = nullptr;       // [1] the resident chain's next vocabulary update
+  ChainTotals* d_totals_ = nullptr;       // [1] the resident chain's steps and accepted drafts
   int32_t* h_staging_ = nullptr;    // pinned: [4][n_batch] batch arrays, then [n_ctx] keep list
 
   // MicroSpec's vocabulary over this model's head when it drafts (generate_speculative), kept
   // between generations.
   std::unique_ptr<DeviceDraftVocab> draft_vocab_;
   cudaGraphExec_t decode_graph_ = nullptr;
+  cudaGraphExec_t chain_graph_ = nullptr;  // the resident speculative step, made for chain_graph_for_
+  ChainStep chain_graph_for_;
   cudaEvent_t ev_start_ = nullptr, ev_stop_ = nullptr;
 };
 

@@ -10,8 +10,6 @@
 namespace microspec::cuda {
 
 namespace {
-// Rows whose top K_ver one step appends at most: a verification has at most this many rows.
-constexpr int32_t kMaxStepRows = 256;
 // Where the packed slots' counters are inside the device state.
 constexpr size_t kCopiesOffset = offsetof(DraftVocabState, slots) + offsetof(PackedSlots, n_copies);
 constexpr size_t kRowsOffset = offsetof(DraftVocabState, slots) + offsetof(PackedSlots, n_rows);
@@ -31,12 +29,7 @@ DeviceDraftVocab::DeviceDraftVocab(const DeviceMatrix& head, const DynamicVocabP
   capacity_ = std::min(sp.w_max, n_vocab_);
   packed_ = std::make_unique<DevicePackedHead>(head, capacity_, compute,
                                                params.async_gather ? GatherStream::Copy : GatherStream::Compute);
-  auto alloc = [this](size_t bytes) {
-    void* p = nullptr;
-    MS_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
-    allocations_.push_back(p);
-    return p;
-  };
+  auto alloc = [this](size_t bytes) { return memory_.alloc(bytes); };
   const size_t V = size_t(n_vocab_), C = size_t(capacity_);
   DraftVocabState& s = layout_;
   s.window.count = static_cast<int32_t*>(alloc(V * 4));
@@ -67,9 +60,9 @@ DeviceDraftVocab::DeviceDraftVocab(const DeviceMatrix& head, const DynamicVocabP
   prompt_ids_ = static_cast<int32_t*>(alloc(size_t(sizes.max_prompt) * 4));
   prompt_top_ = static_cast<int32_t*>(alloc(size_t(sizes.max_prompt) * size_t(std::max(prompt_top_k(), 1)) * 4));
   logits_ = static_cast<float*>(alloc(size_t(sizes.max_rows) * C * sizeof(float)));
-  max_step_tops_ = kMaxStepRows * sp.k_ver;
-  tops_ = static_cast<int32_t*>(alloc(size_t(std::max(max_step_tops_, 1)) * 4));
-  top_values_ = static_cast<float*>(alloc(size_t(std::max(sp.k_ver, 1)) * 4));
+  tops_ = static_cast<int32_t*>(alloc(size_t(kMaxStepRows) * std::max(sp.k_ver, 1) * 4));
+  top_values_ = static_cast<float*>(alloc(size_t(kMaxStepRows) * std::max(sp.k_ver, 1) * 4));
+  host_update_ = static_cast<VocabUpdate*>(alloc(sizeof(VocabUpdate)));
   MS_CUDA(cudaStreamSynchronize(compute));  // the host vectors above are gone after this scope
 }
 
@@ -79,9 +72,12 @@ const int32_t* DeviceDraftVocab::device_counter(size_t offset) const {
 
 DeviceDraftVocab::~DeviceDraftVocab() {
   if (compute_) cudaStreamSynchronize(compute_);
-  packed_.reset();
-  for (void* p : allocations_) cudaFree(p);
+  packed_.reset();  // waits for its copy stream; memory_ goes after this body
 }
+
+void DeviceDraftVocab::wait_for_gather() { packed_->wait_for_gather(); }
+
+const int32_t* DeviceDraftVocab::device_rows() const { return device_counter(kRowsOffset); }
 
 void DeviceDraftVocab::begin(int32_t n_prompt) {
   if (n_prompt < 0 || n_prompt > sizes_.max_prompt)
@@ -96,21 +92,29 @@ void DeviceDraftVocab::begin(int32_t n_prompt) {
   packed_->gather(layout_.slots.copies, device_counter(kCopiesOffset), 2 * capacity_);
 }
 
-void DeviceDraftVocab::step(const int32_t* tree, int32_t n_tree, const float* verify_logits,
-                            std::span<const int32_t> rows) {
+void DeviceDraftVocab::step(const int32_t* tree, const float* verify_logits, const VocabUpdate* update,
+                            int32_t max_tree, int32_t max_rows) {
   if (params_.stream.source == CandidateStreamParams::Source::Ctx) return;
+  if (max_tree < 0 || max_rows < 0 || max_rows > kMaxStepRows)
+    throw Error("device draft vocabulary: a step of up to " + std::to_string(max_tree) + " tree tokens and " +
+                std::to_string(max_rows) + " verification rows (at most " + std::to_string(kMaxStepRows) + ")");
   const int32_t k = params_.stream.k_ver;
-  const int32_t n_rows = k > 0 ? int32_t(rows.size()) : 0;
-  if (n_tree < 0) throw Error("device draft vocabulary: " + std::to_string(n_tree) + " tree tokens");
-  if (n_rows > kMaxStepRows)
-    throw Error("device draft vocabulary: " + std::to_string(rows.size()) + " verification rows, at most " +
-                std::to_string(kMaxStepRows));
-  for (int32_t i = 0; i < n_rows; ++i)
-    top_k(verify_logits + int64_t(rows[i]) * n_vocab_, n_vocab_, k, tops_ + int64_t(i) * k, top_values_, compute_);
+  if (k > 0)
+    top_k_rows(verify_logits, n_vocab_, n_vocab_, RowRange{&update->first_row, &update->n_rows, max_rows}, k, tops_,
+               top_values_, compute_);
   packed_->wait_for_gather();
-  vocab_step(state_, tree, n_tree, tops_, n_rows * k, compute_);
+  vocab_step(state_, tree, tops_, update, k, compute_);
   // Each append enters at most one token and evicts at most one; a move follows each eviction.
-  packed_->gather(layout_.slots.copies, device_counter(kCopiesOffset), std::min(2 * capacity_, 2 * (n_tree + n_rows * k)));
+  packed_->gather(layout_.slots.copies, device_counter(kCopiesOffset),
+                  std::min(2 * capacity_, 2 * (max_tree + max_rows * k)));
+}
+
+void DeviceDraftVocab::step(const int32_t* tree, const float* verify_logits, const VocabUpdate& update) {
+  if (update.n_tree < 0 || update.first_row < 0 || update.n_rows < 0)
+    throw Error("device draft vocabulary: negative step sizes");
+  // Pageable source: the runtime stages it before returning.
+  MS_CUDA(cudaMemcpyAsync(host_update_, &update, sizeof(update), cudaMemcpyHostToDevice, compute_));
+  step(tree, verify_logits, host_update_, update.n_tree, update.n_rows);
 }
 
 const float* DeviceDraftVocab::logits(const float* hidden, int32_t n, uint8_t* scratch) {
@@ -120,10 +124,11 @@ const float* DeviceDraftVocab::logits(const float* hidden, int32_t n, uint8_t* s
   return logits_;
 }
 
-void DeviceDraftVocab::argmax(int32_t n, int32_t* out) {
+void DeviceDraftVocab::argmax(int32_t n, int32_t if_empty, int32_t* out) {
   if (n < 1 || n > sizes_.max_rows)
     throw Error("device draft vocabulary: " + std::to_string(n) + " rows, at most " + std::to_string(sizes_.max_rows));
-  packed_argmax(logits_, capacity_, n, device_counter(kRowsOffset), layout_.slots.token_of_slot, out, compute_);
+  packed_argmax(logits_, capacity_, n, device_counter(kRowsOffset), layout_.slots.token_of_slot, if_empty, out,
+                compute_);
 }
 
 DeviceDraftVocab::Snapshot DeviceDraftVocab::snapshot() const {

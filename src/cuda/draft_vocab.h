@@ -14,9 +14,9 @@
 
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <vector>
 
+#include "cuda/cuda_check.h"
 #include "cuda/ops.h"
 #include "cuda/packed_head.h"
 #include "vocab/draft_vocab.h"
@@ -39,6 +39,7 @@ class DeviceDraftVocab {
   DeviceDraftVocab& operator=(const DeviceDraftVocab&) = delete;
 
   static constexpr int32_t kMaxWindow = 1 << 20;  // the device ring is allocated whole
+  static constexpr int32_t kMaxStepRows = 256;    // most verification rows one step takes K_ver from
 
   int32_t capacity() const { return capacity_; }  // packed slots = logits columns
   // Whether this vocabulary is the one these arguments would make (so a caller can keep it).
@@ -57,16 +58,26 @@ class DeviceDraftVocab {
 
   // Restarts the stream for a prompt of n_prompt tokens (in prompt_ids() / prompt_top()).
   void begin(int32_t n_prompt);
-  // One verification step: the draft tree's tokens (device [n_tree], tree order) and the target's
-  // top K_ver of verification logits rows `rows` (device logits [.][n_vocab]; the caller picks the
-  // rows by params().stream.kver_rows). No-op for source ctx.
-  void step(const int32_t* tree, int32_t n_tree, const float* verify_logits, std::span<const int32_t> rows);
+  // One verification step, its sizes read on the device when it runs (so a captured step takes
+  // each step's own): the first update->n_tree tokens of `tree` (device, tree order) and the
+  // target's top K_ver of verification logits rows [update->first_row, + update->n_rows) (device
+  // logits [.][n_vocab]; the caller picks the rows by params().stream.kver_rows). max_tree and
+  // max_rows bound the update's counts and size the launches (max_rows <= 256). No-op for source ctx.
+  void step(const int32_t* tree, const float* verify_logits, const VocabUpdate* update, int32_t max_tree,
+            int32_t max_rows);
+  // The same with the update's counts given by the host (copied to the device first).
+  void step(const int32_t* tree, const float* verify_logits, const VocabUpdate& update);
   // The draft LM head: logits [n][capacity()] for every packed slot (slots past the active ones are
   // stale), after the last gather. scratch: matmul_scratch_bytes(n, n_embd).
   const float* logits(const float* hidden, int32_t n, uint8_t* scratch);
-  // out[t] = the token of the best active slot of the last logits()' row t (-1 when the
-  // vocabulary is empty).
-  void argmax(int32_t n, int32_t* out);
+  // out[t] = the token of the best active slot of the last logits()' row t, or if_empty when the
+  // vocabulary has no rows.
+  void argmax(int32_t n, int32_t if_empty, int32_t* out);
+  // Makes the compute stream wait for the last gather (if it has not yet): before a step is
+  // captured as a graph, which must wait on nothing recorded outside its capture.
+  void wait_for_gather();
+  // The device counter of packed rows in use (what argmax looks at).
+  const int32_t* device_rows() const;
 
   // The state as the host sees it after synchronizing (tests).
   struct Snapshot {
@@ -85,16 +96,16 @@ class DeviceDraftVocab {
   int32_t n_vocab_ = 0;
   int32_t capacity_ = 0;
   std::unique_ptr<DevicePackedHead> packed_;
-  std::vector<void*> allocations_;
+  DeviceAllocations memory_;
   DraftVocabState* state_ = nullptr;  // device: the state
   DraftVocabState layout_;            // host copy as made: the device addresses of its arrays
   DeviceVocabSizes sizes_;
   int32_t* prompt_ids_ = nullptr;      // [max_prompt]
   int32_t* prompt_top_ = nullptr;      // [max_prompt][K_pre]
   float* logits_ = nullptr;            // [max_rows][capacity]
-  int32_t max_step_tops_ = 0;
-  int32_t* tops_ = nullptr;            // [max_step_tops] top K_ver ids of a step's rows
-  float* top_values_ = nullptr;        // [K_ver] scratch
+  int32_t* tops_ = nullptr;            // [kMaxStepRows][K_ver] top K_ver ids of a step's rows
+  float* top_values_ = nullptr;        // [kMaxStepRows][K_ver] their values (scratch)
+  VocabUpdate* host_update_ = nullptr;  // [1] device copy of the host-given update
 };
 
 }  // namespace microspec::cuda

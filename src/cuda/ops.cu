@@ -585,15 +585,17 @@ __device__ void dequant_block(GgmlType type, const uint8_t* b, float* y, float s
   }
 }
 
-__global__ void k_gather_rows(GgmlType type, const uint8_t* w, size_t stride, int64_t cols, int block_elems,
-                              size_t block_bytes, const int32_t* ids, int32_t n, float scale, float* out) {
+__global__ void k_gather_rows(GgmlType type, const uint8_t* w, size_t stride, int64_t rows, int64_t cols,
+                              int block_elems, size_t block_bytes, const int32_t* ids, int32_t n, float scale,
+                              float* out) {
   pdl_trigger();
   pdl_wait();
   const int64_t nb = cols / block_elems;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= nb * n) return;
   const int64_t r = i / nb, b = i % nb;
-  dequant_block(type, w + size_t(ids[r]) * stride + b * block_bytes, out + r * cols + b * block_elems, scale);
+  const int64_t id = ids[r] >= 0 && ids[r] < rows ? ids[r] : 0;  // see gather_rows_f32
+  dequant_block(type, w + size_t(id) * stride + b * block_bytes, out + r * cols + b * block_elems, scale);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -633,6 +635,8 @@ __global__ void k_gated_activation(const float* gate, const float* up, int64_t l
   h[i] = act == Activation::GeluTanh ? g / (1.0f + expf(-1.5957691216f * (g + 0.044715f * g * g * g))) * u
                                      : g / (1.0f + expf(-g)) * u;
 }
+
+__global__ void k_stream_barrier() {}
 
 __global__ void k_add(float* x, const float* o, int64_t count) {
   pdl_trigger();
@@ -952,22 +956,30 @@ __global__ void k_argmax_final(const unsigned long long* keys, int32_t n_rows, i
   if (r < n_rows) out[r] = keys[r] == 0 ? -1 : int32_t(0xFFFFFFFFu - uint32_t(keys[r] & 0xFFFFFFFFu));
 }
 
-// k rounds of a block-wide best below the previous pick in the (value desc, index asc) order.
-__global__ void k_top_k(const float* x, int64_t n, int32_t k, int32_t* ids, float* values) {
+// k rounds of a block-wide best below the previous pick in the (value desc, index asc) order;
+// block r takes row first + r of the range.
+__global__ void k_top_k_rows(const float* x, int64_t ld, int64_t n, RowRange rows, int32_t k, int32_t* ids,
+                             float* values) {
+  const int32_t r = blockIdx.x;
+  const int32_t count = rows.count ? *rows.count : rows.max_rows;
+  if (r >= count) return;
+  const float* row = x + int64_t((rows.first ? *rows.first : 0) + r) * ld;
+  ids += int64_t(r) * k;
+  values += int64_t(r) * k;
   float last_v = 0.0f;
   int64_t last_i = -1;
-  for (int32_t r = 0; r < k; ++r) {
+  for (int32_t j = 0; j < k; ++j) {
     float bv = 0.0f;
     int64_t bi = -1;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const float v = x[i];
+      const float v = row[i];
       const bool below = last_i < 0 || v < last_v || (v == last_v && i > last_i);
       if (below && better(v, i, bv, bi)) bv = v, bi = i;
     }
     block_best(bv, bi);
     if (threadIdx.x == 0) {
-      ids[r] = int32_t(bi);
-      values[r] = bi >= 0 ? bv : -INFINITY;
+      ids[j] = int32_t(bi);
+      values[j] = bi >= 0 ? bv : -INFINITY;
     }
     last_v = bv;
     last_i = bi;
@@ -985,9 +997,9 @@ __global__ void k_vocab_begin(DraftVocabState* st, const int32_t* prompt, int32_
   vocab_state_begin(*st, prompt, n_prompt, prompt_top, k, use_k);
 }
 
-__global__ void k_vocab_step(DraftVocabState* st, const int32_t* tree, int32_t n_tree, const int32_t* tops,
-                             int32_t n_top) {
-  vocab_state_step(*st, tree, n_tree, tops, n_top);
+__global__ void k_vocab_step(DraftVocabState* st, const int32_t* tree, const int32_t* tops, const VocabUpdate* update,
+                             int32_t k) {
+  vocab_state_step(*st, tree, update->n_tree, tops, update->n_rows * k);
 }
 
 __global__ void k_gather_packed_rows(const uint8_t* full, size_t stride, const RowCopy* copies, const int32_t* n_copies,
@@ -1005,7 +1017,7 @@ __global__ void k_gather_packed_rows(const uint8_t* full, size_t stride, const R
 }
 
 __global__ void k_packed_argmax(const float* logits, int64_t ld, const int32_t* n_rows, const int32_t* token_of_slot,
-                                int32_t* out) {
+                                int32_t if_empty, int32_t* out) {
   const float* row = logits + int64_t(blockIdx.x) * ld;
   const int32_t n = *n_rows;
   float bv = 0.0f;
@@ -1013,8 +1025,12 @@ __global__ void k_packed_argmax(const float* logits, int64_t ld, const int32_t* 
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
     if (better(row[i], i, bv, bi)) bv = row[i], bi = i;
   block_best(bv, bi);
-  if (threadIdx.x == 0) out[blockIdx.x] = bi >= 0 ? token_of_slot[bi] : -1;
+  if (threadIdx.x == 0) out[blockIdx.x] = bi >= 0 ? token_of_slot[bi] : if_empty;
 }
+
+__global__ void k_chain_begin(ChainState st) { ::microspec::chain_begin(st); }
+
+__global__ void k_chain_accept(ChainState st) { ::microspec::chain_accept(st); }
 
 __device__ __forceinline__ float hash_uniform(uint64_t seed, uint64_t i) {
   uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
@@ -1116,9 +1132,8 @@ void gather_rows_f32(const DeviceMatrix& w, const int32_t* ids, int32_t n, float
   if (!matmul_supported(w.type)) throw Error("cuda: no dequantization for type " + type_name(uint32_t(w.type)));
   const TypeTraits& tt = type_traits(w.type);
   const int64_t n_threads = w.cols / tt.block_elems * n;
-  launch_pdl(k_gather_rows, blocks_for(n_threads, 128), 128, 0, stream, w.type, w.data, w.row_stride, w.cols,
-                                                                 int(tt.block_elems), tt.block_bytes, ids, n, scale,
-                                                                 out);
+  launch_pdl(k_gather_rows, blocks_for(n_threads, 128), 128, 0, stream, w.type, w.data, w.row_stride, w.rows, w.cols,
+             int(tt.block_elems), tt.block_bytes, ids, n, scale, out);
   MS_CUDA_LAUNCH();
 }
 
@@ -1141,6 +1156,11 @@ void rope_and_store_kv(float* qkv, int64_t ld, const DeviceKV& kv, int32_t il, c
 void gated_activation(const float* gate, const float* up, int64_t ld, int32_t n, int32_t n_ff, Activation act,
                       float* h, cudaStream_t stream) {
   launch_pdl(k_gated_activation, blocks_for(int64_t(n) * n_ff, 256), 256, 0, stream, gate, up, ld, n, n_ff, act, h);
+  MS_CUDA_LAUNCH();
+}
+
+void stream_barrier(cudaStream_t stream) {
+  k_stream_barrier<<<1, 1, 0, stream>>>();
   MS_CUDA_LAUNCH();
 }
 
@@ -1221,9 +1241,12 @@ void argmax_rows(const float* x, int32_t n_rows, int64_t n, int32_t* out, uint64
   MS_CUDA_LAUNCH();
 }
 
-void top_k(const float* x, int64_t n, int32_t k, int32_t* ids, float* values, cudaStream_t stream) {
+void top_k_rows(const float* x, int64_t ld, int64_t n, RowRange rows, int32_t k, int32_t* ids, float* values,
+                cudaStream_t stream) {
   if (k < 1 || k > 64) throw Error("cuda top_k: k must be in 1..64, got " + std::to_string(k));
-  k_top_k<<<1, kSelectThreads, 0, stream>>>(x, n, k, ids, values);
+  if (rows.max_rows < 0) throw Error("cuda top_k: negative row count");
+  if (rows.max_rows == 0) return;
+  k_top_k_rows<<<unsigned(rows.max_rows), kSelectThreads, 0, stream>>>(x, ld, n, rows, k, ids, values);
   MS_CUDA_LAUNCH();
 }
 
@@ -1234,10 +1257,10 @@ void vocab_begin(DraftVocabState* st, const int32_t* prompt, int32_t n_prompt, c
   MS_CUDA_LAUNCH();
 }
 
-void vocab_step(DraftVocabState* st, const int32_t* tree, int32_t n_tree, const int32_t* tops, int32_t n_top,
+void vocab_step(DraftVocabState* st, const int32_t* tree, const int32_t* tops, const VocabUpdate* update, int32_t k,
                 cudaStream_t stream) {
-  if (n_tree < 0 || n_top < 0) throw Error("cuda vocab_step: negative sizes");
-  k_vocab_step<<<1, 1, 0, stream>>>(st, tree, n_tree, tops, n_top);
+  if (k < 0) throw Error("cuda vocab_step: negative K_ver");
+  k_vocab_step<<<1, 1, 0, stream>>>(st, tree, tops, update, k);
   MS_CUDA_LAUNCH();
 }
 
@@ -1249,9 +1272,21 @@ void gather_packed_rows(const DeviceMatrix& full, const RowCopy* copies, const i
 }
 
 void packed_argmax(const float* logits, int64_t ld, int32_t n_out, const int32_t* n_rows, const int32_t* token_of_slot,
-                   int32_t* out, cudaStream_t stream) {
+                   int32_t if_empty, int32_t* out, cudaStream_t stream) {
   if (n_out <= 0) return;
-  k_packed_argmax<<<unsigned(n_out), kSelectThreads, 0, stream>>>(logits, ld, n_rows, token_of_slot, out);
+  k_packed_argmax<<<unsigned(n_out), kSelectThreads, 0, stream>>>(logits, ld, n_rows, token_of_slot, if_empty, out);
+  MS_CUDA_LAUNCH();
+}
+
+void chain_begin(const ChainState& st, cudaStream_t stream) {
+  if (st.depth < 0) throw Error("cuda chain_begin: negative depth");
+  k_chain_begin<<<1, 1, 0, stream>>>(st);
+  MS_CUDA_LAUNCH();
+}
+
+void chain_accept(const ChainState& st, cudaStream_t stream) {
+  if (st.depth < 0) throw Error("cuda chain_accept: negative depth");
+  k_chain_accept<<<1, 1, 0, stream>>>(st);
   MS_CUDA_LAUNCH();
 }
 

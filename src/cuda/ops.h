@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/types.h"
+#include "speculative/chain_state.h"
 #include "vocab/window_state.h"
 
 namespace microspec::cuda {
@@ -52,7 +53,9 @@ void matmul(const DeviceMatrix& w, RowSelection rows, const float* x, int64_t ld
 void quantize_activations(GgmlType act, const float* x, int64_t ldx, int32_t n_tokens, int64_t cols, uint8_t* out,
                           cudaStream_t stream);
 
-// Dequantizes rows ids[i] of w into out[i * w.cols ..], times scale (token embeddings).
+// Dequantizes rows ids[i] of w into out[i * w.cols ..], times scale (token embeddings). An id
+// outside w's rows (the -1 argmax_rows writes for a row of NaNs, fed on by a device-resident step)
+// reads row 0 instead of stray memory; the host finds the -1 among the emitted tokens and reports it.
 void gather_rows_f32(const DeviceMatrix& w, const int32_t* ids, int32_t n, float scale, float* out,
                      cudaStream_t stream);
 
@@ -71,6 +74,13 @@ enum class Activation { GeluTanh, Silu };
 // h[t][i] = act(gate[t * ld + i]) * up[t * ld + i] for t < n, i < n_ff; h is [n][n_ff].
 void gated_activation(const float* gate, const float* up, int64_t ld, int32_t n, int32_t n_ff, Activation act,
                       float* h, cudaStream_t stream);
+
+// A kernel that does nothing, launched the ordinary way (not as a programmatic dependent): the
+// kernels after it start only once everything before it on the stream, including work joined from
+// other streams through events, is complete. A programmatic dependent may read memory before it
+// waits (a matrix product issues its first weight loads early), so one goes after a join whose
+// other stream writes such memory (the packed head's gathered rows).
+void stream_barrier(cudaStream_t stream);
 
 // x[i] += o[i] for count floats.
 void add_inplace(float* x, const float* o, int64_t count, cudaStream_t stream);
@@ -153,9 +163,18 @@ void decode_advance(const DeviceKV& kv, const DecodeState& st, cudaStream_t stre
 // out[r] = first index of the largest non-NaN value of row r (x is [n_rows][n]); -1 if all NaN.
 // scratch: [n_rows] (many blocks per row meet there through atomicMax).
 void argmax_rows(const float* x, int32_t n_rows, int64_t n, int32_t* out, uint64_t* scratch, cudaStream_t stream);
-// The k largest of one row of n values, best first (ties: lower index first): ids and values.
-// k <= 64.
-void top_k(const float* x, int64_t n, int32_t k, int32_t* ids, float* values, cudaStream_t stream);
+// Rows [first, first + count) of a matrix, where first and count may live in device memory (so a
+// captured step reads them when it runs): null first means 0, null count means max_rows; count
+// must not exceed max_rows, which sizes the launch.
+struct RowRange {
+  const int32_t* first = nullptr;
+  const int32_t* count = nullptr;
+  int32_t max_rows = 1;
+};
+// For each row r of `rows` (row at x + (first + r) * ld): its k largest of n values, best first
+// (ties: lower index first), into ids[r * k ..] and values[r * k ..]. k <= 64. One block per row.
+void top_k_rows(const float* x, int64_t ld, int64_t n, RowRange rows, int32_t k, int32_t* ids, float* values,
+                cudaStream_t stream);
 
 // MicroSpec's dynamic draft vocabulary on the device: a DraftVocabState (vocab/window_state.h, the
 // CPU's algorithm, shared) whose struct and arrays are in device memory. One device thread advances
@@ -163,8 +182,9 @@ void top_k(const float* x, int64_t n, int32_t k, int32_t* ids, float* values, cu
 // vocab_state_begin in one device thread.
 void vocab_begin(DraftVocabState* st, const int32_t* prompt, int32_t n_prompt, const int32_t* prompt_top, int32_t k,
                  int32_t use_k, cudaStream_t stream);
-// vocab_state_step in one device thread.
-void vocab_step(DraftVocabState* st, const int32_t* tree, int32_t n_tree, const int32_t* tops, int32_t n_top,
+// vocab_state_step in one device thread, its sizes read on the device: update->n_tree tokens of
+// tree, then update->n_rows * k ids of tops (top_k_rows' output for the update's rows).
+void vocab_step(DraftVocabState* st, const int32_t* tree, const int32_t* tops, const VocabUpdate* update, int32_t k,
                 cudaStream_t stream);
 // The gather into a packed LM head: copies[i] for i < *n_copies (device count, at most
 // max_copies, which sizes the grid) from rows of `full` (src >= 0) or of the packed buffer itself
@@ -173,9 +193,14 @@ void vocab_step(DraftVocabState* st, const int32_t* tree, int32_t n_tree, const 
 void gather_packed_rows(const DeviceMatrix& full, const RowCopy* copies, const int32_t* n_copies, int32_t max_copies,
                         uint8_t* rows, cudaStream_t stream);
 // out[r] = token_of_slot[the best of the first *n_rows values of logits row r] (row r at
-// logits + r * ld; value descending, then slot ascending, NaN never wins), -1 if none.
+// logits + r * ld; value descending, then slot ascending, NaN never wins), `if_empty` if none.
 void packed_argmax(const float* logits, int64_t ld, int32_t n_out, const int32_t* n_rows, const int32_t* token_of_slot,
-                   int32_t* out, cudaStream_t stream);
+                   int32_t if_empty, int32_t* out, cudaStream_t stream);
+
+// A speculative chain's bookkeeping (speculative/chain_state.h) in one device thread: chain_begin
+// after the prompt, chain_accept after each verification's argmax.
+void chain_begin(const ChainState& st, cudaStream_t stream);
+void chain_accept(const ChainState& st, cudaStream_t stream);
 
 // Fills n values of a 16-bit float type (BF16 or F16) with uniform(-scale, scale) from a hash of
 // (seed, index): random weights made on the device for benchmarks.

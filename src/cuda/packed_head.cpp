@@ -21,24 +21,26 @@ DevicePackedHead::DevicePackedHead(const DeviceMatrix& full, int32_t capacity, c
   }
   MS_CUDA(cudaEventCreateWithFlags(&updated_, cudaEventDisableTiming));
   MS_CUDA(cudaEventCreateWithFlags(&gathered_, cudaEventDisableTiming));
-  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&rows_), full.row_stride * size_t(capacity)));
+  rows_ = static_cast<uint8_t*>(memory_.alloc(full.row_stride * size_t(capacity)));
   MS_CUDA(cudaMemsetAsync(rows_, 0, full.row_stride * size_t(capacity), copy_));
-  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_copies_), sizeof(RowCopy) * capacity));
-  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_n_copies_), sizeof(int32_t)));
-  MS_CUDA(cudaEventRecord(gathered_, copy_));
+  d_copies_ = static_cast<RowCopy*>(memory_.alloc(sizeof(RowCopy) * capacity));
+  d_n_copies_ = static_cast<int32_t*>(memory_.alloc(sizeof(int32_t)));
+  MS_CUDA(cudaEventRecord(gathered_, copy_));  // the zeroing: the first logits wait for it
 }
 
 DevicePackedHead::~DevicePackedHead() {
   if (copy_) cudaStreamSynchronize(copy_);
-  cudaFree(rows_);
-  cudaFree(d_copies_);
-  cudaFree(d_n_copies_);
   if (updated_) cudaEventDestroy(updated_);
   if (gathered_) cudaEventDestroy(gathered_);
   if (own_copy_) cudaStreamDestroy(own_copy_);
 }
 
-void DevicePackedHead::wait_for_gather() { MS_CUDA(cudaStreamWaitEvent(compute_, gathered_, 0)); }
+void DevicePackedHead::wait_for_gather() {
+  if (joined_) return;
+  MS_CUDA(cudaStreamWaitEvent(compute_, gathered_, 0));
+  stream_barrier(compute_);  // the packed product's early weight loads must not pass the gather
+  joined_ = true;
+}
 
 void DevicePackedHead::gather(const RowCopy* copies, const int32_t* n_copies, int32_t max_copies) {
   if (max_copies < 0 || max_copies > 2 * capacity_)
@@ -47,6 +49,7 @@ void DevicePackedHead::gather(const RowCopy* copies, const int32_t* n_copies, in
   MS_CUDA(cudaStreamWaitEvent(copy_, updated_, 0));
   gather_packed_rows(full_, copies, n_copies, max_copies, rows_, copy_);
   MS_CUDA(cudaEventRecord(gathered_, copy_));
+  joined_ = false;
 }
 
 void DevicePackedHead::enter(std::span<const int32_t> ids, std::span<const int32_t> slots) {
@@ -72,7 +75,7 @@ void DevicePackedHead::logits(const float* hidden, int32_t n, int32_t n_rows, fl
                               uint8_t* scratch) {
   if (n_rows < 0 || n_rows > capacity_)
     throw Error("packed head: " + std::to_string(n_rows) + " rows of " + std::to_string(capacity_));
-  MS_CUDA(cudaStreamWaitEvent(compute_, gathered_, 0));
+  wait_for_gather();
   const DeviceMatrix packed{full_.type, rows_, n_rows, full_.cols, full_.row_stride};
   matmul(packed, RowSelection{nullptr, n_rows}, hidden, full_.cols, n, logits, ldl, Store::Overwrite, scratch,
          compute_);

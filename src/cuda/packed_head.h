@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 
+#include "cuda/cuda_check.h"
 #include "cuda/ops.h"
 
 namespace microspec::cuda {
@@ -29,8 +30,10 @@ class DevicePackedHead {
   int32_t capacity() const { return capacity_; }
   cudaStream_t copy_stream() const { return copy_; }
 
-  // Makes the compute stream wait for the last gather: before an update rewrites the copy list
-  // and the slots that gather reads.
+  // Makes the compute stream wait for the last gather, unless it already has: before an update
+  // rewrites the copy list and the slots that gather reads. (Only gathers that the compute stream
+  // has not joined are waited for, so a step captured as a graph after a joined gather waits on
+  // nothing recorded outside its capture.)
   void wait_for_gather();
   // Enqueues on the gather stream, after what the compute stream has enqueued so far (e.g. the
   // vocabulary update that wrote the list): copies[0, *n_copies) (device; at most max_copies) into
@@ -50,6 +53,8 @@ class DevicePackedHead {
   cudaStream_t own_copy_ = nullptr;
   cudaEvent_t updated_ = nullptr;   // compute stream: the slot update a gather waits for
   cudaEvent_t gathered_ = nullptr;
+  bool joined_ = false;           // the compute stream has waited for the last gather
+  DeviceAllocations memory_;
   uint8_t* rows_ = nullptr;       // [capacity][full.row_stride] packed rows
   RowCopy* d_copies_ = nullptr;   // [capacity] enter()'s copies
   int32_t* d_n_copies_ = nullptr; // [1] their count

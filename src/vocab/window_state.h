@@ -15,11 +15,7 @@
 // DraftVocabState, the three together, advanced as the device runs it.
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MS_HOST_DEVICE __host__ __device__
-#else
-#define MS_HOST_DEVICE
-#endif
+#include "util/host_device.h"
 
 namespace microspec {
 

@@ -216,14 +216,29 @@ TEST(CudaKernels, ArgmaxAndTopKFollowTheCpuOrder) {
   for (int64_t i = 0; i < n; ++i)
     if (!std::isnan(x[i])) order.push_back(int32_t(i));
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
-  DeviceBuffer<int32_t> ids(k);
-  DeviceBuffer<float> vals(k);
-  cuda::top_k(dx.ptr, n, k, ids.ptr, vals.ptr, nullptr);
-  const std::vector<int32_t> top = ids.to_host();
+  DeviceBuffer<int32_t> ids(2 * k);
+  DeviceBuffer<float> vals(2 * k);
+  cuda::top_k_rows(dx.ptr, n, n, cuda::RowRange{.max_rows = 1}, k, ids.ptr, vals.ptr, nullptr);
+  std::vector<int32_t> top = ids.to_host();
   const std::vector<float> topv = vals.to_host();
   for (int32_t j = 0; j < k; ++j) {
     EXPECT_EQ(top[j], order[j]) << "rank " << j;
     EXPECT_EQ(topv[j], x[order[j]]);
+  }
+
+  // Rows picked on the device: the range [1, 2) of a launch sized for 2 rows takes row 1 only, and
+  // its second block leaves its output alone.
+  std::vector<int32_t> order1;
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isnan(x[n + i])) order1.push_back(int32_t(i));
+  std::stable_sort(order1.begin(), order1.end(), [&](int32_t a, int32_t b) { return x[n + a] > x[n + b]; });
+  DeviceBuffer<int32_t> range(std::vector<int32_t>{1, 1});  // first, count
+  MS_CUDA(cudaMemset(ids.ptr, 0xFF, 2 * k * sizeof(int32_t)));
+  cuda::top_k_rows(dx.ptr, n, n, cuda::RowRange{range.ptr, range.ptr + 1, 2}, k, ids.ptr, vals.ptr, nullptr);
+  top = ids.to_host();
+  for (int32_t j = 0; j < k; ++j) {
+    EXPECT_EQ(top[j], order1[j]) << "row 1, rank " << j;
+    EXPECT_EQ(top[k + j], -1) << "the unused block wrote rank " << j;
   }
 }
 
@@ -408,11 +423,16 @@ TEST(CudaModel, GreedyTokensEqualCpu) {
 
 // Speculative decoding on the device (self-draft chain, batched verification, acceptance) gives
 // exactly the device's plain greedy tokens: every kernel is batch invariant, so this is bitwise.
-// With the full vocabulary's draft head (chains of 1 and 4) and with MicroSpec's, in the stream's
-// variants: prompt + steps, steps only, K_ver at the last accepted position only with a window
-// smaller than the prompt and the gather in line, prompt only; and with a separate draft model
-// (the target's weights drawn again in another format: it agrees often, not always, so chains are
-// cut and fully accepted, and its cache is rolled back and caught up), with both vocabularies.
+// The self-draft step is device-resident; each self-draft variant runs replayed as a CUDA graph
+// and launched kernel by kernel, with host checks every step or every 4 steps. Variants: the full
+// vocabulary's draft head (chains of 1 and 4; and every layer drafting, so every chain must be
+// accepted whole) and MicroSpec's, in the stream's variants: prompt + steps, steps only (its first
+// chain drafts from an empty vocabulary), K_ver at the last accepted position only with a window
+// smaller than the prompt and the gather in line, prompt only; and a separate draft model (the
+// target's weights drawn again in another format: it agrees often, not always, so chains are cut
+// and fully accepted, and its cache is rolled back and caught up), with both vocabularies.
+// Then, on one model, with the self-drafter and a draft model: a stop token, and a prompt that
+// leaves too little context for whole chains, both equal to plain greedy decoding.
 TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
   REQUIRE_GPU();
   using Source = CandidateStreamParams::Source;
@@ -423,6 +443,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
     int32_t depth;
     std::optional<DynamicVocabParams> vocab;
     Drafter drafter;
+    int32_t draft_layers = 2;  // of 3
   };
   auto dynamic = [](int32_t w_max, Source source, Rows rows, bool async) {
     DynamicVocabParams p;
@@ -435,12 +456,19 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
   const Variant variants[] = {
       {"full, depth 1", 1, std::nullopt, Drafter::Self},
       {"full, depth 4", 4, std::nullopt, Drafter::Self},
+      {"full, depth 3, every layer drafts", 3, std::nullopt, Drafter::Self, 3},
       {"dynamic W 64", 4, dynamic(64, Source::Both, Rows::Accepted, true), Drafter::Self},
       {"dynamic ext W 64", 4, dynamic(64, Source::Ext, Rows::Accepted, true), Drafter::Self},
       {"dynamic W 5, K_ver last row, in line", 4, dynamic(5, Source::Both, Rows::Last, false), Drafter::Self},
       {"dynamic ctx W 3072", 4, dynamic(3072, Source::Ctx, Rows::Accepted, true), Drafter::Self},
       {"draft model, full, depth 3", 3, std::nullopt, Drafter::Model},
       {"draft model, dynamic W 64", 4, dynamic(64, Source::Both, Rows::Accepted, true), Drafter::Model}};
+  struct Launch {
+    cuda::Graphs graphs;
+    int32_t sync_every;
+    const char* name;
+  };
+  const Launch launches[] = {{cuda::Graphs::On, 4, "graph, sync every 4"}, {cuda::Graphs::Off, 1, "kernels, sync every step"}};
   for (const Case& c : kModelCases) {
     SCOPED_TRACE(c.arch + " " + type_name(uint32_t(c.type)));
     TinyPair m(device_spec(c.arch, c.type));
@@ -450,21 +478,63 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
     g.n_predict = 40;
     const std::vector<int32_t> plain = m.gpu->generate_greedy(prompt, g);
     int32_t draft_model_accepted = 0;
-    for (const Variant& v : variants) {
-      cuda::SpecChainOptions o;
-      o.n_predict = 40;
-      o.draft_layers = 2;
-      o.depth = v.depth;
-      o.dynamic_vocab = v.vocab;
-      if (v.drafter == Drafter::Model) o.draft_model = draft.gpu.get();
-      cuda::SpecChainStats st;
-      EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &st), plain) << v.name;
-      EXPECT_GT(st.steps, 0) << v.name;
-      EXPECT_LE(st.steps, 40) << v.name;
-      if (v.drafter == Drafter::Model) draft_model_accepted += st.accepted_drafts;
-    }
+    for (const Variant& v : variants)
+      for (const Launch& l : launches) {
+        if (v.drafter == Drafter::Model && l.graphs == cuda::Graphs::Off) continue;  // host-driven: no graph to switch
+        SCOPED_TRACE(std::string(v.name) + ", " + l.name);
+        cuda::SpecChainOptions o;
+        o.n_predict = 40;
+        o.draft_layers = v.draft_layers;
+        o.depth = v.depth;
+        o.dynamic_vocab = v.vocab;
+        o.graphs = l.graphs;
+        o.sync_every = l.sync_every;
+        if (v.drafter == Drafter::Model) o.draft_model = draft.gpu.get();
+        cuda::SpecChainStats st;
+        EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &st), plain);
+        EXPECT_GT(st.steps, 0);
+        EXPECT_LE(st.steps, 40 + l.sync_every);  // steps past the last token may run until the host looks
+        if (v.draft_layers == 3) EXPECT_EQ(st.accepted_drafts, v.depth * st.steps) << "the target drafting for itself";
+        if (v.drafter == Drafter::Model) draft_model_accepted += st.accepted_drafts;
+      }
     EXPECT_GT(draft_model_accepted, 0) << "the draft model never agreed: the catch-up path went untested";
   }
+
+  TinyPair m(device_spec("llama", GgmlType::Q8_0));
+  TinyPair draft(device_spec("llama", GgmlType::Q4_1));
+  const int32_t V = m.cpu->config().n_vocab;
+  for (const Launch& l : launches)
+    for (const std::optional<DynamicVocabParams>& vocab : {std::optional<DynamicVocabParams>(), dynamic(64, Source::Both, Rows::Accepted, true)})
+    for (Drafter drafter : {Drafter::Self, Drafter::Model}) {
+      if (drafter == Drafter::Model && l.graphs == cuda::Graphs::Off) continue;
+      SCOPED_TRACE(std::string(l.name) + (vocab ? ", dynamic" : ", full") + (drafter == Drafter::Model ? ", draft model" : ""));
+      cuda::SpecChainOptions o;
+      o.draft_layers = 2;
+      o.depth = 4;
+      o.dynamic_vocab = vocab;
+      o.graphs = l.graphs;
+      o.sync_every = l.sync_every;
+      if (drafter == Drafter::Model) o.draft_model = draft.gpu.get();
+      // A stop token: the output ends with its first occurrence.
+      const std::vector<int32_t> prompt = random_tokens(7, V, 9);
+      cuda::GreedyOptions g;
+      g.n_predict = 40;
+      const std::vector<int32_t> plain = m.gpu->generate_greedy(prompt, g);
+      o.n_predict = 40;
+      o.stop_ids = {plain[17]};
+      const size_t first = size_t(std::find(plain.begin(), plain.end(), plain[17]) - plain.begin());
+      EXPECT_EQ(m.gpu->generate_speculative(prompt, o, nullptr),
+                std::vector<int32_t>(plain.begin(), plain.begin() + first + 1));
+      // The context's end (256 slots): 230 prompt tokens leave room for 27 tokens; the last chains
+      // do not fit, and plain steps (self-draft) or shorter chains (draft model) finish.
+      const std::vector<int32_t> long_prompt = random_tokens(230, V, 10);
+      g.n_predict = 100;
+      const std::vector<int32_t> plain_end = m.gpu->generate_greedy(long_prompt, g);
+      ASSERT_EQ(plain_end.size(), 256u - 230u + 1u);
+      o.n_predict = 100;
+      o.stop_ids.clear();
+      EXPECT_EQ(m.gpu->generate_speculative(long_prompt, o, nullptr), plain_end);
+    }
 }
 
 // Greedy decoding of the CPU's tokens on a real file (SmolLM2: Q4_1 and Q8_0 weights), compared as
@@ -520,6 +590,11 @@ TEST(CudaModel, RealModelGreedyEqualsCpu) {
     EXPECT_EQ(gpu->generate_speculative(prompt, so, &st), got) << "speculative, dynamic vocabulary, vs plain";
     std::printf("[ real model ] the same with the dynamic vocabulary: %d steps, mean acceptance length %.2f\n", st.steps,
                 st.mean_acceptance_length());
+    so.graphs = cuda::Graphs::Off;
+    so.sync_every = 1;
+    EXPECT_EQ(gpu->generate_speculative(prompt, so, &st), got) << "speculative, dynamic vocabulary, no graph, vs plain";
+    so.graphs = cuda::Graphs::On;
+    so.sync_every = 4;
     // The file as its own draft model: every chain is accepted whole, so the drafter is always one
     // token behind and catches up at the start of each step.
     // (Full vocabulary: every kernel is batch invariant, so its drafts are the target's tokens.)
@@ -611,7 +686,7 @@ TEST(CudaModel, DynamicVocabularyStateEqualsCpu) {
         for (int32_t j = 0; j < cpu_head.size(); ++j) ASSERT_EQ(snap.token_of_slot[j], cpu_head.token(j)) << when << " slot " << j;
         const int32_t n = cpu_head.size();
         const float* d_logits = dev.logits(d_hidden.ptr, n_hidden, scratch.ptr);
-        dev.argmax(n_hidden, d_best.ptr);
+        dev.argmax(n_hidden, /*if_empty=*/-1, d_best.ptr);
         std::vector<float> got(size_t(n_hidden) * dev.capacity());
         MS_CUDA(cudaStreamSynchronize(m.gpu->stream()));
         MS_CUDA(cudaMemcpy(got.data(), d_logits, got.size() * 4, cudaMemcpyDeviceToHost));
@@ -634,13 +709,15 @@ TEST(CudaModel, DynamicVocabularyStateEqualsCpu) {
       check("begin");
       for (int32_t step = 0; step < 40; ++step) {
         const std::vector<int32_t> tree = random_tokens(1 + step % 6, V, 100 + step);
-        const int32_t n_rows = 1 + step % 4;
+        // Verification rows [first, first + count) of n_rows, as a chain's acceptance picks them.
+        const int32_t n_rows = 1 + step % 4, first = step % 3 == 0 ? 0 : (step * 7) % n_rows;
+        const int32_t count = step % 3 == 0 ? n_rows : 1;
         const std::vector<float> verify = normal_floats(size_t(n_rows) * V, 200 + step);
         std::vector<int32_t> rows;
-        for (int32_t r = n_rows - 1; r >= 0; r -= 1 + step % 2) rows.push_back(r);
+        for (int32_t r = first; r < first + count; ++r) rows.push_back(r);
         DeviceBuffer<int32_t> d_tree(tree);
         DeviceBuffer<float> d_verify(verify);
-        dev.step(d_tree.ptr, int32_t(tree.size()), d_verify.ptr, rows);
+        dev.step(d_tree.ptr, d_verify.ptr, VocabUpdate{.n_tree = int32_t(tree.size()), .first_row = first, .n_rows = count});
         cpu.step(tree, verify.data(), rows);
         check("step " + std::to_string(step));
         MS_CUDA(cudaStreamSynchronize(m.gpu->stream()));  // d_tree and d_verify go out of scope

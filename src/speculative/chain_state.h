@@ -1,0 +1,95 @@
+#pragma once
+// The bookkeeping of a speculative chain step as plain arrays and functions (no allocation,
+// exceptions or standard library), so that one piece of code runs inside one device thread after
+// each verification (src/cuda's device-resident speculative step: the drafts, the acceptance and
+// the next batch never visit the host, so the step can be replayed as a CUDA graph) and on the
+// host, where tests drive it.
+//
+// A step's batch is a chain: tokens[0] is the last token emitted (the target's own prediction, not
+// yet in the cache), tokens[1 + i] is draft i (i < depth); token i sits at position n_past + i with
+// token i - 1 as its parent. One forward of the target over the batch gives pred[i], its argmax
+// after tokens[0..i]. chain_accept then:
+//   - accepts a = the longest prefix of drafts equal to pred (none when the drafts were
+//     placeholders: a draft vocabulary with no rows yet);
+//   - emits drafts 0..a-1 and pred[a] into out_ids (greedy decoding would have produced exactly
+//     these, since pred[i] is the target's token after a prefix it accepted);
+//   - keeps the batch's first a + 1 cache slots: *n_past += a + 1 (a prefix of the pending
+//     slots, so nothing moves);
+//   - starts the next batch: tokens[0] = pred[a], positions from the new n_past;
+//   - records the dynamic vocabulary's next update: the chain's drafts (when real) and the
+//     verification rows whose top K_ver the candidate stream appends (rows 0..a, or row a only).
+#include <cstdint>
+
+#include "util/host_device.h"
+
+namespace microspec {
+
+// What the draft vocabulary's next step appends (vocab/candidate_stream.h's step): the chain's
+// first n_tree drafts, then the target's top K_ver at verification rows [first_row, first_row + n_rows).
+struct VocabUpdate {
+  int32_t n_tree = 0;
+  int32_t first_row = 0;
+  int32_t n_rows = 0;
+};
+
+struct ChainTotals {
+  int32_t steps = 0;     // verifications
+  int32_t accepted = 0;  // drafts accepted in all
+};
+
+struct ChainState {
+  int32_t* tokens = nullptr;       // [depth + 1] the batch: last emitted token, then the drafts
+  int32_t* positions = nullptr;    // [depth + 1] n_past + i
+  int32_t* parents = nullptr;      // [depth + 1] i - 1 (pending index of the parent)
+  int32_t* output_rows = nullptr;  // [depth + 1] i (every row is verified)
+  const int32_t* pred = nullptr;   // [depth + 1] the target's argmax per batch row
+  // The draft vocabulary's rows in use while the chain was drafted; null for the full head. When
+  // it is 0 the drafts are placeholders (the draft head had nothing to choose from).
+  const int32_t* draft_rows = nullptr;
+  int32_t* n_past = nullptr;   // [1] committed cache slots
+  int32_t* out_ids = nullptr;  // [capacity] emitted tokens
+  int32_t* counter = nullptr;  // [1] entries of out_ids
+  VocabUpdate* update = nullptr;  // [1]
+  ChainTotals* totals = nullptr;  // [1]
+  int32_t depth = 0;
+  int32_t kver_last_only = 0;  // 1: K_ver of the last accepted row only (KverRows::Last); 0: of every accepted row
+};
+
+// Lays out the first batch after the prompt (tokens[0], out_ids[0] and *counter are the prompt's
+// argmax, already emitted): positions, parents and output rows; no vocabulary update pending.
+MS_HOST_DEVICE inline void chain_begin(const ChainState& s) {
+  const int32_t n_past = *s.n_past;
+  for (int32_t i = 0; i <= s.depth; ++i) {
+    s.positions[i] = n_past + i;
+    s.parents[i] = i - 1;
+    s.output_rows[i] = i;
+  }
+  *s.update = VocabUpdate{};
+  *s.totals = ChainTotals{};
+}
+
+// After the verification of the batch: accepts, emits, commits and lays out the next batch (see
+// the top of this file). Returns a, the drafts accepted. out_ids must have room for depth + 1
+// more entries and the context for the next batch: the caller sizes the steps it runs.
+MS_HOST_DEVICE inline int32_t chain_accept(const ChainState& s) {
+  const bool real_drafts = s.draft_rows == nullptr || *s.draft_rows > 0;
+  const int32_t n_drafts = real_drafts ? s.depth : 0;
+  int32_t a = 0;
+  while (a < n_drafts && s.tokens[1 + a] == s.pred[a]) ++a;
+  int32_t count = *s.counter;
+  for (int32_t i = 0; i < a; ++i) s.out_ids[count++] = s.tokens[1 + i];
+  s.out_ids[count++] = s.pred[a];
+  *s.counter = count;
+  const int32_t n_past = *s.n_past + a + 1;
+  *s.n_past = n_past;
+  s.tokens[0] = s.pred[a];
+  for (int32_t i = 0; i <= s.depth; ++i) s.positions[i] = n_past + i;
+  s.update->n_tree = n_drafts;
+  s.update->first_row = s.kver_last_only ? a : 0;
+  s.update->n_rows = s.kver_last_only ? 1 : a + 1;
+  s.totals->steps += 1;
+  s.totals->accepted += a;
+  return a;
+}
+
+}  // namespace microspec

@@ -1,0 +1,306 @@
+// The device-resident speculative step's bookkeeping (speculative/chain_state.h) and the dynamic
+// vocabulary's device state (vocab/window_state.h) driven on the host, with the CPU model doing
+// the forwards src/cuda's CudaModel::enqueue_chain_step launches, in the same order and over the
+// same arrays: the vocabulary's update from the previous verification, the drafts (each fed to the
+// next through tokens[]), the verification of the whole chain, chain_accept. The tokens emitted
+// must be plain greedy decoding's, token for token; the candidate stream the resident step builds
+// must be the one the host-driven step builds (CandidateStream fed each verification's drafts and
+// rows); and a drafter with every layer must have every chain accepted whole.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "math/select.h"
+#include "model/model.h"
+#include "speculative/chain_state.h"
+#include "vocab/candidate_stream.h"
+#include "vocab/window_state.h"
+#include "host_vocab_state.h"
+#include "tiny_model.h"
+
+namespace microspec {
+namespace {
+
+struct ResidentRun {
+  std::vector<int32_t> emitted;
+  ChainTotals totals;
+};
+
+// Plain greedy decoding: n tokens after the prompt.
+std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t>& prompt, int32_t n) {
+  KVCache kv = model.make_cache(512);
+  Batch b;
+  ForwardOutput out;
+  b.set_sequence(prompt, 0, false);
+  std::vector<int32_t> ids;
+  const int32_t V = model.config().n_vocab;
+  while (int32_t(ids.size()) < n) {
+    model.forward(b, kv, out, {.logits = true});
+    kv.commit_prefix(b.size());
+    ids.push_back(argmax(out.logits.data() + size_t(out.n_rows - 1) * V, V));
+    b.set_sequence(std::vector<int32_t>{ids.back()}, kv.n_past(), false);
+  }
+  return ids;
+}
+
+// The resident step on the host. vocab: MicroSpec's draft vocabulary (its state advanced by the
+// device's functions, its draft head over the packed rows), or the full head.
+ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32_t n_predict, int32_t depth,
+                         int32_t draft_layers, const std::optional<CandidateStreamParams>& vocab) {
+  const int32_t V = model.config().n_vocab, n_prompt = int32_t(prompt.size());
+  KVCache kv = model.make_cache(512);
+  Batch b;
+  ForwardOutput out;
+
+  // The device's arrays.
+  std::vector<int32_t> tokens(depth + 1), positions(depth + 1), parents(depth + 1), output_rows(depth + 1),
+      pred(depth + 1), out_ids(size_t(n_predict) + depth + 1);
+  int32_t n_past = 0, counter = 0;
+  VocabUpdate update;
+  ChainTotals totals;
+  std::vector<float> verify_logits;  // [depth + 1][V] of the last verification
+
+  // The vocabulary, and the host-driven stream it must equal.
+  const int32_t k_pre = vocab ? vocab->prompt_top_k() : 0, k_ver = vocab ? vocab->k_ver : 0;
+  std::unique_ptr<test::HostDraftVocabState> dv;
+  std::unique_ptr<CandidateStream> reference;
+
+  // Prefill: the prompt's last argmax is the first token (decode_begin), the target's top K_pre
+  // at every prompt position start the stream.
+  b.set_sequence(prompt, 0, true);
+  model.forward(b, kv, out, {.logits = true});
+  kv.commit_prefix(n_prompt);
+  n_past = n_prompt;
+  tokens[0] = argmax(out.logits.data() + size_t(n_prompt - 1) * V, V);
+  out_ids[counter++] = tokens[0];
+  if (vocab) {
+    std::vector<int32_t> prompt_top(size_t(n_prompt) * std::max(k_pre, 1));
+    for (int32_t i = 0; i < n_prompt && k_pre > 0; ++i)
+      top_k_indices(out.logits.data() + size_t(i) * V, V, k_pre, prompt_top.data() + size_t(i) * k_pre);
+    reference = std::make_unique<CandidateStream>(V, *vocab);
+    dv = std::make_unique<test::HostDraftVocabState>(V, vocab->w_max, reference->window().capacity());
+    if (vocab->source == CandidateStreamParams::Source::Ext) {
+      reference->begin(prompt, {}, 0);
+      vocab_state_begin(dv->st, prompt.data(), 0, prompt_top.data(), k_pre, 0);
+    } else {
+      reference->begin(prompt, prompt_top, k_pre);
+      vocab_state_begin(dv->st, prompt.data(), n_prompt, prompt_top.data(), k_pre, k_pre);
+    }
+  }
+  ChainState cs;
+  cs.tokens = tokens.data();
+  cs.positions = positions.data();
+  cs.parents = parents.data();
+  cs.output_rows = output_rows.data();
+  cs.pred = pred.data();
+  cs.draft_rows = dv ? &dv->st.slots.n_rows : nullptr;
+  cs.n_past = &n_past;
+  cs.out_ids = out_ids.data();
+  cs.counter = &counter;
+  cs.update = &update;
+  cs.totals = &totals;
+  cs.depth = depth;
+  cs.kver_last_only = vocab && vocab->kver_rows == CandidateStreamParams::KverRows::Last;
+  chain_begin(cs);
+
+  std::vector<int32_t> tops, tree, rows;
+  std::vector<float> draft_logits;
+  bool drafts_real = true;
+  int32_t last_accepted = 0;  // drafts the last verification accepted
+  while (counter < n_predict) {
+    // 1. The vocabulary's update from the previous verification; the host-driven reference takes
+    //    the same verification's drafts (when real) and rows, and must hold the same window.
+    if (dv && vocab->source != CandidateStreamParams::Source::Ctx) {
+      tops.assign(size_t(update.n_rows) * std::max(k_ver, 1), -1);
+      for (int32_t r = 0; r < update.n_rows && k_ver > 0; ++r)
+        top_k_indices(verify_logits.data() + size_t(update.first_row + r) * V, V, k_ver, tops.data() + size_t(r) * k_ver);
+      vocab_state_step(dv->st, tokens.data() + 1, update.n_tree, tops.data(), update.n_rows * k_ver);
+      if (totals.steps > 0) {
+        // The host-driven step's own rule: the drafts, then rows 0..a or a alone.
+        tree.assign(tokens.begin() + 1, tokens.begin() + 1 + (drafts_real ? depth : 0));
+        rows.clear();
+        for (int32_t r = vocab->kver_rows == CandidateStreamParams::KverRows::Last ? last_accepted : 0;
+             r <= last_accepted; ++r)
+          rows.push_back(r);
+        reference->step(tree, verify_logits.data(), rows);
+      }
+      EXPECT_EQ(dv->st.window.active, reference->window().active_size()) << "step " << totals.steps;
+      int32_t differ = 0;
+      for (int32_t t = 0; t < V; ++t) differ += (dv->count[size_t(t)] > 0) != reference->window().contains(t);
+      EXPECT_EQ(differ, 0) << "tokens in one window only, step " << totals.steps;
+    }
+    // 2. Drafts: batch row d alone in pending slot d; the draft head's best is row d + 1.
+    drafts_real = !dv || dv->st.slots.n_rows > 0;
+    for (int32_t d = 0; d < depth; ++d) {
+      b.clear();
+      b.tokens = {tokens[d]};
+      b.positions = {positions[d]};
+      b.parents = {parents[d]};
+      b.output_rows = {output_rows[0]};
+      b.start = d;
+      model.forward(b, kv, out, {.logits = !dv, .end_layer = draft_layers});
+      if (!dv) {
+        tokens[d + 1] = argmax(out.logits.data(), V);
+        continue;
+      }
+      const int32_t n = dv->st.slots.n_rows;
+      if (n == 0) {
+        tokens[d + 1] = 0;  // the placeholder the device's argmax writes
+        continue;
+      }
+      draft_logits.resize(size_t(n));
+      model.lm_head_rows(out.hidden.data(), 1, dv->token_of_slot.data(), n, draft_logits.data());
+      tokens[d + 1] = dv->token_of_slot[size_t(argmax(draft_logits.data(), n))];
+    }
+    // 3. Verification of the whole chain.
+    b.clear();
+    b.tokens = tokens;
+    b.positions = positions;
+    b.parents = parents;
+    b.output_rows = output_rows;
+    model.forward(b, kv, out, {.logits = true});
+    for (int32_t i = 0; i <= depth; ++i) pred[size_t(i)] = argmax(out.logits.data() + size_t(i) * V, V);
+    verify_logits = out.logits;
+    // 4. Acceptance: the cache keeps what chain_accept committed.
+    const int32_t before = n_past;
+    last_accepted = chain_accept(cs);
+    kv.commit_prefix(n_past - before);
+    EXPECT_EQ(counter, n_past - n_prompt + 1) << "every emitted token but the newest is in the cache";
+    EXPECT_EQ(kv.n_past(), n_past);
+  }
+  ResidentRun r;
+  r.emitted.assign(out_ids.begin(), out_ids.begin() + std::min(counter, n_predict));
+  r.totals = totals;
+  return r;
+}
+
+class ChainStateTiny : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = (std::filesystem::temp_directory_path() /
+             ("microspec_chain_state_" + std::to_string(::getpid()) + ".gguf"))
+                .string();
+    test::TinyModelSpec spec;
+    spec.arch = "llama";
+    spec.n_vocab = 320;
+    spec.n_layer = 3;
+    spec.seed = 7;
+    spec.untied_output = true;  // a tied random model only repeats its last token
+    test::write_tiny_model(spec, path_);
+    file_ = GgufFile::open(path_);
+    ModelOptions opt;
+    opt.n_threads = 2;
+    opt.n_batch = 64;
+    model_ = Model::load(*file_, opt);
+  }
+  void TearDown() override { std::filesystem::remove(path_); }
+  std::string path_;
+  std::unique_ptr<GgufFile> file_;
+  std::unique_ptr<Model> model_;
+};
+
+TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
+  using Source = CandidateStreamParams::Source;
+  using Rows = CandidateStreamParams::KverRows;
+  auto stream = [](int32_t w_max, Source source, Rows rows) {
+    CandidateStreamParams p;
+    p.w_max = w_max;
+    p.source = source;
+    p.kver_rows = rows;
+    return std::optional<CandidateStreamParams>(p);
+  };
+  struct Variant {
+    const char* name;
+    int32_t depth;
+    int32_t draft_layers;  // of 3: with 3 and the full head the drafts are the target's own tokens
+    std::optional<CandidateStreamParams> vocab;
+  };
+  const Variant variants[] = {
+      {"full head, depth 1", 1, 2, std::nullopt},
+      {"full head, depth 4", 4, 2, std::nullopt},
+      {"full head, every layer drafts", 4, 3, std::nullopt},
+      {"dynamic W 64", 4, 2, stream(64, Source::Both, Rows::Accepted)},
+      {"dynamic W 64, every layer drafts", 3, 3, stream(64, Source::Both, Rows::Accepted)},
+      {"dynamic ext W 64 (first chain from an empty vocabulary)", 4, 2, stream(64, Source::Ext, Rows::Accepted)},
+      {"dynamic W 5, K_ver of the last row", 4, 2, stream(5, Source::Both, Rows::Last)},
+      {"dynamic ctx", 4, 2, stream(3072, Source::Ctx, Rows::Accepted)}};
+  const std::vector<int32_t> prompt = {5, 17, 99, 3, 250, 41, 8, 77, 120};
+  const int32_t n_predict = 40;
+  const std::vector<int32_t> plain = plain_greedy(*model_, prompt, n_predict);
+  EXPECT_GE(std::set<int32_t>(plain.begin(), plain.end()).size(), 10u) << "a degenerate text tests little";
+  int32_t accepted_partial = 0, accepted_dynamic = 0;
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    const ResidentRun r = run_resident(*model_, prompt, n_predict, v.depth, v.draft_layers, v.vocab);
+    EXPECT_EQ(r.emitted, plain);
+    EXPECT_GT(r.totals.steps, 0);
+    if (v.draft_layers == 3 && !v.vocab)
+      EXPECT_EQ(r.totals.accepted, v.depth * r.totals.steps) << "the target drafting for itself";
+    if (v.draft_layers == 2) accepted_partial += r.totals.accepted;
+    if (v.vocab) accepted_dynamic += r.totals.accepted;
+  }
+  EXPECT_GT(accepted_partial, 0) << "no partial drafter ever agreed: only chains cut at once were tested";
+  EXPECT_GT(accepted_dynamic, 0) << "no draft from the packed rows was ever accepted";
+}
+
+// chain_accept on its own: a cut chain, a whole one, placeholders, the K_ver rows it asks for.
+TEST(ChainState, AcceptEmitsCommitsAndLaysOutTheNextBatch) {
+  const int32_t depth = 3;
+  std::vector<int32_t> tokens = {10, 11, 12, 13}, positions(4), parents(4), rows(4), pred = {11, 12, 99, 7},
+                       out_ids(16, -1);
+  int32_t n_past = 20, counter = 1, draft_rows = 5;
+  VocabUpdate update;
+  ChainTotals totals;
+  ChainState s{tokens.data(), positions.data(), parents.data(), rows.data(), pred.data(), &draft_rows, &n_past,
+               out_ids.data(), &counter, &update, &totals, depth, 0};
+  chain_begin(s);
+  EXPECT_EQ(positions, (std::vector<int32_t>{20, 21, 22, 23}));
+  EXPECT_EQ(parents, (std::vector<int32_t>{-1, 0, 1, 2}));
+  EXPECT_EQ(rows, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(update.n_tree + update.n_rows, 0);
+
+  // Drafts 11, 12 accepted, 13 rejected for 99.
+  EXPECT_EQ(chain_accept(s), 2);
+  EXPECT_EQ(std::vector<int32_t>(out_ids.begin() + 1, out_ids.begin() + 4), (std::vector<int32_t>{11, 12, 99}));
+  EXPECT_EQ(counter, 4);
+  EXPECT_EQ(n_past, 23);
+  EXPECT_EQ(tokens[0], 99);
+  EXPECT_EQ(positions, (std::vector<int32_t>{23, 24, 25, 26}));
+  EXPECT_EQ(update.n_tree, 3);
+  EXPECT_EQ(update.first_row, 0);
+  EXPECT_EQ(update.n_rows, 3);
+
+  // A whole chain, K_ver of the last row only.
+  s.kver_last_only = 1;
+  tokens = {99, 1, 2, 3};
+  pred = {1, 2, 3, 4};
+  EXPECT_EQ(chain_accept(s), 3);
+  EXPECT_EQ(counter, 8);
+  EXPECT_EQ(out_ids[7], 4);
+  EXPECT_EQ(n_past, 27);
+  EXPECT_EQ(update.first_row, 3);
+  EXPECT_EQ(update.n_rows, 1);
+
+  // Placeholders (an empty draft vocabulary): nothing accepted even where they match, no tree.
+  draft_rows = 0;
+  tokens = {4, 0, 0, 0};
+  pred = {0, 0, 0, 0};
+  EXPECT_EQ(chain_accept(s), 0);
+  EXPECT_EQ(out_ids[8], 0);
+  EXPECT_EQ(counter, 9);
+  EXPECT_EQ(n_past, 28);
+  EXPECT_EQ(update.n_tree, 0);
+  EXPECT_EQ(update.first_row, 0);
+  EXPECT_EQ(totals.steps, 3);
+  EXPECT_EQ(totals.accepted, 5);
+}
+
+}  // namespace
+}  // namespace microspec
