@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -180,7 +181,7 @@ int run(int argc, char** argv) {
   // target's top 3 of 6 verification rows, 60 fresh tree tokens into the window in one device
   // thread, the gather of the entered rows on the copy stream, joined), and the draft head over
   // the 3,072 packed slots with its argmax over the active ones, 10 rows.
-  DeviceDraftVocab vocab(full, DynamicVocabParams{}, {.max_prompt = int32_t(prompt.size()), .max_rows = 10}, s);
+  DeviceDraftVocab vocab(full, PrunedVocabSpec{}, {.max_prompt = int32_t(prompt.size()), .max_rows = 10}, s);
   MS_CUDA(cudaMemcpy(vocab.prompt_ids(), prompt.data(), prompt.size() * 4, cudaMemcpyHostToDevice));
   std::vector<int32_t> host_ids(size_t(4096) * 60);
   for (size_t i = 0; i < host_ids.size(); ++i) host_ids[i] = int32_t((int64_t(i) * 2654435761LL) % cfg.n_vocab);
@@ -209,16 +210,20 @@ int run(int argc, char** argv) {
   cudaFree(update);
 
   // The device's self-draft chain end to end (4 of the layers draft a chain of 5, one forward of
-  // all layers verifies it; the step resident on the device), full vocabulary against MicroSpec's,
-  // graphs on and off: milliseconds per step, from two generation lengths (the difference drops
-  // the prefill). Random weights accept almost nothing, so a step is one chain drafted and verified.
-  auto chain_ms = [&](bool dynamic, Graphs graphs) {
+  // all layers verifies it; the step resident on the device), full vocabulary against FR-Spec's
+  // fixed 32k set and MicroSpec's window, graphs on and off: milliseconds per step, from two
+  // generation lengths (the difference drops the prefill). Random weights accept almost nothing,
+  // so a step is one chain drafted and verified.
+  PrunedVocabSpec freq32k;
+  freq32k.kind = PrunedVocabSpec::Kind::Fixed;
+  for (int32_t i = 0; i < 32768; ++i) freq32k.pinned.push_back(i);
+  auto chain_ms = [&](const std::optional<PrunedVocabSpec>& vocab, Graphs graphs) {
     SpecChainOptions so;
     so.draft_layers = std::min(4, cfg.n_layer);
     so.depth = 5;
     so.graphs = graphs;
     so.sync_every = 8;
-    if (dynamic) so.dynamic_vocab = DynamicVocabParams{};
+    so.vocab = vocab;
     auto run_ms = [&](int32_t n_predict, int32_t& steps) {
       so.n_predict = n_predict;
       SpecChainStats st;
@@ -236,8 +241,10 @@ int run(int argc, char** argv) {
     }
     return median(per_step);
   };
-  const double chain_full = chain_ms(false, Graphs::On), chain_dynamic = chain_ms(true, Graphs::On);
-  const double chain_full_eager = chain_ms(false, Graphs::Off), chain_dynamic_eager = chain_ms(true, Graphs::Off);
+  double chain[3][2];  // [full, freq 32k, dynamic][graphs off, on]
+  const std::optional<PrunedVocabSpec> chain_vocabs[3] = {std::nullopt, freq32k, PrunedVocabSpec{}};
+  for (int v = 0; v < 3; ++v)
+    for (Graphs g : {Graphs::Off, Graphs::On}) chain[v][g == Graphs::On] = chain_ms(chain_vocabs[v], g);
 
   const double draft_full = 5 * (layer10 + full10), draft_32k = 5 * (layer10 + p32k), draft_3k = 5 * (layer10 + p3k);
   std::printf("\n| measurement | microspec CUDA | issue's table (PyTorch + graphs) |\n|---|---|---|\n");
@@ -259,9 +266,9 @@ int run(int argc, char** argv) {
               vocab_step);
   std::printf("| dynamic vocabulary: draft head over 3,072 packed slots + argmax, 10 rows | %.3f ms | 0.033 ms (3k head) |\n",
               dyn_head10);
-  std::printf("| self-draft chain step (4 layers draft 5 tokens, all verify; device-resident), CUDA graphs on: full / dynamic vocabulary | %.2f / %.2f ms | - |\n",
-              chain_full, chain_dynamic);
-  std::printf("| the same, CUDA graphs off | %.2f / %.2f ms | - |\n", chain_full_eager, chain_dynamic_eager);
+  std::printf("| self-draft chain step (4 layers draft 5 tokens, all verify; device-resident), CUDA graphs on: full / freq 32k / dynamic vocabulary | %.2f / %.2f / %.2f ms | - |\n",
+              chain[0][1], chain[1][1], chain[2][1]);
+  std::printf("| the same, CUDA graphs off | %.2f / %.2f / %.2f ms | - |\n", chain[0][0], chain[1][0], chain[2][0]);
   cudaFree(hidden);
   cudaFree(logits);
   cudaFree(scratch);

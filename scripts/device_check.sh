@@ -4,7 +4,7 @@
 # forwards, KV compaction, packed head gather, the dynamic vocabulary's state against the CPU's,
 # greedy tokens equal to the CPU's, the device-resident speculative step with and without its CUDA
 # graph equal to plain greedy decoding), the CLI on SmolLM2 when it is staged under models/ (plain and
-# self-drafted with the full and the dynamic vocabulary: the same text), then the benchmark on a
+# self-drafted with the full, the dynamic and the freq vocabulary: the same text), then the benchmark on a
 # Llama-3-8B-shaped model whose random BF16 weights are made in device memory.
 #
 #   scripts/device_check.sh [BIN_DIR]     (default: build-cuda)
@@ -31,11 +31,11 @@ status=0
 grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[  PASSED|^\[ real model|Failure' "$LOG/tests.log" | head -40
 if [ "$status" -ne 0 ]; then echo "CUDA tests FAILED (status $status): see tests.log"; fi
 
-SMOL=models/smollm2-135m-instruct-q4_1.gguf
+SMOL=models/smollm2-135m-instruct-q4_1.gguf  # with its .freq.bin (scripts/make_freq.sh) beside it
 if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
-  echo "== generate --device cuda on SmolLM2 (96 tokens): plain, self-draft with the full and the dynamic vocabulary"
+  echo "== generate --device cuda on SmolLM2 (96 tokens): plain, self-draft with the full, dynamic and freq vocabularies"
   P="Write a short story about a lighthouse keeper."
-  for vocab in plain full dynamic; do
+  for vocab in plain full dynamic freq; do
     spec=()
     [ "$vocab" = plain ] || spec=(--spec self --tree-topk 1 --draft-vocab "$vocab")
     "$BIN/microspec" generate -m "$SMOL" -p "$P" --chat -n 96 --ignore-eos --device cuda "${spec[@]}" \
@@ -43,8 +43,8 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
     echo "$vocab: $(tail -1 "$LOG/cli_$vocab.err")"
   done
   if [ -s "$LOG/cli_plain.txt" ] && cmp -s "$LOG/cli_plain.txt" "$LOG/cli_full.txt" &&
-     cmp -s "$LOG/cli_plain.txt" "$LOG/cli_dynamic.txt"; then
-    echo "same text from all three"
+     cmp -s "$LOG/cli_plain.txt" "$LOG/cli_dynamic.txt" && cmp -s "$LOG/cli_plain.txt" "$LOG/cli_freq.txt"; then
+    echo "same text from all four"
   else
     echo "TEXTS DIFFER (see $LOG/cli_*.txt)"; status=1
   fi

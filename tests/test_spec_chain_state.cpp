@@ -20,6 +20,7 @@
 #include "math/select.h"
 #include "model/model.h"
 #include "speculative/chain_state.h"
+#include "vocab/draft_vocab.h"
 #include "vocab/candidate_stream.h"
 #include "vocab/window_state.h"
 #include "host_vocab_state.h"
@@ -50,10 +51,11 @@ std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t>& prom
   return ids;
 }
 
-// The resident step on the host. vocab: MicroSpec's draft vocabulary (its state advanced by the
-// device's functions, its draft head over the packed rows), or the full head.
+// The resident step on the host. vocab: a pruned draft vocabulary as src/cuda's DeviceDraftVocab
+// keeps it (its state advanced by the device's functions, pinned ids included; its draft head over
+// the packed rows; Fixed: the pinned ids alone, never stepped), or the full head.
 ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32_t n_predict, int32_t depth,
-                         int32_t draft_layers, const std::optional<CandidateStreamParams>& vocab) {
+                         int32_t draft_layers, const std::optional<PrunedVocabSpec>& spec) {
   const int32_t V = model.config().n_vocab, n_prompt = int32_t(prompt.size());
   KVCache kv = model.make_cache(512);
   Batch b;
@@ -67,7 +69,11 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   ChainTotals totals;
   std::vector<float> verify_logits;  // [depth + 1][V] of the last verification
 
-  // The vocabulary, and the host-driven stream it must equal.
+  // The vocabulary, and the host-driven stream it must equal (Fixed: a window of one entry that
+  // nothing enters, beside the pinned ids).
+  const bool fixed = spec && spec->kind == PrunedVocabSpec::Kind::Fixed;
+  std::optional<CandidateStreamParams> vocab;
+  if (spec) vocab = fixed ? CandidateStreamParams{.w_max = 1, .k_pre = 0, .k_ver = 0} : spec->window.stream;
   const int32_t k_pre = vocab ? vocab->prompt_top_k() : 0, k_ver = vocab ? vocab->k_ver : 0;
   std::unique_ptr<test::HostDraftVocabState> dv;
   std::unique_ptr<CandidateStream> reference;
@@ -84,15 +90,19 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
     std::vector<int32_t> prompt_top(size_t(n_prompt) * std::max(k_pre, 1));
     for (int32_t i = 0; i < n_prompt && k_pre > 0; ++i)
       top_k_indices(out.logits.data() + size_t(i) * V, V, k_pre, prompt_top.data() + size_t(i) * k_pre);
-    reference = std::make_unique<CandidateStream>(V, *vocab);
+    reference = std::make_unique<CandidateStream>(V, *vocab, spec->pinned);
     dv = std::make_unique<test::HostDraftVocabState>(V, vocab->w_max, reference->window().capacity());
-    if (vocab->source == CandidateStreamParams::Source::Ext) {
+    for (int32_t id : spec->pinned) window_pin(dv->st.window, id);
+    if (vocab->source == CandidateStreamParams::Source::Ext || fixed) {
       reference->begin(prompt, {}, 0);
       vocab_state_begin(dv->st, prompt.data(), 0, prompt_top.data(), k_pre, 0);
     } else {
       reference->begin(prompt, prompt_top, k_pre);
       vocab_state_begin(dv->st, prompt.data(), n_prompt, prompt_top.data(), k_pre, k_pre);
     }
+    if (fixed)  // the packed rows are the ids as given, for good
+      EXPECT_EQ(std::vector<int32_t>(dv->token_of_slot.begin(), dv->token_of_slot.begin() + dv->st.slots.n_rows),
+                spec->pinned);
   }
   ChainState cs;
   cs.tokens = tokens.data();
@@ -117,7 +127,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   while (counter < n_predict) {
     // 1. The vocabulary's update from the previous verification; the host-driven reference takes
     //    the same verification's drafts (when real) and rows, and must hold the same window.
-    if (dv && vocab->source != CandidateStreamParams::Source::Ctx) {
+    if (dv && !fixed && vocab->source != CandidateStreamParams::Source::Ctx) {
       tops.assign(size_t(update.n_rows) * std::max(k_ver, 1), -1);
       for (int32_t r = 0; r < update.n_rows && k_ver > 0; ++r)
         top_k_indices(verify_logits.data() + size_t(update.first_row + r) * V, V, k_ver, tops.data() + size_t(r) * k_ver);
@@ -210,17 +220,23 @@ TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
   using Source = CandidateStreamParams::Source;
   using Rows = CandidateStreamParams::KverRows;
   auto stream = [](int32_t w_max, Source source, Rows rows) {
-    CandidateStreamParams p;
-    p.w_max = w_max;
-    p.source = source;
-    p.kver_rows = rows;
-    return std::optional<CandidateStreamParams>(p);
+    PrunedVocabSpec p;
+    p.window.stream.w_max = w_max;
+    p.window.stream.source = source;
+    p.window.stream.kver_rows = rows;
+    return std::optional<PrunedVocabSpec>(p);
+  };
+  // ids 7, 14, 21, ... pinned beside a window (hybrid) or alone (freq).
+  auto pinned = [](std::optional<PrunedVocabSpec> p, int32_t n, PrunedVocabSpec::Kind kind) {
+    for (int32_t i = 1; i <= n; ++i) p->pinned.push_back(7 * i);
+    p->kind = kind;
+    return p;
   };
   struct Variant {
     const char* name;
     int32_t depth;
     int32_t draft_layers;  // of 3: with 3 and the full head the drafts are the target's own tokens
-    std::optional<CandidateStreamParams> vocab;
+    std::optional<PrunedVocabSpec> vocab;
   };
   const Variant variants[] = {
       {"full head, depth 1", 1, 2, std::nullopt},
@@ -230,7 +246,9 @@ TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
       {"dynamic W 64, every layer drafts", 3, 3, stream(64, Source::Both, Rows::Accepted)},
       {"dynamic ext W 64 (first chain from an empty vocabulary)", 4, 2, stream(64, Source::Ext, Rows::Accepted)},
       {"dynamic W 5, K_ver of the last row", 4, 2, stream(5, Source::Both, Rows::Last)},
-      {"dynamic ctx", 4, 2, stream(3072, Source::Ctx, Rows::Accepted)}};
+      {"dynamic ctx", 4, 2, stream(3072, Source::Ctx, Rows::Accepted)},
+      {"hybrid W 16 + 20 pinned", 4, 2, pinned(stream(16, Source::Both, Rows::Accepted), 20, PrunedVocabSpec::Kind::Window)},
+      {"freq: 40 fixed ids", 4, 2, pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed)}};
   const std::vector<int32_t> prompt = {5, 17, 99, 3, 250, 41, 8, 77, 120};
   const int32_t n_predict = 40;
   const std::vector<int32_t> plain = plain_greedy(*model_, prompt, n_predict);

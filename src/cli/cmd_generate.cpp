@@ -174,15 +174,12 @@ void run_generate(const GenerateArgs& a) {
     if (a.temperature != 0.0f || !a.stop.empty() || !a.prompts_jsonl.empty() || a.json)
       throw Error("--device cuda runs greedy decoding: --temp 0, no --stop, --prompts-jsonl or --json");
     if (a.spec.enabled()) {
-      // The device drafts a chain from the target's own first layers or a draft model, with the
-      // full vocabulary's head or MicroSpec's dynamic one.
+      // The device drafts a chain from the target's own first layers or a draft model, with any
+      // draft vocabulary (made once the model is loaded).
       if ((a.spec.mode != SpecMode::Self && a.spec.mode != SpecMode::Draft) || a.spec.tree.top_k != 1 ||
-          (a.spec.draft_vocab != DraftVocabKind::Full && a.spec.draft_vocab != DraftVocabKind::Dynamic) ||
           a.spec.tree.p_min != 0)
-        throw Error("--device cuda speculates with --spec self|draft --tree-topk 1 --draft-vocab full|dynamic "
-                    "--draft-p-min 0 only");
+        throw Error("--device cuda speculates with --spec self|draft --tree-topk 1 --draft-p-min 0 only");
       a.spec.validate();
-      if (a.spec.draft_vocab == DraftVocabKind::Dynamic) cuda_args.dynamic_vocab = dynamic_vocab_params(a.spec);
       if (a.spec.mode == SpecMode::Draft) cuda_args.draft_model = a.spec.draft_model;
       cuda_args.spec_draft_layers = a.spec.draft_layers;
       cuda_args.spec_chain = std::max(1, std::min(a.spec.tree.depth + 1, a.spec.tree.total_tokens));
@@ -190,6 +187,9 @@ void run_generate(const GenerateArgs& a) {
   }
   LoadedModel m = load_model(a.model);
   if (a.device == "cuda") {
+    if (a.spec.enabled() && a.spec.draft_vocab != DraftVocabKind::Full)
+      cuda_args.vocab = pruned_vocab_spec(a.spec, m.file->name(), m.model->config().n_vocab, *m.tokenizer,
+                                          &cuda_args.vocab_describe);
     const PromptEncoder encode(a, m);
     const std::vector<int32_t> ids = !a.prompt_ids.empty() ? parse_token_ids(a.prompt_ids)
                                      : encode(a.prompt_file.empty() ? a.prompt : read_file_bytes(a.prompt_file));

@@ -60,7 +60,7 @@ void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, co
     so.stop_ids = g.stop_ids;
     so.depth = args.spec_chain;
     so.draft_layers = args.spec_draft_layers > 0 ? args.spec_draft_layers : default_draft_layers(model->config().n_layer);
-    so.dynamic_vocab = args.dynamic_vocab;
+    so.vocab = args.vocab;
     so.draft_model = draft_model.get();
     ids = model->generate_speculative(prompt, so, &spec_stats);  // tokens arrive at the end of the run
     for (int32_t id : ids) print(id);
@@ -79,10 +79,10 @@ void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, co
     // Prefill and decoding run in one call here: one rate over both.
     std::fprintf(stderr,
                  "device: %s | prompt tokens: %zu | prefill + decode: %.1f tok/s (%zu tokens) | speculative "
-                 "(%s chain of %d, %s vocabulary): %d steps, mean acceptance length %.2f\n",
+                 "(%s chain of %d, %s): %d steps, mean acceptance length %.2f\n",
                  cuda::device_description().c_str(), prompt.size(),
                  ids.size() / std::max(std::chrono::duration<double>(t_end - t0).count(), 1e-9), ids.size(),
-                 draft_model ? "draft-model" : "self-draft", args.spec_chain, args.dynamic_vocab ? "dynamic" : "full",
+                 draft_model ? "draft-model" : "self-draft", args.spec_chain, args.vocab ? args.vocab_describe.c_str() : "full vocabulary",
                  spec_stats.steps,
                  spec_stats.mean_acceptance_length());
     return;

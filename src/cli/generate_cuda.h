@@ -20,7 +20,8 @@ struct CudaGenerateArgs {
   bool quiet = false;
   int32_t spec_chain = 0;         // > 0: speculative decoding with a self-drafted chain of this length
   int32_t spec_draft_layers = 0;  // self-draft layers; 0 = the CPU path's default for the model
-  std::optional<DynamicVocabParams> dynamic_vocab;  // --draft-vocab dynamic; none: the full head
+  std::optional<PrunedVocabSpec> vocab;  // --draft-vocab dynamic / hybrid / freq; none: the full head
+  std::string vocab_describe;            // its name for the statistics line
   std::string draft_model;  // --spec draft: the draft model's file (GGUF or Hugging Face folder)
 };
 

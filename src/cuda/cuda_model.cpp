@@ -528,7 +528,7 @@ ChainState CudaModel::chain_state(const ChainStep& step) const {
   s.update = d_update_;
   s.totals = d_totals_;
   s.depth = step.depth;
-  s.kver_last_only = step.vocab && step.vocab->params().stream.kver_rows == CandidateStreamParams::KverRows::Last;
+  s.kver_last_only = step.vocab && step.vocab->kver_last_only();
   return s;
 }
 
@@ -538,10 +538,7 @@ void CudaModel::enqueue_chain_step(const ChainStep& step) {
   // 1. The draft vocabulary's update from the previous verification (an empty one after the
   //    prompt): the chain's drafts and the target's top K_ver at the rows chain_accept chose. Its
   //    gather runs on the copy stream, overlapping draft 0's backbone.
-  if (step.vocab) {
-    const bool last_only = step.vocab->params().stream.kver_rows == CandidateStreamParams::KverRows::Last;
-    step.vocab->step(d_tokens_ + 1, logits_, d_update_, depth, last_only ? 1 : depth + 1);
-  }
+  if (step.vocab) step.vocab->step(d_tokens_ + 1, logits_, d_update_, depth, step.vocab->kver_last_only() ? 1 : depth + 1);
   // 2. Drafts: the backbone runs batch row d alone (pending slot d), the draft head's argmax is
   //    row d + 1. An empty draft vocabulary drafts token 0 as a placeholder (chain_accept ignores
   //    placeholders; the verification is valid whatever the tokens).
@@ -580,7 +577,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   }
   if (prompt.empty()) throw Error("generate: empty prompt");
   // Checked here rather than inside a step that a graph captures.
-  if (o.dynamic_vocab && o.depth + 1 > DeviceDraftVocab::kMaxStepRows)
+  if (o.vocab && o.depth + 1 > DeviceDraftVocab::kMaxStepRows)
     throw Error("speculative depth " + std::to_string(o.depth) + ": the dynamic vocabulary takes K_ver from at most " +
                 std::to_string(DeviceDraftVocab::kMaxStepRows) + " verification rows");
   SpecChainStats st;
@@ -595,16 +592,16 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   // Made once and kept by the drafter (its head, its stream) for later generations with the same
   // settings; begin() restarts it. A step graph captured over a vocabulary goes with it.
   DeviceDraftVocab* vocab = nullptr;
-  if (o.dynamic_vocab) {
+  if (o.vocab) {
     const DeviceVocabSizes sizes{.max_prompt = options_.n_ctx, .max_rows = 1};
     std::unique_ptr<DeviceDraftVocab>& kept = drafter.draft_vocab_;
-    if (!kept || !kept->made_for(drafter.output_, *o.dynamic_vocab, sizes, drafter.stream_)) {
+    if (!kept || !kept->made_for(drafter.output_, *o.vocab, sizes, drafter.stream_)) {
       if (kept && drafter.chain_graph_ && drafter.chain_graph_for_.vocab == kept.get()) {
         cudaGraphExecDestroy(drafter.chain_graph_);
         drafter.chain_graph_ = nullptr;
       }
       kept.reset();
-      kept = std::make_unique<DeviceDraftVocab>(drafter.output_, *o.dynamic_vocab, sizes, drafter.stream_);
+      kept = std::make_unique<DeviceDraftVocab>(drafter.output_, *o.vocab, sizes, drafter.stream_);
     }
     vocab = kept.get();
   }
@@ -734,7 +731,7 @@ std::vector<int32_t> CudaModel::speculate_with_draft_model(std::span<const int32
     if (vocab) {
       // The chain's tokens (the batch's rows 1..depth, still on the device) and the target's top
       // K_ver at the accepted positions (rows 0..a) or at the last one only, as chain_accept picks.
-      const bool last_only = vocab->params().stream.kver_rows == CandidateStreamParams::KverRows::Last;
+      const bool last_only = vocab->kver_last_only();
       vocab->step(d_tokens_ + 1, logits_, VocabUpdate{.n_tree = depth, .first_row = last_only ? a : 0,
                                                       .n_rows = last_only ? 1 : a + 1});
       // The target's next forward overwrites what the step reads: it waits for it.

@@ -68,10 +68,12 @@ class CudaModel;
 // acceptance) is captured once as a CUDA graph and replayed. Near the end of the context, where a
 // whole chain no longer fits, plain decode steps finish the generation.
 //
-// With dynamic_vocab the draft LM head is MicroSpec's (DeviceDraftVocab): the prompt's tokens and
-// the target's top K_pre at every prompt position start the candidate stream, each step appends
-// the chain's tokens and the target's top K_ver at the accepted positions, all on the device; the
-// drafts are scored over the packed rows only. Without it, the full vocabulary's head.
+// With vocab the draft LM head is a pruned one (DeviceDraftVocab): MicroSpec's window (`dynamic`,
+// with always-active frequent tokens: `hybrid`), where the prompt's tokens and the target's top
+// K_pre at every prompt position start the candidate stream and each step appends the chain's
+// tokens and the target's top K_ver at the accepted positions, all on the device; or FR-Spec's
+// fixed frequent set (`freq`). The drafts are scored over the packed rows only. Without it, the
+// full vocabulary's head.
 //
 // With draft_model the drafter is a separate model with the target's vocabulary (its own cache, on
 // its own stream), rolled back to the accepted text after each verification; draft_layers is then
@@ -81,7 +83,7 @@ struct SpecChainOptions {
   std::vector<int32_t> stop_ids;
   int32_t draft_layers = 1;
   int32_t depth = 4;
-  std::optional<DynamicVocabParams> dynamic_vocab;
+  std::optional<PrunedVocabSpec> vocab;
   CudaModel* draft_model = nullptr;
   Graphs graphs = Graphs::On;  // self-draft: replay the step as a captured CUDA graph
   int32_t sync_every = 4;      // self-draft: steps between host checks for a stop token

@@ -15,20 +15,32 @@ constexpr size_t kCopiesOffset = offsetof(DraftVocabState, slots) + offsetof(Pac
 constexpr size_t kRowsOffset = offsetof(DraftVocabState, slots) + offsetof(PackedSlots, n_rows);
 }  // namespace
 
-DeviceDraftVocab::DeviceDraftVocab(const DeviceMatrix& head, const DynamicVocabParams& params,
+DeviceDraftVocab::DeviceDraftVocab(const DeviceMatrix& head, const PrunedVocabSpec& spec,
                                    const DeviceVocabSizes& sizes, cudaStream_t compute)
-    : head_data_(head.data), params_(params), compute_(compute), n_vocab_(int32_t(head.rows)), sizes_(sizes) {
+    : head_data_(head.data), spec_(spec), compute_(compute), n_vocab_(int32_t(head.rows)), sizes_(sizes) {
   if (sizes.max_prompt < 1 || sizes.max_rows < 1) throw Error("device draft vocabulary: empty sizes");
-  const CandidateStreamParams& sp = params.stream;
+  const bool fixed = spec.kind == PrunedVocabSpec::Kind::Fixed;
+  // Fixed: a window of one entry that nothing is ever pushed into, beside the pinned ids.
+  CandidateStreamParams sp = spec.window.stream;
+  if (fixed) sp.w_max = 1, sp.k_pre = 0, sp.k_ver = 0;
   if (sp.w_max < 1 || sp.w_max > kMaxWindow)
     throw Error("--device cuda: vocabulary window " + std::to_string(sp.w_max) + " outside 1.." +
                 std::to_string(kMaxWindow));
   if (sp.k_pre < 0 || sp.k_ver < 0 || sp.k_pre > 64 || sp.k_ver > 64)
     throw Error("--device cuda: K_pre and K_ver must be in 0..64, got " + std::to_string(sp.k_pre) + " and " +
                 std::to_string(sp.k_ver));
-  capacity_ = std::min(sp.w_max, n_vocab_);
+  std::vector<uint8_t> seen(size_t(n_vocab_), 0);
+  for (int32_t id : spec.pinned) {
+    if (id < 0 || id >= n_vocab_ || seen[size_t(id)])
+      throw Error("device draft vocabulary: pinned id " + std::to_string(id) + " is repeated or outside 0.." +
+                  std::to_string(n_vocab_ - 1));
+    seen[size_t(id)] = 1;
+  }
+  if (fixed && spec.pinned.empty()) throw Error("device draft vocabulary: a fixed vocabulary without ids");
+  const int32_t n_pinned = int32_t(spec.pinned.size());
+  capacity_ = fixed ? n_pinned : int32_t(std::min<int64_t>(int64_t(sp.w_max) + n_pinned, n_vocab_));
   packed_ = std::make_unique<DevicePackedHead>(head, capacity_, compute,
-                                               params.async_gather ? GatherStream::Copy : GatherStream::Compute);
+                                               spec.window.async_gather ? GatherStream::Copy : GatherStream::Compute);
   auto alloc = [this](size_t bytes) { return memory_.alloc(bytes); };
   const size_t V = size_t(n_vocab_), C = size_t(capacity_);
   DraftVocabState& s = layout_;
@@ -57,6 +69,13 @@ DeviceDraftVocab::DeviceDraftVocab(const DeviceMatrix& head, const DynamicVocabP
   MS_CUDA(cudaMemcpyAsync(s.slots.source_of_slot, no_source.data(), C * 4, cudaMemcpyHostToDevice, compute));
   state_ = static_cast<DraftVocabState*>(alloc(sizeof(DraftVocabState)));
   MS_CUDA(cudaMemcpyAsync(state_, &s, sizeof(s), cudaMemcpyHostToDevice, compute));
+  // The pinned ids count once in the window for good; the first begin() enters them (in this
+  // order: the fixed vocabulary's rows are the ids as given).
+  if (n_pinned > 0) {
+    int32_t* pinned = static_cast<int32_t*>(alloc(size_t(n_pinned) * 4));
+    MS_CUDA(cudaMemcpyAsync(pinned, spec.pinned.data(), size_t(n_pinned) * 4, cudaMemcpyHostToDevice, compute));
+    vocab_pin(state_, pinned, n_pinned, compute);
+  }
   prompt_ids_ = static_cast<int32_t*>(alloc(size_t(sizes.max_prompt) * 4));
   prompt_top_ = static_cast<int32_t*>(alloc(size_t(sizes.max_prompt) * size_t(std::max(prompt_top_k(), 1)) * 4));
   logits_ = static_cast<float*>(alloc(size_t(sizes.max_rows) * C * sizeof(float)));
@@ -85,20 +104,20 @@ void DeviceDraftVocab::begin(int32_t n_prompt) {
                 std::to_string(sizes_.max_prompt));
   const int32_t k = prompt_top_k();
   packed_->wait_for_gather();
-  if (params_.stream.source == CandidateStreamParams::Source::Ext)
-    vocab_begin(state_, prompt_ids_, 0, prompt_top_, k, 0, compute_);
-  else
-    vocab_begin(state_, prompt_ids_, n_prompt, prompt_top_, k, k, compute_);
+  const bool prompt_in_stream = spec_.kind == PrunedVocabSpec::Kind::Window &&
+                                spec_.window.stream.source != CandidateStreamParams::Source::Ext;
+  vocab_begin(state_, prompt_ids_, prompt_in_stream ? n_prompt : 0, prompt_top_, k, prompt_in_stream ? k : 0,
+              compute_);
   packed_->gather(layout_.slots.copies, device_counter(kCopiesOffset), 2 * capacity_);
 }
 
 void DeviceDraftVocab::step(const int32_t* tree, const float* verify_logits, const VocabUpdate* update,
                             int32_t max_tree, int32_t max_rows) {
-  if (params_.stream.source == CandidateStreamParams::Source::Ctx) return;
+  if (!takes_steps()) return;
   if (max_tree < 0 || max_rows < 0 || max_rows > kMaxStepRows)
     throw Error("device draft vocabulary: a step of up to " + std::to_string(max_tree) + " tree tokens and " +
                 std::to_string(max_rows) + " verification rows (at most " + std::to_string(kMaxStepRows) + ")");
-  const int32_t k = params_.stream.k_ver;
+  const int32_t k = spec_.window.stream.k_ver;
   if (k > 0)
     top_k_rows(verify_logits, n_vocab_, n_vocab_, RowRange{&update->first_row, &update->n_rows, max_rows}, k, tops_,
                top_values_, compute_);

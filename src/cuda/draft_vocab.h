@@ -1,7 +1,8 @@
 #pragma once
-// MicroSpec's dynamic draft vocabulary on the GPU: the CPU's DraftVocabulary::dynamic (without
-// pinned tokens) with its state in device memory, so a speculative step needs no host round trip
-// for it:
+// MicroSpec's dynamic draft vocabulary on the GPU: the CPU's DraftVocabulary::dynamic (with the
+// pinned tokens of `hybrid`) with its state in device memory, so a speculative step needs no host
+// round trip for it; and `freq`, the pinned tokens alone (PrunedVocabSpec::Kind::Fixed: the same
+// packed rows and argmax, no stream):
 // - the candidate stream's window (occupancy counts), its append stamps and the packed slots are
 //   advanced on the device by ops.h's vocab_begin / vocab_step, which run the CPU's own algorithm
 //   (vocab/window_state.h): the device's active set and slot map are the CPU's, entry for entry;
@@ -30,9 +31,10 @@ struct DeviceVocabSizes {
 
 class DeviceDraftVocab {
  public:
-  // head: the target's LM head on the device ([n_vocab rows][n_embd]). params: as the CPU's
-  // (async_gather picks the copy stream); W_max at most kMaxWindow. compute: the model's stream.
-  DeviceDraftVocab(const DeviceMatrix& head, const DynamicVocabParams& params, const DeviceVocabSizes& sizes,
+  // head: the target's LM head on the device ([n_vocab rows][n_embd]). spec: as the CPU's
+  // (window.async_gather picks the copy stream; W_max at most kMaxWindow; pinned ids distinct and
+  // in range, at least one for Fixed). compute: the model's stream.
+  DeviceDraftVocab(const DeviceMatrix& head, const PrunedVocabSpec& spec, const DeviceVocabSizes& sizes,
                    cudaStream_t compute);
   ~DeviceDraftVocab();
   DeviceDraftVocab(const DeviceDraftVocab&) = delete;
@@ -43,14 +45,23 @@ class DeviceDraftVocab {
 
   int32_t capacity() const { return capacity_; }  // packed slots = logits columns
   // Whether this vocabulary is the one these arguments would make (so a caller can keep it).
-  bool made_for(const DeviceMatrix& head, const DynamicVocabParams& params, const DeviceVocabSizes& sizes,
+  bool made_for(const DeviceMatrix& head, const PrunedVocabSpec& spec, const DeviceVocabSizes& sizes,
                 cudaStream_t compute) const {
-    return head.data == head_data_ && params == params_ && sizes.max_prompt <= sizes_.max_prompt &&
+    return head.data == head_data_ && spec == spec_ && sizes.max_prompt <= sizes_.max_prompt &&
            sizes.max_rows <= sizes_.max_rows && compute == compute_;
   }
-  const DynamicVocabParams& params() const { return params_; }
-  // Target top-k per prompt position begin() takes (0 for source ext).
-  int32_t prompt_top_k() const { return params_.stream.prompt_top_k(); }
+  const PrunedVocabSpec& spec() const { return spec_; }
+  // Whether step() changes anything: a window fed by verification (not Fixed, not source ctx).
+  bool takes_steps() const {
+    return spec_.kind == PrunedVocabSpec::Kind::Window &&
+           spec_.window.stream.source != CandidateStreamParams::Source::Ctx;
+  }
+  // K_ver of the last accepted verification row only (KverRows::Last), not of every accepted one.
+  bool kver_last_only() const { return spec_.window.stream.kver_rows == CandidateStreamParams::KverRows::Last; }
+  // Target top-k per prompt position begin() takes (0 for source ext and Fixed).
+  int32_t prompt_top_k() const {
+    return spec_.kind == PrunedVocabSpec::Kind::Window ? spec_.window.stream.prompt_top_k() : 0;
+  }
   // Where the caller leaves the prompt ([max_prompt]) and the target's top prompt_top_k() ids at
   // each prompt position ([max_prompt][prompt_top_k()]) before begin(): device memory.
   int32_t* prompt_ids() const { return prompt_ids_; }
@@ -61,8 +72,8 @@ class DeviceDraftVocab {
   // One verification step, its sizes read on the device when it runs (so a captured step takes
   // each step's own): the first update->n_tree tokens of `tree` (device, tree order) and the
   // target's top K_ver of verification logits rows [update->first_row, + update->n_rows) (device
-  // logits [.][n_vocab]; the caller picks the rows by params().stream.kver_rows). max_tree and
-  // max_rows bound the update's counts and size the launches (max_rows <= 256). No-op for source ctx.
+  // logits [.][n_vocab]; the caller picks the rows by kver_last_only()). max_tree and max_rows
+  // bound the update's counts and size the launches (max_rows <= 256). No-op unless takes_steps().
   void step(const int32_t* tree, const float* verify_logits, const VocabUpdate* update, int32_t max_tree,
             int32_t max_rows);
   // The same with the update's counts given by the host (copied to the device first).
@@ -91,7 +102,7 @@ class DeviceDraftVocab {
   const int32_t* device_counter(size_t offset) const;
 
   const uint8_t* head_data_;
-  DynamicVocabParams params_;
+  PrunedVocabSpec spec_;
   cudaStream_t compute_;
   int32_t n_vocab_ = 0;
   int32_t capacity_ = 0;

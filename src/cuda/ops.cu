@@ -992,6 +992,10 @@ __global__ void k_top_k_rows(const float* x, int64_t ld, int64_t n, RowRange row
 // Dynamic draft vocabulary (window_state.h's functions in one thread, the packed head's gather in
 // parallel), then random fills.
 
+__global__ void k_vocab_pin(DraftVocabState* st, const int32_t* ids, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) window_pin(st->window, ids[i]);
+}
+
 __global__ void k_vocab_begin(DraftVocabState* st, const int32_t* prompt, int32_t n_prompt,
                               const int32_t* prompt_top, int32_t k, int32_t use_k) {
   vocab_state_begin(*st, prompt, n_prompt, prompt_top, k, use_k);
@@ -1247,6 +1251,13 @@ void top_k_rows(const float* x, int64_t ld, int64_t n, RowRange rows, int32_t k,
   if (rows.max_rows < 0) throw Error("cuda top_k: negative row count");
   if (rows.max_rows == 0) return;
   k_top_k_rows<<<unsigned(rows.max_rows), kSelectThreads, 0, stream>>>(x, ld, n, rows, k, ids, values);
+  MS_CUDA_LAUNCH();
+}
+
+void vocab_pin(DraftVocabState* st, const int32_t* ids, int32_t n, cudaStream_t stream) {
+  if (n < 0) throw Error("cuda vocab_pin: negative count");
+  if (n == 0) return;
+  k_vocab_pin<<<1, 1, 0, stream>>>(st, ids, n);
   MS_CUDA_LAUNCH();
 }
 

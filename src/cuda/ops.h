@@ -179,6 +179,9 @@ void top_k_rows(const float* x, int64_t ld, int64_t n, RowRange rows, int32_t k,
 // MicroSpec's dynamic draft vocabulary on the device: a DraftVocabState (vocab/window_state.h, the
 // CPU's algorithm, shared) whose struct and arrays are in device memory. One device thread advances
 // it per step (O(tokens appended)), so the host never waits for the window or the slot map.
+// window_pin of ids[0, n) (distinct, in range) in one device thread: tokens always active (before
+// the first begin, which enters them).
+void vocab_pin(DraftVocabState* st, const int32_t* ids, int32_t n, cudaStream_t stream);
 // vocab_state_begin in one device thread.
 void vocab_begin(DraftVocabState* st, const int32_t* prompt, int32_t n_prompt, const int32_t* prompt_top, int32_t k,
                  int32_t use_k, cudaStream_t stream);

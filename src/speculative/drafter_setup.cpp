@@ -21,47 +21,9 @@ DraftVocabulary make_vocabulary(const SpecConfig& c, const std::string& target_f
     *describe = "full vocabulary";
     return DraftVocabulary::full(n_vocab);
   }
-  // The frequent tokens of `freq` and `hybrid`, with every end-of-generation token added: a draft
-  // that cannot propose the end of a reply would lose the step that ends it.
-  auto frequent = [&](int32_t k) {
-    // Without --freq-file: the ranking scripts/make_freq.sh writes next to the target's file.
-    std::string path = c.freq_file;
-    if (path.empty()) {
-      const std::string& target = target_file_name;
-      const bool gguf = target.size() > 5 && target.compare(target.size() - 5, 5, ".gguf") == 0;
-      const std::string beside = (gguf ? target.substr(0, target.size() - 5) : target) + ".freq.bin";
-      if (!std::filesystem::exists(beside))
-        throw Error(std::string("--draft-vocab ") + name_of(c.draft_vocab) +
-                    " needs --freq-file FILE (written by `microspec vocab-freq`; " +
-                    "scripts/make_freq.sh makes " + beside + ")");
-      path = beside;
-    }
-    const TokenFrequencies freq = read_freq_file(path, n_vocab);
-    std::vector<int32_t> ids = freq.top(k);
-    std::vector<uint8_t> in(size_t(n_vocab), 0);
-    for (int32_t id : ids) in[id] = 1;
-    for (int32_t id : tokenizer.end_of_generation_ids())  // EOS is among them
-      if (id >= 0 && id < n_vocab && !in[id]) {
-        in[id] = 1;
-        ids.push_back(id);
-      }
-    return ids;
-  };
-  if (c.draft_vocab == DraftVocabKind::Freq) {
-    std::vector<int32_t> ids = frequent(c.freq_top);
-    *describe = "freq vocabulary " + std::to_string(ids.size());
-    return DraftVocabulary::packed(model, std::move(ids));
-  }
-  const DynamicVocabParams p = dynamic_vocab_params(c);
-  std::vector<int32_t> pinned;
-  if (c.draft_vocab == DraftVocabKind::Hybrid && c.hybrid_top > 0) pinned = frequent(c.hybrid_top);
-  *describe = std::string(name_of(c.draft_vocab)) + " vocabulary W " + std::to_string(c.vocab_window) +
-              " kpre " + std::to_string(c.vocab_kpre) + " kver " + std::to_string(c.vocab_kver) +
-              (c.vocab_source != VocabSource::Both ? std::string(" source ") + name_of(c.vocab_source)
-                                                   : std::string()) +
-              (pinned.empty() ? std::string() : " + " + std::to_string(pinned.size()) + " frequent") +
-              (c.async_gather ? "" : ", sync gather");
-  return DraftVocabulary::dynamic(model, p, std::move(pinned));
+  PrunedVocabSpec spec = pruned_vocab_spec(c, target_file_name, n_vocab, tokenizer, describe);
+  if (spec.kind == PrunedVocabSpec::Kind::Fixed) return DraftVocabulary::packed(model, std::move(spec.pinned));
+  return DraftVocabulary::dynamic(model, spec.window, std::move(spec.pinned));
 }
 
 }  // namespace
@@ -119,6 +81,53 @@ void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile
 }
 
 }  // namespace
+
+PrunedVocabSpec pruned_vocab_spec(const SpecConfig& c, const std::string& target_file_name, int32_t n_vocab,
+                                  const Tokenizer& tokenizer, std::string* describe) {
+  if (c.draft_vocab == DraftVocabKind::Full) throw Error("pruned_vocab_spec: the full vocabulary is not pruned");
+  // The frequent tokens of `freq` and `hybrid`, with every end-of-generation token added: a draft
+  // that cannot propose the end of a reply would lose the step that ends it.
+  auto frequent = [&](int32_t k) {
+    // Without --freq-file: the ranking scripts/make_freq.sh writes next to the target's file.
+    std::string path = c.freq_file;
+    if (path.empty()) {
+      const std::string& target = target_file_name;
+      const bool gguf = target.size() > 5 && target.compare(target.size() - 5, 5, ".gguf") == 0;
+      const std::string beside = (gguf ? target.substr(0, target.size() - 5) : target) + ".freq.bin";
+      if (!std::filesystem::exists(beside))
+        throw Error(std::string("--draft-vocab ") + name_of(c.draft_vocab) +
+                    " needs --freq-file FILE (written by `microspec vocab-freq`; " +
+                    "scripts/make_freq.sh makes " + beside + ")");
+      path = beside;
+    }
+    const TokenFrequencies freq = read_freq_file(path, n_vocab);
+    std::vector<int32_t> ids = freq.top(k);
+    std::vector<uint8_t> in(size_t(n_vocab), 0);
+    for (int32_t id : ids) in[id] = 1;
+    for (int32_t id : tokenizer.end_of_generation_ids())  // EOS is among them
+      if (id >= 0 && id < n_vocab && !in[id]) {
+        in[id] = 1;
+        ids.push_back(id);
+      }
+    return ids;
+  };
+  PrunedVocabSpec spec;
+  spec.window = dynamic_vocab_params(c);
+  if (c.draft_vocab == DraftVocabKind::Freq) {
+    spec.kind = PrunedVocabSpec::Kind::Fixed;
+    spec.pinned = frequent(c.freq_top);
+    *describe = "freq vocabulary " + std::to_string(spec.pinned.size());
+    return spec;
+  }
+  if (c.draft_vocab == DraftVocabKind::Hybrid && c.hybrid_top > 0) spec.pinned = frequent(c.hybrid_top);
+  *describe = std::string(name_of(c.draft_vocab)) + " vocabulary W " + std::to_string(c.vocab_window) + " kpre " +
+              std::to_string(c.vocab_kpre) + " kver " + std::to_string(c.vocab_kver) +
+              (c.vocab_source != VocabSource::Both ? std::string(" source ") + name_of(c.vocab_source)
+                                                   : std::string()) +
+              (spec.pinned.empty() ? std::string() : " + " + std::to_string(spec.pinned.size()) + " frequent") +
+              (c.async_gather ? "" : ", sync gather");
+  return spec;
+}
 
 DynamicVocabParams dynamic_vocab_params(const SpecConfig& c) {
   DynamicVocabParams p;

@@ -23,8 +23,16 @@ struct BuiltDrafter {
 };
 
 // The dynamic / hybrid vocabulary's parameters of a config (--vocab-window, --vocab-kpre,
-// --vocab-kver, --vocab-source, --no-async-gather): also what the CUDA backend's vocabulary takes.
+// --vocab-kver, --vocab-source, --no-async-gather).
 DynamicVocabParams dynamic_vocab_params(const SpecConfig& config);
+
+// The pruned vocabulary config asks for (--draft-vocab freq / dynamic / hybrid; not full) over a
+// target of n_vocab tokens: the window's parameters and the frequent tokens (--freq-file, or the
+// ranking scripts/make_freq.sh writes beside target_file_name; every end-of-generation token of
+// tokenizer added). *describe names it for statistics lines. The CPU's drafters and the CUDA
+// backend both build their vocabulary from it. Throws Error (a missing frequency file).
+PrunedVocabSpec pruned_vocab_spec(const SpecConfig& config, const std::string& target_file_name, int32_t n_vocab,
+                                  const Tokenizer& tokenizer, std::string* describe);
 
 // config must be valid (SpecConfig::validate). gen's model is the target, and its cache is shared
 // with a self-drafter; target_file (the target's GGUF) locates the default frequency file and is

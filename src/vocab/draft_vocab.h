@@ -34,6 +34,19 @@ struct DynamicVocabParams {
   bool operator==(const DynamicVocabParams&) const = default;
 };
 
+// A pruned draft vocabulary as a value, from which the CPU's drafters (speculative/drafter_setup.h)
+// and the CUDA backend each build theirs:
+//   Window  MicroSpec's window over the candidate stream (`dynamic`), plus `pinned` ids that are
+//           always active (`hybrid`'s frequent tokens; none for `dynamic`);
+//   Fixed   the `pinned` ids alone, in that order (`freq`, FR-Spec's frequent set): no stream.
+struct PrunedVocabSpec {
+  enum class Kind { Window, Fixed };
+  Kind kind = Kind::Window;
+  DynamicVocabParams window;    // Window: its parameters; Fixed: only async_gather is read
+  std::vector<int32_t> pinned;  // distinct ids
+  bool operator==(const PrunedVocabSpec&) const = default;
+};
+
 class DraftVocabulary {
  public:
   static DraftVocabulary full(int32_t n_vocab);

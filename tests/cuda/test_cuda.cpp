@@ -441,17 +441,34 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
   struct Variant {
     const char* name;
     int32_t depth;
-    std::optional<DynamicVocabParams> vocab;
+    std::optional<PrunedVocabSpec> vocab;
     Drafter drafter;
     int32_t draft_layers = 2;  // of 3
   };
   auto dynamic = [](int32_t w_max, Source source, Rows rows, bool async) {
-    DynamicVocabParams p;
-    p.stream.w_max = w_max;
-    p.stream.source = source;
-    p.stream.kver_rows = rows;
-    p.async_gather = async;
-    return std::optional<DynamicVocabParams>(p);
+    PrunedVocabSpec p;
+    p.window.stream.w_max = w_max;
+    p.window.stream.source = source;
+    p.window.stream.kver_rows = rows;
+    p.window.async_gather = async;
+    return std::optional<PrunedVocabSpec>(p);
+  };
+  // ids 7, 14, 21, ...: a fixed set (freq), or pinned beside a window (hybrid).
+  auto every_7th = [](int32_t n) {
+    std::vector<int32_t> ids;
+    for (int32_t i = 1; i <= n; ++i) ids.push_back(7 * i);
+    return ids;
+  };
+  auto fixed = [&](int32_t n) {
+    PrunedVocabSpec p;
+    p.kind = PrunedVocabSpec::Kind::Fixed;
+    p.pinned = every_7th(n);
+    return std::optional<PrunedVocabSpec>(p);
+  };
+  auto hybrid = [&](int32_t w_max, int32_t n_pinned) {
+    std::optional<PrunedVocabSpec> p = dynamic(w_max, Source::Both, Rows::Accepted, true);
+    p->pinned = every_7th(n_pinned);
+    return p;
   };
   const Variant variants[] = {
       {"full, depth 1", 1, std::nullopt, Drafter::Self},
@@ -461,6 +478,8 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       {"dynamic ext W 64", 4, dynamic(64, Source::Ext, Rows::Accepted, true), Drafter::Self},
       {"dynamic W 5, K_ver last row, in line", 4, dynamic(5, Source::Both, Rows::Last, false), Drafter::Self},
       {"dynamic ctx W 3072", 4, dynamic(3072, Source::Ctx, Rows::Accepted, true), Drafter::Self},
+      {"freq: 40 fixed ids", 4, fixed(40), Drafter::Self},
+      {"hybrid W 16 + 24 pinned", 4, hybrid(16, 24), Drafter::Self},
       {"draft model, full, depth 3", 3, std::nullopt, Drafter::Model},
       {"draft model, dynamic W 64", 4, dynamic(64, Source::Both, Rows::Accepted, true), Drafter::Model}};
   struct Launch {
@@ -486,7 +505,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
         o.n_predict = 40;
         o.draft_layers = v.draft_layers;
         o.depth = v.depth;
-        o.dynamic_vocab = v.vocab;
+        o.vocab = v.vocab;
         o.graphs = l.graphs;
         o.sync_every = l.sync_every;
         if (v.drafter == Drafter::Model) o.draft_model = draft.gpu.get();
@@ -504,14 +523,14 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
   TinyPair draft(device_spec("llama", GgmlType::Q4_1));
   const int32_t V = m.cpu->config().n_vocab;
   for (const Launch& l : launches)
-    for (const std::optional<DynamicVocabParams>& vocab : {std::optional<DynamicVocabParams>(), dynamic(64, Source::Both, Rows::Accepted, true)})
+    for (const std::optional<PrunedVocabSpec>& vocab : {std::optional<PrunedVocabSpec>(), dynamic(64, Source::Both, Rows::Accepted, true)})
     for (Drafter drafter : {Drafter::Self, Drafter::Model}) {
       if (drafter == Drafter::Model && l.graphs == cuda::Graphs::Off) continue;
       SCOPED_TRACE(std::string(l.name) + (vocab ? ", dynamic" : ", full") + (drafter == Drafter::Model ? ", draft model" : ""));
       cuda::SpecChainOptions o;
       o.draft_layers = 2;
       o.depth = 4;
-      o.dynamic_vocab = vocab;
+      o.vocab = vocab;
       o.graphs = l.graphs;
       o.sync_every = l.sync_every;
       if (drafter == Drafter::Model) o.draft_model = draft.gpu.get();
@@ -586,7 +605,7 @@ TEST(CudaModel, RealModelGreedyEqualsCpu) {
     EXPECT_EQ(gpu->generate_speculative(prompt, so, &st), got) << "speculative vs plain on the device";
     std::printf("[ real model ] speculative (self-draft 24 of 30 layers, chain of 4): %d steps, mean acceptance length %.2f\n",
                 st.steps, st.mean_acceptance_length());
-    so.dynamic_vocab = DynamicVocabParams{};  // MicroSpec's defaults: W_max 3072, K_pre 3, K_ver 3
+    so.vocab = PrunedVocabSpec{};  // MicroSpec's defaults: W_max 3072, K_pre 3, K_ver 3
     EXPECT_EQ(gpu->generate_speculative(prompt, so, &st), got) << "speculative, dynamic vocabulary, vs plain";
     std::printf("[ real model ] the same with the dynamic vocabulary: %d steps, mean acceptance length %.2f\n", st.steps,
                 st.mean_acceptance_length());
@@ -599,7 +618,7 @@ TEST(CudaModel, RealModelGreedyEqualsCpu) {
     // token behind and catches up at the start of each step.
     // (Full vocabulary: every kernel is batch invariant, so its drafts are the target's tokens.)
     so.draft_model = draft.get();
-    so.dynamic_vocab.reset();
+    so.vocab.reset();
     EXPECT_EQ(gpu->generate_speculative(prompt, so, &st), got) << "speculative, draft model, vs plain";
     EXPECT_EQ(st.accepted_drafts, 4 * st.steps) << "a model drafting for itself accepts whole chains";
     std::printf("[ real model ] the same with the file as its own draft model: %d steps, mean acceptance length %.2f\n",
@@ -645,7 +664,8 @@ TEST(CudaModel, PackedHeadGatherMatchesCpuRows) {
 // same token in every packed slot (the device runs the CPU's algorithm in one thread), packed rows
 // whose logits are the full head's rows of those tokens, and an argmax over the active slots only.
 // A window of 24 entries churns, so slots are freed, reused and compacted; the gather runs on the
-// copy stream and in line.
+// copy stream and in line. Also with pinned ids beside the window (hybrid), and the pinned ids
+// alone (Fixed: freq), whose CPU reference is a stream with those pins that is never stepped.
 TEST(CudaModel, DynamicVocabularyStateEqualsCpu) {
   REQUIRE_GPU();
   TinyPair m(device_spec("llama", GgmlType::Q6_K));
@@ -659,70 +679,91 @@ TEST(CudaModel, DynamicVocabularyStateEqualsCpu) {
   DeviceBuffer<uint8_t> scratch(cuda::matmul_scratch_bytes(n_hidden, cfg.n_embd));
   DeviceBuffer<int32_t> d_best(n_hidden);
   using Source = CandidateStreamParams::Source;
-  for (Source source : {Source::Both, Source::Ext})
-    for (bool async : {true, false}) {
-      SCOPED_TRACE(std::string(source == Source::Both ? "both" : "ext") + (async ? ", copy stream" : ", in line"));
-      DynamicVocabParams p;
-      p.stream.w_max = 24;
-      p.stream.k_pre = k_pre;
-      p.stream.k_ver = 3;
-      p.stream.source = source;
-      p.async_gather = async;
-      cuda::DeviceDraftVocab dev(m.gpu->output_matrix(), p, {.max_prompt = n_prompt, .max_rows = n_hidden},
-                                 m.gpu->stream());
-      MS_CUDA(cudaMemcpy(dev.prompt_ids(), prompt.data(), prompt.size() * 4, cudaMemcpyHostToDevice));
-      if (dev.prompt_top_k() > 0)
-        MS_CUDA(cudaMemcpy(dev.prompt_top(), prompt_top.data(), prompt_top.size() * 4, cudaMemcpyHostToDevice));
-      CandidateStream cpu(V, p.stream);
-      PackedHead cpu_head(m.cpu->output_matrix(), cpu.window().capacity(), false);
-      ASSERT_EQ(dev.capacity(), cpu_head.capacity());
-      std::vector<int32_t> entered, left;
-      auto check = [&](const std::string& when) {
-        cpu.window().take_changes(entered, left);
-        cpu_head.update(left, entered);
-        const cuda::DeviceDraftVocab::Snapshot snap = dev.snapshot();
-        ASSERT_EQ(snap.active, cpu.window().active_size()) << when;
-        ASSERT_EQ(int32_t(snap.token_of_slot.size()), cpu_head.size()) << when;
-        for (int32_t j = 0; j < cpu_head.size(); ++j) ASSERT_EQ(snap.token_of_slot[j], cpu_head.token(j)) << when << " slot " << j;
-        const int32_t n = cpu_head.size();
-        const float* d_logits = dev.logits(d_hidden.ptr, n_hidden, scratch.ptr);
-        dev.argmax(n_hidden, /*if_empty=*/-1, d_best.ptr);
-        std::vector<float> got(size_t(n_hidden) * dev.capacity());
-        MS_CUDA(cudaStreamSynchronize(m.gpu->stream()));
-        MS_CUDA(cudaMemcpy(got.data(), d_logits, got.size() * 4, cudaMemcpyDeviceToHost));
-        const std::vector<int32_t> best = d_best.to_host();
-        if (n == 0) {
-          for (int32_t b : best) EXPECT_EQ(b, -1) << when;
-          return;
-        }
-        std::vector<float> want(size_t(n_hidden) * n), active(size_t(n_hidden) * n);
-        m.cpu->lm_head_rows(hidden.data(), n_hidden, snap.token_of_slot.data(), n, want.data());
-        for (int32_t t = 0; t < n_hidden; ++t) {
-          std::copy_n(got.begin() + size_t(t) * dev.capacity(), n, active.begin() + size_t(t) * n);
-          EXPECT_EQ(best[t], snap.token_of_slot[first_argmax(active.data() + size_t(t) * n, n)]) << when << " row " << t;
-        }
-        EXPECT_LT(rel_max_diff(active, want), kMatmulTol) << when;
-      };
-      dev.begin(n_prompt);
+  using Kind = PrunedVocabSpec::Kind;
+  struct Variant {
+    const char* name;
+    Source source;
+    bool async;
+    int32_t n_pinned;
+    Kind kind;
+  };
+  const Variant variants[] = {{"both, copy stream", Source::Both, true, 0, Kind::Window},
+                              {"both, in line", Source::Both, false, 0, Kind::Window},
+                              {"ext, copy stream", Source::Ext, true, 0, Kind::Window},
+                              {"ext, in line", Source::Ext, false, 0, Kind::Window},
+                              {"hybrid: both + 9 pinned", Source::Both, true, 9, Kind::Window},
+                              {"fixed: 12 ids", Source::Both, true, 12, Kind::Fixed}};
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    const Source source = v.source;
+    const bool fixed = v.kind == Kind::Fixed;
+    PrunedVocabSpec spec;
+    spec.kind = v.kind;
+    for (int32_t i = 0; i < v.n_pinned; ++i) spec.pinned.push_back(3 + 11 * i);
+    DynamicVocabParams& p = spec.window;
+    p.stream.w_max = 24;
+    p.stream.k_pre = k_pre;
+    p.stream.k_ver = 3;
+    p.stream.source = source;
+    p.async_gather = v.async;
+    cuda::DeviceDraftVocab dev(m.gpu->output_matrix(), spec, {.max_prompt = n_prompt, .max_rows = n_hidden},
+                               m.gpu->stream());
+    MS_CUDA(cudaMemcpy(dev.prompt_ids(), prompt.data(), prompt.size() * 4, cudaMemcpyHostToDevice));
+    if (dev.prompt_top_k() > 0)
+      MS_CUDA(cudaMemcpy(dev.prompt_top(), prompt_top.data(), prompt_top.size() * 4, cudaMemcpyHostToDevice));
+    CandidateStream cpu(V, fixed ? CandidateStreamParams{.w_max = 1} : p.stream, spec.pinned);
+    PackedHead cpu_head(m.cpu->output_matrix(), cpu.window().capacity(), false);
+    if (!fixed) ASSERT_EQ(dev.capacity(), cpu_head.capacity());  // a fixed one has no window entry
+    std::vector<int32_t> entered, left;
+    auto check = [&](const std::string& when) {
+      cpu.window().take_changes(entered, left);
+      cpu_head.update(left, entered);
+      const cuda::DeviceDraftVocab::Snapshot snap = dev.snapshot();
+      ASSERT_EQ(snap.active, cpu.window().active_size()) << when;
+      ASSERT_EQ(int32_t(snap.token_of_slot.size()), cpu_head.size()) << when;
+      for (int32_t j = 0; j < cpu_head.size(); ++j) ASSERT_EQ(snap.token_of_slot[j], cpu_head.token(j)) << when << " slot " << j;
+      const int32_t n = cpu_head.size();
+      const float* d_logits = dev.logits(d_hidden.ptr, n_hidden, scratch.ptr);
+      dev.argmax(n_hidden, /*if_empty=*/-1, d_best.ptr);
+      std::vector<float> got(size_t(n_hidden) * dev.capacity());
+      MS_CUDA(cudaStreamSynchronize(m.gpu->stream()));
+      MS_CUDA(cudaMemcpy(got.data(), d_logits, got.size() * 4, cudaMemcpyDeviceToHost));
+      const std::vector<int32_t> best = d_best.to_host();
+      if (n == 0) {
+        for (int32_t b : best) EXPECT_EQ(b, -1) << when;
+        return;
+      }
+      std::vector<float> want(size_t(n_hidden) * n), active(size_t(n_hidden) * n);
+      m.cpu->lm_head_rows(hidden.data(), n_hidden, snap.token_of_slot.data(), n, want.data());
+      for (int32_t t = 0; t < n_hidden; ++t) {
+        std::copy_n(got.begin() + size_t(t) * dev.capacity(), n, active.begin() + size_t(t) * n);
+        EXPECT_EQ(best[t], snap.token_of_slot[first_argmax(active.data() + size_t(t) * n, n)]) << when << " row " << t;
+      }
+      EXPECT_LT(rel_max_diff(active, want), kMatmulTol) << when;
+    };
+    dev.begin(n_prompt);
+    if (fixed)
+      cpu.begin({}, {}, 0);
+    else
       cpu.begin(prompt, source == Source::Ext ? std::vector<int32_t>{} : prompt_top,
                 source == Source::Ext ? 0 : k_pre);
-      check("begin");
-      for (int32_t step = 0; step < 40; ++step) {
-        const std::vector<int32_t> tree = random_tokens(1 + step % 6, V, 100 + step);
-        // Verification rows [first, first + count) of n_rows, as a chain's acceptance picks them.
-        const int32_t n_rows = 1 + step % 4, first = step % 3 == 0 ? 0 : (step * 7) % n_rows;
-        const int32_t count = step % 3 == 0 ? n_rows : 1;
-        const std::vector<float> verify = normal_floats(size_t(n_rows) * V, 200 + step);
-        std::vector<int32_t> rows;
-        for (int32_t r = first; r < first + count; ++r) rows.push_back(r);
-        DeviceBuffer<int32_t> d_tree(tree);
-        DeviceBuffer<float> d_verify(verify);
-        dev.step(d_tree.ptr, d_verify.ptr, VocabUpdate{.n_tree = int32_t(tree.size()), .first_row = first, .n_rows = count});
-        cpu.step(tree, verify.data(), rows);
-        check("step " + std::to_string(step));
-        MS_CUDA(cudaStreamSynchronize(m.gpu->stream()));  // d_tree and d_verify go out of scope
-      }
+    check("begin");
+    for (int32_t step = 0; step < 40; ++step) {
+      const std::vector<int32_t> tree = random_tokens(1 + step % 6, V, 100 + step);
+      // Verification rows [first, first + count) of n_rows, as a chain's acceptance picks them.
+      const int32_t n_rows = 1 + step % 4, first = step % 3 == 0 ? 0 : (step * 7) % n_rows;
+      const int32_t count = step % 3 == 0 ? n_rows : 1;
+      const std::vector<float> verify = normal_floats(size_t(n_rows) * V, 200 + step);
+      std::vector<int32_t> rows;
+      for (int32_t r = first; r < first + count; ++r) rows.push_back(r);
+      DeviceBuffer<int32_t> d_tree(tree);
+      DeviceBuffer<float> d_verify(verify);
+      dev.step(d_tree.ptr, d_verify.ptr, VocabUpdate{.n_tree = int32_t(tree.size()), .first_row = first, .n_rows = count});
+      if (!fixed) cpu.step(tree, verify.data(), rows);  // the fixed set never changes
+      check("step " + std::to_string(step));
+      MS_CUDA(cudaStreamSynchronize(m.gpu->stream()));  // d_tree and d_verify go out of scope
     }
+  }
 }
 
 TEST(CudaModel, BadInputIsAnError) {

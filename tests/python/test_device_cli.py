@@ -23,6 +23,10 @@ def generate(*args):
     ["--spec", "self", "--tree-topk", "1"],  # the default vocabulary: MicroSpec's dynamic one
     ["--spec", "self", "--tree-topk", "1", "--vocab-window", "512", "--vocab-source", "ext", "--no-async-gather"],
     ["--spec", "draft", "--draft-model", SMOL, "--tree-topk", "1"],
+    # FR-Spec's frequent set and MicroSpec's window with it pinned (the frequency file the setup
+    # writes beside the model)
+    ["--spec", "self", "--tree-topk", "1", "--draft-vocab", "freq", "--freq-top", "4096"],
+    ["--spec", "self", "--tree-topk", "1", "--draft-vocab", "hybrid", "--hybrid-top", "512"],
 ])
 def test_accepted_settings_reach_the_device(args):
     p = generate(*args)
@@ -33,8 +37,8 @@ def test_accepted_settings_reach_the_device(args):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--spec", "self", "--tree-topk", "1", "--draft-vocab", "freq"], "--draft-vocab full|dynamic"),
-    (["--spec", "self", "--tree-topk", "1", "--draft-vocab", "hybrid"], "--draft-vocab full|dynamic"),
+    (["--spec", "self", "--tree-topk", "1", "--draft-vocab", "freq", "--freq-file", "/nonexistent/x.freq.bin"],
+     "/nonexistent/x.freq.bin"),
     (["--spec", "self", "--tree-topk", "2"], "--tree-topk 1"),
     (["--spec", "ngram"], "--spec self|draft"),
     (["--spec", "head", "--tree-topk", "1"], "--spec self|draft"),
