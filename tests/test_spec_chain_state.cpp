@@ -53,13 +53,27 @@ std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t>& prom
 
 // The resident step on the host. vocab: a pruned draft vocabulary as src/cuda's DeviceDraftVocab
 // keeps it (its state advanced by the device's functions, pinned ids included; its draft head over
-// the packed rows; Fixed: the pinned ids alone, never stepped), or the full head.
+// the packed rows; Fixed: the pinned ids alone, never stepped), or the full head. draft_model:
+// a separate drafter (its cache one token behind the target's, speculative/chain_state.h), or null
+// for the self-draft with the target's first draft_layers layers.
 ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32_t n_predict, int32_t depth,
-                         int32_t draft_layers, const std::optional<PrunedVocabSpec>& spec) {
+                         int32_t draft_layers, const std::optional<PrunedVocabSpec>& spec, Model* draft_model) {
   const int32_t V = model.config().n_vocab, n_prompt = int32_t(prompt.size());
   KVCache kv = model.make_cache(512);
   Batch b;
   ForwardOutput out;
+  // The drafter: the target itself (its first layers, its cache) or the draft model (its own cache,
+  // holding the prompt but its last token).
+  Model& drafter = draft_model ? *draft_model : model;
+  KVCache draft_kv = drafter.make_cache(512);
+  std::vector<int32_t> draft_first(2), draft_positions(depth + 1), draft_parents(depth + 1), draft_rows_out(2);
+  int32_t draft_n_past = 0;
+  if (draft_model && n_prompt > 1) {
+    b.set_sequence(std::span<const int32_t>(prompt).first(size_t(n_prompt - 1)), 0, false);
+    drafter.forward(b, draft_kv, out, {});
+    draft_kv.commit_prefix(n_prompt - 1);
+  }
+  draft_first[0] = prompt.back();
 
   // The device's arrays.
   std::vector<int32_t> tokens(depth + 1), positions(depth + 1), parents(depth + 1), output_rows(depth + 1),
@@ -116,6 +130,9 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   cs.counter = &counter;
   cs.update = &update;
   cs.totals = &totals;
+  if (draft_model)
+    cs.draft = DraftModelBatch{draft_first.data(), draft_positions.data(), draft_parents.data(), draft_rows_out.data(),
+                               &draft_n_past};
   cs.depth = depth;
   cs.kver_last_only = vocab && vocab->kver_rows == CandidateStreamParams::KverRows::Last;
   chain_begin(cs);
@@ -146,16 +163,35 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
       for (int32_t t = 0; t < V; ++t) differ += (dv->count[size_t(t)] > 0) != reference->window().contains(t);
       EXPECT_EQ(differ, 0) << "tokens in one window only, step " << totals.steps;
     }
-    // 2. Drafts: batch row d alone in pending slot d; the draft head's best is row d + 1.
+    // 2. Drafts: the self-draft runs batch row d alone in pending slot d; a draft model runs
+    //    [its first token, tokens[0]], then tokens[d] in its slot d + 1. The draft head's best is
+    //    row d + 1.
     drafts_real = !dv || dv->st.slots.n_rows > 0;
     for (int32_t d = 0; d < depth; ++d) {
       b.clear();
-      b.tokens = {tokens[d]};
-      b.positions = {positions[d]};
-      b.parents = {parents[d]};
-      b.output_rows = {output_rows[0]};
-      b.start = d;
-      model.forward(b, kv, out, {.logits = !dv, .end_layer = draft_layers});
+      if (!draft_model) {
+        b.tokens = {tokens[d]};
+        b.positions = {positions[d]};
+        b.parents = {parents[d]};
+        b.output_rows = {output_rows[0]};
+        b.start = d;
+        model.forward(b, kv, out, {.logits = !dv, .end_layer = draft_layers});
+      } else {
+        if (d == 0) {
+          b.tokens = draft_first;
+          b.positions = {draft_positions[0], draft_positions[1]};
+          b.parents = {draft_parents[0], draft_parents[1]};
+          b.output_rows = {draft_rows_out[0]};
+        } else {
+          b.tokens = {tokens[d]};
+          b.positions = {draft_positions[d + 1]};
+          b.parents = {draft_parents[d + 1]};
+          b.output_rows = {draft_rows_out[1]};
+          b.start = d + 1;
+        }
+        EXPECT_EQ(draft_kv.n_past(), draft_n_past);
+        drafter.forward(b, draft_kv, out, {.logits = !dv});
+      }
       if (!dv) {
         tokens[d + 1] = argmax(out.logits.data(), V);
         continue;
@@ -166,7 +202,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
         continue;
       }
       draft_logits.resize(size_t(n));
-      model.lm_head_rows(out.hidden.data(), 1, dv->token_of_slot.data(), n, draft_logits.data());
+      drafter.lm_head_rows(out.hidden.data(), 1, dv->token_of_slot.data(), n, draft_logits.data());
       tokens[d + 1] = dv->token_of_slot[size_t(argmax(draft_logits.data(), n))];
     }
     // 3. Verification of the whole chain.
@@ -179,9 +215,13 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
     for (int32_t i = 0; i <= depth; ++i) pred[size_t(i)] = argmax(out.logits.data() + size_t(i) * V, V);
     verify_logits = out.logits;
     // 4. Acceptance: the cache keeps what chain_accept committed.
-    const int32_t before = n_past;
+    const int32_t before = n_past, draft_before = draft_n_past;
     last_accepted = chain_accept(cs);
     kv.commit_prefix(n_past - before);
+    if (draft_model) {
+      draft_kv.commit_prefix(draft_n_past - draft_before);
+      EXPECT_EQ(draft_n_past, n_past - 1) << "the draft model's cache is one token behind";
+    }
     EXPECT_EQ(counter, n_past - n_prompt + 1) << "every emitted token but the newest is in the cache";
     EXPECT_EQ(kv.n_past(), n_past);
   }
@@ -191,29 +231,43 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   return r;
 }
 
+// A tiny llama as the target, and the same weights in Q4_1 as a draft model: it agrees with the
+// target often, not always, so chains are both cut and accepted whole.
 class ChainStateTiny : public ::testing::Test {
  protected:
   void SetUp() override {
-    path_ = (std::filesystem::temp_directory_path() /
-             ("microspec_chain_state_" + std::to_string(::getpid()) + ".gguf"))
-                .string();
+    const std::string stem = (std::filesystem::temp_directory_path() /
+                              ("microspec_chain_state_" + std::to_string(::getpid()))).string();
+    target_ = load(stem + "_target.gguf", GgmlType::Q8_0);
+    draft_ = load(stem + "_draft.gguf", GgmlType::Q4_1);
+  }
+  void TearDown() override {
+    for (const std::string& p : paths_) std::filesystem::remove(p);
+  }
+  struct Loaded {
+    std::unique_ptr<GgufFile> file;
+    std::unique_ptr<Model> model;
+  };
+  Loaded load(const std::string& path, GgmlType type) {
     test::TinyModelSpec spec;
     spec.arch = "llama";
     spec.n_vocab = 320;
     spec.n_layer = 3;
     spec.seed = 7;
+    spec.weight_type = type;
     spec.untied_output = true;  // a tied random model only repeats its last token
-    test::write_tiny_model(spec, path_);
-    file_ = GgufFile::open(path_);
+    test::write_tiny_model(spec, path);
+    paths_.push_back(path);
+    Loaded l;
+    l.file = GgufFile::open(path);
     ModelOptions opt;
     opt.n_threads = 2;
     opt.n_batch = 64;
-    model_ = Model::load(*file_, opt);
+    l.model = Model::load(*l.file, opt);
+    return l;
   }
-  void TearDown() override { std::filesystem::remove(path_); }
-  std::string path_;
-  std::unique_ptr<GgufFile> file_;
-  std::unique_ptr<Model> model_;
+  std::vector<std::string> paths_;
+  Loaded target_, draft_;
 };
 
 TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
@@ -232,11 +286,13 @@ TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
     p->kind = kind;
     return p;
   };
+  enum class Drafter { Self, TargetAsDraftModel, DraftModel };
   struct Variant {
     const char* name;
     int32_t depth;
     int32_t draft_layers;  // of 3: with 3 and the full head the drafts are the target's own tokens
     std::optional<PrunedVocabSpec> vocab;
+    Drafter drafter = Drafter::Self;
   };
   const Variant variants[] = {
       {"full head, depth 1", 1, 2, std::nullopt},
@@ -248,24 +304,34 @@ TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
       {"dynamic W 5, K_ver of the last row", 4, 2, stream(5, Source::Both, Rows::Last)},
       {"dynamic ctx", 4, 2, stream(3072, Source::Ctx, Rows::Accepted)},
       {"hybrid W 16 + 20 pinned", 4, 2, pinned(stream(16, Source::Both, Rows::Accepted), 20, PrunedVocabSpec::Kind::Window)},
-      {"freq: 40 fixed ids", 4, 2, pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed)}};
+      {"freq: 40 fixed ids", 4, 2, pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed)},
+      {"the target as its own draft model, full head", 4, 3, std::nullopt, Drafter::TargetAsDraftModel},
+      {"draft model, full head", 4, 2, std::nullopt, Drafter::DraftModel},
+      {"draft model, dynamic W 64", 4, 2, stream(64, Source::Both, Rows::Accepted), Drafter::DraftModel},
+      {"draft model, freq: 40 fixed ids", 3, 2, pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed), Drafter::DraftModel}};
   const std::vector<int32_t> prompt = {5, 17, 99, 3, 250, 41, 8, 77, 120};
   const int32_t n_predict = 40;
-  const std::vector<int32_t> plain = plain_greedy(*model_, prompt, n_predict);
+  Model& target = *target_.model;
+  const std::vector<int32_t> plain = plain_greedy(target, prompt, n_predict);
   EXPECT_GE(std::set<int32_t>(plain.begin(), plain.end()).size(), 10u) << "a degenerate text tests little";
-  int32_t accepted_partial = 0, accepted_dynamic = 0;
+  int32_t accepted_partial = 0, accepted_dynamic = 0, accepted_draft_model = 0;
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);
-    const ResidentRun r = run_resident(*model_, prompt, n_predict, v.depth, v.draft_layers, v.vocab);
+    Model* draft_model = v.drafter == Drafter::Self                 ? nullptr
+                         : v.drafter == Drafter::TargetAsDraftModel ? &target
+                                                                    : draft_.model.get();
+    const ResidentRun r = run_resident(target, prompt, n_predict, v.depth, v.draft_layers, v.vocab, draft_model);
     EXPECT_EQ(r.emitted, plain);
     EXPECT_GT(r.totals.steps, 0);
     if (v.draft_layers == 3 && !v.vocab)
       EXPECT_EQ(r.totals.accepted, v.depth * r.totals.steps) << "the target drafting for itself";
-    if (v.draft_layers == 2) accepted_partial += r.totals.accepted;
+    if (v.draft_layers == 2 && v.drafter == Drafter::Self) accepted_partial += r.totals.accepted;
     if (v.vocab) accepted_dynamic += r.totals.accepted;
+    if (v.drafter == Drafter::DraftModel) accepted_draft_model += r.totals.accepted;
   }
   EXPECT_GT(accepted_partial, 0) << "no partial drafter ever agreed: only chains cut at once were tested";
   EXPECT_GT(accepted_dynamic, 0) << "no draft from the packed rows was ever accepted";
+  EXPECT_GT(accepted_draft_model, 0) << "the draft model never agreed";
 }
 
 // chain_accept on its own: a cut chain, a whole one, placeholders, the K_ver rows it asks for.
@@ -277,7 +343,7 @@ TEST(ChainState, AcceptEmitsCommitsAndLaysOutTheNextBatch) {
   VocabUpdate update;
   ChainTotals totals;
   ChainState s{tokens.data(), positions.data(), parents.data(), rows.data(), pred.data(), &draft_rows, &n_past,
-               out_ids.data(), &counter, &update, &totals, depth, 0};
+               out_ids.data(), &counter, &update, &totals, {}, depth, 0};
   chain_begin(s);
   EXPECT_EQ(positions, (std::vector<int32_t>{20, 21, 22, 23}));
   EXPECT_EQ(parents, (std::vector<int32_t>{-1, 0, 1, 2}));
@@ -318,6 +384,27 @@ TEST(ChainState, AcceptEmitsCommitsAndLaysOutTheNextBatch) {
   EXPECT_EQ(update.first_row, 0);
   EXPECT_EQ(totals.steps, 3);
   EXPECT_EQ(totals.accepted, 5);
+
+  // A draft model's batch: it starts from the newest accepted token one position back, then the
+  // target's token; its cache is one token behind.
+  std::vector<int32_t> first = {-1, -1}, d_positions(4), d_parents(4), d_rows(2);
+  int32_t d_n_past = 0;
+  s.draft = DraftModelBatch{first.data(), d_positions.data(), d_parents.data(), d_rows.data(), &d_n_past};
+  draft_rows = 5;
+  tokens = {0, 50, 51, 52};
+  pred = {50, 60, 0, 0};
+  EXPECT_EQ(chain_accept(s), 1);  // 50 accepted, 51 rejected for 60
+  EXPECT_EQ(n_past, 30);
+  EXPECT_EQ(first, (std::vector<int32_t>{50, 60}));
+  EXPECT_EQ(d_positions, (std::vector<int32_t>{29, 30, 31, 32}));
+  EXPECT_EQ(d_parents, (std::vector<int32_t>{-1, 0, 1, 2}));
+  EXPECT_EQ(d_rows, (std::vector<int32_t>{1, 0}));
+  EXPECT_EQ(d_n_past, 29);
+  tokens = {60, 1, 2, 3};
+  pred = {5, 0, 0, 0};
+  EXPECT_EQ(chain_accept(s), 0);
+  EXPECT_EQ(first, (std::vector<int32_t>{60, 5}));  // nothing accepted: the old last is the newest
+  EXPECT_EQ(d_n_past, 30);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "cuda/cuda_check.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "util/error.h"
 
@@ -28,6 +29,11 @@ std::string device_description() {
   return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
          std::to_string(p.multiProcessorCount) + " SMs, " +
          std::to_string(p.totalGlobalMem >> 30) + " GiB)";
+}
+
+uint64_t next_object_serial() {
+  static std::atomic<uint64_t> next{1};
+  return next++;
 }
 
 DeviceAllocations::~DeviceAllocations() {

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,10 @@ void check(cudaError_t e, const char* what, const char* file, int line);
 bool device_available();
 // "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)" for device 0; throws when there is none.
 std::string device_description();
+
+// A number no other object of this process has had (1, 2, ...): what a cache of captured graphs
+// keys an object by, since a freed object's address may be reused.
+uint64_t next_object_serial();
 
 // Device allocations owned together and freed together (also when the owner's constructor throws
 // halfway: a member of this type is destroyed with what it holds). The owner synchronizes the

@@ -60,9 +60,12 @@ CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
   if (options_.n_ctx > attention_max_ctx())
     throw Error("context size " + std::to_string(options_.n_ctx) + " exceeds the CUDA backend's " +
                 std::to_string(attention_max_ctx()));
+  attention_prepare(options_.n_ctx);
   MS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   MS_CUDA(cudaEventCreate(&ev_start_));
   MS_CUDA(cudaEventCreate(&ev_stop_));
+  MS_CUDA(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
+  MS_CUDA(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming));
   layers_.resize(config_.n_layer);
 }
 
@@ -74,6 +77,8 @@ CudaModel::~CudaModel() {
   for (void* p : allocations_) cudaFree(p);
   if (ev_start_) cudaEventDestroy(ev_start_);
   if (ev_stop_) cudaEventDestroy(ev_stop_);
+  if (ev_fork_) cudaEventDestroy(ev_fork_);
+  if (ev_join_) cudaEventDestroy(ev_join_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -293,7 +298,7 @@ void CudaModel::forward(const HostBatch& b, const ForwardOptions& options) {
   if (n_out > 0)
     MS_CUDA(cudaMemcpyAsync(d_out_rows_, b.output_rows.data(), n_out * sizeof(int32_t), cudaMemcpyHostToDevice,
                             stream_));
-  enqueue_forward(device_batch(0, n, b.start), n_out, options);
+  enqueue_forward(device_batch(0, n, b.start), d_out_rows_, n_out, options);
 }
 
 void CudaModel::project(const Projection& p, const float* x, int32_t n, float* y, int64_t ldy) {
@@ -349,13 +354,14 @@ void CudaModel::enqueue_layer(const Layer& L, int32_t il, const DeviceBatch& bat
   }
 }
 
-void CudaModel::enqueue_forward(const DeviceBatch& batch, int32_t n_out, const ForwardOptions& options) {
+void CudaModel::enqueue_forward(const DeviceBatch& batch, const int32_t* out_rows, int32_t n_out,
+                                const ForwardOptions& options) {
   const ModelConfig& c = config_;
   const int32_t n_layers = options.end_layer < 0 || options.end_layer > c.n_layer ? c.n_layer : options.end_layer;
   set_slot_meta(kv_, batch, stream_);
   gather_rows_f32(token_embd_, batch.tokens, batch.n, c.embed_scale, x_, stream_);
   for (int32_t il = 0; il < n_layers; ++il) enqueue_layer(layers_[il], il, batch);
-  select_rows(x_, c.n_embd, d_out_rows_, n_out, residual_, stream_);
+  select_rows(x_, c.n_embd, out_rows, n_out, residual_, stream_);
   rms_norm(residual_, hidden_, RowGroups{n_out, 1, c.n_embd}, c.n_embd, output_norm_, c.rms_eps, stream_);
   if (options.logits)
     matmul(output_, RowSelection{nullptr, c.n_vocab}, hidden_, c.n_embd, n_out, logits_, c.n_vocab,
@@ -393,7 +399,7 @@ void CudaModel::truncate(int32_t n) {
 }
 
 void CudaModel::enqueue_decode_step() {
-  enqueue_forward(device_batch(0, 1, 0), 1, {.logits = true});
+  enqueue_forward(device_batch(0, 1, 0), d_out_rows_, 1, {.logits = true});
   argmax_rows(logits_, 1, config_.n_vocab, d_tokens_, d_argmax_scratch_, stream_);
   decode_advance(kv_, decode_state(), stream_);
 }
@@ -527,35 +533,62 @@ ChainState CudaModel::chain_state(const ChainStep& step) const {
   s.counter = d_counter_;
   s.update = d_update_;
   s.totals = d_totals_;
+  if (step.draft_model) {
+    const CudaModel& d = *step.draft_model;
+    s.draft = DraftModelBatch{d.d_tokens_, d.d_positions_, d.d_parents_, d.d_out_rows_, d.kv_.n_past};
+  }
   s.depth = step.depth;
   s.kver_last_only = step.vocab && step.vocab->kver_last_only();
   return s;
 }
 
-// One self-draft step, all on the device, in a fixed sequence of launches (a graph replays it):
+// One speculative step, all on the device, in a fixed sequence of launches (a graph replays it):
 void CudaModel::enqueue_chain_step(const ChainStep& step) {
   const int32_t depth = step.depth;
+  // A draft model works on its own stream, forked here and joined before the verification.
+  CudaModel& drafter = step.draft_model ? *step.draft_model : *this;
+  if (step.draft_model) {
+    MS_CUDA(cudaEventRecord(ev_fork_, stream_));
+    MS_CUDA(cudaStreamWaitEvent(drafter.stream_, ev_fork_, 0));
+  }
   // 1. The draft vocabulary's update from the previous verification (an empty one after the
   //    prompt): the chain's drafts and the target's top K_ver at the rows chain_accept chose. Its
   //    gather runs on the copy stream, overlapping draft 0's backbone.
-  if (step.vocab) step.vocab->step(d_tokens_ + 1, logits_, d_update_, depth, step.vocab->kver_last_only() ? 1 : depth + 1);
-  // 2. Drafts: the backbone runs batch row d alone (pending slot d), the draft head's argmax is
-  //    row d + 1. An empty draft vocabulary drafts token 0 as a placeholder (chain_accept ignores
-  //    placeholders; the verification is valid whatever the tokens).
+  if (step.vocab)
+    step.vocab->step(d_tokens_ + 1, logits_, d_update_, depth, step.vocab->kver_last_only() ? 1 : depth + 1);
+  // 2. Drafts: the backbone runs batch row d (the self-draft: alone, in pending slot d; a draft
+  //    model: [last committed token, tokens[0]] first, then tokens[d] in its slot d + 1), the draft
+  //    head's argmax is row d + 1. An empty draft vocabulary drafts token 0 as a placeholder
+  //    (chain_accept ignores placeholders; the verification is valid whatever the tokens).
   for (int32_t d = 0; d < depth; ++d) {
-    enqueue_forward(device_batch(d, 1, d), 1, {.logits = step.vocab == nullptr, .end_layer = step.draft_layers});
+    if (!step.draft_model) {
+      enqueue_forward(device_batch(d, 1, d), d_out_rows_, 1,
+                      {.logits = step.vocab == nullptr, .end_layer = step.draft_layers});
+    } else if (d == 0) {
+      drafter.enqueue_forward(DeviceBatch{drafter.d_tokens_, drafter.d_positions_, drafter.d_parents_, 2, 0},
+                              drafter.d_out_rows_, 1, {.logits = step.vocab == nullptr});
+    } else {
+      drafter.enqueue_forward(
+          DeviceBatch{d_tokens_ + d, drafter.d_positions_ + d + 1, drafter.d_parents_ + d + 1, 1, d + 1},
+          drafter.d_out_rows_ + 1, 1, {.logits = step.vocab == nullptr});
+    }
     int32_t* next = d_tokens_ + d + 1;
     if (step.vocab) {
-      step.vocab->logits(hidden_, 1, act_scratch_);
+      step.vocab->logits(drafter.hidden_, 1, drafter.act_scratch_);
       step.vocab->argmax(1, /*if_empty=*/0, next);
     } else {
-      argmax_rows(logits_, 1, config_.n_vocab, next, d_argmax_scratch_, stream_);
+      argmax_rows(drafter.logits_, 1, config_.n_vocab, next, drafter.d_argmax_scratch_, drafter.stream_);
     }
   }
+  if (step.draft_model) {
+    MS_CUDA(cudaEventRecord(ev_join_, drafter.stream_));
+    MS_CUDA(cudaStreamWaitEvent(stream_, ev_join_, 0));
+  }
   // 3. Verification: every layer over the whole chain, the target's argmax per row.
-  enqueue_forward(device_batch(0, depth + 1, 0), depth + 1, {.logits = true});
+  enqueue_forward(device_batch(0, depth + 1, 0), d_out_rows_, depth + 1, {.logits = true});
   argmax_rows(logits_, depth + 1, config_.n_vocab, d_argmax_out_, d_argmax_scratch_, stream_);
-  // 4. Acceptance: emit, commit the accepted prefix, lay out the next batch and update.
+  // 4. Acceptance: emit, commit the accepted prefix, lay out the next batch (and the draft
+  //    model's) and the vocabulary's update.
   chain_accept(chain_state(step), stream_);
 }
 
@@ -569,9 +602,10 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     if (drafter.config_.n_vocab != config_.n_vocab)
       throw Error("draft model: vocabulary of " + std::to_string(drafter.config_.n_vocab) + " tokens, the target's has " +
                   std::to_string(config_.n_vocab));
-    if (drafter.options_.n_ctx < options_.n_ctx || drafter.options_.n_batch < 2)
+    if (drafter.options_.n_ctx < options_.n_ctx || drafter.options_.n_batch < o.depth + 1)
       throw Error("draft model: its context (" + std::to_string(drafter.options_.n_ctx) + ") must hold the target's (" +
-                  std::to_string(options_.n_ctx) + ") and its batch at least 2 tokens");
+                  std::to_string(options_.n_ctx) + ") and its batch (" + std::to_string(drafter.options_.n_batch) +
+                  ") the chain's " + std::to_string(o.depth + 1) + " tokens");
   } else if (o.draft_layers < 1 || o.draft_layers > config_.n_layer) {
     throw Error("draft layers " + std::to_string(o.draft_layers) + " outside 1.." + std::to_string(config_.n_layer));
   }
@@ -596,11 +630,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     const DeviceVocabSizes sizes{.max_prompt = options_.n_ctx, .max_rows = 1};
     std::unique_ptr<DeviceDraftVocab>& kept = drafter.draft_vocab_;
     if (!kept || !kept->made_for(drafter.output_, *o.vocab, sizes, drafter.stream_)) {
-      if (kept && drafter.chain_graph_ && drafter.chain_graph_for_.vocab == kept.get()) {
-        cudaGraphExecDestroy(drafter.chain_graph_);
-        drafter.chain_graph_ = nullptr;
-      }
-      kept.reset();
+      kept.reset();  // a graph captured over it is keyed by its serial: never replayed again
       kept = std::make_unique<DeviceDraftVocab>(drafter.output_, *o.vocab, sizes, drafter.stream_);
     }
     vocab = kept.get();
@@ -613,19 +643,31 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   } else {
     prefill_for_decode(prompt);  // leaves the prompt's argmax in d_tokens_[0] and out_ids[0]
   }
-  out = o.draft_model ? speculate_with_draft_model(prompt, o, vocab, st) : speculate_resident(o, vocab, st);
+  if (o.draft_model) {
+    // The draft model's cache holds the prompt but its last token, which starts its first batch
+    // (speculative/chain_state.h).
+    const int32_t n_prompt = int32_t(prompt.size());
+    if (n_prompt > 1)
+      drafter.prefill_for_decode(prompt.first(size_t(n_prompt - 1)));
+    else
+      drafter.truncate(0);
+    MS_CUDA(cudaMemcpy(drafter.d_tokens_, &prompt.back(), sizeof(int32_t), cudaMemcpyHostToDevice));
+  }
+  out = speculate_resident(o, vocab, st);
   if (stats) *stats = st;
   return out;
 }
 
 std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, DeviceDraftVocab* vocab,
                                                    SpecChainStats& st) {
-  const ChainStep step{o.depth, o.draft_layers, vocab};
+  const ChainStep step{o.depth, o.draft_layers, vocab, o.draft_model};
   const int32_t per_step = o.depth + 1;  // most tokens a step emits, and the cache slots its batch takes
   const int32_t limit = std::min(o.n_predict, options_.max_generate);
   std::vector<int32_t> ids;
   chain_begin(chain_state(step), stream_);  // after the prompt's argmax (out_ids[0], the batch's row 0)
   if (vocab) vocab->wait_for_gather();      // the prompt's gather: a captured step must not wait on it
+  // A draft model's stream joins the captured step idle (its prefill and the vocabulary's start).
+  if (o.draft_model) MS_CUDA(cudaStreamSynchronize(o.draft_model->stream_));
   int32_t produced = 1;
   bool done = fetch_emitted(produced, limit, o.stop_ids, {}, ids);
   while (!done) {
@@ -636,11 +678,11 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
     const int32_t fit_out = (options_.max_generate - produced) / per_step;
     const int32_t steps = std::min({std::max(o.sync_every, 1), fit_ctx, fit_out, limit - produced});
     if (steps < 1) break;
-    if (o.graphs == Graphs::On && (!chain_graph_ || !(chain_graph_for_ == step))) {
+    if (o.graphs == Graphs::On && (!chain_graph_ || !(chain_graph_for_ == step.key()))) {
       if (chain_graph_) cudaGraphExecDestroy(chain_graph_);
       chain_graph_ = nullptr;
       chain_graph_ = capture([&] { enqueue_chain_step(step); });
-      chain_graph_for_ = step;
+      chain_graph_for_ = step.key();
     }
     for (int32_t s = 0; s < steps; ++s) {
       if (o.graphs == Graphs::On)
@@ -660,99 +702,6 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
   // Where a whole chain no longer fits: plain decode steps from the same device state.
   if (!done) decode_until(limit, o.stop_ids, o.graphs, o.sync_every, {}, ids);
   return ids;
-}
-
-std::vector<int32_t> CudaModel::speculate_with_draft_model(std::span<const int32_t> prompt, const SpecChainOptions& o,
-                                                           DeviceDraftVocab* vocab, SpecChainStats& st) {
-  CudaModel& drafter = *o.draft_model;
-  const int32_t limit = std::min(o.n_predict, options_.max_generate);
-  std::vector<int32_t> out;
-  drafter.prefill_for_decode(prompt);
-  int32_t last = 0;
-  MS_CUDA(cudaMemcpyAsync(&last, d_tokens_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-  MS_CUDA(cudaStreamSynchronize(stream_));
-  auto emit = [&](int32_t id) {
-    out.push_back(id);
-    return int32_t(out.size()) >= limit || std::find(o.stop_ids.begin(), o.stop_ids.end(), id) != o.stop_ids.end();
-  };
-  if (emit(last)) return out;
-
-  // The drafter's inputs this step: tokens of the text its cache lacks (`behind`: the draft model
-  // has not run the last draft of a fully accepted chain), then `last`, then each draft but the
-  // newest. Input i goes to the drafter's pending slot i.
-  // Host vectors of the loop, reused step after step.
-  std::vector<int32_t> behind, inputs, draft, accepted, pos, par;
-  std::vector<int32_t> tokens, positions, parents, rows;
-  auto draft_token = [&](int32_t d) {
-    const int32_t first = d == 0 ? 0 : int32_t(behind.size()) + d;  // pending index of this forward's first input
-    const int32_t end = int32_t(behind.size()) + d + 1;
-    pos.clear(), par.clear();
-    for (int32_t i = first; i < end; ++i) pos.push_back(drafter.n_past_ + i), par.push_back(i - 1);
-    const int32_t row = end - first - 1;
-    drafter.forward(HostBatch{std::span<const int32_t>(inputs).subspan(first, end - first), pos, par,
-                              std::span<const int32_t>(&row, 1), first},
-                    {.logits = !vocab});
-    if (!vocab) return drafter.argmax_to_host(1)[0];
-    vocab->logits(drafter.hidden_, 1, drafter.act_scratch_);
-    vocab->argmax(1, /*if_empty=*/-1, drafter.d_argmax_out_);
-    int32_t id = -1;
-    MS_CUDA(cudaMemcpyAsync(&id, drafter.d_argmax_out_, sizeof(int32_t), cudaMemcpyDeviceToHost, drafter.stream_));
-    MS_CUDA(cudaStreamSynchronize(drafter.stream_));
-    return id;  // -1: the vocabulary is empty (an ext-only stream before its first step)
-  };
-
-  while (true) {
-    // Room for the chain: the pending slots of `last` and the drafts must fit the context.
-    const int32_t room = std::min(o.depth, options_.n_ctx - n_past_ - 1);
-    if (room < 0) break;
-    // Draft: input d (`last`, then draft d - 1) gives draft d.
-    inputs = behind;
-    inputs.push_back(last);
-    draft.clear();
-    for (int32_t d = 0; d < room; ++d) {
-      if (d > 0) inputs.push_back(draft[d - 1]);
-      const int32_t id = draft_token(d);
-      if (id < 0) break;
-      draft.push_back(id);
-    }
-    const int32_t ran = room > 0 ? int32_t(inputs.size()) : 0;  // inputs in the drafter's pending slots
-    const int32_t depth = int32_t(draft.size());
-    // Verify `last` and the drafts in one forward of all layers.
-    tokens.assign(1, last);
-    tokens.insert(tokens.end(), draft.begin(), draft.end());
-    positions.clear(), parents.clear(), rows.clear();
-    for (int32_t i = 0; i <= depth; ++i) positions.push_back(n_past_ + i), parents.push_back(i - 1), rows.push_back(i);
-    forward(HostBatch{tokens, positions, parents, rows, 0}, {.logits = true});
-    const std::vector<int32_t> pred = argmax_to_host(depth + 1);  // synchronizes the target's stream
-    int32_t a = 0;
-    while (a < depth && draft[a] == pred[a]) ++a;
-    ++st.steps;
-    st.accepted_drafts += a;
-    if (vocab) {
-      // The chain's tokens (the batch's rows 1..depth, still on the device) and the target's top
-      // K_ver at the accepted positions (rows 0..a) or at the last one only, as chain_accept picks.
-      const bool last_only = vocab->kver_last_only();
-      vocab->step(d_tokens_ + 1, logits_, VocabUpdate{.n_tree = depth, .first_row = last_only ? a : 0,
-                                                      .n_rows = last_only ? 1 : a + 1});
-      // The target's next forward overwrites what the step reads: it waits for it.
-      MS_CUDA(cudaStreamSynchronize(drafter.stream_));
-    }
-    commit_prefix(a + 1);  // `last` and the accepted drafts
-    // The accepted text is behind, last, draft 0..a-1: the drafter keeps the inputs it ran of it
-    // and runs the rest (at most the chain's newest draft) at the start of the next step.
-    accepted = behind;
-    accepted.push_back(last);
-    accepted.insert(accepted.end(), draft.begin(), draft.begin() + a);
-    const int32_t keep = std::min(ran, int32_t(accepted.size()));
-    drafter.commit_prefix(keep);
-    behind.assign(accepted.begin() + keep, accepted.end());
-    bool done = false;
-    for (int32_t i = 0; i < a && !done; ++i) done = emit(draft[i]);
-    if (!done) done = emit(pred[a]);
-    if (done || n_past_ >= options_.n_ctx) break;  // with one slot left, `last` alone is verified
-    last = pred[a];
-  }
-  return out;
 }
 
 double CudaModel::time_decode_steps(int32_t steps, Graphs graphs) {

@@ -15,6 +15,8 @@
 #include <span>
 #include <vector>
 
+#include "cuda/cuda_check.h"
+#include "cuda/draft_vocab.h"
 #include "cuda/ops.h"
 #include "model/config.h"
 #include "vocab/draft_vocab.h"
@@ -60,8 +62,8 @@ class CudaModel;
 // prefix. Every kernel's result for a token is the same whatever the batch (batch invariance), so
 // the output equals plain greedy decoding token for token.
 //
-// The self-draft step is device-resident: each draft is fed to the next draft forward on the
-// device, acceptance and the next batch are made by one device thread (speculative/chain_state.h)
+// The step is device-resident: each draft is fed to the next draft forward on the device,
+// acceptance and the next batch are made by one device thread (speculative/chain_state.h)
 // and the vocabulary's update reads its counts on the device, so the host only launches steps and
 // looks at the emitted tokens every sync_every steps (steps past a stop token may run; their
 // tokens are dropped). With graphs on, the whole step (vocabulary update, drafts, verification,
@@ -76,8 +78,9 @@ class CudaModel;
 // full vocabulary's head.
 //
 // With draft_model the drafter is a separate model with the target's vocabulary (its own cache, on
-// its own stream), rolled back to the accepted text after each verification; draft_layers is then
-// unused.
+// its own stream, forked from and joined to the target's by events inside the step), kept one token
+// behind the target so that every step has the same shape (speculative/chain_state.h);
+// draft_layers is then unused.
 struct SpecChainOptions {
   int32_t n_predict = 128;
   std::vector<int32_t> stop_ids;
@@ -85,11 +88,11 @@ struct SpecChainOptions {
   int32_t depth = 4;
   std::optional<PrunedVocabSpec> vocab;
   CudaModel* draft_model = nullptr;
-  Graphs graphs = Graphs::On;  // self-draft: replay the step as a captured CUDA graph
-  int32_t sync_every = 4;      // self-draft: steps between host checks for a stop token
+  Graphs graphs = Graphs::On;  // replay the step as a captured CUDA graph
+  int32_t sync_every = 4;      // steps between host checks for a stop token
 };
-// Self-draft: the device's counts, which include the few steps run past a stop token or n_predict
-// before the host looked, and not the plain decode steps at the context's end.
+// The device's counts, which include the few steps run past a stop token or n_predict before the
+// host looked, and not the plain decode steps at the context's end.
 struct SpecChainStats {
   int32_t steps = 0;           // verification forwards
   int32_t accepted_drafts = 0;  // draft tokens kept
@@ -161,16 +164,26 @@ class CudaModel {
   CudaModel(const ModelConfig& config, const CudaModelOptions& options);
   struct Layer;
   struct Projection;
-  // What one device-resident speculative step runs (and what its captured graph was made for).
+  // What one device-resident speculative step runs.
   struct ChainStep {
     int32_t depth = 0;
-    int32_t draft_layers = 0;
+    int32_t draft_layers = 0;           // self-draft
     DeviceDraftVocab* vocab = nullptr;  // null: the full vocabulary's draft head
-    bool operator==(const ChainStep&) const = default;
+    CudaModel* draft_model = nullptr;   // null: the self-draft
+    // What a captured graph of the step was made for: objects by serial, not address.
+    struct Key {
+      int32_t depth = 0, draft_layers = 0;
+      uint64_t vocab = 0, draft_model = 0;
+      bool operator==(const Key&) const = default;
+    };
+    Key key() const {
+      return Key{depth, draft_layers, vocab ? vocab->serial() : 0, draft_model ? draft_model->serial_ : 0};
+    }
   };
   void allocate_buffers();
-  // Runs `batch` (its arrays in device memory) through the layers; output rows are d_out_rows_[0, n_out).
-  void enqueue_forward(const DeviceBatch& batch, int32_t n_out, const ForwardOptions& options);
+  // Runs `batch` (its arrays in device memory) through the layers; output rows out_rows[0, n_out)
+  // (device memory).
+  void enqueue_forward(const DeviceBatch& batch, const int32_t* out_rows, int32_t n_out, const ForwardOptions& options);
   void enqueue_layer(const Layer& L, int32_t il, const DeviceBatch& batch);
   void project(const Projection& p, const float* x, int32_t n, float* y, int64_t ldy);
   void enqueue_decode_step();
@@ -192,8 +205,6 @@ class CudaModel {
   void decode_until(int32_t limit, const std::vector<int32_t>& stop_ids, Graphs graphs, int32_t sync_every,
                     const std::function<void(int32_t)>& on_token, std::vector<int32_t>& ids);
   std::vector<int32_t> speculate_resident(const SpecChainOptions& o, DeviceDraftVocab* vocab, SpecChainStats& st);
-  std::vector<int32_t> speculate_with_draft_model(std::span<const int32_t> prompt, const SpecChainOptions& o,
-                                                  DeviceDraftVocab* vocab, SpecChainStats& st);
 
   ModelConfig config_;
   CudaModelOptions options_;
@@ -242,8 +253,10 @@ class CudaModel {
   std::unique_ptr<DeviceDraftVocab> draft_vocab_;
   cudaGraphExec_t decode_graph_ = nullptr;
   cudaGraphExec_t chain_graph_ = nullptr;  // the resident speculative step, made for chain_graph_for_
-  ChainStep chain_graph_for_;
+  ChainStep::Key chain_graph_for_;
   cudaEvent_t ev_start_ = nullptr, ev_stop_ = nullptr;
+  cudaEvent_t ev_fork_ = nullptr, ev_join_ = nullptr;  // a draft model's stream inside the step
+  uint64_t serial_ = next_object_serial();
 };
 
 }  // namespace microspec::cuda

@@ -51,6 +51,7 @@ class DeviceDraftVocab {
            sizes.max_rows <= sizes_.max_rows && compute == compute_;
   }
   const PrunedVocabSpec& spec() const { return spec_; }
+  uint64_t serial() const { return serial_; }  // next_object_serial() at construction
   // Whether step() changes anything: a window fed by verification (not Fixed, not source ctx).
   bool takes_steps() const {
     return spec_.kind == PrunedVocabSpec::Kind::Window &&
@@ -103,6 +104,7 @@ class DeviceDraftVocab {
 
   const uint8_t* head_data_;
   PrunedVocabSpec spec_;
+  uint64_t serial_ = next_object_serial();
   cudaStream_t compute_;
   int32_t n_vocab_ = 0;
   int32_t capacity_ = 0;

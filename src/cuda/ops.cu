@@ -1203,6 +1203,15 @@ int32_t attention_max_ctx() {
   return 24576;  // scores and chain in shared memory: 196 KB of the 227 KB a Hopper block may have
 }
 
+void attention_prepare(int32_t n_ctx) {
+  static size_t smem_allowed = 48 * 1024;
+  const size_t smem = attention_smem_bytes(n_ctx);
+  if (smem > smem_allowed) {
+    MS_CUDA(cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    smem_allowed = smem;
+  }
+}
+
 void attention(const DeviceKV& kv, int32_t il, const DeviceBatch& batch, const float* q, int64_t ldq,
                AttentionShape shape, float* out, cudaStream_t stream) {
   if (shape.head_dim > kMaxHeadDim || shape.head_dim % 8 != 0)
@@ -1211,11 +1220,7 @@ void attention(const DeviceKV& kv, int32_t il, const DeviceBatch& batch, const f
     throw Error("cuda attention: context " + std::to_string(kv.n_ctx) + " exceeds " +
                 std::to_string(attention_max_ctx()));
   const size_t smem = attention_smem_bytes(kv.n_ctx);
-  static size_t smem_allowed = 48 * 1024;
-  if (smem > smem_allowed) {
-    MS_CUDA(cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    smem_allowed = smem;
-  }
+  attention_prepare(kv.n_ctx);
   launch_pdl(k_attention, unsigned(batch.n * shape.n_head), kAttnThreads, smem, stream, kv, il, batch, q, ldq, shape, out);
   MS_CUDA_LAUNCH();
 }

@@ -136,6 +136,10 @@ void attention(const DeviceKV& kv, int32_t il, const DeviceBatch& batch, const f
                AttentionShape shape, float* out, cudaStream_t stream);
 // Largest n_ctx attention() takes (its scores live in shared memory).
 int32_t attention_max_ctx();
+// Lets attention() over a cache of n_ctx slots have the shared memory it needs (a function
+// attribute, raised once per process for the largest n_ctx): done when a model is made, so that
+// no attention() inside a graph capture has to.
+void attention_prepare(int32_t n_ctx);
 
 // Keeps pending slots idx[0..n_keep) (strictly increasing, device array) as the next committed
 // tokens: moves their rows in every layer and their positions down behind the prefix and adds

@@ -17,7 +17,16 @@
 //     slots, so nothing moves);
 //   - starts the next batch: tokens[0] = pred[a], positions from the new n_past;
 //   - records the dynamic vocabulary's next update: the chain's drafts (when real) and the
-//     verification rows whose top K_ver the candidate stream appends (rows 0..a, or row a only).
+//     verification rows whose top K_ver the candidate stream appends (rows 0..a, or row a only);
+//   - with a separate draft model, lays out its next batch too (DraftModelBatch).
+//
+// A separate draft model keeps its own cache one token behind the target's: each chain starts
+// with a fixed two-token forward of the drafter, [the last committed token, tokens[0]] at
+// positions n_past - 1 and n_past, so a step has the same shape whatever the previous one
+// accepted (the drafter has run every accepted token but the newest; re-running one token is
+// cheaper than a shape that depends on the acceptance). Drafts d >= 1 then run tokens[d] at the
+// drafter's pending slot d + 1. After acceptance the drafter keeps its slots for the accepted
+// text but the newest token: its n_past is the target's minus one.
 #include <cstdint>
 
 #include "util/host_device.h"
@@ -37,6 +46,15 @@ struct ChainTotals {
   int32_t accepted = 0;  // drafts accepted in all
 };
 
+// A separate draft model's batch arrays and cache counter (see the top of this file).
+struct DraftModelBatch {
+  int32_t* first = nullptr;        // [2] its first forward: the last committed token, then tokens[0]
+  int32_t* positions = nullptr;    // [depth + 1] n_past - 1 + i (the target's n_past)
+  int32_t* parents = nullptr;      // [depth + 1] i - 1
+  int32_t* output_rows = nullptr;  // [2] 1 (the first forward's row of tokens[0]), then 0 (one-token forwards)
+  int32_t* n_past = nullptr;       // [1] its committed cache slots: the target's n_past - 1
+};
+
 struct ChainState {
   int32_t* tokens = nullptr;       // [depth + 1] the batch: last emitted token, then the drafts
   int32_t* positions = nullptr;    // [depth + 1] n_past + i
@@ -51,12 +69,29 @@ struct ChainState {
   int32_t* counter = nullptr;  // [1] entries of out_ids
   VocabUpdate* update = nullptr;  // [1]
   ChainTotals* totals = nullptr;  // [1]
+  DraftModelBatch draft;  // a separate draft model's; all null for the self-draft
   int32_t depth = 0;
   int32_t kver_last_only = 0;  // 1: K_ver of the last accepted row only (KverRows::Last); 0: of every accepted row
 };
 
+// The draft model's batch after the target's n_past moved to n_past (its first token is the
+// caller's: the one at n_past - 1).
+MS_HOST_DEVICE inline void chain_draft_layout(const ChainState& s, int32_t n_past) {
+  const DraftModelBatch& d = s.draft;
+  d.first[1] = s.tokens[0];
+  for (int32_t i = 0; i <= s.depth; ++i) {
+    d.positions[i] = n_past - 1 + i;
+    d.parents[i] = i - 1;
+  }
+  d.output_rows[0] = 1;
+  d.output_rows[1] = 0;
+  *d.n_past = n_past - 1;
+}
+
 // Lays out the first batch after the prompt (tokens[0], out_ids[0] and *counter are the prompt's
-// argmax, already emitted): positions, parents and output rows; no vocabulary update pending.
+// argmax, already emitted): positions, parents and output rows, and the draft model's (whose cache
+// holds the prompt but its last token, which the caller left in draft.first[0]); no vocabulary
+// update pending.
 MS_HOST_DEVICE inline void chain_begin(const ChainState& s) {
   const int32_t n_past = *s.n_past;
   for (int32_t i = 0; i <= s.depth; ++i) {
@@ -64,6 +99,7 @@ MS_HOST_DEVICE inline void chain_begin(const ChainState& s) {
     s.parents[i] = i - 1;
     s.output_rows[i] = i;
   }
+  if (s.draft.n_past) chain_draft_layout(s, n_past);
   *s.update = VocabUpdate{};
   *s.totals = ChainTotals{};
 }
@@ -82,8 +118,10 @@ MS_HOST_DEVICE inline int32_t chain_accept(const ChainState& s) {
   *s.counter = count;
   const int32_t n_past = *s.n_past + a + 1;
   *s.n_past = n_past;
+  if (s.draft.n_past) s.draft.first[0] = s.tokens[a];  // the newest accepted token: tokens[0] or draft a - 1
   s.tokens[0] = s.pred[a];
   for (int32_t i = 0; i <= s.depth; ++i) s.positions[i] = n_past + i;
+  if (s.draft.n_past) chain_draft_layout(s, n_past);
   s.update->n_tree = n_drafts;
   s.update->first_row = s.kver_last_only ? a : 0;
   s.update->n_rows = s.kver_last_only ? 1 : a + 1;
