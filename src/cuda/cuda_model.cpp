@@ -611,8 +611,10 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   }
   if (prompt.empty()) throw Error("generate: empty prompt");
   // Checked here rather than inside a step that a graph captures.
-  if (o.vocab && o.depth + 1 > DeviceDraftVocab::kMaxStepRows)
-    throw Error("speculative depth " + std::to_string(o.depth) + ": the dynamic vocabulary takes K_ver from at most " +
+  const bool vocab_steps = o.vocab && o.vocab->kind == PrunedVocabSpec::Kind::Window &&
+                           o.vocab->window.stream.source != CandidateStreamParams::Source::Ctx;
+  if (vocab_steps && o.depth + 1 > DeviceDraftVocab::kMaxStepRows)
+    throw Error("speculative depth " + std::to_string(o.depth) + ": the vocabulary window takes K_ver from at most " +
                 std::to_string(DeviceDraftVocab::kMaxStepRows) + " verification rows");
   SpecChainStats st;
   std::vector<int32_t> out;
@@ -624,7 +626,8 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   // The draft LM head over the drafter's rows: MicroSpec's packed ones (state on the device) or the
   // full vocabulary's.
   // Made once and kept by the drafter (its head, its stream) for later generations with the same
-  // settings; begin() restarts it. A step graph captured over a vocabulary goes with it.
+  // settings; begin() restarts it. A step graph captured over a vocabulary it replaces is keyed
+  // by the old one's serial, so it is never replayed (and is destroyed at the next capture).
   DeviceDraftVocab* vocab = nullptr;
   if (o.vocab) {
     const DeviceVocabSizes sizes{.max_prompt = options_.n_ctx, .max_rows = 1};
@@ -651,9 +654,17 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
       drafter.prefill_for_decode(prompt.first(size_t(n_prompt - 1)));
     else
       drafter.truncate(0);
-    MS_CUDA(cudaMemcpy(drafter.d_tokens_, &prompt.back(), sizeof(int32_t), cudaMemcpyHostToDevice));
+    // Pageable source: staged before the call returns; the drafter's stream is synchronized
+    // before the first step.
+    MS_CUDA(cudaMemcpyAsync(drafter.d_tokens_, &prompt.back(), sizeof(int32_t), cudaMemcpyHostToDevice,
+                            drafter.stream_));
   }
   out = speculate_resident(o, vocab, st);
+  if (o.draft_model) {
+    // The device moved the drafter's cache (chain_accept): its host mirror follows.
+    MS_CUDA(cudaMemcpyAsync(&drafter.n_past_, drafter.kv_.n_past, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    MS_CUDA(cudaStreamSynchronize(stream_));
+  }
   if (stats) *stats = st;
   return out;
 }

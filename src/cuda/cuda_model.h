@@ -177,7 +177,8 @@ class CudaModel {
       bool operator==(const Key&) const = default;
     };
     Key key() const {
-      return Key{depth, draft_layers, vocab ? vocab->serial() : 0, draft_model ? draft_model->serial_ : 0};
+      return Key{depth, draft_model ? 0 : draft_layers, vocab ? vocab->serial() : 0,
+                 draft_model ? draft_model->serial_ : 0};
     }
   };
   void allocate_buffers();

@@ -515,7 +515,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
         if (v.draft_layers == 3) EXPECT_EQ(st.accepted_drafts, v.depth * st.steps) << "the target drafting for itself";
         if (v.drafter == Drafter::Model) draft_model_accepted += st.accepted_drafts;
       }
-    EXPECT_GT(draft_model_accepted, 0) << "the draft model never agreed: the catch-up path went untested";
+    EXPECT_GT(draft_model_accepted, 0) << "the draft model never agreed: whole chains went untested";
   }
 
   TinyPair m(device_spec("llama", GgmlType::Q8_0));
@@ -543,7 +543,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       EXPECT_EQ(m.gpu->generate_speculative(prompt, o, nullptr),
                 std::vector<int32_t>(plain.begin(), plain.begin() + first + 1));
       // The context's end (256 slots): 230 prompt tokens leave room for 27 tokens; the last chains
-      // do not fit, and plain steps (self-draft) or shorter chains (draft model) finish.
+      // do not fit, and plain decode steps finish.
       const std::vector<int32_t> long_prompt = random_tokens(230, V, 10);
       g.n_predict = 100;
       const std::vector<int32_t> plain_end = m.gpu->generate_greedy(long_prompt, g);
