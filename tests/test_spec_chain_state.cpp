@@ -244,11 +244,7 @@ class ChainStateTiny : public ::testing::Test {
   void TearDown() override {
     for (const std::string& p : paths_) std::filesystem::remove(p);
   }
-  struct Loaded {
-    std::unique_ptr<GgufFile> file;
-    std::unique_ptr<Model> model;
-  };
-  Loaded load(const std::string& path, GgmlType type) {
+  test::TinyLoaded load(const std::string& path, GgmlType type) {
     test::TinyModelSpec spec;
     spec.arch = "llama";
     spec.n_vocab = 320;
@@ -256,18 +252,11 @@ class ChainStateTiny : public ::testing::Test {
     spec.seed = 7;
     spec.weight_type = type;
     spec.untied_output = true;  // a tied random model only repeats its last token
-    test::write_tiny_model(spec, path);
     paths_.push_back(path);
-    Loaded l;
-    l.file = GgufFile::open(path);
-    ModelOptions opt;
-    opt.n_threads = 2;
-    opt.n_batch = 64;
-    l.model = Model::load(*l.file, opt);
-    return l;
+    return test::load_tiny_model(spec, path);
   }
   std::vector<std::string> paths_;
-  Loaded target_, draft_;
+  test::TinyLoaded target_, draft_;
 };
 
 TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
@@ -390,6 +379,7 @@ TEST(ChainState, AcceptEmitsCommitsAndLaysOutTheNextBatch) {
   std::vector<int32_t> first = {-1, -1}, d_positions(4), d_parents(4), d_rows(2);
   int32_t d_n_past = 0;
   s.draft = DraftModelBatch{first.data(), d_positions.data(), d_parents.data(), d_rows.data(), &d_n_past};
+  chain_begin(s);  // lays out what never moves (parents, output rows)
   draft_rows = 5;
   tokens = {0, 50, 51, 52};
   pred = {50, 60, 0, 0};

@@ -38,21 +38,8 @@ namespace {
 constexpr int32_t kVocab = 320;
 
 
-struct Tiny {
-  std::unique_ptr<GgufFile> file;
-  std::unique_ptr<Model> model;
-};
-
-Tiny load_tiny(const test::TinyModelSpec& spec, const std::string& path) {
-  test::write_tiny_model(spec, path);
-  Tiny t;
-  t.file = GgufFile::open(path);
-  ModelOptions opt;
-  opt.n_threads = 2;
-  opt.n_batch = 64;
-  t.model = Model::load(*t.file, opt);
-  return t;
-}
+using Tiny = test::TinyLoaded;
+Tiny load_tiny(const test::TinyModelSpec& spec, const std::string& path) { return test::load_tiny_model(spec, path); }
 
 class SpecTiny : public ::testing::Test {
  protected:

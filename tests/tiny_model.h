@@ -4,13 +4,16 @@
 // a short sliding window, biases, an untied output matrix, q/k norms, soft-capping, Llama 3's
 // rope_freqs, phi3's fused QKV and gate/up with partial rotary and LongRoPE factors.
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
 #include "kernels/kernels.h"
 #include "kernels/types.h"
+#include "model/model.h"
 
 namespace microspec::test {
 
@@ -123,6 +126,22 @@ inline void write_tiny_model(const TinyModelSpec& s, const std::string& path) {
 
 // An SPM vocabulary for the tiny models: <unk>, <s>, </s>, then words "▁w3".."▁w{n-1}", so every
 // token prints as text and </s> (2) ends generation. Returns path.
+// A tiny model written to `path` and loaded on the CPU (2 threads, batches of 64).
+struct TinyLoaded {
+  std::unique_ptr<GgufFile> file;
+  std::unique_ptr<Model> model;
+};
+inline TinyLoaded load_tiny_model(const TinyModelSpec& spec, const std::string& path) {
+  write_tiny_model(spec, path);
+  TinyLoaded t;
+  t.file = GgufFile::open(path);
+  ModelOptions opt;
+  opt.n_threads = 2;
+  opt.n_batch = 64;
+  t.model = Model::load(*t.file, opt);
+  return t;
+}
+
 inline std::string write_tiny_tokenizer(const std::string& path, int32_t n_vocab = 320) {
   GgufWriter w;
   w.add_string("general.architecture", "llama");

@@ -422,6 +422,16 @@ cudaGraphExec_t CudaModel::capture(const std::function<void()>& enqueue) {
   return exec;
 }
 
+void CudaModel::run_steps(cudaGraphExec_t& graph, int32_t steps, Graphs graphs, const std::function<void()>& enqueue) {
+  if (graphs == Graphs::On && !graph) graph = capture(enqueue);
+  for (int32_t s = 0; s < steps; ++s) {
+    if (graphs == Graphs::On)
+      MS_CUDA(cudaGraphLaunch(graph, stream_));
+    else
+      enqueue();
+  }
+}
+
 void CudaModel::prefill_for_decode(std::span<const int32_t> prompt) { prefill_for_decode(prompt, PromptCandidates{}); }
 
 void CudaModel::prefill_for_decode(std::span<const int32_t> prompt, const PromptCandidates& candidates) {
@@ -486,15 +496,9 @@ bool CudaModel::fetch_emitted(int32_t produced, int32_t limit, const std::vector
 void CudaModel::decode_until(int32_t limit, const std::vector<int32_t>& stop_ids, Graphs graphs, int32_t sync_every,
                              const std::function<void(int32_t)>& on_token, std::vector<int32_t>& ids) {
   int32_t produced = int32_t(ids.size());
-  if (graphs == Graphs::On && !decode_graph_) decode_graph_ = capture([this] { enqueue_decode_step(); });
   while (produced < limit && n_past_ < options_.n_ctx) {
     const int32_t steps = std::min({std::max(sync_every, 1), limit - produced, options_.n_ctx - n_past_});
-    for (int32_t s = 0; s < steps; ++s) {
-      if (graphs == Graphs::On)
-        MS_CUDA(cudaGraphLaunch(decode_graph_, stream_));
-      else
-        enqueue_decode_step();
-    }
+    run_steps(decode_graph_, steps, graphs, [this] { enqueue_decode_step(); });
     n_past_ += steps;
     produced += steps;
     if (fetch_emitted(produced, limit, stop_ids, on_token, ids)) return;
@@ -509,14 +513,6 @@ std::vector<int32_t> CudaModel::generate_greedy(std::span<const int32_t> prompt,
   if (limit <= 0) return ids;
   if (fetch_emitted(1, limit, o.stop_ids, on_token, ids)) return ids;  // the prompt's argmax, in out_ids[0]
   decode_until(limit, o.stop_ids, o.graphs, o.sync_every, on_token, ids);
-  return ids;
-}
-
-std::vector<int32_t> CudaModel::argmax_to_host(int32_t n_rows) {
-  argmax_rows(logits_, n_rows, config_.n_vocab, d_argmax_out_, d_argmax_scratch_, stream_);
-  std::vector<int32_t> ids(n_rows);
-  MS_CUDA(cudaMemcpyAsync(ids.data(), d_argmax_out_, n_rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-  MS_CUDA(cudaStreamSynchronize(stream_));
   return ids;
 }
 
@@ -633,7 +629,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     const DeviceVocabSizes sizes{.max_prompt = options_.n_ctx, .max_rows = 1};
     std::unique_ptr<DeviceDraftVocab>& kept = drafter.draft_vocab_;
     if (!kept || !kept->made_for(drafter.output_, *o.vocab, sizes, drafter.stream_)) {
-      kept.reset();  // a graph captured over it is keyed by its serial: never replayed again
+      kept.reset();
       kept = std::make_unique<DeviceDraftVocab>(drafter.output_, *o.vocab, sizes, drafter.stream_);
     }
     vocab = kept.get();
@@ -679,6 +675,14 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
   if (vocab) vocab->wait_for_gather();      // the prompt's gather: a captured step must not wait on it
   // A draft model's stream joins the captured step idle (its prefill and the vocabulary's start).
   if (o.draft_model) MS_CUDA(cudaStreamSynchronize(o.draft_model->stream_));
+  // A graph captured for another step (shape, vocabulary, draft model) is not this one's.
+  if (chain_graph_ && !(chain_graph_for_ == step.key())) {
+    cudaGraphExecDestroy(chain_graph_);
+    chain_graph_ = nullptr;
+  }
+  chain_graph_for_ = step.key();
+  // Every emitted token but the newest is in the cache (chain_accept), so n_past follows the count.
+  const int32_t n_past_at_start = n_past_;
   int32_t produced = 1;
   bool done = fetch_emitted(produced, limit, o.stop_ids, {}, ids);
   while (!done) {
@@ -689,21 +693,10 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
     const int32_t fit_out = (options_.max_generate - produced) / per_step;
     const int32_t steps = std::min({std::max(o.sync_every, 1), fit_ctx, fit_out, limit - produced});
     if (steps < 1) break;
-    if (o.graphs == Graphs::On && (!chain_graph_ || !(chain_graph_for_ == step.key()))) {
-      if (chain_graph_) cudaGraphExecDestroy(chain_graph_);
-      chain_graph_ = nullptr;
-      chain_graph_ = capture([&] { enqueue_chain_step(step); });
-      chain_graph_for_ = step.key();
-    }
-    for (int32_t s = 0; s < steps; ++s) {
-      if (o.graphs == Graphs::On)
-        MS_CUDA(cudaGraphLaunch(chain_graph_, stream_));
-      else
-        enqueue_chain_step(step);
-    }
-    // Device to pageable host memory: each copy returns once done, after the steps.
+    run_steps(chain_graph_, steps, o.graphs, [&] { enqueue_chain_step(step); });
+    // Device to pageable host memory: the copy returns once done, after the steps.
     MS_CUDA(cudaMemcpyAsync(&produced, d_counter_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-    MS_CUDA(cudaMemcpyAsync(&n_past_, kv_.n_past, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    n_past_ = n_past_at_start + produced - 1;
     done = fetch_emitted(produced, limit, o.stop_ids, {}, ids);
   }
   ChainTotals totals;  // steps run past a stop token are counted too
@@ -718,14 +711,10 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
 double CudaModel::time_decode_steps(int32_t steps, Graphs graphs) {
   if (n_past_ + steps > options_.n_ctx || steps + 1 > options_.max_generate)
     throw Error("time_decode_steps: " + std::to_string(steps) + " steps do not fit the context");
+  // Captured before the timed region.
   if (graphs == Graphs::On && !decode_graph_) decode_graph_ = capture([this] { enqueue_decode_step(); });
   MS_CUDA(cudaEventRecord(ev_start_, stream_));
-  for (int32_t s = 0; s < steps; ++s) {
-    if (graphs == Graphs::On)
-      MS_CUDA(cudaGraphLaunch(decode_graph_, stream_));
-    else
-      enqueue_decode_step();
-  }
+  run_steps(decode_graph_, steps, graphs, [this] { enqueue_decode_step(); });
   MS_CUDA(cudaEventRecord(ev_stop_, stream_));
   MS_CUDA(cudaEventSynchronize(ev_stop_));
   n_past_ += steps;

@@ -191,12 +191,14 @@ class CudaModel {
   void enqueue_chain_step(const ChainStep& step);
   // Captures what `enqueue` launches on stream_ as an instantiated graph.
   cudaGraphExec_t capture(const std::function<void()>& enqueue);
+  // Runs `steps` of what `enqueue` launches: replays `graph` (captured on first use) with graphs
+  // on, launches kernel by kernel with them off.
+  void run_steps(cudaGraphExec_t& graph, int32_t steps, Graphs graphs, const std::function<void()>& enqueue);
   // n tokens of the device batch arrays from index `offset`, written to pending slots start + i.
   DeviceBatch device_batch(int32_t offset, int32_t n, int32_t start) const;
   DecodeState decode_state() const;
   ChainState chain_state(const ChainStep& step) const;
   void* alloc(size_t bytes);
-  std::vector<int32_t> argmax_to_host(int32_t n_rows);
   // Copies out_ids[ids.size(), produced) to ids, calling on_token for each; stops after a stop id or
   // at `limit` tokens (truncating ids there). Returns whether the generation is over.
   bool fetch_emitted(int32_t produced, int32_t limit, const std::vector<int32_t>& stop_ids,

@@ -50,7 +50,6 @@ class DeviceDraftVocab {
     return head.data == head_data_ && spec == spec_ && sizes.max_prompt <= sizes_.max_prompt &&
            sizes.max_rows <= sizes_.max_rows && compute == compute_;
   }
-  const PrunedVocabSpec& spec() const { return spec_; }
   uint64_t serial() const { return serial_; }  // next_object_serial() at construction
   // Whether step() changes anything: a window fed by verification (not Fixed, not source ctx).
   bool takes_steps() const {

@@ -74,17 +74,15 @@ struct ChainState {
   int32_t kver_last_only = 0;  // 1: K_ver of the last accepted row only (KverRows::Last); 0: of every accepted row
 };
 
-// The draft model's batch after the target's n_past moved to n_past (its first token is the
-// caller's: the one at n_past - 1).
-MS_HOST_DEVICE inline void chain_draft_layout(const ChainState& s, int32_t n_past) {
+// What moves in the batches when the target's n_past moves to n_past: the positions, and the
+// draft model's second token, positions and cache (its first token is the caller's: the one at
+// n_past - 1).
+MS_HOST_DEVICE inline void chain_move_to(const ChainState& s, int32_t n_past) {
+  for (int32_t i = 0; i <= s.depth; ++i) s.positions[i] = n_past + i;
   const DraftModelBatch& d = s.draft;
+  if (!d.n_past) return;
   d.first[1] = s.tokens[0];
-  for (int32_t i = 0; i <= s.depth; ++i) {
-    d.positions[i] = n_past - 1 + i;
-    d.parents[i] = i - 1;
-  }
-  d.output_rows[0] = 1;
-  d.output_rows[1] = 0;
+  for (int32_t i = 0; i <= s.depth; ++i) d.positions[i] = n_past - 1 + i;
   *d.n_past = n_past - 1;
 }
 
@@ -93,13 +91,18 @@ MS_HOST_DEVICE inline void chain_draft_layout(const ChainState& s, int32_t n_pas
 // holds the prompt but its last token, which the caller left in draft.first[0]); no vocabulary
 // update pending.
 MS_HOST_DEVICE inline void chain_begin(const ChainState& s) {
-  const int32_t n_past = *s.n_past;
+  // What never moves: each token the parent of the next, every row verified; the draft model's
+  // first forward outputs its second row, its one-token forwards their only one.
   for (int32_t i = 0; i <= s.depth; ++i) {
-    s.positions[i] = n_past + i;
     s.parents[i] = i - 1;
     s.output_rows[i] = i;
   }
-  if (s.draft.n_past) chain_draft_layout(s, n_past);
+  if (s.draft.n_past) {
+    for (int32_t i = 0; i <= s.depth; ++i) s.draft.parents[i] = i - 1;
+    s.draft.output_rows[0] = 1;
+    s.draft.output_rows[1] = 0;
+  }
+  chain_move_to(s, *s.n_past);
   *s.update = VocabUpdate{};
   *s.totals = ChainTotals{};
 }
@@ -120,8 +123,7 @@ MS_HOST_DEVICE inline int32_t chain_accept(const ChainState& s) {
   *s.n_past = n_past;
   if (s.draft.n_past) s.draft.first[0] = s.tokens[a];  // the newest accepted token: tokens[0] or draft a - 1
   s.tokens[0] = s.pred[a];
-  for (int32_t i = 0; i <= s.depth; ++i) s.positions[i] = n_past + i;
-  if (s.draft.n_past) chain_draft_layout(s, n_past);
+  chain_move_to(s, n_past);
   s.update->n_tree = n_drafts;
   s.update->first_row = s.kver_last_only ? a : 0;
   s.update->n_rows = s.kver_last_only ? 1 : a + 1;
