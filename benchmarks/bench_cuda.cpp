@@ -1,6 +1,6 @@
 // CUDA benchmark on a random-weight model with real shapes (default: Llama-3-8B, BF16), made
 // directly in device memory (no file): decode tok/s with CUDA graphs on and off, LM-head time
-// with the full / 32k / ~3k packed heads, the packed head's row gather on the copy stream, one
+// with the full / 32k / ~3k packed heads, one BF16 product on the tensor cores at 1 / 6 / 60 tokens, the packed head's row gather on the copy stream, one
 // decoder layer on 10 rows (the EAGLE-layer analogue), a 60-token verification forward, and the
 // draft / whole step composed from those as the cost model does (depth 5, 10 rows); then
 // MicroSpec's vocabulary on the device (a step's update, the packed draft head) and the device's
@@ -143,6 +143,35 @@ int run(int argc, char** argv) {
   };
   const double full1 = head_ms(cfg.n_vocab, 1), full10 = head_ms(cfg.n_vocab, 10);
 
+  // One BF16 product of the feed-forward's gate shape (n_ff x n_embd) on the tensor cores, for the
+  // token counts of a decode step, a chain's verification and the table's 60-token verification:
+  // weight bytes per second (the bound at few tokens) and useful TFLOP/s, 2 per weight and token
+  // (the bound at many; the two BF16 halves of the activations double the work done).
+  const int64_t gate_elems = int64_t(cfg.n_ff) * cfg.n_embd;
+  uint8_t* gate_data = nullptr;
+  float *gate_x = nullptr, *gate_y = nullptr;
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&gate_data), size_t(gate_elems) * 2));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&gate_x), sizeof(float) * 60 * cfg.n_embd));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&gate_y), sizeof(float) * 60 * cfg.n_ff));
+  fill_random(GgmlType::BF16, gate_data, gate_elems, 0.02f, 5, s);
+  fill_random_f32(gate_x, 60 * int64_t(cfg.n_embd), 0.0f, 1.0f, 6, s);
+  const DeviceMatrix gate{GgmlType::BF16, gate_data, cfg.n_ff, cfg.n_embd, size_t(cfg.n_embd) * 2};
+  const int32_t gate_tokens[3] = {1, 6, 60};
+  double gate_ms[3], gate_cores_ms[3];  // tensor cores (what the model runs), CUDA cores (the peer)
+  for (int i = 0; i < 3; ++i) {
+    gate_ms[i] = time_ms(s, reps, [&] {
+      matmul(gate, RowSelection{nullptr, cfg.n_ff}, gate_x, cfg.n_embd, gate_tokens[i], gate_y, cfg.n_ff,
+             Store::Overwrite, scratch, s);
+    });
+    gate_cores_ms[i] = time_ms(s, reps, [&] {
+      matmul_bf16_cuda_cores(gate, RowSelection{nullptr, cfg.n_ff}, gate_x, cfg.n_embd, gate_tokens[i], gate_y,
+                             cfg.n_ff, Store::Overwrite, scratch, s);
+    });
+  }
+  cudaFree(gate_data);
+  cudaFree(gate_x);
+  cudaFree(gate_y);
+
   auto packed_ms = [&](int32_t rows) {
     DevicePackedHead head(full, rows, s);
     std::vector<int32_t> ids(rows), slots(rows);
@@ -251,6 +280,11 @@ int run(int argc, char** argv) {
   std::printf("| decode, CUDA graphs on | %.1f tok/s (%.2f ms/step, %.2f TB/s of weights) | 5.22 ms (191 tok/s) |\n",
               tok_s[1], ms_graph, bytes_per_token / (ms_graph * 1e-3) / 1e12);
   std::printf("| decode, CUDA graphs off | %.1f tok/s (%.2f ms/step) | - |\n", tok_s[0], 1000.0 / tok_s[0]);
+  for (int i = 0; i < 3; ++i)
+    std::printf("| BF16 product %d x %d (gate), %d token%s: tensor cores / CUDA cores | %.3f ms (%.2f TB/s of weights, %.0f TFLOP/s) / %.3f ms (%.2fx) | - |\n",
+                cfg.n_ff, cfg.n_embd, gate_tokens[i], gate_tokens[i] == 1 ? "" : "s", gate_ms[i],
+                2.0 * gate_elems / (gate_ms[i] * 1e-3) / 1e12, 2.0 * gate_elems * gate_tokens[i] / (gate_ms[i] * 1e-3) / 1e12,
+                gate_cores_ms[i], gate_cores_ms[i] / gate_ms[i]);
   std::printf("| full-vocab head, 1 row / 10 rows | %.3f / %.3f ms | 0.29 / 0.30 ms |\n", full1, full10);
   std::printf("| 32k packed head, 10 rows | %.3f ms | 0.11 ms |\n", p32k);
   std::printf("| 3k packed head, 10 rows | %.3f ms | 0.033 ms |\n", p3k);

@@ -5,7 +5,9 @@
 // next through tokens[]), the verification of the whole chain, chain_accept. The tokens emitted
 // must be plain greedy decoding's, token for token; the candidate stream the resident step builds
 // must be the one the host-driven step builds (CandidateStream fed each verification's drafts and
-// rows); and a drafter with every layer must have every chain accepted whole.
+// rows); a drafter with every layer must have every chain accepted whole; and an EAGLE-3 head's
+// fixed-shape step (a catch-up forward over the last verification, chain_head_caught_up) must
+// draft exactly what the host-driven HeadDrafter drafts, chain after chain.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "draft_head/eagle3_head.h"
+#include "draft_head/head_drafter.h"
 #include "gguf/gguf.h"
 #include "math/select.h"
 #include "model/model.h"
@@ -24,6 +28,7 @@
 #include "vocab/candidate_stream.h"
 #include "vocab/window_state.h"
 #include "host_vocab_state.h"
+#include "tiny_head.h"
 #include "tiny_model.h"
 
 namespace microspec {
@@ -56,8 +61,11 @@ std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t>& prom
 // the packed rows; Fixed: the pinned ids alone, never stepped), or the full head. draft_model:
 // a separate drafter (its cache one token behind the target's, speculative/chain_state.h), or null
 // for the self-draft with the target's first draft_layers layers.
+// head_path: an EAGLE-3 head file drafting instead (its steps as the device runs them, next to a
+// host-driven HeadDrafter over the same head and vocabulary, whose chains must be the same).
 ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32_t n_predict, int32_t depth,
-                         int32_t draft_layers, const std::optional<PrunedVocabSpec>& spec, Model* draft_model) {
+                         int32_t draft_layers, const std::optional<PrunedVocabSpec>& spec, Model* draft_model,
+                         const std::string& head_path = {}) {
   const int32_t V = model.config().n_vocab, n_prompt = int32_t(prompt.size());
   KVCache kv = model.make_cache(512);
   Batch b;
@@ -92,10 +100,36 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   std::unique_ptr<test::HostDraftVocabState> dv;
   std::unique_ptr<CandidateStream> reference;
 
+  // An EAGLE-3 head: its cache and arrays as the device keeps them, and the host-driven drafter.
+  std::unique_ptr<Eagle3Head> head;
+  std::unique_ptr<HeadDrafter> host_head;
+  std::span<const int32_t> feature_layers;
+  KVCache head_kv(1, 1, 1);
+  int32_t F = 0, H = model.config().n_embd, head_n_past = 0, root_row = 0;
+  std::vector<int32_t> catch_positions(depth + 1), catch_parents(depth + 1), head_draft_positions(depth + 1),
+      head_draft_parents(depth + 1), head_slot_parents(512, -2);
+  std::vector<float> step_features, g, prenorm, normed, g_next, head_logits;
+  if (!head_path.empty()) {
+    head = std::make_unique<Eagle3Head>(GgufFile::open(head_path), model, model.n_batch());
+    DraftVocabulary host_vocab = !spec                                         ? DraftVocabulary::full(V)
+                                 : spec->kind == PrunedVocabSpec::Kind::Fixed ? DraftVocabulary::packed(model, spec->pinned)
+                                 : DraftVocabulary::dynamic(model, spec->window, spec->pinned);
+    host_head = std::make_unique<HeadDrafter>(std::make_unique<Eagle3Head>(GgufFile::open(head_path), model, model.n_batch()),
+                                              model, 512, std::move(host_vocab));
+    feature_layers = head->config().target_layers;
+    F = head->config().n_features();
+    head_kv = head->make_cache(512);
+    g.resize(size_t(depth + 1) * H);
+    prenorm.resize(g.size());
+    normed.resize(g.size());
+    g_next.resize(size_t(H));
+    head_logits.resize(size_t(V));
+  }
+
   // Prefill: the prompt's last argmax is the first token (decode_begin), the target's top K_pre
   // at every prompt position start the stream.
   b.set_sequence(prompt, 0, true);
-  model.forward(b, kv, out, {.logits = true});
+  model.forward(b, kv, out, {.logits = true, .capture_layers = feature_layers});
   kv.commit_prefix(n_prompt);
   n_past = n_prompt;
   tokens[0] = argmax(out.logits.data() + size_t(n_prompt - 1) * V, V);
@@ -118,6 +152,27 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
       EXPECT_EQ(std::vector<int32_t>(dv->token_of_slot.begin(), dv->token_of_slot.begin() + dv->st.slots.n_rows),
                 spec->pinned);
   }
+  if (head) {
+    // The head's cache holds the prompt's rows but the last (features at i with token i + 1); the
+    // first catch-up is row 0 alone: the prompt's last features with the first token.
+    std::vector<int32_t> prompt_top(size_t(n_prompt) * std::max(host_head->prompt_top_k(), 1));
+    for (int32_t i = 0; i < n_prompt && host_head->prompt_top_k() > 0; ++i)
+      top_k_indices(out.logits.data() + size_t(i) * V, V, host_head->prompt_top_k(), prompt_top.data() + size_t(i) * host_head->prompt_top_k());
+    host_head->target_features(out.layer_inputs.data(), n_prompt);
+    host_head->begin(prompt, std::span<const int32_t>(prompt_top).first(size_t(n_prompt) * host_head->prompt_top_k()));
+    std::vector<float> fused(size_t(n_prompt) * H), pre(fused.size()), nrm(fused.size());
+    if (n_prompt > 1) {
+      b.set_sequence(std::span<const int32_t>(prompt).subspan(1), 0, false);
+      head->fuse(out.layer_inputs.data(), n_prompt - 1, fused.data());
+      head->forward(b, fused.data(), head_kv, pre.data(), nrm.data());
+      head_kv.commit_prefix(n_prompt - 1);
+    }
+    head_n_past = n_prompt - 1;
+    step_features.assign(size_t(depth + 1) * F, 0.0f);
+    std::copy_n(out.layer_inputs.data() + size_t(n_prompt - 1) * F, F, step_features.begin());
+    pred.assign(size_t(depth + 1), 0);
+    pred[0] = tokens[0];
+  }
   ChainState cs;
   cs.tokens = tokens.data();
   cs.positions = positions.data();
@@ -133,9 +188,24 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   if (draft_model)
     cs.draft = DraftModelBatch{draft_first.data(), draft_positions.data(), draft_parents.data(), draft_rows_out.data(),
                                &draft_n_past};
+  if (head)
+    cs.head = HeadBatch{catch_positions.data(), catch_parents.data(), head_draft_positions.data(),
+                        head_draft_parents.data(), &root_row, &head_n_past, head_slot_parents.data()};
   cs.depth = depth;
   cs.kver_last_only = vocab && vocab->kver_rows == CandidateStreamParams::KverRows::Last;
   chain_begin(cs);
+  // The head's draft: the best of its row's logits over the draft vocabulary (the target's LM head).
+  auto head_pick = [&](const float* normed_row) {
+    if (!dv) {
+      model.lm_head(normed_row, 1, head_logits.data());
+      return argmax(head_logits.data(), V);
+    }
+    const int32_t n = dv->st.slots.n_rows;
+    if (n == 0) return 0;  // the placeholder
+    model.lm_head_rows(normed_row, 1, dv->token_of_slot.data(), n, head_logits.data());
+    return dv->token_of_slot[size_t(argmax(head_logits.data(), n))];
+  };
+  DraftTree host_tree;
 
   std::vector<int32_t> tops, tree, rows;
   std::vector<float> draft_logits;
@@ -167,7 +237,47 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
     //    [its first token, tokens[0]], then tokens[d] in its slot d + 1. The draft head's best is
     //    row d + 1.
     drafts_real = !dv || dv->st.slots.n_rows > 0;
-    for (int32_t d = 0; d < depth; ++d) {
+    if (head) {
+      // The catch-up over the last verification (pred[i] with its row's features), then its first
+      // a rows committed: row a is the root row, in the first pending slot.
+      b.clear();
+      b.tokens = pred;
+      b.positions = catch_positions;
+      b.parents = catch_parents;
+      EXPECT_EQ(head_kv.n_past(), head_n_past);
+      head->fuse(step_features.data(), depth + 1, g.data());
+      head->forward(b, g.data(), head_kv, prenorm.data(), normed.data());
+      const int32_t a = root_row, root_position = catch_positions[size_t(a)];
+      chain_head_caught_up(cs);
+      EXPECT_EQ(head_n_past - head_kv.n_past(), a);
+      head_kv.commit_prefix(a);
+      EXPECT_EQ(head_slot_parents[size_t(head_n_past)], -1) << "the root row's parent is cleared";
+      head_kv.set_slot_meta(head_n_past, root_position, -1);
+      std::copy_n(prenorm.data() + size_t(a) * H, H, g_next.begin());
+      tokens[1] = head_pick(normed.data() + size_t(a) * H);
+      // Draft d runs tokens[d] in pending slot d, fed the previous row's output.
+      for (int32_t d = 1; d < depth; ++d) {
+        b.clear();
+        b.tokens = {tokens[d]};
+        b.positions = {head_draft_positions[size_t(d)]};
+        b.parents = {head_draft_parents[size_t(d)]};
+        b.start = d;
+        head->forward(b, g_next.data(), head_kv, prenorm.data(), normed.data());
+        std::copy_n(prenorm.data(), H, g_next.begin());
+        tokens[d + 1] = head_pick(normed.data());
+      }
+      // The host-driven drafter's chain from the same root: the same tokens.
+      host_tree = DraftTree{};
+      host_head->propose(tokens[0], positions[0], TreeParams{depth - 1, 1, depth, 0}, nullptr, host_tree);
+      if (drafts_real) {
+        std::vector<int32_t> host_chain;
+        for (const TreeNode& node : host_tree.nodes) host_chain.push_back(node.token);
+        EXPECT_EQ(host_chain, std::vector<int32_t>(tokens.begin() + 1, tokens.end())) << "step " << totals.steps;
+      } else {
+        EXPECT_TRUE(host_tree.nodes.empty());
+      }
+    }
+    for (int32_t d = 0; d < depth && !head; ++d) {
       b.clear();
       if (!draft_model) {
         b.tokens = {tokens[d]};
@@ -211,12 +321,22 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
     b.positions = positions;
     b.parents = parents;
     b.output_rows = output_rows;
-    model.forward(b, kv, out, {.logits = true});
+    model.forward(b, kv, out, {.logits = true, .capture_layers = feature_layers});
     for (int32_t i = 0; i <= depth; ++i) pred[size_t(i)] = argmax(out.logits.data() + size_t(i) * V, V);
     verify_logits = out.logits;
+    if (head) step_features = out.layer_inputs;
     // 4. Acceptance: the cache keeps what chain_accept committed.
-    const int32_t before = n_past, draft_before = draft_n_past;
+    const int32_t before = n_past, draft_before = draft_n_past, root = tokens[0];
     last_accepted = chain_accept(cs);
+    if (head) {
+      head_kv.commit_prefix(1);  // the root row
+      EXPECT_EQ(head_kv.n_past(), head_n_past);
+      EXPECT_EQ(head_n_past, n_past - last_accepted - 1) << "the head's cache ends where the next catch-up starts";
+      std::vector<int32_t> path;
+      for (int32_t i = 0; i < last_accepted; ++i) path.push_back(i);
+      host_head->target_features(out.layer_inputs.data(), depth + 1);
+      host_head->accepted(root, host_tree, path, verify_logits.data());
+    }
     kv.commit_prefix(n_past - before);
     if (draft_model) {
       draft_kv.commit_prefix(draft_n_past - draft_before);
@@ -240,6 +360,12 @@ class ChainStateTiny : public ::testing::Test {
                               ("microspec_chain_state_" + std::to_string(::getpid()))).string();
     target_ = load(stem + "_target.gguf", GgmlType::Q8_0);
     draft_ = load(stem + "_draft.gguf", GgmlType::Q4_1);
+    // A random EAGLE-3 head reading all three layers' inputs and the stream after the last.
+    test::TinyHeadSpec head;
+    head.target_layers = {0, 2, 3};
+    head_path_ = stem + "_head.gguf";
+    paths_.push_back(head_path_);
+    test::write_tiny_head(head, head_path_);
   }
   void TearDown() override {
     for (const std::string& p : paths_) std::filesystem::remove(p);
@@ -256,6 +382,7 @@ class ChainStateTiny : public ::testing::Test {
     return test::load_tiny_model(spec, path);
   }
   std::vector<std::string> paths_;
+  std::string head_path_;
   test::TinyLoaded target_, draft_;
 };
 
@@ -275,7 +402,7 @@ TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
     p->kind = kind;
     return p;
   };
-  enum class Drafter { Self, TargetAsDraftModel, DraftModel };
+  enum class Drafter { Self, TargetAsDraftModel, DraftModel, Head };
   struct Variant {
     const char* name;
     int32_t depth;
@@ -297,19 +424,25 @@ TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
       {"the target as its own draft model, full head", 4, 3, std::nullopt, Drafter::TargetAsDraftModel},
       {"draft model, full head", 4, 2, std::nullopt, Drafter::DraftModel},
       {"draft model, dynamic W 64", 4, 2, stream(64, Source::Both, Rows::Accepted), Drafter::DraftModel},
-      {"draft model, freq: 40 fixed ids", 3, 2, pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed), Drafter::DraftModel}};
+      {"draft model, freq: 40 fixed ids", 3, 2, pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed), Drafter::DraftModel},
+      {"EAGLE-3 head, full head, depth 1", 1, 0, std::nullopt, Drafter::Head},
+      {"EAGLE-3 head, full head, depth 4", 4, 0, std::nullopt, Drafter::Head},
+      {"EAGLE-3 head, dynamic W 64", 4, 0, stream(64, Source::Both, Rows::Accepted), Drafter::Head},
+      {"EAGLE-3 head, dynamic ext W 64 (first chain from an empty vocabulary)", 3, 0, stream(64, Source::Ext, Rows::Accepted), Drafter::Head},
+      {"EAGLE-3 head, freq: 40 fixed ids", 4, 0, pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed), Drafter::Head}};
   const std::vector<int32_t> prompt = {5, 17, 99, 3, 250, 41, 8, 77, 120};
   const int32_t n_predict = 40;
   Model& target = *target_.model;
   const std::vector<int32_t> plain = plain_greedy(target, prompt, n_predict);
   EXPECT_GE(std::set<int32_t>(plain.begin(), plain.end()).size(), 10u) << "a degenerate text tests little";
-  int32_t accepted_partial = 0, accepted_dynamic = 0, accepted_draft_model = 0;
+  int32_t accepted_partial = 0, accepted_dynamic = 0, accepted_draft_model = 0, accepted_head = 0;
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);
-    Model* draft_model = v.drafter == Drafter::Self                 ? nullptr
-                         : v.drafter == Drafter::TargetAsDraftModel ? &target
-                                                                    : draft_.model.get();
-    const ResidentRun r = run_resident(target, prompt, n_predict, v.depth, v.draft_layers, v.vocab, draft_model);
+    Model* draft_model = v.drafter == Drafter::TargetAsDraftModel ? &target
+                         : v.drafter == Drafter::DraftModel         ? draft_.model.get()
+                                                                    : nullptr;
+    const ResidentRun r = run_resident(target, prompt, n_predict, v.depth, v.draft_layers, v.vocab, draft_model,
+                                       v.drafter == Drafter::Head ? head_path_ : std::string());
     EXPECT_EQ(r.emitted, plain);
     EXPECT_GT(r.totals.steps, 0);
     if (v.draft_layers == 3 && !v.vocab)
@@ -317,10 +450,12 @@ TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
     if (v.draft_layers == 2 && v.drafter == Drafter::Self) accepted_partial += r.totals.accepted;
     if (v.vocab) accepted_dynamic += r.totals.accepted;
     if (v.drafter == Drafter::DraftModel) accepted_draft_model += r.totals.accepted;
+    if (v.drafter == Drafter::Head) accepted_head += r.totals.accepted;
   }
   EXPECT_GT(accepted_partial, 0) << "no partial drafter ever agreed: only chains cut at once were tested";
   EXPECT_GT(accepted_dynamic, 0) << "no draft from the packed rows was ever accepted";
   EXPECT_GT(accepted_draft_model, 0) << "the draft model never agreed";
+  EXPECT_GT(accepted_head, 0) << "the head never agreed: no catch-up ever committed a row before its root";
 }
 
 // chain_accept on its own: a cut chain, a whole one, placeholders, the K_ver rows it asks for.
@@ -332,7 +467,7 @@ TEST(ChainState, AcceptEmitsCommitsAndLaysOutTheNextBatch) {
   VocabUpdate update;
   ChainTotals totals;
   ChainState s{tokens.data(), positions.data(), parents.data(), rows.data(), pred.data(), &draft_rows, &n_past,
-               out_ids.data(), &counter, &update, &totals, {}, depth, 0};
+               out_ids.data(), &counter, &update, &totals, {}, {}, depth, 0};
   chain_begin(s);
   EXPECT_EQ(positions, (std::vector<int32_t>{20, 21, 22, 23}));
   EXPECT_EQ(parents, (std::vector<int32_t>{-1, 0, 1, 2}));
@@ -395,6 +530,45 @@ TEST(ChainState, AcceptEmitsCommitsAndLaysOutTheNextBatch) {
   EXPECT_EQ(chain_accept(s), 0);
   EXPECT_EQ(first, (std::vector<int32_t>{60, 5}));  // nothing accepted: the old last is the newest
   EXPECT_EQ(d_n_past, 30);
+}
+
+// An EAGLE-3 head's arrays: chain_begin lays out the first catch-up after the prompt, chain_accept
+// commits the root row and records a, chain_head_caught_up commits the a rows before the root row,
+// clears its parent and places the drafts' rows behind it.
+TEST(ChainState, HeadCatchUpKeepsTheAcceptedRowsAndTheRoot) {
+  const int32_t depth = 3;
+  std::vector<int32_t> tokens = {10, 11, 12, 13}, positions(4), parents(4), rows(4), pred(4), out_ids(16, -1);
+  std::vector<int32_t> catch_positions(4), catch_parents(4), draft_positions(4, -7), draft_parents(4),
+      slot_parents(64, 5);
+  int32_t n_past = 20, counter = 1, root_row = -1, head_n_past = 19;  // the prompt's rows but the last
+  VocabUpdate update;
+  ChainTotals totals;
+  ChainState s{tokens.data(), positions.data(), parents.data(), rows.data(), pred.data(), nullptr, &n_past,
+               out_ids.data(), &counter, &update, &totals, {}, {}, depth, 0};
+  s.head = HeadBatch{catch_positions.data(), catch_parents.data(), draft_positions.data(), draft_parents.data(),
+                     &root_row, &head_n_past, slot_parents.data()};
+  chain_begin(s);
+  EXPECT_EQ(catch_positions, (std::vector<int32_t>{19, 20, 21, 22}));
+  EXPECT_EQ(catch_parents, (std::vector<int32_t>{-1, 0, 1, 2}));
+  EXPECT_EQ(draft_parents, (std::vector<int32_t>{-1, 0, 1, 2}));
+  EXPECT_EQ(root_row, 0);
+  chain_head_caught_up(s);  // the first catch-up: the root row alone
+  EXPECT_EQ(head_n_past, 19);
+  EXPECT_EQ(slot_parents[19], -1);
+  EXPECT_EQ(std::vector<int32_t>(draft_positions.begin() + 1, draft_positions.end()), (std::vector<int32_t>{20, 21, 22}));
+
+  pred = {11, 12, 99, 7};  // drafts 11, 12 accepted
+  EXPECT_EQ(chain_accept(s), 2);
+  EXPECT_EQ(n_past, 23);
+  EXPECT_EQ(head_n_past, 20) << "the root row (features at 19, token 10 at 20) is kept";
+  EXPECT_EQ(root_row, 2);
+  EXPECT_EQ(catch_positions, (std::vector<int32_t>{20, 21, 22, 23}));
+  slot_parents[22] = 1;  // the catch-up wrote row 2 with parent row 1
+  chain_head_caught_up(s);
+  EXPECT_EQ(head_n_past, 22) << "rows for tokens 11 and 12 committed; row 2 (token 99 at 23) is the root";
+  EXPECT_EQ(slot_parents[22], -1);
+  EXPECT_EQ(std::vector<int32_t>(draft_positions.begin() + 1, draft_positions.end()), (std::vector<int32_t>{23, 24, 25}));
+  EXPECT_EQ(head_n_past, n_past - 1) << "after the catch-up the head is one row behind the target";
 }
 
 }  // namespace

@@ -61,11 +61,16 @@ CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
     throw Error("context size " + std::to_string(options_.n_ctx) + " exceeds the CUDA backend's " +
                 std::to_string(attention_max_ctx()));
   attention_prepare(options_.n_ctx);
-  MS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  MS_CUDA(cudaEventCreate(&ev_start_));
-  MS_CUDA(cudaEventCreate(&ev_stop_));
-  MS_CUDA(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
-  MS_CUDA(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming));
+  try {
+    MS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    MS_CUDA(cudaEventCreate(&ev_start_));
+    MS_CUDA(cudaEventCreate(&ev_stop_));
+    MS_CUDA(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
+    MS_CUDA(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming));
+  } catch (...) {
+    destroy_stream_and_events();  // no destructor runs for a constructor that throws
+    throw;
+  }
   layers_.resize(config_.n_layer);
 }
 
@@ -75,11 +80,16 @@ CudaModel::~CudaModel() {
   if (decode_graph_) cudaGraphExecDestroy(decode_graph_);
   if (chain_graph_) cudaGraphExecDestroy(chain_graph_);
   for (void* p : allocations_) cudaFree(p);
-  if (ev_start_) cudaEventDestroy(ev_start_);
-  if (ev_stop_) cudaEventDestroy(ev_stop_);
-  if (ev_fork_) cudaEventDestroy(ev_fork_);
-  if (ev_join_) cudaEventDestroy(ev_join_);
+  destroy_stream_and_events();
+}
+
+void CudaModel::destroy_stream_and_events() {
+  for (cudaEvent_t* e : {&ev_start_, &ev_stop_, &ev_fork_, &ev_join_}) {
+    if (*e) cudaEventDestroy(*e);
+    *e = nullptr;
+  }
   if (stream_) cudaStreamDestroy(stream_);
+  stream_ = nullptr;
 }
 
 void* CudaModel::alloc(size_t bytes) {

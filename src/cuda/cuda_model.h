@@ -199,6 +199,7 @@ class CudaModel {
   DecodeState decode_state() const;
   ChainState chain_state(const ChainStep& step) const;
   void* alloc(size_t bytes);
+  void destroy_stream_and_events();  // what the destructor and a failed constructor release
   // Copies out_ids[ids.size(), produced) to ids, calling on_token for each; stops after a stop id or
   // at `limit` tokens (truncating ids there). Returns whether the generation is over.
   bool fetch_emitted(int32_t produced, int32_t limit, const std::vector<int32_t>& stop_ids,

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <string>
@@ -290,7 +291,8 @@ __global__ void k_matmul_q(const uint8_t* w, size_t w_stride, const int32_t* row
 }
 
 // ---------------------------------------------------------------------------------------------
-// F32 / F16 / BF16 weights with float activations: one warp per row, 16-byte weight loads,
+// F32 / F16 / BF16 weights with float activations on CUDA cores (BF16: matmul_bf16_cuda_cores, the
+// tensor-core product's peer): one warp per row, 16-byte weight loads,
 // up to NT tokens per pass so each weight row is read once for them.
 
 template <GgmlType T>
@@ -334,8 +336,17 @@ struct FloatWeight<GgmlType::F32> {
   }
 };
 
+// Written as explicit fused multiply-adds, so no instantiation can contract it differently (a
+// product's bits must not depend on its kernel's token or row tiling: batch invariance).
 __device__ __forceinline__ float dot8(const float* w, float4 a, float4 b) {
-  return w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+  float s = w[0] * a.x;
+  s = fmaf(w[1], a.y, s);
+  s = fmaf(w[2], a.z, s);
+  s = fmaf(w[3], a.w, s);
+  s = fmaf(w[4], b.x, s);
+  s = fmaf(w[5], b.y, s);
+  s = fmaf(w[6], b.z, s);
+  return fmaf(w[7], b.w, s);
 }
 
 // One warp per R consecutive output rows, NT tokens per pass: each 16-byte weight load serves NT
@@ -465,6 +476,171 @@ void launch_matmul_f(const DeviceMatrix& w, RowSelection rows, const float* x, i
         launch_matmul_f_tile<T, 1, 1>(w, rows, xt, ldx, yt, ldy, store, stream);
     }
     t0 += nt;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// BF16 weights on tensor cores, for one token and for many alike (decode and verification must
+// run the same arithmetic per token: greedy output of a speculative step equals plain decoding
+// only if a token's logits do not depend on the batch it is in).
+//
+// mma.sync m16n8k16 (BF16 inputs, float accumulation): the 16 rows of A are weight rows, the 8
+// columns of B are tokens. Float activations keep float accuracy as two BF16 halves, x = hi + lo
+// (hi = bf16(x), lo = bf16(x - hi), x - hi exact in float; hi + lo is x to about 2^-17 relative),
+// each multiplied into the same accumulator: W x = W hi + W lo. BF16 products are exact in float.
+//
+// A sum runs over the columns in an order that only the column count fixes: the columns are cut
+// into 32-column chunks; warp w of a block's kMmaWarps takes chunks w, w + kMmaWarps, ... in
+// increasing order; per chunk, four mma in a fixed order; then the warps' partial sums are added
+// in warp order. Nothing of that depends on the number of tokens, a token's place in the batch,
+// the unrolling or the token tile: per output element the same instructions on the same values.
+//
+// Fragments (PTX ISA, mma.m16n8k16 .bf16): lane = 4 g + q. A's registers hold rows g, g + 8,
+// g, g + 8 at logical columns {2q, 2q+1}, {2q, 2q+1}, {2q+8, 2q+9}, {2q+8, 2q+9}; B's two
+// registers hold token g at logical columns {2q, 2q+1} and {2q+8, 2q+9}; the float accumulator
+// holds rows g, g, g + 8, g + 8 at tokens 2q, 2q+1, 2q, 2q+1. A dot product may take its terms in
+// any order as long as A and B agree, so each lane loads 8 consecutive columns 32c + 8q .. + 7
+// (16 bytes) of its two rows and of its token: elements 0-1 | 2-3 serve the chunk's first mma
+// step as logical {2q, 2q+1} | {2q+8, 2q+9}, elements 4-5 | 6-7 the second.
+
+constexpr int kMmaWarps = 8;  // warps of a block: the K split, fixed for every token count
+constexpr int kMmaRows = 16;  // weight rows of a block (one m16 tile)
+constexpr int kMmaMaxTiles = 8;  // token tiles of 8 per launch: up to 64 tokens per pass
+
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as BF16 pairs hi (round to nearest even) and lo = bf16(x - hi); the first float in
+// the low half, as in memory.
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t* hi, uint32_t* lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+  *hi = *reinterpret_cast<const uint32_t*>(&h);
+  *lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// y[t][row] (=|+=) W[row] . x[t] for kMmaRows rows per block and NT tiles of 8 tokens; KU chunks
+// of weight loads in flight per lane (fewer where many tokens take the registers).
+template <int NT, int KU>
+__global__ void __launch_bounds__(kMmaWarps* kWarp)
+    k_matmul_bf16_mma(const uint8_t* w, size_t w_stride, const int32_t* row_ids, int64_t n_rows, int64_t cols,
+                      const float* x, int64_t ldx, int32_t n_tokens, float* y, int64_t ldy, Store store) {
+  __shared__ float partial[kMmaWarps][NT * 4][kWarp];  // each warp's accumulators, lane-minor
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int g = lane / 4, q = lane % 4;
+  const int64_t row0 = int64_t(blockIdx.x) * kMmaRows;
+  const uint8_t* wr[2];  // this lane's rows g and g + 8 (clamped: rows past the end are read, not written)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = min(row0 + g + 8 * h, n_rows - 1);
+    wr[h] = w + size_t(row_ids ? row_ids[r] : r) * w_stride;
+  }
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+
+  const int64_t n_chunks = (cols + 31) / 32;
+  const int64_t lane_col = 8 * q;
+  constexpr int64_t kStride = int64_t(kMmaWarps) * KU;  // chunks between a warp's iterations
+  uint4 wv[KU][2];
+  auto load_weights = [&](int64_t c) {
+#pragma unroll
+    for (int u = 0; u < KU; ++u) {
+      const int64_t col = (c + u * kMmaWarps) * 32 + lane_col;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        wv[u][h] = col < cols ? __ldg(reinterpret_cast<const uint4*>(wr[h] + col * 2)) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  // The first weight loads do not depend on the previous kernel: issue them before waiting for it.
+  int64_t c = warp;
+  if (c < n_chunks) load_weights(c);
+  pdl_wait();
+  while (c < n_chunks) {
+#pragma unroll
+    for (int u = 0; u < KU; ++u) {
+      const int64_t chunk = c + u * kMmaWarps;
+      if (chunk >= n_chunks) break;  // the same for the whole warp
+      const int64_t col = chunk * 32 + lane_col;
+      const uint32_t a_first[4] = {wv[u][0].x, wv[u][1].x, wv[u][0].y, wv[u][1].y};
+      const uint32_t a_second[4] = {wv[u][0].z, wv[u][1].z, wv[u][0].w, wv[u][1].w};
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int32_t t = j * 8 + g;
+        float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), r = p;
+        if (t < n_tokens && col < cols) {
+          const float4* xp = reinterpret_cast<const float4*>(x + int64_t(t) * ldx + col);
+          p = __ldg(xp);
+          r = __ldg(xp + 1);
+        }
+        uint32_t hi[4], lo[4];
+        split_bf16x2(p.x, p.y, &hi[0], &lo[0]);
+        split_bf16x2(p.z, p.w, &hi[1], &lo[1]);
+        split_bf16x2(r.x, r.y, &hi[2], &lo[2]);
+        split_bf16x2(r.z, r.w, &hi[3], &lo[3]);
+        mma_bf16_16816(acc[j], a_first, hi[0], hi[1]);
+        mma_bf16_16816(acc[j], a_first, lo[0], lo[1]);
+        mma_bf16_16816(acc[j], a_second, hi[2], hi[3]);
+        mma_bf16_16816(acc[j], a_second, lo[2], lo[3]);
+      }
+    }
+    c += kStride;
+    if (c < n_chunks) load_weights(c);
+  }
+
+  // The warps' partial sums, added in warp order.
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[warp][j * 4 + i][lane] = acc[j][i];
+  __syncthreads();
+  for (int e = threadIdx.x; e < NT * 4 * kWarp; e += kMmaWarps * kWarp) {
+    const int slot = e / kWarp, l = e % kWarp;
+    float s = partial[0][slot][l];
+#pragma unroll
+    for (int v = 1; v < kMmaWarps; ++v) s += partial[v][slot][l];
+    const int j = slot / 4, i = slot % 4;
+    const int64_t row = row0 + l / 4 + 8 * (i / 2);
+    const int32_t t = j * 8 + 2 * (l % 4) + i % 2;
+    if (row < n_rows && t < n_tokens) {
+      float* out = y + int64_t(t) * ldy + row;
+      *out = store == Store::Accumulate ? *out + s : s;
+    }
+  }
+}
+
+template <int NT>
+void launch_matmul_bf16_tiles(const DeviceMatrix& w, RowSelection rows, const float* x, int64_t ldx,
+                              int32_t n_tokens, float* y, int64_t ldy, Store store, cudaStream_t stream) {
+  constexpr int kUnroll = NT <= 2 ? 8 : NT == 4 ? 4 : 2;
+  const dim3 grid(unsigned((rows.n_rows + kMmaRows - 1) / kMmaRows));
+  launch_pdl(k_matmul_bf16_mma<NT, kUnroll>, grid, kMmaWarps * kWarp, 0, stream, w.data, w.row_stride, rows.row_ids,
+             rows.n_rows, w.cols, x, ldx, n_tokens, y, ldy, store);
+  MS_CUDA_LAUNCH();
+}
+
+// Passes of up to 64 tokens, each with the fewest tiles of 8 (a power of two) that hold it.
+void launch_matmul_bf16(const DeviceMatrix& w, RowSelection rows, const float* x, int64_t ldx, int32_t n_tokens,
+                        float* y, int64_t ldy, Store store, cudaStream_t stream) {
+  for (int32_t t0 = 0; t0 < n_tokens; t0 += kMmaMaxTiles * 8) {
+    const int32_t n = std::min(n_tokens - t0, kMmaMaxTiles * 8);
+    const float* xt = x + int64_t(t0) * ldx;
+    float* yt = y + int64_t(t0) * ldy;
+    if (n <= 8)
+      launch_matmul_bf16_tiles<1>(w, rows, xt, ldx, n, yt, ldy, store, stream);
+    else if (n <= 16)
+      launch_matmul_bf16_tiles<2>(w, rows, xt, ldx, n, yt, ldy, store, stream);
+    else if (n <= 32)
+      launch_matmul_bf16_tiles<4>(w, rows, xt, ldx, n, yt, ldy, store, stream);
+    else
+      launch_matmul_bf16_tiles<8>(w, rows, xt, ldx, n, yt, ldy, store, stream);
   }
 }
 
@@ -1086,6 +1262,23 @@ size_t matmul_scratch_bytes(int64_t n_tokens, int64_t cols) {
   return size_t(n_tokens) * size_t(cols) * 5 / 4 + 256;  // Q8_K, the widest: 292 bytes per 256
 }
 
+namespace {
+void check_float_layout(const DeviceMatrix& w, const float* x, int64_t ldx) {
+  if (w.cols % 8 != 0 || ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 || w.row_stride % 16 != 0)
+    throw Error("cuda matmul: float weights need cols % 8 == 0 and 16-byte aligned rows (cols " +
+                std::to_string(w.cols) + ", ldx " + std::to_string(ldx) + ")");
+}
+}  // namespace
+
+void matmul_bf16_cuda_cores(const DeviceMatrix& w, RowSelection rows, const float* x, int64_t ldx, int32_t n_tokens,
+                            float* y, int64_t ldy, Store store, uint8_t* /*act_scratch*/, cudaStream_t stream) {
+  if (n_tokens <= 0 || rows.n_rows <= 0) return;
+  if (w.type != GgmlType::BF16)
+    throw Error("cuda matmul_bf16_cuda_cores: weights of type " + type_name(uint32_t(w.type)) + ", want BF16");
+  check_float_layout(w, x, ldx);
+  launch_matmul_f<GgmlType::BF16>(w, rows, x, ldx, n_tokens, y, ldy, store, stream);
+}
+
 void matmul(const DeviceMatrix& w, RowSelection rows, const float* x, int64_t ldx, int32_t n_tokens, float* y,
             int64_t ldy, Store store, uint8_t* act_scratch, cudaStream_t stream) {
   if (n_tokens <= 0 || rows.n_rows <= 0) return;
@@ -1093,11 +1286,9 @@ void matmul(const DeviceMatrix& w, RowSelection rows, const float* x, int64_t ld
     case GgmlType::F32:
     case GgmlType::F16:
     case GgmlType::BF16:
-      if (w.cols % 8 != 0 || ldx % 4 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 || w.row_stride % 16 != 0)
-        throw Error("cuda matmul: float weights need cols % 8 == 0 and 16-byte aligned rows (cols " +
-                    std::to_string(w.cols) + ", ldx " + std::to_string(ldx) + ")");
+      check_float_layout(w, x, ldx);
       if (w.type == GgmlType::BF16)
-        launch_matmul_f<GgmlType::BF16>(w, rows, x, ldx, n_tokens, y, ldy, store, stream);
+        launch_matmul_bf16(w, rows, x, ldx, n_tokens, y, ldy, store, stream);
       else if (w.type == GgmlType::F16)
         launch_matmul_f<GgmlType::F16>(w, rows, x, ldx, n_tokens, y, ldy, store, stream);
       else

@@ -6,9 +6,10 @@
 //
 // Numerics: quantized weights are dotted with activations quantized exactly as the CPU does
 // (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants; same scales, same
-// round-half-even), with the same integer block sums; F32/F16/BF16 weights take float
-// activations. Only the float accumulation across blocks differs from the CPU, so products agree
-// to ~1e-6 relative (tests allow 1e-4 of the row's scale).
+// round-half-even), with the same integer block sums; F32/F16 weights take float activations,
+// BF16 weights the activations as two BF16 halves on the tensor cores (float accuracy: ops.cu).
+// Only the float accumulation across blocks differs from the CPU, so products agree to ~1e-6
+// relative (tests allow 1e-4 of the row's scale).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -44,9 +45,17 @@ struct RowSelection {
 };
 
 // y[t * ldy + j] (=|+=) dot(W row id(j), x[t * ldx ..]) for t < n_tokens, j < rows.n_rows.
+// Batch invariant for every weight type: token t's outputs are the same bits whatever n_tokens
+// and wherever t is in the batch (a decode step and a verification agree; speculation is lossless).
 // act_scratch: matmul_scratch_bytes(n_tokens, w.cols) bytes, used for quantized activations.
 void matmul(const DeviceMatrix& w, RowSelection rows, const float* x, int64_t ldx, int32_t n_tokens, float* y,
             int64_t ldy, Store store, uint8_t* act_scratch, cudaStream_t stream);
+
+// The same product for BF16 weights on CUDA cores in float, one warp per row: the tensor-core
+// kernel matmul() runs for BF16 (whose batch invariance speculation needs) checked against it and
+// timed beside it by bench_cuda. Batch invariant too, but not the same bits as matmul()'s.
+void matmul_bf16_cuda_cores(const DeviceMatrix& w, RowSelection rows, const float* x, int64_t ldx, int32_t n_tokens,
+                            float* y, int64_t ldy, Store store, uint8_t* act_scratch, cudaStream_t stream);
 
 // Quantizes n_tokens rows of cols floats (row t at x + t * ldx) into the activation format `act`
 // (Q8_0, Q8_1 or Q8_K) exactly as the CPU's quantizers do; row t at out + t * row_bytes(act, cols).

@@ -13,26 +13,37 @@ DevicePackedHead::DevicePackedHead(const DeviceMatrix& full, int32_t capacity, c
     : full_(full), capacity_(capacity), compute_(compute) {
   if (capacity < 1 || capacity > full.rows)
     throw Error("packed head: capacity " + std::to_string(capacity) + " outside 1.." + std::to_string(full.rows));
-  if (gather == GatherStream::Copy) {
-    MS_CUDA(cudaStreamCreateWithFlags(&own_copy_, cudaStreamNonBlocking));
-    copy_ = own_copy_;
-  } else {
-    copy_ = compute_;
+  try {
+    if (gather == GatherStream::Copy) {
+      MS_CUDA(cudaStreamCreateWithFlags(&own_copy_, cudaStreamNonBlocking));
+      copy_ = own_copy_;
+    } else {
+      copy_ = compute_;
+    }
+    MS_CUDA(cudaEventCreateWithFlags(&updated_, cudaEventDisableTiming));
+    MS_CUDA(cudaEventCreateWithFlags(&gathered_, cudaEventDisableTiming));
+    rows_ = static_cast<uint8_t*>(memory_.alloc(full.row_stride * size_t(capacity)));
+    MS_CUDA(cudaMemsetAsync(rows_, 0, full.row_stride * size_t(capacity), copy_));
+    d_copies_ = static_cast<RowCopy*>(memory_.alloc(sizeof(RowCopy) * capacity));
+    d_n_copies_ = static_cast<int32_t*>(memory_.alloc(sizeof(int32_t)));
+    MS_CUDA(cudaEventRecord(gathered_, copy_));  // the zeroing: the first logits wait for it
+  } catch (...) {
+    release();  // no destructor runs for a constructor that throws (memory_ frees itself)
+    throw;
   }
-  MS_CUDA(cudaEventCreateWithFlags(&updated_, cudaEventDisableTiming));
-  MS_CUDA(cudaEventCreateWithFlags(&gathered_, cudaEventDisableTiming));
-  rows_ = static_cast<uint8_t*>(memory_.alloc(full.row_stride * size_t(capacity)));
-  MS_CUDA(cudaMemsetAsync(rows_, 0, full.row_stride * size_t(capacity), copy_));
-  d_copies_ = static_cast<RowCopy*>(memory_.alloc(sizeof(RowCopy) * capacity));
-  d_n_copies_ = static_cast<int32_t*>(memory_.alloc(sizeof(int32_t)));
-  MS_CUDA(cudaEventRecord(gathered_, copy_));  // the zeroing: the first logits wait for it
 }
 
-DevicePackedHead::~DevicePackedHead() {
+DevicePackedHead::~DevicePackedHead() { release(); }
+
+void DevicePackedHead::release() {
   if (copy_) cudaStreamSynchronize(copy_);
-  if (updated_) cudaEventDestroy(updated_);
-  if (gathered_) cudaEventDestroy(gathered_);
+  for (cudaEvent_t* e : {&updated_, &gathered_}) {
+    if (*e) cudaEventDestroy(*e);
+    *e = nullptr;
+  }
   if (own_copy_) cudaStreamDestroy(own_copy_);
+  own_copy_ = nullptr;
+  copy_ = nullptr;
 }
 
 void DevicePackedHead::wait_for_gather() {

@@ -46,6 +46,8 @@ class DevicePackedHead {
   void logits(const float* hidden, int32_t n, int32_t n_rows, float* logits, int64_t ldl, uint8_t* scratch);
 
  private:
+  void release();  // synchronizes the copy stream, destroys the events and the own stream
+
   DeviceMatrix full_;
   int32_t capacity_;
   cudaStream_t compute_;

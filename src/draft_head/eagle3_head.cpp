@@ -36,16 +36,12 @@ void check_finite(const GgufFile& f, const GgufTensor& t) {
 
 }  // namespace
 
-Eagle3Head::Eagle3Head(std::unique_ptr<GgufFile> file, Model& target, int32_t n_batch)
-    : file_(std::move(file)), target_(target), n_batch_(n_batch), mm_(target.pool(), target.kernels()) {
-  const GgufFile& f = *file_;
-  const ModelConfig& tc = target.config();
-  if (n_batch_ < 1) throw Error("draft head: batch size must be >= 1");
+Eagle3Config read_eagle3_config(const GgufFile& f, const ModelConfig& tc) {
   const std::string arch(f.get_string("general.architecture"));
   if (arch != "eagle3" && arch != "eagle2")
     throw Error(f.name() + ": general.architecture is '" + arch + "', expected 'eagle3' or 'eagle2' (an EAGLE draft head)");
   const std::string a = arch + ".";
-  Eagle3Config& c = config_;
+  Eagle3Config c;
   c.arch = arch == "eagle3" ? HeadArch::Eagle3 : HeadArch::Eagle2;
   c.n_embd = static_cast<int32_t>(f.get_int(a + "embedding_length"));
   expect_equal(f, a + "block_count", 1, f.get_int(a + "block_count"));
@@ -91,9 +87,22 @@ Eagle3Head::Eagle3Head(std::unique_ptr<GgufFile> file, Model& target, int32_t n_
   if (f.has("tokenizer.ggml.tokens"))
     expect_equal(f, "tokenizer.ggml.tokens count (the target's vocabulary)", tc.n_vocab,
                  static_cast<int64_t>(f.get_string_array("tokenizer.ggml.tokens").size()));
+  return c;
+}
+
+void check_head_tensors_finite(const GgufFile& f) {
+  for (const GgufTensor& t : f.tensors()) check_finite(f, t);
+}
+
+Eagle3Head::Eagle3Head(std::unique_ptr<GgufFile> file, Model& target, int32_t n_batch)
+    : file_(std::move(file)), target_(target), n_batch_(n_batch), mm_(target.pool(), target.kernels()) {
+  const GgufFile& f = *file_;
+  if (n_batch_ < 1) throw Error("draft head: batch size must be >= 1");
+  config_ = read_eagle3_config(f, target.config());
+  const Eagle3Config& c = config_;
   load_weights();
   load_own_lm_head();
-  for (const GgufTensor& t : f.tensors()) check_finite(f, t);
+  check_head_tensors_finite(f);
 
   const int32_t H = c.n_embd, B = n_batch_;
   act_.features.assign(c.norm_before_fc ? size_t(B) * c.n_features() : 0, 0.0f);

@@ -85,6 +85,13 @@ struct Eagle3Config {
   int32_t n_features() const { return static_cast<int32_t>(target_layers.size()) * target_hidden; }
 };
 
+// The head's metadata, checked against the target's shapes (Error naming the file, the value,
+// expected and found); the own LM head (n_draft_vocab) is read with the weights, not here. The
+// CPU head and the CUDA backend's (cuda/eagle_head.h) read it alike.
+Eagle3Config read_eagle3_config(const GgufFile& f, const ModelConfig& target);
+// Error naming the tensor, row and column of the first non-finite weight of the file.
+void check_head_tensors_finite(const GgufFile& f);
+
 class Eagle3Head {
  public:
   // Checks every metadata value, shape and weight (no NaN or infinity) against the target and

@@ -27,6 +27,19 @@
 // cheaper than a shape that depends on the acceptance). Drafts d >= 1 then run tokens[d] at the
 // drafter's pending slot d + 1. After acceptance the drafter keeps its slots for the accepted
 // text but the newest token: its n_past is the target's minus one.
+//
+// An EAGLE-3 draft head (draft_head/eagle3_head.h) keeps one cache row per committed position i
+// (the target's features at i with the token at i + 1). Its step has one shape too: it starts with
+// a catch-up forward of depth + 1 rows over the previous verification, row i pairing the features
+// of verification row i with pred[i]. With a the drafts that verification accepted, pred[i] is the
+// token at the row's next position for every i <= a (accepted drafts for i < a, the target's own
+// token at a), so rows 0..a-1 are the accepted text's rows and row a is this step's root row (the
+// features before the newest token, with it): it drafts the first token. The catch-up commits
+// rows 0..a-1 (chain_head_caught_up), leaving the root row as the head's first pending slot, its
+// parent cleared; draft d >= 1 runs tokens[d] in pending slot d, fed the previous row's output.
+// chain_accept then commits the root row (its features were the target's) and drops the others.
+// After the prompt the first catch-up is the root row alone (row 0: the prompt's last features
+// with the first generated token; the other rows finite placeholders), with a = 0.
 #include <cstdint>
 
 #include "util/host_device.h"
@@ -55,6 +68,17 @@ struct DraftModelBatch {
   int32_t* n_past = nullptr;       // [1] its committed cache slots: the target's n_past - 1
 };
 
+// An EAGLE-3 head's batch arrays and cache counter (see the top of this file).
+struct HeadBatch {
+  int32_t* catch_positions = nullptr;  // [depth + 1] the catch-up rows: the head's n_past + i
+  int32_t* catch_parents = nullptr;    // [depth + 1] i - 1
+  int32_t* draft_positions = nullptr;  // [depth + 1] draft d's row (d >= 1) at index d: n_past + d after the catch-up
+  int32_t* draft_parents = nullptr;    // [depth + 1] d - 1 at index d
+  int32_t* root_row = nullptr;         // [1] a: the catch-up row that is the step's root
+  int32_t* n_past = nullptr;           // [1] its committed cache rows
+  int32_t* slot_parents = nullptr;     // [n_ctx] its cache's parent of each slot (the root row's is cleared)
+};
+
 struct ChainState {
   int32_t* tokens = nullptr;       // [depth + 1] the batch: last emitted token, then the drafts
   int32_t* positions = nullptr;    // [depth + 1] n_past + i
@@ -70,6 +94,7 @@ struct ChainState {
   VocabUpdate* update = nullptr;  // [1]
   ChainTotals* totals = nullptr;  // [1]
   DraftModelBatch draft;  // a separate draft model's; all null for the self-draft
+  HeadBatch head;         // an EAGLE-3 head's; all null for the other drafters
   int32_t depth = 0;
   int32_t kver_last_only = 0;  // 1: K_ver of the last accepted row only (KverRows::Last); 0: of every accepted row
 };
@@ -102,6 +127,15 @@ MS_HOST_DEVICE inline void chain_begin(const ChainState& s) {
     s.draft.output_rows[0] = 1;
     s.draft.output_rows[1] = 0;
   }
+  const HeadBatch& h = s.head;
+  if (h.n_past) {  // its cache holds the prompt's rows but the last (the caller's), the root row is catch-up row 0
+    for (int32_t i = 0; i <= s.depth; ++i) {
+      h.catch_parents[i] = i - 1;
+      h.catch_positions[i] = *h.n_past + i;
+      h.draft_parents[i] = i - 1;
+    }
+    *h.root_row = 0;
+  }
   chain_move_to(s, *s.n_past);
   *s.update = VocabUpdate{};
   *s.totals = ChainTotals{};
@@ -122,6 +156,12 @@ MS_HOST_DEVICE inline int32_t chain_accept(const ChainState& s) {
   const int32_t n_past = *s.n_past + a + 1;
   *s.n_past = n_past;
   if (s.draft.n_past) s.draft.first[0] = s.tokens[a];  // the newest accepted token: tokens[0] or draft a - 1
+  const HeadBatch& h = s.head;
+  if (h.n_past) {  // the root row is kept; the next catch-up follows it
+    *h.n_past += 1;
+    *h.root_row = a;
+    for (int32_t i = 0; i <= s.depth; ++i) h.catch_positions[i] = *h.n_past + i;
+  }
   s.tokens[0] = s.pred[a];
   chain_move_to(s, n_past);
   s.update->n_tree = n_drafts;
@@ -130,6 +170,17 @@ MS_HOST_DEVICE inline int32_t chain_accept(const ChainState& s) {
   s.totals->steps += 1;
   s.totals->accepted += a;
   return a;
+}
+
+// After an EAGLE-3 head's catch-up forward: commits its rows before the root row (a of them), so
+// the root row is the first pending slot, clears that slot's parent (it was row a - 1 of the
+// catch-up, now committed) and lays out the drafts' rows behind it.
+MS_HOST_DEVICE inline void chain_head_caught_up(const ChainState& s) {
+  const HeadBatch& h = s.head;
+  const int32_t n_past = *h.n_past + *h.root_row;
+  *h.n_past = n_past;
+  h.slot_parents[n_past] = -1;
+  for (int32_t d = 1; d <= s.depth; ++d) h.draft_positions[d] = n_past + d;
 }
 
 }  // namespace microspec

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -125,13 +126,19 @@ TEST(CudaKernels, ActivationQuantizationMatchesCpuBitwise) {
   }
 }
 
+bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+
+// Every weight type against the CPU, for one token, a few, a verification's 60 and more than one
+// pass of the BF16 tensor-core product (64 tokens); float weights with a column count that ends
+// inside a 32-column chunk.
 TEST(CudaKernels, MatmulMatchesCpuForEveryWeightType) {
   REQUIRE_GPU();
-  const int64_t rows = 77, cols = 512;
+  const int64_t rows = 77;
   ThreadPool pool(1);
   MatmulContext ctx(pool, reference_kernels());
   for (GgmlType type : kDeviceTypes) {
     SCOPED_TRACE(type_name(uint32_t(type)));
+    const int64_t cols = is_float_type(type) ? 520 : 512;
     const std::vector<float> wf = normal_floats(size_t(rows * cols), 11);
     const size_t rb = row_bytes(type, cols);
     std::vector<uint8_t> wq(rb * rows);
@@ -139,7 +146,7 @@ TEST(CudaKernels, MatmulMatchesCpuForEveryWeightType) {
     const QMatrix cpu_w{type, wq.data(), rows, cols, rb};
     DeviceBuffer<uint8_t> dw(wq);
     const cuda::DeviceMatrix gpu_w{type, dw.ptr, rows, cols, rb};
-    for (int32_t n_tokens : {1, 3, 10}) {
+    for (int32_t n_tokens : {1, 3, 10, 60, 70}) {
       SCOPED_TRACE(n_tokens);
       const std::vector<float> x = normal_floats(size_t(n_tokens * cols), 100 + n_tokens);
       std::vector<float> want(size_t(n_tokens * rows));
@@ -152,6 +159,13 @@ TEST(CudaKernels, MatmulMatchesCpuForEveryWeightType) {
                    cuda::Store::Overwrite, scratch.ptr, nullptr);
       const std::vector<float> got = dy.to_host();
       EXPECT_LT(rel_max_diff(got, want), kMatmulTol) << worst(got, want);
+      if (type == GgmlType::BF16) {  // the tensor-core product's peer on CUDA cores
+        DeviceBuffer<float> dyc(want.size());
+        cuda::matmul_bf16_cuda_cores(gpu_w, cuda::RowSelection{nullptr, rows}, dx.ptr, cols, n_tokens, dyc.ptr, rows,
+                                     cuda::Store::Overwrite, scratch.ptr, nullptr);
+        const std::vector<float> got_cores = dyc.to_host();
+        EXPECT_LT(rel_max_diff(got_cores, want), kMatmulTol) << "CUDA cores: " << worst(got_cores, want);
+      }
 
       // A subset of rows (the LM head over a draft vocabulary), accumulated onto existing values.
       const std::vector<int32_t> ids = {5, 0, 76, 33, 34};
@@ -167,6 +181,48 @@ TEST(CudaKernels, MatmulMatchesCpuForEveryWeightType) {
       const std::vector<float> got_rows = dyr.to_host();
       EXPECT_LT(rel_max_diff(got_rows, want_rows), kMatmulTol) << worst(got_rows, want_rows);
     }
+  }
+}
+
+// What lossless speculation on the device rests on: a token's product is the same bits whatever
+// batch it is in (alone as in a decode step, or at any place of a verification batch, in one pass
+// or the second), for every weight type.
+TEST(CudaKernels, MatmulIsBatchInvariant) {
+  REQUIRE_GPU();
+  const int64_t rows = 77;
+  const int32_t n_all = 70;
+  for (GgmlType type : kDeviceTypes) {
+    SCOPED_TRACE(type_name(uint32_t(type)));
+    const int64_t cols = is_float_type(type) ? 520 : 512;
+    const std::vector<float> wf = normal_floats(size_t(rows * cols), 12);
+    const size_t rb = row_bytes(type, cols);
+    std::vector<uint8_t> wq(rb * rows);
+    for (int64_t r = 0; r < rows; ++r) quantize_row_reference(type, wf.data() + r * cols, wq.data() + r * rb, cols);
+    DeviceBuffer<uint8_t> dw(wq);
+    const cuda::DeviceMatrix gpu_w{type, dw.ptr, rows, cols, rb};
+    const std::vector<float> x = normal_floats(size_t(n_all * cols), 13);
+    DeviceBuffer<float> dx(x);
+    DeviceBuffer<uint8_t> scratch(cuda::matmul_scratch_bytes(n_all, cols));
+    auto product = [&](int32_t first, int32_t n) {
+      DeviceBuffer<float> dy(size_t(n) * rows);
+      cuda::matmul(gpu_w, cuda::RowSelection{nullptr, rows}, dx.ptr + int64_t(first) * cols, cols, n, dy.ptr, rows,
+                   cuda::Store::Overwrite, scratch.ptr, nullptr);
+      return dy.to_host();
+    };
+    const std::vector<float> all = product(0, n_all);
+    auto expect_same_bits = [&](const std::vector<float>& got, int32_t first, const char* what) {
+      for (size_t i = 0; i < got.size(); ++i) {
+        const float want = all[size_t(first) * rows + i];
+        if (std::memcmp(&got[i], &want, sizeof(float)) != 0) {
+          ADD_FAILURE() << what << ": token " << first + int64_t(i) / rows << " row " << int64_t(i) % rows << ": "
+                        << got[i] << " vs " << want << " in the " << n_all << "-token batch";
+          return;
+        }
+      }
+    };
+    for (int32_t t : {0, 1, 7, 8, 37, 63, 64, 69}) expect_same_bits(product(t, 1), t, "alone");
+    for (int32_t n : {2, 8, 9, 17, 33, 60}) expect_same_bits(product(0, n), 0, "a shorter batch");
+    expect_same_bits(product(5, 60), 5, "a batch starting at token 5");
   }
 }
 
