@@ -1,11 +1,12 @@
 // CUDA benchmark on a random-weight model with real shapes (default: Llama-3-8B, BF16), made
-// directly in device memory (no file): decode tok/s with CUDA graphs on and off, LM-head time
-// with the full / 32k / ~3k packed heads, one BF16 product on the tensor cores at 1 / 6 / 60 tokens, the packed head's row gather on the copy stream, one
-// decoder layer on 10 rows (the EAGLE-layer analogue), a 60-token verification forward, and the
-// draft / whole step composed from those as the cost model does (depth 5, 10 rows); then
-// MicroSpec's vocabulary on the device (a step's update, the packed draft head) and the device's
-// self-draft chain end to end (device-resident) with the full and the dynamic vocabulary, CUDA
-// graphs on and off.
+// directly in device memory (no file): decode tok/s with CUDA graphs on and off, LM-head time with
+// the full / 32k / ~3k packed heads, one BF16 product on the tensor cores at 1 / 6 / 60 tokens,
+// the packed head's row gather on the copy stream, one decoder layer and an EAGLE-3 head layer of
+// the same shape on 10 tree rows, a 60-token verification forward, and the draft / whole step
+// composed from those as the cost model does (depth 5, 10 rows); then MicroSpec's
+// vocabulary on the device (a step's update, the packed draft head) and the device's self-draft
+// chain and the EAGLE-3 head's end to end (device-resident) with the full, a fixed 32k and the
+// dynamic vocabulary, CUDA graphs on and off.
 //
 //   bench_cuda [--layers N] [--steps N] [--reps N] [--profile-steps N]
 // --profile-steps N: only a prompt and N decode steps (graphs off) between cudaProfilerStart/Stop,
@@ -27,6 +28,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_model.h"
 #include "cuda/draft_vocab.h"
+#include "cuda/eagle_head.h"
 #include "cuda/ops.h"
 #include "cuda/packed_head.h"
 #include "util/error.h"
@@ -203,6 +205,41 @@ int run(int argc, char** argv) {
   tree_batch(10, t10, p10, par10, o10);
   tree_batch(60, t60, p60, par60, o60);
   const double layer10 = time_ms(s, reps, [&] { model->forward(HostBatch{t10, p10, par10, o10, 0}, {.end_layer = 1}); });
+
+  // An EAGLE-3 head of the Llama-3-8B shape (EAGLE-3's layers: the inputs of 2, L/2 and L-3), random
+  // BF16 weights: its layer on a 10-row tree fed its own outputs (the table's "EAGLE layer").
+  Eagle3Config hc;
+  hc.n_embd = cfg.n_embd;
+  hc.n_head = cfg.n_head;
+  hc.n_head_kv = cfg.n_head_kv;
+  hc.head_dim = cfg.head_dim;
+  hc.n_ff = cfg.n_ff;
+  hc.rms_eps = cfg.rms_eps;
+  hc.rope_base = cfg.rope_base;
+  hc.target_layers = {std::min(2, n_layer), n_layer / 2, std::max(n_layer - 3, n_layer / 2)};
+  hc.target_hidden = cfg.n_embd;
+  hc.norm_before_fc = true;
+  auto head = DeviceEagleHead::random(hc, model->embedding_matrix(), GgmlType::BF16, 77, opt.n_batch, opt.n_ctx,
+                                      opt.n_ctx, s);
+  int32_t *head_tokens = nullptr, *head_positions = nullptr, *head_parents = nullptr;
+  float* head_g = nullptr;
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&head_tokens), 10 * 4));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&head_positions), 10 * 4));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&head_parents), 10 * 4));
+  MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&head_g), sizeof(float) * 10 * cfg.n_embd));
+  MS_CUDA(cudaMemcpy(head_tokens, t10.data(), 10 * 4, cudaMemcpyHostToDevice));
+  std::vector<int32_t> head_pos10(10);
+  for (int32_t i = 0; i < 10; ++i) head_pos10[i] = p10[i] - model->n_past();  // the head's cache is empty
+  MS_CUDA(cudaMemcpy(head_positions, head_pos10.data(), 10 * 4, cudaMemcpyHostToDevice));
+  MS_CUDA(cudaMemcpy(head_parents, par10.data(), 10 * 4, cudaMemcpyHostToDevice));
+  fill_random_f32(head_g, 10 * int64_t(cfg.n_embd), 0.0f, 1.0f, 9, s);
+  const double head10 = time_ms(s, reps, [&] {
+    head->enqueue_forward(DeviceBatch{head_tokens, head_positions, head_parents, 10, 0}, nullptr, head_g, s);
+  });
+  cudaFree(head_tokens);
+  cudaFree(head_positions);
+  cudaFree(head_parents);
+  cudaFree(head_g);
   const double verify60 =
       time_ms(s, std::max(5, reps / 5), [&] { model->forward(HostBatch{t60, p60, par60, o60, 0}, {.logits = true}); });
 
@@ -246,9 +283,10 @@ int run(int argc, char** argv) {
   PrunedVocabSpec freq32k;
   freq32k.kind = PrunedVocabSpec::Kind::Fixed;
   for (int32_t i = 0; i < 32768; ++i) freq32k.pinned.push_back(i);
-  auto chain_ms = [&](const std::optional<PrunedVocabSpec>& vocab, Graphs graphs) {
+  auto chain_ms = [&](const std::optional<PrunedVocabSpec>& vocab, Graphs graphs, DeviceEagleHead* draft_head) {
     SpecChainOptions so;
     so.draft_layers = std::min(4, cfg.n_layer);
+    so.draft_head = draft_head;
     so.depth = 5;
     so.graphs = graphs;
     so.sync_every = 8;
@@ -270,12 +308,16 @@ int run(int argc, char** argv) {
     }
     return median(per_step);
   };
-  double chain[3][2];  // [full, freq 32k, dynamic][graphs off, on]
+  double chain[3][2], head_chain[3][2];  // [full, freq 32k, dynamic][graphs off, on]
   const std::optional<PrunedVocabSpec> chain_vocabs[3] = {std::nullopt, freq32k, PrunedVocabSpec{}};
   for (int v = 0; v < 3; ++v)
-    for (Graphs g : {Graphs::Off, Graphs::On}) chain[v][g == Graphs::On] = chain_ms(chain_vocabs[v], g);
+    for (Graphs g : {Graphs::Off, Graphs::On}) {
+      chain[v][g == Graphs::On] = chain_ms(chain_vocabs[v], g, nullptr);
+      head_chain[v][g == Graphs::On] = chain_ms(chain_vocabs[v], g, head.get());
+    }
 
-  const double draft_full = 5 * (layer10 + full10), draft_32k = 5 * (layer10 + p32k), draft_3k = 5 * (layer10 + p3k);
+  // The cost model: depth 5 of (EAGLE layer + LM head) on 10 rows.
+  const double draft_full = 5 * (head10 + full10), draft_32k = 5 * (head10 + p32k), draft_3k = 5 * (head10 + p3k);
   std::printf("\n| measurement | microspec CUDA | issue's table (PyTorch + graphs) |\n|---|---|---|\n");
   std::printf("| decode, CUDA graphs on | %.1f tok/s (%.2f ms/step, %.2f TB/s of weights) | 5.22 ms (191 tok/s) |\n",
               tok_s[1], ms_graph, bytes_per_token / (ms_graph * 1e-3) / 1e12);
@@ -289,8 +331,9 @@ int run(int argc, char** argv) {
   std::printf("| 32k packed head, 10 rows | %.3f ms | 0.11 ms |\n", p32k);
   std::printf("| 3k packed head, 10 rows | %.3f ms | 0.033 ms |\n", p3k);
   std::printf("| gather of 64 new rows (copy stream) | %.4f ms | ~0.01 ms |\n", gather64);
-  std::printf("| one decoder layer, 10 rows (EAGLE-layer analogue) | %.3f ms | 0.21 ms |\n", layer10);
-  std::printf("| draft per step (5 x (layer + head)): full / 32k / 3k | %.2f / %.2f / %.2f ms | 2.51 / 1.56 / 1.19 ms |\n",
+  std::printf("| EAGLE-3 head layer, 10 tree rows | %.3f ms | 0.21 ms |\n", head10);
+  std::printf("| one decoder layer of the target, 10 tree rows | %.3f ms | - |\n", layer10);
+  std::printf("| draft per step (5 x (EAGLE-3 layer + LM head)): full / 32k / 3k | %.2f / %.2f / %.2f ms | 2.51 / 1.56 / 1.19 ms |\n",
               draft_full, draft_32k, draft_3k);
   std::printf("| verify 60 tokens | %.2f ms | 6.46 ms |\n", verify60);
   std::printf("| whole step (draft + verify): full / 3k | %.2f / %.2f ms | 8.98 / 7.65 ms |\n",
@@ -303,6 +346,10 @@ int run(int argc, char** argv) {
   std::printf("| self-draft chain step (4 layers draft 5 tokens, all verify; device-resident), CUDA graphs on: full / freq 32k / dynamic vocabulary | %.2f / %.2f / %.2f ms | - |\n",
               chain[0][1], chain[1][1], chain[2][1]);
   std::printf("| the same, CUDA graphs off | %.2f / %.2f / %.2f ms | - |\n", chain[0][0], chain[1][0], chain[2][0]);
+  std::printf("| EAGLE-3 head chain step (catch-up + 5 drafts, all verify; device-resident), CUDA graphs on: full / freq 32k / dynamic vocabulary | %.2f / %.2f / %.2f ms | - |\n",
+              head_chain[0][1], head_chain[1][1], head_chain[2][1]);
+  std::printf("| the same, CUDA graphs off | %.2f / %.2f / %.2f ms | - |\n", head_chain[0][0], head_chain[1][0],
+              head_chain[2][0]);
   cudaFree(hidden);
   cudaFree(logits);
   cudaFree(scratch);

@@ -8,6 +8,7 @@
 #include "bench/dataset.h"
 #include "cli/commands.h"
 #include "cli/generate_cuda.h"
+#include "draft_head/eagle3_head.h"
 #include "cli/common.h"
 #include "engine/generator.h"
 #include "speculative/decoder.h"
@@ -174,11 +175,11 @@ void run_generate(const GenerateArgs& a) {
     if (a.temperature != 0.0f || !a.stop.empty() || !a.prompts_jsonl.empty() || a.json)
       throw Error("--device cuda runs greedy decoding: --temp 0, no --stop, --prompts-jsonl or --json");
     if (a.spec.enabled()) {
-      // The device drafts a chain from the target's own first layers or a draft model, with any
-      // draft vocabulary (made once the model is loaded).
-      if ((a.spec.mode != SpecMode::Self && a.spec.mode != SpecMode::Draft) || a.spec.tree.top_k != 1 ||
-          a.spec.tree.p_min != 0)
-        throw Error("--device cuda speculates with --spec self|draft --tree-topk 1 --draft-p-min 0 only");
+      // The device drafts a chain from the target's own first layers, a draft model or an EAGLE-3
+      // head, with any draft vocabulary (made once the model is loaded).
+      if ((a.spec.mode != SpecMode::Self && a.spec.mode != SpecMode::Draft && a.spec.mode != SpecMode::Head) ||
+          a.spec.tree.top_k != 1 || a.spec.tree.p_min != 0)
+        throw Error("--device cuda speculates with --spec self|draft|head --tree-topk 1 --draft-p-min 0 only");
       a.spec.validate();
       if (a.spec.mode == SpecMode::Draft) cuda_args.draft_model = a.spec.draft_model;
       cuda_args.spec_draft_layers = a.spec.draft_layers;
@@ -187,6 +188,11 @@ void run_generate(const GenerateArgs& a) {
   }
   LoadedModel m = load_model(a.model);
   if (a.device == "cuda") {
+    if (a.spec.enabled() && a.spec.mode == SpecMode::Head) {
+      // The head is read and checked against the target here, before any device is asked for.
+      cuda_args.draft_head = draft_head_path(a.spec, m.file->name());
+      read_eagle3_config(*GgufFile::open(cuda_args.draft_head), m.model->config());
+    }
     if (a.spec.enabled() && a.spec.draft_vocab != DraftVocabKind::Full)
       cuda_args.vocab = pruned_vocab_spec(a.spec, m.file->name(), m.model->config().n_vocab, *m.tokenizer,
                                           &cuda_args.vocab_describe);

@@ -27,6 +27,12 @@ void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, co
   opt.n_batch = args.n_batch;
   // Room for the last speculative step's whole chain past n_predict (its extra tokens are dropped).
   opt.max_generate = args.n_predict + 1 + std::max(args.spec_chain, 0);
+  std::unique_ptr<GgufFile> head_file;
+  if (!args.draft_head.empty()) {
+    head_file = GgufFile::open(args.draft_head);
+    if (const std::string why = cuda::device_head_unsupported(*head_file); !why.empty())
+      throw Error(args.draft_head + ": --device cuda cannot run this draft head: " + why + "; run it on the CPU");
+  }
   auto model = cuda::CudaModel::load(*m.file, opt);
   std::unique_ptr<GgufFile> draft_file;
   std::unique_ptr<cuda::CudaModel> draft_model;
@@ -35,6 +41,12 @@ void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, co
     check_same_vocabulary(*m.file, *draft_file);
     draft_model = cuda::CudaModel::load(*draft_file, opt);
   }
+  // The head's rows: the chain's and a prompt chunk's (the target's batch); its prompt room and
+  // cache: the target's context.
+  std::unique_ptr<cuda::DeviceEagleHead> draft_head;
+  if (head_file)
+    draft_head = std::make_unique<cuda::DeviceEagleHead>(*head_file, model->config(), model->embedding_matrix(),
+                                                         opt.n_batch, opt.n_ctx, opt.n_ctx, model->stream());
   cuda::GreedyOptions g;
   g.n_predict = args.n_predict;
   if (!args.ignore_eos) g.stop_ids = tok.end_of_generation_ids();
@@ -62,6 +74,7 @@ void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, co
     so.draft_layers = args.spec_draft_layers > 0 ? args.spec_draft_layers : default_draft_layers(model->config().n_layer);
     so.vocab = args.vocab;
     so.draft_model = draft_model.get();
+    so.draft_head = draft_head.get();
     ids = model->generate_speculative(prompt, so, &spec_stats);  // tokens arrive at the end of the run
     for (int32_t id : ids) print(id);
   } else {
@@ -82,7 +95,7 @@ void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, co
                  "(%s chain of %d, %s): %d steps, mean acceptance length %.2f\n",
                  cuda::device_description().c_str(), prompt.size(),
                  ids.size() / std::max(std::chrono::duration<double>(t_end - t0).count(), 1e-9), ids.size(),
-                 draft_model ? "draft-model" : "self-draft", args.spec_chain, args.vocab ? args.vocab_describe.c_str() : "full vocabulary",
+                 draft_model ? "draft-model" : draft_head ? "EAGLE-3 head" : "self-draft", args.spec_chain, args.vocab ? args.vocab_describe.c_str() : "full vocabulary",
                  spec_stats.steps,
                  spec_stats.mean_acceptance_length());
     return;

@@ -1,6 +1,6 @@
 #pragma once
 // `generate --device cuda`: greedy decoding with the CUDA backend (src/cuda), plain or speculative
-// (self-drafted chain), streaming text and printing a statistics line like the CPU path. In a
+// (a chain drafted by the target's first layers, a draft model or an EAGLE-3 head), streaming text and printing a statistics line like the CPU path. In a
 // build without MICROSPEC_CUDA it throws.
 #include <cstdint>
 #include <optional>
@@ -23,6 +23,7 @@ struct CudaGenerateArgs {
   std::optional<PrunedVocabSpec> vocab;  // --draft-vocab dynamic / hybrid / freq; none: the full head
   std::string vocab_describe;            // its name for the statistics line
   std::string draft_model;  // --spec draft: the draft model's file (GGUF or Hugging Face folder)
+  std::string draft_head;   // --spec head: the EAGLE-3 head's file
 };
 
 void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, const std::vector<int32_t>& prompt);

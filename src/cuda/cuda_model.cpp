@@ -7,6 +7,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/draft_vocab.h"
+#include "cuda/weights.h"
 #include "gguf/gguf.h"
 #include "kernels/types.h"
 #include "util/error.h"
@@ -33,24 +34,6 @@ struct CudaModel::Layer {
   const float* post_ffw_norm = nullptr;   // [n_embd] (Gemma 3), else null
 };
 
-namespace {
-
-const GgufTensor& find_matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) {
-  const GgufTensor* t = f.find_tensor(name);
-  if (!t) throw Error(f.name() + ": missing tensor '" + name + "'");
-  if (t->ne.size() != 2 || t->ne[0] != cols || t->ne[1] != rows) {
-    std::string actual;
-    for (size_t i = 0; i < t->ne.size(); ++i) actual += (i ? ", " : "") + std::to_string(t->ne[i]);
-    throw Error(f.name() + ": tensor '" + name + "' has shape [" + actual + "], expected [" + std::to_string(cols) +
-                ", " + std::to_string(rows) + "]");
-  }
-  if (!matmul_supported(t->type))
-    throw Error(f.name() + ": tensor '" + name + "' has type " + type_name(uint32_t(t->type)) +
-                ", which has no CUDA kernel");
-  return *t;
-}
-
-}  // namespace
 
 CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
     : config_(config), options_(options) {
@@ -113,43 +96,12 @@ std::unique_ptr<CudaModel> CudaModel::load(const GgufFile& f, const CudaModelOpt
   std::unique_ptr<CudaModel> m(new CudaModel(c, options));
   const int32_t d = c.n_embd;
 
-  auto upload = [&](const GgufTensor& t) {
-    void* p = m->alloc(t.n_bytes);
-    MS_CUDA(cudaMemcpy(p, t.data, t.n_bytes, cudaMemcpyHostToDevice));
-    m->weight_bytes_ += t.n_bytes;
-    return static_cast<const uint8_t*>(p);
-  };
-  auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
-    const GgufTensor& t = find_matrix(f, name, cols, rows);
-    return DeviceMatrix{t.type, upload(t), rows, cols, row_bytes(t.type, cols)};
-  };
+  WeightUploader up(f, [&](size_t bytes) { return m->alloc(bytes); });
+  auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) { return up.matrix(name, cols, rows); };
   auto projection = [&](const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t cols) {
-    Projection p;
-    std::vector<const GgufTensor*> ts;
-    for (size_t i = 0; i < names.size(); ++i) ts.push_back(&find_matrix(f, names[i], cols, rows[i]));
-    for (size_t i = 0; i < ts.size();) {
-      size_t j = i, bytes = 0;
-      int64_t total_rows = 0;
-      while (j < ts.size() && ts[j]->type == ts[i]->type) bytes += ts[j]->n_bytes, total_rows += rows[j], ++j;
-      uint8_t* dst = static_cast<uint8_t*>(m->alloc(bytes));
-      for (size_t k = i, off = 0; k < j; off += ts[k]->n_bytes, ++k)
-        MS_CUDA(cudaMemcpy(dst + off, ts[k]->data, ts[k]->n_bytes, cudaMemcpyHostToDevice));
-      m->weight_bytes_ += bytes;
-      p.parts.push_back(DeviceMatrix{ts[i]->type, dst, total_rows, cols, row_bytes(ts[i]->type, cols)});
-      i = j;
-    }
-    return p;
+    return Projection{up.stacked(names, rows, cols)};
   };
-  auto vector = [&](const std::string& name, int64_t n, bool required) -> const float* {
-    const GgufTensor* t = f.find_tensor(name);
-    if (!t) {
-      if (required) throw Error(f.name() + ": missing tensor '" + name + "'");
-      return nullptr;
-    }
-    if (t->type != GgmlType::F32 || t->ne.size() != 1 || t->ne[0] != n)
-      throw Error(f.name() + ": tensor '" + name + "' must be F32 [" + std::to_string(n) + "]");
-    return reinterpret_cast<const float*>(upload(*t));
-  };
+  auto vector = [&](const std::string& name, int64_t n, bool required) { return up.vector(name, n, required); };
 
   m->token_embd_ = matrix("token_embd.weight", d, c.n_vocab);
   m->output_ = f.find_tensor("output.weight") ? matrix("output.weight", d, c.n_vocab) : m->token_embd_;
@@ -186,6 +138,7 @@ std::unique_ptr<CudaModel> CudaModel::load(const GgufFile& f, const CudaModelOpt
     L.gate_up = projection({p + "ffn_gate.weight", p + "ffn_up.weight"}, {c.n_ff, c.n_ff}, d);
     L.w_down = matrix(p + "ffn_down.weight", c.n_ff, d);
   }
+  m->weight_bytes_ = up.bytes();
   m->allocate_buffers();
   return m;
 }
@@ -301,6 +254,8 @@ void CudaModel::forward(const HostBatch& b, const ForwardOptions& options) {
   }
   for (int32_t r : b.output_rows)
     if (r < 0 || r >= n) throw Error("forward: output row out of range");
+  if (options.capture && options.end_layer >= 0 && options.end_layer < config_.n_layer)
+    throw Error("forward: features are captured from a forward of every layer");
   // Pageable sources: the runtime stages them before returning, so they may go out of scope.
   MS_CUDA(cudaMemcpyAsync(d_tokens_, b.tokens.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   MS_CUDA(cudaMemcpyAsync(d_positions_, b.positions.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
@@ -370,7 +325,21 @@ void CudaModel::enqueue_forward(const DeviceBatch& batch, const int32_t* out_row
   const int32_t n_layers = options.end_layer < 0 || options.end_layer > c.n_layer ? c.n_layer : options.end_layer;
   set_slot_meta(kv_, batch, stream_);
   gather_rows_f32(token_embd_, batch.tokens, batch.n, c.embed_scale, x_, stream_);
-  for (int32_t il = 0; il < n_layers; ++il) enqueue_layer(layers_[il], il, batch);
+  // The stream entering layer il (il == n_layer: leaving the last) into its features' column.
+  auto capture_at = [&](int32_t il) {
+    if (!options.capture) return;
+    const std::vector<int32_t>& layers = options.capture->layers;
+    const size_t row = size_t(c.n_embd) * sizeof(float);
+    for (size_t j = 0; j < layers.size(); ++j)
+      if (layers[j] == il)
+        MS_CUDA(cudaMemcpy2DAsync(options.capture->rows + j * c.n_embd, layers.size() * row, x_, row, row, batch.n,
+                                  cudaMemcpyDeviceToDevice, stream_));
+  };
+  for (int32_t il = 0; il < n_layers; ++il) {
+    capture_at(il);
+    enqueue_layer(layers_[il], il, batch);
+  }
+  capture_at(n_layers);
   select_rows(x_, c.n_embd, out_rows, n_out, residual_, stream_);
   rms_norm(residual_, hidden_, RowGroups{n_out, 1, c.n_embd}, c.n_embd, output_norm_, c.rms_eps, stream_);
   if (options.logits)
@@ -467,7 +436,12 @@ void CudaModel::prefill_for_decode(std::span<const int32_t> prompt, const Prompt
     // Output rows: every position when its candidates are wanted, else the last one of the prompt.
     out_rows.clear();
     for (int32_t i = k > 0 ? 0 : n - 1; i < n && (k > 0 || last); ++i) out_rows.push_back(i);
-    forward(HostBatch{prompt.subspan(p0, n), positions, parents, out_rows, 0}, {.logits = !out_rows.empty()});
+    FeatureCapture chunk;  // the prompt features' rows of this chunk
+    if (candidates.capture)
+      chunk = FeatureCapture{candidates.capture->layers,
+                             candidates.capture->rows + size_t(p0) * candidates.capture->layers.size() * config_.n_embd};
+    forward(HostBatch{prompt.subspan(p0, n), positions, parents, out_rows, 0},
+            {.logits = !out_rows.empty(), .capture = candidates.capture ? &chunk : nullptr});
     commit_prefix(n);
     if (k > 0)
       top_k_rows(logits_, config_.n_vocab, config_.n_vocab, RowRange{.max_rows = n}, k,
@@ -543,6 +517,7 @@ ChainState CudaModel::chain_state(const ChainStep& step) const {
     const CudaModel& d = *step.draft_model;
     s.draft = DraftModelBatch{d.d_tokens_, d.d_positions_, d.d_parents_, d.d_out_rows_, d.kv_.n_past};
   }
+  if (step.head) s.head = step.head->batch_arrays();
   s.depth = step.depth;
   s.kver_last_only = step.vocab && step.vocab->kver_last_only();
   return s;
@@ -566,7 +541,8 @@ void CudaModel::enqueue_chain_step(const ChainStep& step) {
   //    model: [last committed token, tokens[0]] first, then tokens[d] in its slot d + 1), the draft
   //    head's argmax is row d + 1. An empty draft vocabulary drafts token 0 as a placeholder
   //    (chain_accept ignores placeholders; the verification is valid whatever the tokens).
-  for (int32_t d = 0; d < depth; ++d) {
+  if (step.head) enqueue_head_drafts(step);
+  for (int32_t d = 0; d < depth && !step.head; ++d) {
     if (!step.draft_model) {
       enqueue_forward(device_batch(d, 1, d), d_out_rows_, 1,
                       {.logits = step.vocab == nullptr, .end_layer = step.draft_layers});
@@ -590,12 +566,45 @@ void CudaModel::enqueue_chain_step(const ChainStep& step) {
     MS_CUDA(cudaEventRecord(ev_join_, drafter.stream_));
     MS_CUDA(cudaStreamWaitEvent(stream_, ev_join_, 0));
   }
-  // 3. Verification: every layer over the whole chain, the target's argmax per row.
-  enqueue_forward(device_batch(0, depth + 1, 0), d_out_rows_, depth + 1, {.logits = true});
+  // 3. Verification: every layer over the whole chain, the target's argmax per row (and, for a
+  //    draft head, the features of every row: the next catch-up's).
+  enqueue_forward(device_batch(0, depth + 1, 0), d_out_rows_, depth + 1,
+                  {.logits = true, .capture = step.head ? &step.head->step_capture() : nullptr});
   argmax_rows(logits_, depth + 1, config_.n_vocab, d_argmax_out_, d_argmax_scratch_, stream_);
   // 4. Acceptance: emit, commit the accepted prefix, lay out the next batch (and the draft
   //    model's) and the vocabulary's update.
   chain_accept(chain_state(step), stream_);
+}
+
+void CudaModel::enqueue_head_drafts(const ChainStep& step) {
+  DeviceEagleHead& head = *step.head;
+  const int32_t depth = step.depth, H = config_.n_embd, V = config_.n_vocab;
+  const HeadBatch hb = head.batch_arrays();
+  // The catch-up: row i pairs the features of the last verification's row i with pred[i]; the
+  // rows before the root row (the accepted drafts') are committed, the root row stays pending.
+  head.enqueue_forward(DeviceBatch{d_argmax_out_, hb.catch_positions, hb.catch_parents, depth + 1, 0},
+                       head.step_capture().rows, nullptr, stream_);
+  chain_head_caught_up(chain_state(step), stream_);
+  select_rows(head.prenorm(), H, hb.root_row, 1, head.step_g(), stream_);
+  select_rows(head.normed(), H, hb.root_row, 1, head.step_hidden(), stream_);
+  const size_t row = size_t(H) * sizeof(float);
+  for (int32_t d = 0; d < depth; ++d) {
+    if (d > 0) {  // tokens[d] in pending slot d, fed the previous row's output
+      head.enqueue_forward(DeviceBatch{d_tokens_ + d, hb.draft_positions + d, hb.draft_parents + d, 1, d}, nullptr,
+                           head.step_g(), stream_);
+      MS_CUDA(cudaMemcpyAsync(head.step_g(), head.prenorm(), row, cudaMemcpyDeviceToDevice, stream_));
+      MS_CUDA(cudaMemcpyAsync(head.step_hidden(), head.normed(), row, cudaMemcpyDeviceToDevice, stream_));
+    }
+    int32_t* next = d_tokens_ + d + 1;
+    if (step.vocab) {
+      step.vocab->logits(head.step_hidden(), 1, act_scratch_);
+      step.vocab->argmax(1, /*if_empty=*/0, next);
+    } else {
+      matmul(output_, RowSelection{nullptr, V}, head.step_hidden(), H, 1, logits_, V, Store::Overwrite, act_scratch_,
+             stream_);
+      argmax_rows(logits_, 1, V, next, d_argmax_scratch_, stream_);
+    }
+  }
 }
 
 std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> prompt, const SpecChainOptions& o,
@@ -612,9 +621,23 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
       throw Error("draft model: its context (" + std::to_string(drafter.options_.n_ctx) + ") must hold the target's (" +
                   std::to_string(options_.n_ctx) + ") and its batch (" + std::to_string(drafter.options_.n_batch) +
                   ") the chain's " + std::to_string(o.depth + 1) + " tokens");
+  } else if (o.draft_head) {
+    const DeviceEagleHead& h = *o.draft_head;
+    const std::vector<int32_t>& layers = h.config().target_layers;
+    if (h.config().n_embd != config_.n_embd || layers.empty() || layers.back() > config_.n_layer)
+      throw Error("draft head: made for a target of hidden size " + std::to_string(h.config().n_embd) +
+                  " reading layers up to " + std::to_string(layers.empty() ? 0 : layers.back()) + ", this one has " +
+                  std::to_string(config_.n_embd) + " and " + std::to_string(config_.n_layer) + " layers");
+    if (h.max_rows() < o.depth + 1 || h.kv().n_ctx < options_.n_ctx ||
+        h.max_prompt() < static_cast<int32_t>(prompt.size()))
+      throw Error("draft head: its rows (" + std::to_string(h.max_rows()) + "), cache (" + std::to_string(h.kv().n_ctx) +
+                  ") and prompt room (" + std::to_string(h.max_prompt()) + ") must hold the chain's " +
+                  std::to_string(o.depth + 1) + " rows, the target's context (" + std::to_string(options_.n_ctx) +
+                  ") and the prompt (" + std::to_string(prompt.size()) + ")");
   } else if (o.draft_layers < 1 || o.draft_layers > config_.n_layer) {
     throw Error("draft layers " + std::to_string(o.draft_layers) + " outside 1.." + std::to_string(config_.n_layer));
   }
+  if (o.draft_model && o.draft_head) throw Error("speculative decoding: a draft model or a draft head, not both");
   if (prompt.empty()) throw Error("generate: empty prompt");
   // Checked here rather than inside a step that a graph captures.
   const bool vocab_steps = o.vocab && o.vocab->kind == PrunedVocabSpec::Kind::Window &&
@@ -645,12 +668,17 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     vocab = kept.get();
   }
 
-  // Prefill, and the candidate stream's start: the prompt and the target's top K_pre per position.
-  if (vocab) {
-    prefill_for_decode(prompt, PromptCandidates{vocab->prompt_top_k(), vocab->prompt_top(), vocab->prompt_ids()});
-    vocab->begin(int32_t(prompt.size()));  // prefill_for_decode has synchronized: the drafter's stream may read
-  } else {
-    prefill_for_decode(prompt);  // leaves the prompt's argmax in d_tokens_[0] and out_ids[0]
+  // Prefill (it leaves the prompt's argmax in d_tokens_[0] and out_ids[0]), and the candidate
+  // stream's start: the prompt and the target's top K_pre per position; a draft head's features.
+  PromptCandidates candidates;
+  if (vocab) candidates = PromptCandidates{vocab->prompt_top_k(), vocab->prompt_top(), vocab->prompt_ids()};
+  if (o.draft_head) candidates.capture = &o.draft_head->prompt_capture();
+  prefill_for_decode(prompt, candidates);
+  if (vocab) vocab->begin(int32_t(prompt.size()));  // prefill_for_decode has synchronized: the drafter's stream may read
+  if (o.draft_head) {
+    // The head's cache takes the prompt's rows but the last; its first catch-up is the root row.
+    o.draft_head->begin(prompt, stream_);
+    o.draft_head->prepare_first_catch_up(int32_t(prompt.size()), d_tokens_, d_argmax_out_, o.depth + 1, stream_);
   }
   if (o.draft_model) {
     // The draft model's cache holds the prompt but its last token, which starts its first batch
@@ -677,7 +705,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
 
 std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, DeviceDraftVocab* vocab,
                                                    SpecChainStats& st) {
-  const ChainStep step{o.depth, o.draft_layers, vocab, o.draft_model};
+  const ChainStep step{o.depth, o.draft_layers, vocab, o.draft_model, o.draft_head};
   const int32_t per_step = o.depth + 1;  // most tokens a step emits, and the cache slots its batch takes
   const int32_t limit = std::min(o.n_predict, options_.max_generate);
   std::vector<int32_t> ids;

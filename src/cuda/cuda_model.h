@@ -17,6 +17,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/draft_vocab.h"
+#include "cuda/eagle_head.h"
 #include "cuda/ops.h"
 #include "model/config.h"
 #include "vocab/draft_vocab.h"
@@ -81,6 +82,11 @@ class CudaModel;
 // its own stream, forked from and joined to the target's by events inside the step), kept one token
 // behind the target so that every step has the same shape (speculative/chain_state.h);
 // draft_layers is then unused.
+//
+// With draft_head the drafter is an EAGLE-3 head (cuda/eagle_head.h) reading the target's features,
+// which the prefill and every verification capture on the device; each step starts with the head's
+// catch-up over the last verification (speculative/chain_state.h), then one head row per draft,
+// each scored by the target's LM head through the draft vocabulary. draft_layers is then unused.
 struct SpecChainOptions {
   int32_t n_predict = 128;
   std::vector<int32_t> stop_ids;
@@ -88,6 +94,7 @@ struct SpecChainOptions {
   int32_t depth = 4;
   std::optional<PrunedVocabSpec> vocab;
   CudaModel* draft_model = nullptr;
+  DeviceEagleHead* draft_head = nullptr;  // made for this model (its embeddings, its features)
   Graphs graphs = Graphs::On;  // replay the step as a captured CUDA graph
   int32_t sync_every = 4;      // steps between host checks for a stop token
 };
@@ -116,11 +123,15 @@ class CudaModel {
   cudaStream_t stream() const { return stream_; }
   size_t weight_bytes() const { return weight_bytes_; }
   const DeviceMatrix& output_matrix() const { return output_; }
+  const DeviceMatrix& embedding_matrix() const { return token_embd_; }
 
   // What a forward computes, as the CPU Model's ForwardOptions names it.
   struct ForwardOptions {
     bool logits = false;     // the output rows' logits into device_logits()
     int32_t end_layer = -1;  // run layers [0, end_layer); -1: all
+    // The residual stream entering the named layers, for every batch row (an EAGLE-3 head's
+    // features; with all layers run).
+    const FeatureCapture* capture = nullptr;
   };
   // Runs the batch through layers [0, options.end_layer), writing its keys and values into the
   // pending slots n_past + start + i. With options.logits the logits of the output rows are left
@@ -156,6 +167,7 @@ class CudaModel {
     int32_t k = 0;
     int32_t* prompt_top = nullptr;
     int32_t* prompt_ids = nullptr;
+    const FeatureCapture* capture = nullptr;  // the prompt's features, row i at position i (a draft head's)
   };
   void prefill_for_decode(std::span<const int32_t> prompt, const PromptCandidates& candidates);
   double time_decode_steps(int32_t steps, Graphs graphs);
@@ -169,16 +181,17 @@ class CudaModel {
     int32_t depth = 0;
     int32_t draft_layers = 0;           // self-draft
     DeviceDraftVocab* vocab = nullptr;  // null: the full vocabulary's draft head
-    CudaModel* draft_model = nullptr;   // null: the self-draft
+    CudaModel* draft_model = nullptr;   // null: the self-draft (or the head)
+    DeviceEagleHead* head = nullptr;    // an EAGLE-3 head drafts
     // What a captured graph of the step was made for: objects by serial, not address.
     struct Key {
       int32_t depth = 0, draft_layers = 0;
-      uint64_t vocab = 0, draft_model = 0;
+      uint64_t vocab = 0, draft_model = 0, head = 0;
       bool operator==(const Key&) const = default;
     };
     Key key() const {
-      return Key{depth, draft_model ? 0 : draft_layers, vocab ? vocab->serial() : 0,
-                 draft_model ? draft_model->serial_ : 0};
+      return Key{depth, draft_model || head ? 0 : draft_layers, vocab ? vocab->serial() : 0,
+                 draft_model ? draft_model->serial_ : 0, head ? head->serial() : 0};
     }
   };
   void allocate_buffers();
@@ -189,6 +202,8 @@ class CudaModel {
   void project(const Projection& p, const float* x, int32_t n, float* y, int64_t ldy);
   void enqueue_decode_step();
   void enqueue_chain_step(const ChainStep& step);
+  // A draft head's part of the step: its catch-up, then the drafts into tokens[1..depth].
+  void enqueue_head_drafts(const ChainStep& step);
   // Captures what `enqueue` launches on stream_ as an instantiated graph.
   cudaGraphExec_t capture(const std::function<void()>& enqueue);
   // Runs `steps` of what `enqueue` launches: replays `graph` (captured on first use) with graphs

@@ -1211,6 +1211,7 @@ __global__ void k_packed_argmax(const float* logits, int64_t ld, const int32_t* 
 __global__ void k_chain_begin(ChainState st) { ::microspec::chain_begin(st); }
 
 __global__ void k_chain_accept(ChainState st) { ::microspec::chain_accept(st); }
+__global__ void k_chain_head_caught_up(ChainState st) { ::microspec::chain_head_caught_up(st); }
 
 __device__ __forceinline__ float hash_uniform(uint64_t seed, uint64_t i) {
   uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
@@ -1494,6 +1495,13 @@ void chain_begin(const ChainState& st, cudaStream_t stream) {
 void chain_accept(const ChainState& st, cudaStream_t stream) {
   if (st.depth < 0) throw Error("cuda chain_accept: negative depth");
   k_chain_accept<<<1, 1, 0, stream>>>(st);
+  MS_CUDA_LAUNCH();
+}
+
+void chain_head_caught_up(const ChainState& st, cudaStream_t stream) {
+  if (!st.head.n_past || !st.head.root_row || !st.head.slot_parents || !st.head.draft_positions)
+    throw Error("cuda chain_head_caught_up: the chain has no draft head's arrays");
+  k_chain_head_caught_up<<<1, 1, 0, stream>>>(st);
   MS_CUDA_LAUNCH();
 }
 

@@ -217,6 +217,8 @@ void packed_argmax(const float* logits, int64_t ld, int32_t n_out, const int32_t
 // after the prompt, chain_accept after each verification's argmax.
 void chain_begin(const ChainState& st, cudaStream_t stream);
 void chain_accept(const ChainState& st, cudaStream_t stream);
+// chain_head_caught_up in one device thread, after an EAGLE-3 head's catch-up forward.
+void chain_head_caught_up(const ChainState& st, cudaStream_t stream);
 
 // Fills n values of a 16-bit float type (BF16 or F16) with uniform(-scale, scale) from a hash of
 // (seed, index): random weights made on the device for benchmarks.

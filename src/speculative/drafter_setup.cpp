@@ -45,9 +45,7 @@ void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile
         target, gen.cache(), layers, make_vocabulary(config, target_file.name(), target, tokenizer, &vocab));
     b.describe = "self, " + std::to_string(layers) + "/" + std::to_string(n_layer) + " layers";
   } else if (mode == SpecMode::Head) {
-    const std::string path = config.draft_head.empty() ? default_draft_head_path(target_file.name()) : config.draft_head;
-    if (config.draft_head.empty() && !std::filesystem::exists(path))
-      throw Error("--spec " + std::string(name_of(config.mode)) + " needs --draft-head FILE (no head at " + path + ")");
+    const std::string path = draft_head_path(config, target_file.name());
     // The head runs on the target's thread pool and kernel table, rows up to the target's batch size.
     auto head = std::make_unique<Eagle3Head>(GgufFile::open(path), target, target.n_batch());
     const Eagle3Config& hc = head->config();
@@ -137,6 +135,13 @@ DynamicVocabParams dynamic_vocab_params(const SpecConfig& c) {
   p.stream.source = c.vocab_source;
   p.async_gather = c.async_gather;
   return p;
+}
+
+std::string draft_head_path(const SpecConfig& config, const std::string& target_file_name) {
+  const std::string path = config.draft_head.empty() ? default_draft_head_path(target_file_name) : config.draft_head;
+  if (config.draft_head.empty() && !std::filesystem::exists(path))
+    throw Error("--spec " + std::string(name_of(config.mode)) + " needs --draft-head FILE (no head at " + path + ")");
+  return path;
 }
 
 BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Generator& gen,

@@ -40,6 +40,10 @@ PrunedVocabSpec pruned_vocab_spec(const SpecConfig& config, const std::string& t
 // loaded by an earlier build_drafter (BuiltDrafter::draft_model, which must outlive this drafter)
 // to run on instead of loading another copy: the batching server's slots share one, so their tree
 // levels are drafted in one forward call (draft_together). Throws Error.
+// The EAGLE head file `--spec head` uses: --draft-head, else heads/<stem>.eagle3.gguf beside the
+// target file, which must then exist (Error asking for --draft-head otherwise).
+std::string draft_head_path(const SpecConfig& config, const std::string& target_file_name);
+
 BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
                            const Tokenizer& tokenizer, Model* shared_draft_model = nullptr);
 

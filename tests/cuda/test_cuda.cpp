@@ -18,8 +18,10 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_model.h"
 #include "cuda/draft_vocab.h"
+#include "cuda/eagle_head.h"
 #include "cuda/ops.h"
 #include "cuda/packed_head.h"
+#include "draft_head/eagle3_head.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
@@ -27,6 +29,7 @@
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "../test_helpers.h"
+#include "../tiny_head.h"
 #include "../tiny_model.h"
 #include "util/error.h"
 #include "vocab/candidate_stream.h"
@@ -126,7 +129,22 @@ TEST(CudaKernels, ActivationQuantizationMatchesCpuBitwise) {
   }
 }
 
-bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+// A random matrix of `rows` rows in `type`: 520 columns for the float types (a product ending
+// inside a 32-column chunk), 512 for the block formats.
+struct TestWeights {
+  int64_t cols;
+  size_t row_bytes;
+  std::vector<uint8_t> bytes;
+};
+TestWeights test_weights(GgmlType type, int64_t rows, unsigned seed) {
+  const bool float_type = type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16;
+  const int64_t cols = float_type ? 520 : 512;
+  const std::vector<float> wf = normal_floats(size_t(rows * cols), seed);
+  const size_t rb = row_bytes(type, cols);
+  std::vector<uint8_t> wq(rb * rows);
+  for (int64_t r = 0; r < rows; ++r) quantize_row_reference(type, wf.data() + r * cols, wq.data() + r * rb, cols);
+  return TestWeights{cols, rb, std::move(wq)};
+}
 
 // Every weight type against the CPU, for one token, a few, a verification's 60 and more than one
 // pass of the BF16 tensor-core product (64 tokens); float weights with a column count that ends
@@ -138,11 +156,7 @@ TEST(CudaKernels, MatmulMatchesCpuForEveryWeightType) {
   MatmulContext ctx(pool, reference_kernels());
   for (GgmlType type : kDeviceTypes) {
     SCOPED_TRACE(type_name(uint32_t(type)));
-    const int64_t cols = is_float_type(type) ? 520 : 512;
-    const std::vector<float> wf = normal_floats(size_t(rows * cols), 11);
-    const size_t rb = row_bytes(type, cols);
-    std::vector<uint8_t> wq(rb * rows);
-    for (int64_t r = 0; r < rows; ++r) quantize_row_reference(type, wf.data() + r * cols, wq.data() + r * rb, cols);
+    const auto [cols, rb, wq] = test_weights(type, rows, 11);
     const QMatrix cpu_w{type, wq.data(), rows, cols, rb};
     DeviceBuffer<uint8_t> dw(wq);
     const cuda::DeviceMatrix gpu_w{type, dw.ptr, rows, cols, rb};
@@ -193,11 +207,7 @@ TEST(CudaKernels, MatmulIsBatchInvariant) {
   const int32_t n_all = 70;
   for (GgmlType type : kDeviceTypes) {
     SCOPED_TRACE(type_name(uint32_t(type)));
-    const int64_t cols = is_float_type(type) ? 520 : 512;
-    const std::vector<float> wf = normal_floats(size_t(rows * cols), 12);
-    const size_t rb = row_bytes(type, cols);
-    std::vector<uint8_t> wq(rb * rows);
-    for (int64_t r = 0; r < rows; ++r) quantize_row_reference(type, wf.data() + r * cols, wq.data() + r * rb, cols);
+    const auto [cols, rb, wq] = test_weights(type, rows, 12);
     DeviceBuffer<uint8_t> dw(wq);
     const cuda::DeviceMatrix gpu_w{type, dw.ptr, rows, cols, rb};
     const std::vector<float> x = normal_floats(size_t(n_all * cols), 13);
@@ -348,6 +358,31 @@ const Case kModelCases[] = {{"gemma3", GgmlType::Q8_0}, {"gemma3", GgmlType::Q4_
                             {"llama", GgmlType::Q4_1},  {"llama", GgmlType::Q5_0},  {"llama", GgmlType::BF16},
                             {"gemma3", GgmlType::F16},  {"qwen2", GgmlType::Q8_0}};
 
+// A random EAGLE-3 head (Q8_0, as the trained ones) for device_spec's targets: it reads the
+// inputs of layers 0 and 2 and the stream after the last layer.
+struct TinyHeadFile {
+  std::string path;
+  TinyHeadFile() {
+    path = (std::filesystem::temp_directory_path() / ("microspec_cuda_head_" + std::to_string(::getpid()) + ".gguf"))
+               .string();
+    test::TinyHeadSpec h;
+    h.n_embd = 256;
+    h.target_hidden = 256;
+    h.target_layers = {0, 2, 3};
+    h.n_head = 4;
+    h.n_head_kv = 2;
+    h.head_dim = 64;
+    h.n_ff = 512;
+    h.weight_type = GgmlType::Q8_0;
+    test::write_tiny_head(h, path);
+  }
+  ~TinyHeadFile() { std::filesystem::remove(path); }
+  std::unique_ptr<cuda::DeviceEagleHead> on_device(const TinyPair& m) const {
+    return std::make_unique<cuda::DeviceEagleHead>(*GgufFile::open(path), m.cpu->config(), m.gpu->embedding_matrix(),
+                                                   /*max_rows=*/64, /*n_ctx=*/256, /*max_prompt=*/256, m.gpu->stream());
+  }
+};
+
 std::vector<int32_t> random_tokens(int n, int vocab, unsigned seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> t(n);
@@ -493,7 +528,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
   REQUIRE_GPU();
   using Source = CandidateStreamParams::Source;
   using Rows = CandidateStreamParams::KverRows;
-  enum class Drafter { Self, Model };
+  enum class Drafter { Self, Model, Head };
   struct Variant {
     const char* name;
     int32_t depth;
@@ -537,7 +572,12 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       {"freq: 40 fixed ids", 4, fixed(40), Drafter::Self},
       {"hybrid W 16 + 24 pinned", 4, hybrid(16, 24), Drafter::Self},
       {"draft model, full, depth 3", 3, std::nullopt, Drafter::Model},
-      {"draft model, dynamic W 64", 4, dynamic(64, Source::Both, Rows::Accepted, true), Drafter::Model}};
+      {"draft model, dynamic W 64", 4, dynamic(64, Source::Both, Rows::Accepted, true), Drafter::Model},
+      {"EAGLE-3 head, full, depth 1", 1, std::nullopt, Drafter::Head},
+      {"EAGLE-3 head, full, depth 4", 4, std::nullopt, Drafter::Head},
+      {"EAGLE-3 head, dynamic W 64", 4, dynamic(64, Source::Both, Rows::Accepted, true), Drafter::Head},
+      {"EAGLE-3 head, freq: 40 fixed ids", 3, fixed(40), Drafter::Head}};
+  const TinyHeadFile head_file;
   struct Launch {
     cuda::Graphs graphs;
     int32_t sync_every;
@@ -548,6 +588,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
     SCOPED_TRACE(c.arch + " " + type_name(uint32_t(c.type)));
     TinyPair m(device_spec(c.arch, c.type));
     TinyPair draft(device_spec(c.arch, c.type == GgmlType::Q8_0 ? GgmlType::Q4_1 : GgmlType::Q8_0));
+    const std::unique_ptr<cuda::DeviceEagleHead> head = head_file.on_device(m);
     const std::vector<int32_t> prompt = random_tokens(7, m.cpu->config().n_vocab, 5);
     cuda::GreedyOptions g;
     g.n_predict = 40;
@@ -564,6 +605,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
         o.graphs = l.graphs;
         o.sync_every = l.sync_every;
         if (v.drafter == Drafter::Model) o.draft_model = draft.gpu.get();
+        if (v.drafter == Drafter::Head) o.draft_head = head.get();
         cuda::SpecChainStats st;
         EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &st), plain);
         EXPECT_GT(st.steps, 0);
@@ -576,11 +618,13 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
 
   TinyPair m(device_spec("llama", GgmlType::Q8_0));
   TinyPair draft(device_spec("llama", GgmlType::Q4_1));
+  const std::unique_ptr<cuda::DeviceEagleHead> head = head_file.on_device(m);
   const int32_t V = m.cpu->config().n_vocab;
   for (const Launch& l : launches)
     for (const std::optional<PrunedVocabSpec>& vocab : {std::optional<PrunedVocabSpec>(), dynamic(64, Source::Both, Rows::Accepted, true)})
-    for (Drafter drafter : {Drafter::Self, Drafter::Model}) {
-      SCOPED_TRACE(std::string(l.name) + (vocab ? ", dynamic" : ", full") + (drafter == Drafter::Model ? ", draft model" : ""));
+    for (Drafter drafter : {Drafter::Self, Drafter::Model, Drafter::Head}) {
+      SCOPED_TRACE(std::string(l.name) + (vocab ? ", dynamic" : ", full") +
+                   (drafter == Drafter::Model ? ", draft model" : drafter == Drafter::Head ? ", EAGLE-3 head" : ""));
       cuda::SpecChainOptions o;
       o.draft_layers = 2;
       o.depth = 4;
@@ -588,6 +632,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       o.graphs = l.graphs;
       o.sync_every = l.sync_every;
       if (drafter == Drafter::Model) o.draft_model = draft.gpu.get();
+      if (drafter == Drafter::Head) o.draft_head = head.get();
       // A stop token: the output ends with its first occurrence.
       const std::vector<int32_t> prompt = random_tokens(7, V, 9);
       cuda::GreedyOptions g;
@@ -689,6 +734,69 @@ TEST(CudaModel, RealModelGreedyEqualsCpu) {
 }
 
 // Rows gathered into the packed head on the copy stream give the full head's logits of those rows.
+// The device's EAGLE-3 head against the CPU's: a catch-up of five rows fused from the target's
+// features, then a draft row in the next pending slot fed the last row's output (its parent).
+TEST(CudaModel, DraftHeadForwardMatchesCpu) {
+  REQUIRE_GPU();
+  TinyPair m(device_spec("llama", GgmlType::Q8_0));
+  const TinyHeadFile head_file;
+  Eagle3Head cpu(GgufFile::open(head_file.path), *m.cpu, 16);
+  const std::unique_ptr<cuda::DeviceEagleHead> gpu = head_file.on_device(m);
+  const int32_t H = cpu.config().n_embd, F = cpu.config().n_features(), n = 5;
+  const std::vector<float> features = normal_floats(size_t(n) * F, 31);
+  const std::vector<int32_t> tokens = random_tokens(n + 1, m.cpu->config().n_vocab, 32);
+  std::vector<int32_t> positions = {0, 1, 2, 3, 4, 5}, parents = {-1, 0, 1, 2, 3, 4};
+
+  // CPU: the catch-up rows, then the draft row at pending slot 5.
+  KVCache kv = cpu.make_cache(256);
+  Batch b;
+  b.tokens.assign(tokens.begin(), tokens.begin() + n);
+  b.positions.assign(positions.begin(), positions.begin() + n);
+  b.parents.assign(parents.begin(), parents.begin() + n);
+  std::vector<float> g(size_t(n) * H), prenorm(g.size()), normed(g.size());
+  cpu.fuse(features.data(), n, g.data());
+  cpu.forward(b, g.data(), kv, prenorm.data(), normed.data());
+  const std::vector<float> want_pre = prenorm, want_normed = normed;
+  Batch b2;
+  b2.tokens = {tokens[n]};
+  b2.positions = {positions[n]};
+  b2.parents = {parents[n]};
+  b2.start = n;
+  std::vector<float> g2(prenorm.begin() + size_t(n - 1) * H, prenorm.begin() + size_t(n) * H), pre2(H), normed2(H);
+  cpu.forward(b2, g2.data(), kv, pre2.data(), normed2.data());
+
+  // Device: the same two forwards.
+  DeviceBuffer<float> dfeatures(features);
+  DeviceBuffer<int32_t> dtokens(tokens), dpositions(positions), dparents(parents);
+  DeviceBuffer<float> got_pre(size_t(n) * H), got_normed(size_t(n) * H), dg2(g2), got_pre2(H), got_normed2(H);
+  cudaStream_t s = m.gpu->stream();
+  gpu->enqueue_forward(cuda::DeviceBatch{dtokens.ptr, dpositions.ptr, dparents.ptr, n, 0}, dfeatures.ptr, nullptr, s);
+  MS_CUDA(cudaMemcpyAsync(got_pre.ptr, gpu->prenorm(), got_pre.n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  MS_CUDA(cudaMemcpyAsync(got_normed.ptr, gpu->normed(), got_normed.n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  gpu->enqueue_forward(cuda::DeviceBatch{dtokens.ptr + n, dpositions.ptr + n, dparents.ptr + n, 1, n}, nullptr, dg2.ptr, s);
+  MS_CUDA(cudaMemcpyAsync(got_pre2.ptr, gpu->prenorm(), H * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  MS_CUDA(cudaMemcpyAsync(got_normed2.ptr, gpu->normed(), H * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  const float tol = 1e-3f;  // whole-layer outputs, as for the models' logits
+  EXPECT_LT(rel_max_diff(got_pre.to_host(), want_pre), tol) << worst(got_pre.to_host(), want_pre);
+  EXPECT_LT(rel_max_diff(got_normed.to_host(), want_normed), tol) << worst(got_normed.to_host(), want_normed);
+  EXPECT_LT(rel_max_diff(got_pre2.to_host(), pre2), tol) << worst(got_pre2.to_host(), pre2);
+  EXPECT_LT(rel_max_diff(got_normed2.to_host(), normed2), tol) << worst(got_normed2.to_host(), normed2);
+
+  // What the device cannot run is refused by name: an own LM head.
+  test::TinyHeadSpec own;
+  own.n_embd = own.target_hidden = 256;
+  own.target_layers = {0, 2, 3};
+  own.own_lm_rows = m.cpu->config().n_vocab;
+  const std::string own_path = head_file.path + ".own.gguf";
+  test::write_tiny_head(own, own_path);
+  const std::string e = test::error_of([&] {
+    cuda::DeviceEagleHead(*GgufFile::open(own_path), m.cpu->config(), m.gpu->embedding_matrix(), 8, 256, 64,
+                          m.gpu->stream());
+  });
+  std::filesystem::remove(own_path);
+  EXPECT_NE(e.find("own LM head"), std::string::npos) << e;
+}
+
 TEST(CudaModel, PackedHeadGatherMatchesCpuRows) {
   REQUIRE_GPU();
   TinyPair m(device_spec("llama", GgmlType::Q6_K));

@@ -6,9 +6,10 @@ import subprocess
 
 import pytest
 
-from repo_paths import BIN, MODELS
+from repo_paths import BIN, MODELS, REPO
 
 SMOL = MODELS["smollm2"]
+GEMMA_HEAD = REPO / "models" / "heads" / "gemma-3-270m-q4_k_m.eagle3.gguf"
 NO_DEVICE = ("no CUDA device is available", "this build has no CUDA backend")
 
 
@@ -27,6 +28,9 @@ def generate(*args):
     # writes beside the model)
     ["--spec", "self", "--tree-topk", "1", "--draft-vocab", "freq", "--freq-top", "4096"],
     ["--spec", "self", "--tree-topk", "1", "--draft-vocab", "hybrid", "--hybrid-top", "512"],
+    # the EAGLE-3 head trained for SmolLM2 (found beside the model), scored through each vocabulary
+    ["--spec", "head", "--tree-topk", "1", "--draft-vocab", "full"],
+    ["--spec", "head", "--tree-topk", "1"],
 ])
 def test_accepted_settings_reach_the_device(args):
     p = generate(*args)
@@ -40,8 +44,10 @@ def test_accepted_settings_reach_the_device(args):
     (["--spec", "self", "--tree-topk", "1", "--draft-vocab", "freq", "--freq-file", "/nonexistent/x.freq.bin"],
      "/nonexistent/x.freq.bin"),
     (["--spec", "self", "--tree-topk", "2"], "--tree-topk 1"),
-    (["--spec", "ngram"], "--spec self|draft"),
-    (["--spec", "head", "--tree-topk", "1"], "--spec self|draft"),
+    (["--spec", "ngram"], "--spec self|draft|head"),
+    (["--spec", "head", "--tree-topk", "1", "--draft-head", "/nonexistent/h.gguf"], "/nonexistent/h.gguf"),
+    # Gemma's head on SmolLM2: refused with both hidden sizes, before any device is asked for
+    (["--spec", "head", "--tree-topk", "1", "--draft-head", GEMMA_HEAD], "expected 576"),
     (["--spec", "self", "--tree-topk", "1", "--draft-p-min", "20"], "--draft-p-min 0"),
     (["--temp", "0.7"], "greedy decoding"),
 ])
