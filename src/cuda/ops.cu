@@ -945,9 +945,15 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int32_t qpos = batch.positions[i];
   const int32_t koff = (h / (shape.n_head / shape.n_head_kv)) * hd;
   if (threadIdx.x == 0) {
-    // Pending slots this token sees: itself and its chain of ancestors, stored root first.
+    // Pending slots this token sees: itself and its chain of ancestors, stored root first. A parent
+    // is always an earlier slot; a link that is not (stale metadata: a bug) ends the walk, so it
+    // can neither loop nor run past the chain's shared memory.
     int32_t n = 0;
-    for (int32_t p = batch.start + i; p >= 0; p = kv.parents[n_past + p]) chain[n++] = p;
+    for (int32_t p = batch.start + i; p >= 0;) {
+      chain[n++] = p;
+      const int32_t parent = kv.parents[n_past + p];
+      p = parent < p ? parent : -1;
+    }
     for (int32_t a = 0, b = n - 1; a < b; ++a, --b) {
       const int32_t tmp = chain[a];
       chain[a] = chain[b];
