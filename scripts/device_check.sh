@@ -11,7 +11,9 @@
 #   scripts/device_check.sh [BIN_DIR]     (default: build-cuda)
 #
 # The binaries are built beforehand (cmake with MICROSPEC_CUDA=ON; the GPU machine may lack the
-# build's dev packages). Full logs go to $OUT (or results/device_check/) and a short summary to stdout.
+# build's dev packages): scripts/device_bundle.sh packs them, their libraries and SmolLM2 for the
+# device calls and prints those calls. Full logs go to $OUT (or results/device_check/) and a short
+# summary to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-build-cuda}

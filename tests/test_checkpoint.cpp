@@ -24,6 +24,7 @@ void append(std::vector<uint8_t>& v, const std::string& s) { v.insert(v.end(), s
 // A safetensors file: 8-byte little-endian header length, the header, then `data`.
 std::vector<uint8_t> safetensors_bytes(const std::string& header, const std::vector<uint8_t>& data) {
   std::vector<uint8_t> out;
+  out.reserve(sizeof(uint64_t) + header.size() + data.size());  // also spares GCC 12 a false -Wstringop-overread
   append(out, uint64_t(header.size()));
   append(out, header);
   out.insert(out.end(), data.begin(), data.end());

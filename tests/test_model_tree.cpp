@@ -171,5 +171,25 @@ TEST(ModelTree, RejectsBadBatches) {
   EXPECT_THROW(model.forward(b, kv, out), Error);
 }
 
+// A pending slot's parent is an earlier pending slot or none: the cache refuses anything else, so
+// the walk up a chain of ancestors in visible_keys always ends.
+TEST(KVCache, SlotMetaKeepsAncestorChainsAcyclic) {
+  KVCache kv(/*n_layer=*/1, /*n_ctx=*/8, /*kv_dim=*/4);
+  kv.commit_prefix(2);  // slots 0, 1 committed; pending slots start at 2
+  kv.set_slot_meta(2, 2, -1);
+  kv.set_slot_meta(3, 3, 0);
+  kv.set_slot_meta(4, 3, -1);
+  EXPECT_THROW(kv.set_slot_meta(5, 4, 3), Error);   // itself
+  EXPECT_THROW(kv.set_slot_meta(4, 4, 2), Error);   // a later slot
+  EXPECT_THROW(kv.set_slot_meta(4, 4, -2), Error);  // not a slot
+  EXPECT_THROW(kv.set_slot_meta(1, 1, -1), Error);  // a committed slot
+  EXPECT_THROW(kv.set_slot_meta(8, 8, 0), Error);   // past the cache
+  std::vector<uint8_t> seen(5, 9);
+  kv.visible_keys(/*pending=*/1, /*qpos=*/3, /*window=*/0, /*n_keys=*/5, seen.data());
+  EXPECT_EQ(seen, (std::vector<uint8_t>{1, 1, 1, 1, 0}));
+  kv.visible_keys(/*pending=*/2, /*qpos=*/3, /*window=*/0, /*n_keys=*/5, seen.data());
+  EXPECT_EQ(seen, (std::vector<uint8_t>{1, 1, 0, 0, 1}));
+}
+
 }  // namespace
 }  // namespace microspec

@@ -101,16 +101,16 @@ std::unique_ptr<CudaModel> CudaModel::load(const GgufFile& f, const CudaModelOpt
   auto projection = [&](const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t cols) {
     return Projection{up.stacked(names, rows, cols)};
   };
-  auto vector = [&](const std::string& name, int64_t n, bool required) { return up.vector(name, n, required); };
+  auto vector = [&](const std::string& name, int64_t n) { return up.vector(name, n); };
 
   m->token_embd_ = matrix("token_embd.weight", d, c.n_vocab);
   m->output_ = f.find_tensor("output.weight") ? matrix("output.weight", d, c.n_vocab) : m->token_embd_;
-  m->output_norm_ = vector("output_norm.weight", d, true);
+  m->output_norm_ = vector("output_norm.weight", d);
   const bool gemma = c.arch == Arch::Gemma3, qwen = c.arch == Arch::Qwen2;
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const std::string p = "blk." + std::to_string(il) + ".";
     Layer& L = m->layers_[il];
-    L.attn_norm = vector(p + "attn_norm.weight", d, true);
+    L.attn_norm = vector(p + "attn_norm.weight", d);
     L.qkv = projection({p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"},
                        {c.q_dim(), c.kv_dim(), c.kv_dim()}, d);
     if (qwen) {
@@ -128,13 +128,13 @@ std::unique_ptr<CudaModel> CudaModel::load(const GgufFile& f, const CudaModelOpt
       L.qkv_bias = dst;
     }
     if (gemma) {
-      L.q_norm = vector(p + "attn_q_norm.weight", c.head_dim, true);
-      L.k_norm = vector(p + "attn_k_norm.weight", c.head_dim, true);
-      L.post_attn_norm = vector(p + "post_attention_norm.weight", d, true);
-      L.post_ffw_norm = vector(p + "post_ffw_norm.weight", d, true);
+      L.q_norm = vector(p + "attn_q_norm.weight", c.head_dim);
+      L.k_norm = vector(p + "attn_k_norm.weight", c.head_dim);
+      L.post_attn_norm = vector(p + "post_attention_norm.weight", d);
+      L.post_ffw_norm = vector(p + "post_ffw_norm.weight", d);
     }
     L.wo = matrix(p + "attn_output.weight", c.q_dim(), d);
-    L.ffn_norm = vector(p + "ffn_norm.weight", d, true);
+    L.ffn_norm = vector(p + "ffn_norm.weight", d);
     L.gate_up = projection({p + "ffn_gate.weight", p + "ffn_up.weight"}, {c.n_ff, c.n_ff}, d);
     L.w_down = matrix(p + "ffn_down.weight", c.n_ff, d);
   }

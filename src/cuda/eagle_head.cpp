@@ -85,18 +85,18 @@ void DeviceEagleHead::upload(const GgufFile& f, const ModelConfig& target_config
   WeightUploader up(f, [&](size_t bytes) { return memory_.alloc(bytes); });
   const int64_t H = c.n_embd;
   fc_ = up.matrix("fc.weight", c.n_features(), H);
-  if (c.norm_before_fc) fc_norm_ = up.vector("enc.output_norm.weight", c.n_features(), true);
+  if (c.norm_before_fc) fc_norm_ = up.vector("enc.output_norm.weight", c.n_features());
   token_embd_ = f.find_tensor("token_embd.weight") ? up.matrix("token_embd.weight", H, target_config.n_vocab)
                                                    : target_embd;
-  embd_norm_ = up.vector("blk.0.attn_norm.weight", H, true);
-  hidden_norm_ = up.vector("blk.0.attn_norm_2.weight", H, true);
+  embd_norm_ = up.vector("blk.0.attn_norm.weight", H);
+  hidden_norm_ = up.vector("blk.0.attn_norm_2.weight", H);
   qkv_ = up.stacked({"blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"},
                     {c.q_dim(), c.kv_dim(), c.kv_dim()}, 2 * H);
   wo_ = up.matrix("blk.0.attn_output.weight", c.q_dim(), H);
-  ffn_norm_ = up.vector("blk.0.ffn_norm.weight", H, true);
+  ffn_norm_ = up.vector("blk.0.ffn_norm.weight", H);
   gate_up_ = up.stacked({"blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"}, {c.n_ff, c.n_ff}, H);
   w_down_ = up.matrix("blk.0.ffn_down.weight", c.n_ff, H);
-  output_norm_ = up.vector("output_norm.weight", H, true);
+  output_norm_ = up.vector("output_norm.weight", H);
 }
 
 void DeviceEagleHead::allocate(cudaStream_t stream) {

@@ -51,12 +51,9 @@ std::vector<DeviceMatrix> WeightUploader::stacked(const std::vector<std::string>
   return parts;
 }
 
-const float* WeightUploader::vector(const std::string& name, int64_t n, bool required) {
+const float* WeightUploader::vector(const std::string& name, int64_t n) {
   const GgufTensor* t = f_.find_tensor(name);
-  if (!t) {
-    if (required) throw Error(f_.name() + ": missing tensor '" + name + "'");
-    return nullptr;
-  }
+  if (!t) throw Error(f_.name() + ": missing tensor '" + name + "'");
   if (t->type != GgmlType::F32 || t->ne.size() != 1 || t->ne[0] != n)
     throw Error(f_.name() + ": tensor '" + name + "' must be F32 [" + std::to_string(n) + "]");
   void* p = alloc_(t->n_bytes);

@@ -27,8 +27,8 @@ class WeightUploader {
   // share one allocation and run as one matrix, so there are as many parts as type changes.
   std::vector<DeviceMatrix> stacked(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
                                     int64_t cols);
-  // The F32 vector `name` of n elements; null when it is absent and not required.
-  const float* vector(const std::string& name, int64_t n, bool required);
+  // The F32 vector `name` of n elements.
+  const float* vector(const std::string& name, int64_t n);
   // Bytes uploaded so far.
   size_t bytes() const { return bytes_; }
 

@@ -28,6 +28,11 @@ void KVCache::visible_keys(int32_t pending, int32_t qpos, int32_t window, int32_
 }
 
 void KVCache::set_slot_meta(int32_t slot, int32_t position, int32_t parent_pending_index) {
+  // A parent is an earlier pending slot, so every walk up the chain of ancestors ends.
+  if (slot < n_past_ || slot >= n_ctx_ || parent_pending_index < -1 || parent_pending_index >= slot - n_past_)
+    throw Error("KV slot meta: slot " + std::to_string(slot) + " with parent " + std::to_string(parent_pending_index) +
+                " (pending slots start at " + std::to_string(n_past_) + ", the cache holds " +
+                std::to_string(n_ctx_) + "; a parent is an earlier pending slot or -1)");
   positions_[slot] = position;
   parents_[slot] = parent_pending_index;
 }

@@ -40,7 +40,8 @@ class KVCache {
   // qpos - position < window.
   void visible_keys(int32_t pending, int32_t qpos, int32_t window, int32_t n_keys, uint8_t* seen) const;
 
-  // Called by the forward pass for each token it writes.
+  // Called by the forward pass for each token it writes; a parent must be an earlier pending slot
+  // (or -1), else it throws, so the walk up a chain of ancestors always ends.
   void set_slot_meta(int32_t slot, int32_t position, int32_t parent_pending_index);
 
   // Keeps pending slots `pending_indices` (strictly increasing) as the next committed tokens.
