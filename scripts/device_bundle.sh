@@ -29,8 +29,9 @@ OUT_DIR=build-device  # where the binaries land on the machine
 CALL_LIMIT=$((64 * 1024 * 1024))
 MARGIN=$((2 * 1024 * 1024))  # the tree may grow a little before the calls are made
 MODEL=models/smollm2-135m-instruct-q4_1.gguf
+EXES=(microspec microspec_tests bench_cuda)
 
-for exe in microspec microspec_tests bench_cuda; do
+for exe in "${EXES[@]}"; do
   if [ ! -x "$BIN/$exe" ]; then
     echo "device_bundle: $BIN/$exe is missing (build with nvcc on the PATH: bench_cuda exists only in a CUDA build)" >&2
     exit 1
@@ -53,12 +54,12 @@ fi
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/$OUT_DIR/bin/lib"
-for exe in microspec microspec_tests bench_cuda; do
+for exe in "${EXES[@]}"; do
   strip -o "$stage/$OUT_DIR/bin/$exe" "$BIN/$exe"
 done
 # Every shared library the binaries load but the C library's own (libc, libm, the loader...): the
 # GPU machine's image lacks this build's Debian packages (pcre2) and may carry an older libstdc++.
-for exe in microspec microspec_tests bench_cuda; do
+for exe in "${EXES[@]}"; do
   ldd "$BIN/$exe" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in

@@ -304,9 +304,7 @@ void Eagle3Head::forward(const Batch& batch, const float* g, KVCache& kv, float*
   for (int32_t i = 0; i < n; ++i) {
     const int32_t t = batch.tokens[i], p = batch.parents[i];
     if (t < 0 || t >= token_embd_.rows) throw Error("draft head: token id " + std::to_string(t) + " out of range");
-    if (p < -1 || p >= batch.start + i)
-      throw Error("draft head: parent of row " + std::to_string(i) + " is not written yet");
-    kv.set_slot_meta(kv.n_past() + batch.start + i, batch.positions[i], p);
+    kv.set_slot_meta(kv.n_past() + batch.start + i, batch.positions[i], p);  // throws unless p is an earlier row
   }
 
   // Attention input: [attn_norm(embedding) ; attn_norm_2(g)] per row.
