@@ -39,6 +39,44 @@ struct ResidentRun {
   ChainTotals totals;
 };
 
+// Runs the bookkeeping of n steps after the chain halted (ChainStop), each verification predicting
+// every draft (a chain still running would accept them all): nothing may change, and the
+// vocabulary's update must be empty. pred: the array s.pred points to.
+void expect_halted_steps_change_nothing(const ChainState& s, int32_t* pred, int32_t n) {
+  const int32_t depth = s.depth;
+  auto snapshot = [&] {
+    std::vector<int32_t> v;
+    auto add = [&](const int32_t* p, int32_t k) {
+      if (p) v.insert(v.end(), p, p + k);
+    };
+    add(s.tokens, depth + 1);
+    add(s.positions, depth + 1);
+    add(s.n_past, 1);
+    add(s.counter, 1);
+    add(s.out_ids, *s.counter);
+    add(&s.totals->steps, 1);
+    add(&s.totals->accepted, 1);
+    add(s.draft.first, 2);
+    add(s.draft.positions, depth + 1);
+    add(s.draft.n_past, 1);
+    add(s.head.catch_positions, depth + 1);
+    add(s.head.draft_positions, depth + 1);
+    add(s.head.root_row, 1);
+    add(s.head.n_past, 1);
+    if (s.head.n_past) add(s.head.slot_parents + *s.head.n_past, depth + 1);
+    return v;
+  };
+  ASSERT_TRUE(chain_halted(s));
+  const std::vector<int32_t> at_halt = snapshot();
+  for (int32_t step = 0; step < n; ++step) {
+    if (s.head.n_past) chain_head_caught_up(s);
+    for (int32_t i = 0; i < depth; ++i) pred[i] = s.tokens[i + 1];
+    EXPECT_EQ(chain_accept(s), 0);
+    EXPECT_EQ(s.update->n_tree + s.update->n_rows, 0);
+  }
+  EXPECT_EQ(snapshot(), at_halt);
+}
+
 // Plain greedy decoding: n tokens after the prompt.
 std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t>& prompt, int32_t n) {
   KVCache kv = model.make_cache(512);
@@ -63,9 +101,12 @@ std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t>& prom
 // for the self-draft with the target's first draft_layers layers.
 // head_path: an EAGLE-3 head file drafting instead (its steps as the device runs them, next to a
 // host-driven HeadDrafter over the same head and vocabulary, whose chains must be the same).
+// stop_id: a token that ends the text (-1: none). The chain halts at it or at n_predict tokens
+// (ChainStop); then the loop runs the bookkeeping of a few more steps, as the device runs steps
+// until the host looks, and nothing may change.
 ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32_t n_predict, int32_t depth,
                          int32_t draft_layers, const std::optional<PrunedVocabSpec>& spec, Model* draft_model,
-                         const std::string& head_path = {}) {
+                         const std::string& head_path = {}, int32_t stop_id = -1) {
   const int32_t V = model.config().n_vocab, n_prompt = int32_t(prompt.size());
   KVCache kv = model.make_cache(512);
   Batch b;
@@ -193,6 +234,10 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
                         head_draft_parents.data(), &root_row, &head_n_past, head_slot_parents.data()};
   cs.depth = depth;
   cs.kver_last_only = vocab && vocab->kver_rows == CandidateStreamParams::KverRows::Last;
+  ChainStop stop;
+  stop.limit = n_predict;
+  if (stop_id >= 0) stop.ids[stop.n_ids++] = stop_id;
+  cs.stop = &stop;
   chain_begin(cs);
   // The head's draft: the best of its row's logits over the draft vocabulary (the target's LM head).
   auto head_pick = [&](const float* normed_row) {
@@ -211,7 +256,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   std::vector<float> draft_logits;
   bool drafts_real = true;
   int32_t last_accepted = 0;  // drafts the last verification accepted
-  while (counter < n_predict) {
+  while (!stop.halted) {
     // 1. The vocabulary's update from the previous verification; the host-driven reference takes
     //    the same verification's drafts (when real) and rows, and must hold the same window.
     if (dv && !fixed && vocab->source != CandidateStreamParams::Source::Ctx) {
@@ -345,8 +390,14 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
     EXPECT_EQ(counter, n_past - n_prompt + 1) << "every emitted token but the newest is in the cache";
     EXPECT_EQ(kv.n_past(), n_past);
   }
+  // Steps after the halt (their forwards only rewrite pending slots).
+  expect_halted_steps_change_nothing(cs, pred.data(), 3);
+  // The text as the host reads it: up to the stop token or the limit.
+  int32_t n = std::min(counter, n_predict);
+  for (int32_t i = 0; i < n; ++i)
+    if (out_ids[size_t(i)] == stop_id) n = i + 1;
   ResidentRun r;
-  r.emitted.assign(out_ids.begin(), out_ids.begin() + std::min(counter, n_predict));
+  r.emitted.assign(out_ids.begin(), out_ids.begin() + n);
   r.totals = totals;
   return r;
 }
@@ -435,6 +486,10 @@ TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
   Model& target = *target_.model;
   const std::vector<int32_t> plain = plain_greedy(target, prompt, n_predict);
   EXPECT_GE(std::set<int32_t>(plain.begin(), plain.end()).size(), 10u) << "a degenerate text tests little";
+  // A stop token: the text ends at its first occurrence.
+  const int32_t stop_id = plain[17];
+  const int32_t stop_at = int32_t(std::find(plain.begin(), plain.end(), stop_id) - plain.begin());
+  EXPECT_GE(stop_at, 5) << "a stop token that ends the text at once tests little";
   int32_t accepted_partial = 0, accepted_dynamic = 0, accepted_draft_model = 0, accepted_head = 0;
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);
@@ -445,6 +500,16 @@ TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
                                        v.drafter == Drafter::Head ? head_path_ : std::string());
     EXPECT_EQ(r.emitted, plain);
     EXPECT_GT(r.totals.steps, 0);
+    // Halted at the stop token: the steps and acceptances of a run that wanted that many tokens.
+    const ResidentRun stopped = run_resident(target, prompt, n_predict, v.depth, v.draft_layers, v.vocab, draft_model,
+                                             v.drafter == Drafter::Head ? head_path_ : std::string(), stop_id);
+    const ResidentRun limited = run_resident(target, prompt, stop_at + 1, v.depth, v.draft_layers, v.vocab, draft_model,
+                                             v.drafter == Drafter::Head ? head_path_ : std::string());
+    EXPECT_EQ(stopped.emitted, std::vector<int32_t>(plain.begin(), plain.begin() + stop_at + 1));
+    EXPECT_EQ(limited.emitted, stopped.emitted);
+    EXPECT_EQ(stopped.totals.steps, limited.totals.steps);
+    EXPECT_EQ(stopped.totals.accepted, limited.totals.accepted);
+    EXPECT_LT(stopped.totals.steps, r.totals.steps);
     if (v.draft_layers == 3 && !v.vocab)
       EXPECT_EQ(r.totals.accepted, v.depth * r.totals.steps) << "the target drafting for itself";
     if (v.draft_layers == 2 && v.drafter == Drafter::Self) accepted_partial += r.totals.accepted;
@@ -530,6 +595,81 @@ TEST(ChainState, AcceptEmitsCommitsAndLaysOutTheNextBatch) {
   EXPECT_EQ(chain_accept(s), 0);
   EXPECT_EQ(first, (std::vector<int32_t>{60, 5}));  // nothing accepted: the old last is the newest
   EXPECT_EQ(d_n_past, 30);
+}
+
+// ChainStop: the chain halts after the step that emits a stop token (wherever it is among the
+// emitted tokens) or reaches the limit, or at chain_begin when the prompt's argmax is one; a halted
+// chain's chain_accept and chain_head_caught_up change nothing and ask the vocabulary for nothing.
+TEST(ChainState, HaltsAtAStopTokenOrTheLimitAndThenChangesNothing) {
+  const int32_t depth = 3;
+  std::vector<int32_t> tokens = {10, 11, 12, 13}, positions(4), parents(4), rows(4), pred = {11, 12, 13, 7},
+                       out_ids(32, -1);
+  std::vector<int32_t> first = {-1, 9}, d_positions(4), d_parents(4), d_rows(2);
+  std::vector<int32_t> catch_positions(4), catch_parents(4), draft_positions(4), draft_parents(4), slot_parents(64, 5);
+  int32_t n_past = 20, counter = 1, draft_rows = 5, d_n_past = 19, root_row = 0, head_n_past = 19;
+  VocabUpdate update;
+  ChainTotals totals;
+  ChainStop stop;
+  stop.limit = 30;
+  stop.n_ids = 2;
+  stop.ids[0] = 500;
+  stop.ids[1] = 12;
+  ChainState s{tokens.data(), positions.data(), parents.data(), rows.data(), pred.data(), &draft_rows, &n_past,
+               out_ids.data(), &counter, &update, &totals, {}, {}, depth, 0};
+  s.draft = DraftModelBatch{first.data(), d_positions.data(), d_parents.data(), d_rows.data(), &d_n_past};
+  s.head = HeadBatch{catch_positions.data(), catch_parents.data(), draft_positions.data(), draft_parents.data(),
+                     &root_row, &head_n_past, slot_parents.data()};
+  s.stop = &stop;
+  out_ids[0] = 10;
+  chain_begin(s);
+  EXPECT_EQ(stop.halted, 0);
+  chain_head_caught_up(s);
+
+  // The whole chain accepted; the stop token 12 is the second emitted of four: the step counts whole.
+  EXPECT_EQ(chain_accept(s), 3);
+  EXPECT_EQ(stop.halted, 1);
+  EXPECT_EQ(counter, 5);
+  EXPECT_EQ(totals.steps, 1);
+  EXPECT_EQ(totals.accepted, 3);
+  EXPECT_EQ(update.n_tree, 3);  // the halting step's update is still wanted (the next step applies it)
+  slot_parents[size_t(head_n_past + root_row)] = 2;  // the next catch-up writes the root row with a parent
+  expect_halted_steps_change_nothing(s, pred.data(), 3);
+  EXPECT_EQ(counter, 5);
+  EXPECT_EQ(totals.steps, 1);
+
+  // chain_begin starts over; the limit halts the step that reaches it (a cut chain of 2 tokens
+  // brings the count from 5 to 7 >= 6).
+  stop.limit = 6;
+  stop.n_ids = 1;
+  stop.ids[0] = 77;
+  chain_begin(s);
+  EXPECT_EQ(stop.halted, 0) << "the count 5 is under the limit, and no stop token was emitted";
+  tokens = {13, 14, 15, 16};
+  pred = {14, 99, 0, 0};
+  EXPECT_EQ(chain_accept(s), 1);
+  EXPECT_EQ(counter, 7);
+  EXPECT_EQ(stop.halted, 1);
+  EXPECT_EQ(totals.steps, 1);
+  EXPECT_EQ(chain_accept(s), 0);
+  EXPECT_EQ(counter, 7);
+
+  // A step under the limit without a stop token runs on.
+  stop.limit = 20;
+  chain_begin(s);
+  tokens = {99, 1, 2, 3};
+  pred = {1, 5, 0, 0};
+  EXPECT_EQ(chain_accept(s), 1);
+  EXPECT_EQ(stop.halted, 0);
+  EXPECT_EQ(counter, 9);
+
+  // The prompt's argmax a stop token: halted before any step.
+  counter = 1;
+  out_ids[0] = 77;
+  chain_begin(s);
+  EXPECT_EQ(stop.halted, 1);
+  EXPECT_EQ(chain_accept(s), 0);
+  EXPECT_EQ(counter, 1);
+  EXPECT_EQ(totals.steps, 0);
 }
 
 // An EAGLE-3 head's arrays: chain_begin lays out the first catch-up after the prompt, chain_accept

@@ -209,6 +209,7 @@ void CudaModel::allocate_buffers() {
   d_argmax_out_ = ints(B);
   d_update_ = static_cast<VocabUpdate*>(alloc(sizeof(VocabUpdate)));
   d_totals_ = static_cast<ChainTotals*>(alloc(sizeof(ChainTotals)));
+  d_stop_ = static_cast<ChainStop*>(alloc(sizeof(ChainStop)));
 
   kv_.n_layer = c.n_layer;
   kv_.n_ctx = options_.n_ctx;
@@ -513,6 +514,7 @@ ChainState CudaModel::chain_state(const ChainStep& step) const {
   s.counter = d_counter_;
   s.update = d_update_;
   s.totals = d_totals_;
+  s.stop = d_stop_;
   if (step.draft_model) {
     const CudaModel& d = *step.draft_model;
     s.draft = DraftModelBatch{d.d_tokens_, d.d_positions_, d.d_parents_, d.d_out_rows_, d.kv_.n_past};
@@ -638,6 +640,9 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     throw Error("draft layers " + std::to_string(o.draft_layers) + " outside 1.." + std::to_string(config_.n_layer));
   }
   if (o.draft_model && o.draft_head) throw Error("speculative decoding: a draft model or a draft head, not both");
+  if (o.stop_ids.size() > size_t(kMaxChainStopIds))
+    throw Error("speculative decoding: " + std::to_string(o.stop_ids.size()) + " stop tokens, at most " +
+                std::to_string(kMaxChainStopIds));
   if (prompt.empty()) throw Error("generate: empty prompt");
   // Checked here rather than inside a step that a graph captures.
   const bool vocab_steps = o.vocab && o.vocab->kind == PrunedVocabSpec::Kind::Window &&
@@ -709,6 +714,13 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
   const int32_t per_step = o.depth + 1;  // most tokens a step emits, and the cache slots its batch takes
   const int32_t limit = std::min(o.n_predict, options_.max_generate);
   std::vector<int32_t> ids;
+  // Where the device halts the chain: the steps run before the host looks change nothing after it.
+  ChainStop stop;
+  stop.limit = limit;
+  stop.n_ids = int32_t(o.stop_ids.size());
+  std::copy(o.stop_ids.begin(), o.stop_ids.end(), stop.ids);
+  // Pageable source: staged before the call returns.
+  MS_CUDA(cudaMemcpyAsync(d_stop_, &stop, sizeof(stop), cudaMemcpyHostToDevice, stream_));
   chain_begin(chain_state(step), stream_);  // after the prompt's argmax (out_ids[0], the batch's row 0)
   if (vocab) vocab->wait_for_gather();      // the prompt's gather: a captured step must not wait on it
   // A draft model's stream joins the captured step idle (its prefill and the vocabulary's start).
@@ -737,7 +749,7 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
     n_past_ = n_past_at_start + produced - 1;
     done = fetch_emitted(produced, limit, o.stop_ids, {}, ids);
   }
-  ChainTotals totals;  // steps run past a stop token are counted too
+  ChainTotals totals;  // up to the step that emitted the stop token or the limit's last token
   MS_CUDA(cudaMemcpyAsync(&totals, d_totals_, sizeof(totals), cudaMemcpyDeviceToHost, stream_));
   st.steps = totals.steps;
   st.accepted_drafts = totals.accepted;

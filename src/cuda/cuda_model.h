@@ -66,8 +66,8 @@ class CudaModel;
 // The step is device-resident: each draft is fed to the next draft forward on the device,
 // acceptance and the next batch are made by one device thread (speculative/chain_state.h)
 // and the vocabulary's update reads its counts on the device, so the host only launches steps and
-// looks at the emitted tokens every sync_every steps (steps past a stop token may run; their
-// tokens are dropped). With graphs on, the whole step (vocabulary update, drafts, verification,
+// looks at the emitted tokens every sync_every steps (steps after a stop token or the last token
+// wanted may run: the device has halted the chain there, so they change neither text nor counts). With graphs on, the whole step (vocabulary update, drafts, verification,
 // acceptance) is captured once as a CUDA graph and replayed. Near the end of the context, where a
 // whole chain no longer fits, plain decode steps finish the generation.
 //
@@ -89,7 +89,7 @@ class CudaModel;
 // each scored by the target's LM head through the draft vocabulary. draft_layers is then unused.
 struct SpecChainOptions {
   int32_t n_predict = 128;
-  std::vector<int32_t> stop_ids;
+  std::vector<int32_t> stop_ids;  // generation ends after one of these (it is kept); at most kMaxChainStopIds
   int32_t draft_layers = 1;
   int32_t depth = 4;
   std::optional<PrunedVocabSpec> vocab;
@@ -98,8 +98,9 @@ struct SpecChainOptions {
   Graphs graphs = Graphs::On;  // replay the step as a captured CUDA graph
   int32_t sync_every = 4;      // steps between host checks for a stop token
 };
-// The device's counts, which include the few steps run past a stop token or n_predict before the
-// host looked, and not the plain decode steps at the context's end.
+// The device's counts: the steps up to and including the one that emitted the stop token or the
+// last token wanted (as the CPU decoder counts them), not the plain decode steps at the context's
+// end.
 struct SpecChainStats {
   int32_t steps = 0;           // verification forwards
   int32_t accepted_drafts = 0;  // draft tokens kept
@@ -265,6 +266,7 @@ class CudaModel {
   int32_t* d_argmax_out_ = nullptr;       // [n_batch] argmax of each logits row (speculative steps)
   VocabUpdate* d_update_ = nullptr;       // [1] the resident chain's next vocabulary update
   ChainTotals* d_totals_ = nullptr;       // [1] the resident chain's steps and accepted drafts
+  ChainStop* d_stop_ = nullptr;           // [1] where the resident chain halts
   int32_t* h_staging_ = nullptr;    // pinned: [4][n_batch] batch arrays, then [n_ctx] keep list
 
   // MicroSpec's vocabulary over this model's head when it drafts (generate_speculative), kept

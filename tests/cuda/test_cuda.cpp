@@ -594,7 +594,8 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
     g.n_predict = 40;
     const std::vector<int32_t> plain = m.gpu->generate_greedy(prompt, g);
     int32_t draft_model_accepted = 0;
-    for (const Variant& v : variants)
+    for (const Variant& v : variants) {
+      std::optional<cuda::SpecChainStats> first_launch;
       for (const Launch& l : launches) {
         SCOPED_TRACE(std::string(v.name) + ", " + l.name);
         cuda::SpecChainOptions o;
@@ -609,10 +610,17 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
         cuda::SpecChainStats st;
         EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &st), plain);
         EXPECT_GT(st.steps, 0);
-        EXPECT_LE(st.steps, 40 + l.sync_every);  // steps past the last token may run until the host looks
+        EXPECT_LE(st.steps, 40);
         if (v.draft_layers == 3) EXPECT_EQ(st.accepted_drafts, v.depth * st.steps) << "the target drafting for itself";
         if (v.drafter == Drafter::Model) draft_model_accepted += st.accepted_drafts;
+        // The same counts whenever the host looks: the device halted the chain at the 40th token.
+        if (first_launch) {
+          EXPECT_EQ(st.steps, first_launch->steps);
+          EXPECT_EQ(st.accepted_drafts, first_launch->accepted_drafts);
+        }
+        first_launch = st;
       }
+    }
     EXPECT_GT(draft_model_accepted, 0) << "the draft model never agreed: whole chains went untested";
   }
 
@@ -641,8 +649,19 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       o.n_predict = 40;
       o.stop_ids = {plain[17]};
       const size_t first = size_t(std::find(plain.begin(), plain.end(), plain[17]) - plain.begin());
-      EXPECT_EQ(m.gpu->generate_speculative(prompt, o, nullptr),
+      cuda::SpecChainStats stopped, limited;
+      EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &stopped),
                 std::vector<int32_t>(plain.begin(), plain.begin() + first + 1));
+      // Counted as a run that wanted that many tokens counts: up to the step that emitted the last.
+      o.stop_ids.clear();
+      o.n_predict = int32_t(first) + 1;
+      EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &limited),
+                std::vector<int32_t>(plain.begin(), plain.begin() + first + 1));
+      EXPECT_EQ(stopped.steps, limited.steps);
+      EXPECT_EQ(stopped.accepted_drafts, limited.accepted_drafts);
+      o.stop_ids.assign(size_t(kMaxChainStopIds) + 1, plain[17]);
+      EXPECT_THROW(m.gpu->generate_speculative(prompt, o, nullptr), Error) << "more stop tokens than the device holds";
+      o.stop_ids.clear();
       // The context's end (256 slots): 230 prompt tokens leave room for 27 tokens; the last chains
       // do not fit, and plain decode steps finish.
       const std::vector<int32_t> long_prompt = random_tokens(230, V, 10);
@@ -650,7 +669,6 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       const std::vector<int32_t> plain_end = m.gpu->generate_greedy(long_prompt, g);
       ASSERT_EQ(plain_end.size(), 256u - 230u + 1u);
       o.n_predict = 100;
-      o.stop_ids.clear();
       EXPECT_EQ(m.gpu->generate_speculative(long_prompt, o, nullptr), plain_end);
     }
 }
