@@ -5,7 +5,7 @@
 # greedy tokens equal to the CPU's, the device-resident speculative step with and without its CUDA
 # graph equal to plain greedy decoding), the CLI on SmolLM2 when it is staged under models/ (plain and
 # self-drafted with the full, the dynamic and the freq vocabulary, and drafted by its EAGLE-3 head: the same
-# text), then the benchmark on a
+# text; --prompts-jsonl with a stop string, plain and self-drafted: the same tokens), then the benchmark on a
 # Llama-3-8B-shaped model whose random BF16 weights are made in device memory.
 #
 #   scripts/device_check.sh [BIN_DIR]     (default: build-cuda)
@@ -55,6 +55,22 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
     echo "same text from all five"
   else
     echo "TEXTS DIFFER (see $LOG/cli_*.txt)"; status=1
+  fi
+  echo "== --prompts-jsonl with a stop string on the device: plain and self-drafted give the same tokens"
+  printf '%s\n' '{"prompt": "Name three rivers in Europe."}' '{"prompt": "def add(a, b):"}' >"$LOG/rows.jsonl"
+  for mode in plain spec; do
+    extra=()
+    if [ "$mode" = spec ]; then extra=(--spec self --tree-topk 1); fi
+    "$BIN/microspec" generate -m "$SMOL" --prompts-jsonl "$LOG/rows.jsonl" -n 48 --stop $'\n\n' --device cuda \
+      "${extra[@]}" >"$LOG/json_$mode.txt" 2>"$LOG/json_$mode.err" || { status=1; tail -3 "$LOG/json_$mode.err"; }
+    grep -o '"tokens":\[[^]]*\]' "$LOG/json_$mode.txt" >"$LOG/json_${mode}_tokens.txt" || true
+  done
+  head -c 700 "$LOG/json_spec.txt"; echo
+  if [ "$(wc -l <"$LOG/json_plain_tokens.txt")" -eq 2 ] &&
+     cmp -s "$LOG/json_plain_tokens.txt" "$LOG/json_spec_tokens.txt"; then
+    echo "same tokens from both, two rows"
+  else
+    echo "JSON TOKENS DIFFER (see $LOG/json_*.txt)"; status=1
   fi
 fi
 

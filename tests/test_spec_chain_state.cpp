@@ -37,6 +37,7 @@ namespace {
 struct ResidentRun {
   std::vector<int32_t> emitted;
   ChainTotals totals;
+  std::vector<int32_t> step_counts;  // the count of tokens after each step
 };
 
 // Runs the bookkeeping of n steps after the chain halted (ChainStop), each verification predicting
@@ -238,6 +239,8 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   stop.limit = n_predict;
   if (stop_id >= 0) stop.ids[stop.n_ids++] = stop_id;
   cs.stop = &stop;
+  std::vector<int32_t> step_counts(out_ids.size());
+  cs.step_counts = step_counts.data();
   chain_begin(cs);
   // The head's draft: the best of its row's logits over the draft vocabulary (the target's LM head).
   auto head_pick = [&](const float* normed_row) {
@@ -399,6 +402,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   ResidentRun r;
   r.emitted.assign(out_ids.begin(), out_ids.begin() + n);
   r.totals = totals;
+  r.step_counts.assign(step_counts.begin(), step_counts.begin() + totals.steps);
   return r;
 }
 
@@ -510,6 +514,16 @@ TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
     EXPECT_EQ(stopped.totals.steps, limited.totals.steps);
     EXPECT_EQ(stopped.totals.accepted, limited.totals.accepted);
     EXPECT_LT(stopped.totals.steps, r.totals.steps);
+    // The counts of a text the host cut where the device had not halted (a stop string): those of
+    // the run that wanted that many tokens.
+    for (const ResidentRun* run : {&r, &stopped, &limited}) {
+      const ChainTotals all = chain_totals_until(run->step_counts.data(), run->totals.steps, int32_t(run->emitted.size()));
+      EXPECT_EQ(all.steps, run->totals.steps);
+      EXPECT_EQ(all.accepted, run->totals.accepted);
+    }
+    const ChainTotals cut = chain_totals_until(r.step_counts.data(), r.totals.steps, stop_at + 1);
+    EXPECT_EQ(cut.steps, limited.totals.steps);
+    EXPECT_EQ(cut.accepted, limited.totals.accepted);
     if (v.draft_layers == 3 && !v.vocab)
       EXPECT_EQ(r.totals.accepted, v.depth * r.totals.steps) << "the target drafting for itself";
     if (v.draft_layers == 2 && v.drafter == Drafter::Self) accepted_partial += r.totals.accepted;
@@ -670,6 +684,26 @@ TEST(ChainState, HaltsAtAStopTokenOrTheLimitAndThenChangesNothing) {
   EXPECT_EQ(chain_accept(s), 0);
   EXPECT_EQ(counter, 1);
   EXPECT_EQ(totals.steps, 0);
+}
+
+// chain_totals_until: the steps that emitted the first n tokens (after the prompt's argmax, token
+// 1), from the count after each step.
+TEST(ChainState, TotalsUntilCountTheStepsThatEmittedTheKeptTokens) {
+  const int32_t counts[] = {3, 4, 8};  // steps emitting 2, 1 and 4 tokens: 1, 0 and 3 drafts accepted
+  auto until = [&](int32_t n_steps, int32_t n_kept) {
+    const ChainTotals t = chain_totals_until(counts, n_steps, n_kept);
+    return std::vector<int32_t>{t.steps, t.accepted};
+  };
+  EXPECT_EQ(until(3, 0), (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(until(3, 1), (std::vector<int32_t>{0, 0})) << "the prompt's argmax alone";
+  EXPECT_EQ(until(3, 2), (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(until(3, 3), (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(until(3, 4), (std::vector<int32_t>{2, 1}));
+  EXPECT_EQ(until(3, 5), (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(until(3, 8), (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(until(3, 12), (std::vector<int32_t>{3, 4})) << "tokens after the steps (plain decoding at the context's end)";
+  EXPECT_EQ(until(1, 12), (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(until(0, 12), (std::vector<int32_t>{0, 0}));
 }
 
 // An EAGLE-3 head's arrays: chain_begin lays out the first catch-up after the prompt, chain_accept

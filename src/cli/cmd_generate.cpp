@@ -1,6 +1,7 @@
 // `microspec generate`: text generation from a prompt, printed as it is produced, then one line of
 // statistics on stderr.
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -62,11 +63,98 @@ struct PromptEncoder {
   }
 };
 
-// Generates from one prompt and prints the statistics line (stderr) and, with json, one JSON line.
+// One generation as the output needs it: the result, its speeds, the statistics lines for stderr
+// and the members of the JSON line that only the path that ran it has.
+struct Outcome {
+  GenerateResult gen;
+  double prefill_tokens_per_second = 0.0;
+  double decode_tokens_per_second = 0.0;
+  std::vector<std::string> stats_lines;
+  nlohmann::json extra = nlohmann::json::object();
+};
+// Generates from prompt ids on the CPU or the device; on_text takes the text as it becomes final.
+using RunOne = std::function<Outcome(const std::vector<int32_t>& prompt_ids, const GenerateParams& params,
+                                     const TextCallback& on_text)>;
+
+std::string format(const char* fmt, auto... args) {
+  char line[1024];
+  std::snprintf(line, sizeof line, fmt, args...);
+  return line;
+}
+
+Outcome run_on_cpu(const GenerateArgs& a, Decoder& decoder, const std::vector<int32_t>& prompt_ids,
+                   const GenerateParams& params, const TextCallback& on_text) {
+  const SpecResult sr = decoder.generate(prompt_ids, params, on_text);
+  const GenerateResult& r = sr.gen;
+  const SpecStats& st = sr.stats;
+  Outcome o;
+  o.gen = r;
+  o.prefill_tokens_per_second = sr.prefill_tokens_per_second();
+  o.decode_tokens_per_second = sr.decode_tokens_per_second();
+  const double peak_mib = peak_memory_bytes() / (1024.0 * 1024.0);
+  o.stats_lines.push_back(format("prompt tokens: %d | prefill: %.1f tok/s | decode: %.1f tok/s (%zu tokens) | peak memory: %.0f MiB",
+                                 r.prompt_tokens, o.prefill_tokens_per_second, o.decode_tokens_per_second,
+                                 r.tokens.size(), peak_mib));
+  auto share = [&](double s) { return r.decode_seconds > 0 ? s / r.decode_seconds : 0.0; };
+  if (decoder.speculative())
+    o.stats_lines.push_back(format(
+        "speculative (%s): decode %.1f tok/s | %d steps | mean acceptance length %.2f | draft vocabulary "
+        "%.0f | time shares: draft backbone %.0f%%, draft LM head %.0f%%, verify %.0f%% (LM head %.0f%%), "
+        "bookkeeping %.0f%%",
+        decoder.describe().c_str(), o.decode_tokens_per_second, st.steps, st.mean_acceptance_length(),
+        st.mean_active_vocab(), 100 * share(st.draft_backbone_seconds()), 100 * share(st.draft_lm_head_seconds),
+        100 * share(st.verify_seconds), 100 * share(st.verify_lm_head_seconds), 100 * share(st.bookkeeping_seconds)));
+  o.extra["decode_lm_head_seconds"] = r.decode_lm_head_seconds;
+  if (decoder.speculative()) {
+    o.extra["spec"] = {{"mode", name_of(a.spec.mode)},
+                       {"steps", st.steps},
+                       {"drafted_tokens", st.drafted},
+                       {"accepted_draft_tokens", st.accepted_draft},
+                       {"mean_acceptance_length", st.mean_acceptance_length()},
+                       {"draft_seconds", st.draft_seconds},
+                       {"verify_seconds", st.verify_seconds},
+                       {"draft_lm_head_seconds", st.draft_lm_head_seconds},
+                       {"draft_backbone_seconds", st.draft_backbone_seconds()},
+                       {"verify_lm_head_seconds", st.verify_lm_head_seconds},
+                       {"bookkeeping_seconds", st.bookkeeping_seconds},
+                       {"mean_active_vocab", st.mean_active_vocab()},
+                       {"lm_head_seconds", st.lm_head_seconds()},
+                       {"draft_share", share(st.draft_seconds)},
+                       {"verify_share", share(st.verify_seconds)},
+                       {"lm_head_share", share(st.lm_head_seconds())}};
+  }
+  return o;
+}
+
+// The device's generation: its own speeds (prefill up to the first token, decoding after it) and
+// counts (steps and accepted drafts, as the CPU counts them; the device times no parts of a step).
+Outcome run_on_device(const GenerateArgs& a, const CudaGenerator& device, const std::vector<int32_t>& prompt_ids,
+                      const GenerateParams& params, const TextCallback& on_text) {
+  const CudaGeneration g = device.generate(prompt_ids, params, on_text);
+  const GenerateResult& r = g.gen;
+  Outcome o;
+  o.gen = r;
+  o.prefill_tokens_per_second = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0.0;
+  o.decode_tokens_per_second = r.decode_seconds > 0 ? g.decode_tokens / r.decode_seconds : 0.0;
+  std::string line = format("%s | prompt tokens: %d | prefill: %.1f tok/s | decode: %.1f tok/s (%zu tokens)",
+                            device.describe().c_str(), r.prompt_tokens, o.prefill_tokens_per_second,
+                            o.decode_tokens_per_second, r.tokens.size());
+  if (device.speculative())
+    line += format(" | %d steps, mean acceptance length %.2f", g.steps, g.mean_acceptance_length());
+  o.stats_lines.push_back(line);
+  o.extra["device"] = "cuda";
+  if (device.speculative())
+    o.extra["spec"] = {{"mode", name_of(a.spec.mode)},
+                       {"steps", g.steps},
+                       {"accepted_draft_tokens", g.accepted_drafts},
+                       {"mean_acceptance_length", g.mean_acceptance_length()}};
+  return o;
+}
+
+// Generates from one prompt and prints the statistics lines (stderr) and, with json, one JSON line.
 // seed: the sampler's seed (-1 = random).
-void generate_one(const GenerateArgs& a, const LoadedModel& m, Decoder& decoder,
-                  const std::vector<int32_t>& prompt_ids, int64_t seed, bool json) {
-  const Tokenizer& tok = *m.tokenizer;
+void generate_one(const GenerateArgs& a, const Tokenizer& tok, const RunOne& run, const std::vector<int32_t>& prompt_ids,
+                  int64_t seed, bool json) {
   for (int32_t id : prompt_ids)
     if (id < 0 || id >= tok.n_vocab())
       throw Error("prompt token id " + std::to_string(id) + " is outside the vocabulary");
@@ -88,29 +176,10 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Decoder& decoder,
     }
     return true;
   };
-  const SpecResult sr = decoder.generate(prompt_ids, params, on_text);
-  const GenerateResult& r = sr.gen;
-  const SpecStats& st = sr.stats;
+  const Outcome o = run(prompt_ids, params, on_text);
+  const GenerateResult& r = o.gen;
   if (stream) std::fputc('\n', stdout);
-
-  const double prefill_tps = sr.prefill_tokens_per_second();
-  const double decode_tps = sr.decode_tokens_per_second();
-  const double peak_mib = peak_memory_bytes() / (1024.0 * 1024.0);
-  std::fprintf(
-      stderr,
-      "prompt tokens: %d | prefill: %.1f tok/s | decode: %.1f tok/s (%zu tokens) | peak memory: %.0f MiB\n",
-      r.prompt_tokens, prefill_tps, decode_tps, r.tokens.size(), peak_mib);
-  auto share = [&](double s) { return r.decode_seconds > 0 ? s / r.decode_seconds : 0.0; };
-  if (decoder.speculative())
-    std::fprintf(
-        stderr,
-        "speculative (%s): decode %.1f tok/s | %d steps | mean acceptance length %.2f | draft vocabulary "
-        "%.0f | time shares: draft backbone %.0f%%, draft LM head %.0f%%, verify %.0f%% (LM head %.0f%%), "
-        "bookkeeping %.0f%%\n",
-        decoder.describe().c_str(), decode_tps, st.steps, st.mean_acceptance_length(), st.mean_active_vocab(),
-        100 * share(st.draft_backbone_seconds()), 100 * share(st.draft_lm_head_seconds),
-        100 * share(st.verify_seconds), 100 * share(st.verify_lm_head_seconds),
-        100 * share(st.bookkeeping_seconds));
+  for (const std::string& line : o.stats_lines) std::fprintf(stderr, "%s\n", line.c_str());
   if (json) {
     nlohmann::json j;
     j["prompt_tokens"] = r.prompt_tokens;
@@ -119,30 +188,12 @@ void generate_one(const GenerateArgs& a, const LoadedModel& m, Decoder& decoder,
     j["tokens"] = r.tokens;
     j["text"] = r.text;
     j["finish_reason"] = finish_reason_name(r.finish);
-    j["prefill_tokens_per_second"] = prefill_tps;
-    j["decode_tokens_per_second"] = decode_tps;
+    j["prefill_tokens_per_second"] = o.prefill_tokens_per_second;
+    j["decode_tokens_per_second"] = o.decode_tokens_per_second;
     j["prefill_seconds"] = r.prefill_seconds;
     j["decode_seconds"] = r.decode_seconds;
-    j["decode_lm_head_seconds"] = r.decode_lm_head_seconds;
     j["peak_memory_bytes"] = peak_memory_bytes();
-    if (decoder.speculative()) {
-      j["spec"] = {{"mode", name_of(a.spec.mode)},
-                   {"steps", st.steps},
-                   {"drafted_tokens", st.drafted},
-                   {"accepted_draft_tokens", st.accepted_draft},
-                   {"mean_acceptance_length", st.mean_acceptance_length()},
-                   {"draft_seconds", st.draft_seconds},
-                   {"verify_seconds", st.verify_seconds},
-                   {"draft_lm_head_seconds", st.draft_lm_head_seconds},
-                   {"draft_backbone_seconds", st.draft_backbone_seconds()},
-                   {"verify_lm_head_seconds", st.verify_lm_head_seconds},
-                   {"bookkeeping_seconds", st.bookkeeping_seconds},
-                   {"mean_active_vocab", st.mean_active_vocab()},
-                   {"lm_head_seconds", st.lm_head_seconds()},
-                   {"draft_share", share(st.draft_seconds)},
-                   {"verify_share", share(st.verify_seconds)},
-                   {"lm_head_share", share(st.lm_head_seconds())}};
-    }
+    j.update(o.extra);
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     std::fflush(stdout);
   }
@@ -164,16 +215,15 @@ void run_generate(const GenerateArgs& a) {
   if (!a.prompt_ids.empty() && a.chat) throw Error("--chat applies to text prompts, not --prompt-ids");
   if (a.n_predict < 0) throw Error("-n must be >= 0");
 
+  // The device path: what it cannot run is refused before the model is loaded.
   if (a.device != "cpu" && a.device != "cuda") throw Error("--device must be cpu or cuda, got '" + a.device + "'");
+  const bool on_device = a.device == "cuda";
   CudaGenerateArgs cuda_args;
   cuda_args.n_predict = a.n_predict;
   cuda_args.n_ctx = a.model.n_ctx;
   cuda_args.n_batch = a.model.n_batch;
-  cuda_args.ignore_eos = a.ignore_eos;
-  cuda_args.quiet = a.quiet;
-  if (a.device == "cuda") {
-    if (a.temperature != 0.0f || !a.stop.empty() || !a.prompts_jsonl.empty() || a.json)
-      throw Error("--device cuda runs greedy decoding: --temp 0, no --stop, --prompts-jsonl or --json");
+  if (on_device) {
+    if (a.temperature != 0.0f) throw Error("--device cuda runs greedy decoding: --temp 0");
     if (a.spec.enabled()) {
       // The device drafts a chain from the target's own first layers, a draft model or an EAGLE-3
       // head, with any draft vocabulary (made once the model is loaded).
@@ -187,7 +237,12 @@ void run_generate(const GenerateArgs& a) {
     }
   }
   LoadedModel m = load_model(a.model);
-  if (a.device == "cuda") {
+  const PromptEncoder encode(a, m);
+  RunOne run;
+  std::unique_ptr<Generator> gen;
+  std::unique_ptr<Decoder> decoder;
+  std::unique_ptr<CudaGenerator> device;
+  if (on_device) {
     if (a.spec.enabled() && a.spec.mode == SpecMode::Head) {
       // The head is read and checked against the target here, before any device is asked for.
       cuda_args.draft_head = draft_head_path(a.spec, m.file->name());
@@ -196,15 +251,18 @@ void run_generate(const GenerateArgs& a) {
     if (a.spec.enabled() && a.spec.draft_vocab != DraftVocabKind::Full)
       cuda_args.vocab = pruned_vocab_spec(a.spec, m.file->name(), m.model->config().n_vocab, *m.tokenizer,
                                           &cuda_args.vocab_describe);
-    const PromptEncoder encode(a, m);
-    const std::vector<int32_t> ids = !a.prompt_ids.empty() ? parse_token_ids(a.prompt_ids)
-                                     : encode(a.prompt_file.empty() ? a.prompt : read_file_bytes(a.prompt_file));
-    generate_greedy_cuda(m, cuda_args, ids);
-    return;
+    device = std::make_unique<CudaGenerator>(m, cuda_args);
+    run = [&](const std::vector<int32_t>& ids, const GenerateParams& params, const TextCallback& on_text) {
+      return run_on_device(a, *device, ids, params, on_text);
+    };
+  } else {
+    gen = std::make_unique<Generator>(*m.model, *m.tokenizer, a.model.n_ctx);
+    decoder = std::make_unique<Decoder>(a.spec, *m.file, *gen, *m.tokenizer);
+    run = [&](const std::vector<int32_t>& ids, const GenerateParams& params, const TextCallback& on_text) {
+      return run_on_cpu(a, *decoder, ids, params, on_text);
+    };
   }
-  Generator gen(*m.model, *m.tokenizer, a.model.n_ctx);
-  const PromptEncoder encode(a, m);
-  Decoder decoder(a.spec, *m.file, gen, *m.tokenizer);
+  const Tokenizer& tok = *m.tokenizer;
 
   if (!a.prompts_jsonl.empty()) {
     // Batch mode: one model load, one JSON line per prompt.
@@ -224,7 +282,7 @@ void run_generate(const GenerateArgs& a) {
           throw Error(a.prompts_jsonl + ":" + std::to_string(line_no) + ": \"prompt_ids\" must be token ids");
         }
         if (a.chat) throw Error("--chat applies to text prompts, not \"prompt_ids\"");
-        generate_one(a, m, decoder, ids, seed, true);
+        generate_one(a, tok, run, ids, seed, true);
         continue;
       }
       std::vector<std::string> turns;
@@ -236,7 +294,7 @@ void run_generate(const GenerateArgs& a) {
       if (turns.empty())
         throw Error(a.prompts_jsonl + ":" + std::to_string(line_no) +
                     ": expected a JSON object with \"prompt\" (string), \"turns\" (strings) or \"prompt_ids\" (token ids)");
-      generate_one(a, m, decoder, encode(turns[0]), seed, true);
+      generate_one(a, tok, run, encode(turns[0]), seed, true);
     }
     return;
   }
@@ -245,7 +303,7 @@ void run_generate(const GenerateArgs& a) {
     prompt_ids = parse_token_ids(a.prompt_ids);
   else
     prompt_ids = encode(a.prompt_file.empty() ? a.prompt : read_file_bytes(a.prompt_file));
-  generate_one(a, m, decoder, prompt_ids, a.seed, a.json);
+  generate_one(a, tok, run, prompt_ids, a.seed, a.json);
 }
 
 }  // namespace
@@ -280,7 +338,7 @@ void add_generate_command(CLI::App& app) {
       "objects, \"turns\" winning over \"prompt\" when a row has both; an optional \"seed\" (integer >= 0) "
       "replaces --seed for that row; prints one JSON line per prompt");
   cmd->add_option("--device", args->device,
-                  "cpu, or cuda: greedy decoding on the GPU, plain or self-drafted (builds with MICROSPEC_CUDA)")
+                  "cpu, or cuda: greedy decoding on the GPU, plain or speculative (builds with MICROSPEC_CUDA)")
       ->capture_default_str();
   add_spec_options(*cmd, args->spec);
   cmd->callback([args] { run_generate(*args); });

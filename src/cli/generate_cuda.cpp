@@ -1,8 +1,7 @@
 #include "cli/generate_cuda.h"
 
-#include <chrono>
 #include <algorithm>
-#include <cstdio>
+#include <chrono>
 
 #include "checkpoint/hf_folder.h"
 #include "gguf/gguf.h"
@@ -18,95 +17,126 @@
 namespace microspec::cli {
 
 #if MICROSPEC_HAS_CUDA
-void generate_greedy_cuda(const LoadedModel& m, const CudaGenerateArgs& args, const std::vector<int32_t>& prompt) {
-  const Tokenizer& tok = *m.tokenizer;
-  for (int32_t id : prompt)
-    if (id < 0 || id >= tok.n_vocab()) throw Error("prompt token id " + std::to_string(id) + " is outside the vocabulary");
+struct CudaGenerator::Impl {
+  const Tokenizer& tok;
+  CudaGenerateArgs args;
+  std::unique_ptr<cuda::CudaModel> model;
+  std::unique_ptr<GgufFile> draft_file;
+  std::unique_ptr<cuda::CudaModel> draft_model;
+  std::unique_ptr<cuda::DeviceEagleHead> draft_head;
+  int32_t draft_layers = 0;  // the self-draft's
+};
+
+CudaGenerator::CudaGenerator(const LoadedModel& m, const CudaGenerateArgs& args)
+    : impl_(new Impl{*m.tokenizer, args, nullptr, nullptr, nullptr, nullptr, 0}) {
+  Impl& d = *impl_;
   cuda::CudaModelOptions opt;
   opt.n_ctx = args.n_ctx;
   opt.n_batch = args.n_batch;
   // Room for the last speculative step's whole chain past n_predict (its extra tokens are dropped).
   opt.max_generate = args.n_predict + 1 + std::max(args.spec_chain, 0);
+  // The head is read and checked before any device is touched.
   std::unique_ptr<GgufFile> head_file;
   if (!args.draft_head.empty()) {
     head_file = GgufFile::open(args.draft_head);
     if (const std::string why = cuda::device_head_unsupported(*head_file); !why.empty())
       throw Error(args.draft_head + ": --device cuda cannot run this draft head: " + why + "; run it on the CPU");
   }
-  auto model = cuda::CudaModel::load(*m.file, opt);
-  std::unique_ptr<GgufFile> draft_file;
-  std::unique_ptr<cuda::CudaModel> draft_model;
+  d.model = cuda::CudaModel::load(*m.file, opt);
   if (!args.draft_model.empty()) {
-    draft_file = open_model_file(args.draft_model);
-    check_same_vocabulary(*m.file, *draft_file);
-    draft_model = cuda::CudaModel::load(*draft_file, opt);
+    d.draft_file = open_model_file(args.draft_model);
+    check_same_vocabulary(*m.file, *d.draft_file);
+    d.draft_model = cuda::CudaModel::load(*d.draft_file, opt);
   }
   // The head's rows: the chain's and a prompt chunk's (the target's batch); its prompt room and
   // cache: the target's context.
-  std::unique_ptr<cuda::DeviceEagleHead> draft_head;
   if (head_file)
-    draft_head = std::make_unique<cuda::DeviceEagleHead>(*head_file, model->config(), model->embedding_matrix(),
-                                                         opt.n_batch, opt.n_ctx, opt.n_ctx, model->stream());
-  cuda::GreedyOptions g;
-  g.n_predict = args.n_predict;
-  if (!args.ignore_eos) g.stop_ids = tok.end_of_generation_ids();
-  Utf8StreamDecoder utf8;
+    d.draft_head = std::make_unique<cuda::DeviceEagleHead>(*head_file, d.model->config(), d.model->embedding_matrix(),
+                                                           opt.n_batch, opt.n_ctx, opt.n_ctx, d.model->stream());
+  d.draft_layers = args.spec_draft_layers > 0 ? args.spec_draft_layers : default_draft_layers(d.model->config().n_layer);
+}
+
+CudaGenerator::~CudaGenerator() = default;
+
+bool CudaGenerator::speculative() const { return impl_->args.spec_chain > 0; }
+
+std::string CudaGenerator::describe() const {
+  const Impl& d = *impl_;
+  std::string s = "device: " + cuda::device_description();
+  if (!speculative()) return s;
+  return s + " | speculative (" +
+         (d.draft_model ? std::string("draft-model")
+          : d.draft_head ? std::string("EAGLE-3 head")
+                         : "self-draft " + std::to_string(d.draft_layers) + " layers") +
+         ", chain of " + std::to_string(d.args.spec_chain) + ", " +
+         (d.args.vocab ? d.args.vocab_describe : std::string("full vocabulary")) + ")";
+}
+
+CudaGeneration CudaGenerator::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
+                                       const TextCallback& on_text) const {
+  const Impl& d = *impl_;
+  for (int32_t id : prompt)
+    if (id < 0 || id >= d.tok.n_vocab()) throw Error("prompt token id " + std::to_string(id) + " is outside the vocabulary");
+  if (params.max_new_tokens > d.args.n_predict)
+    throw Error("--device cuda: " + std::to_string(params.max_new_tokens) + " tokens asked for, the device has room for " +
+                std::to_string(d.args.n_predict));
+  CudaGeneration out;
+  GenerateResult& r = out.gen;
+  r.prompt_tokens = int32_t(prompt.size());
+  TokenSink sink(d.tok, params, on_text, r);
+  if (sink.done()) return out;
+  const std::vector<int32_t> stop_ids = params.ignore_eos ? std::vector<int32_t>() : d.tok.end_of_generation_ids();
+
+  // The sink decides where the text ends (it ends the device's generation by refusing a token).
   using Clock = std::chrono::steady_clock;
-  const auto t0 = Clock::now();
-  Clock::time_point t_first;
-  size_t n_tokens = 0;
-  auto print = [&](int32_t id) {
-    if (n_tokens++ == 0) t_first = Clock::now();
-    const bool eog = !args.ignore_eos && std::find(g.stop_ids.begin(), g.stop_ids.end(), id) != g.stop_ids.end();
-    if (!args.quiet && !eog) {
-      const std::string text = utf8.push(tok.token_to_piece(id));
-      std::fwrite(text.data(), 1, text.size(), stdout);
-      std::fflush(stdout);
-    }
+  const Clock::time_point t0 = Clock::now();
+  Clock::time_point t_first = t0;
+  int32_t n_seen = 0;
+  const cuda::TokenHandler take = [&](int32_t id) {
+    if (n_seen++ == 0) t_first = Clock::now();
+    return sink.push(id);
   };
-  std::vector<int32_t> ids;
-  cuda::SpecChainStats spec_stats;
-  if (args.spec_chain > 0) {
+  if (speculative()) {
     cuda::SpecChainOptions so;
-    so.n_predict = args.n_predict;
-    so.stop_ids = g.stop_ids;
-    so.depth = args.spec_chain;
-    so.draft_layers = args.spec_draft_layers > 0 ? args.spec_draft_layers : default_draft_layers(model->config().n_layer);
-    so.vocab = args.vocab;
-    so.draft_model = draft_model.get();
-    so.draft_head = draft_head.get();
-    ids = model->generate_speculative(prompt, so, &spec_stats);  // tokens arrive at the end of the run
-    for (int32_t id : ids) print(id);
+    so.n_predict = params.max_new_tokens;
+    so.stop_ids = stop_ids;
+    so.depth = d.args.spec_chain;
+    so.draft_layers = d.draft_layers;
+    so.vocab = d.args.vocab;
+    so.draft_model = d.draft_model.get();
+    so.draft_head = d.draft_head.get();
+    cuda::SpecChainStats st;
+    d.model->generate_speculative(prompt, so, &st, take);
+    out.steps = st.steps;
+    out.accepted_drafts = st.accepted_drafts;
+    r.decode_forwards = st.steps;
   } else {
-    ids = model->generate_greedy(prompt, g, print);
+    cuda::GreedyOptions g;
+    g.n_predict = params.max_new_tokens;
+    g.stop_ids = stop_ids;
+    d.model->generate_greedy(prompt, g, take);
+    r.decode_forwards = std::max(n_seen - 1, 0);
   }
-  const auto t_end = Clock::now();
-  if (!args.quiet) {
-    const std::string tail = utf8.flush();
-    std::fwrite(tail.data(), 1, tail.size(), stdout);
-    std::fputc('\n', stdout);
-  }
-  const double prefill_s = std::chrono::duration<double>(t_first - t0).count();
-  const double decode_s = std::chrono::duration<double>(t_end - t_first).count();
-  if (args.spec_chain > 0) {
-    // Prefill and decoding run in one call here: one rate over both.
-    std::fprintf(stderr,
-                 "device: %s | prompt tokens: %zu | prefill + decode: %.1f tok/s (%zu tokens) | speculative "
-                 "(%s chain of %d, %s): %d steps, mean acceptance length %.2f\n",
-                 cuda::device_description().c_str(), prompt.size(),
-                 ids.size() / std::max(std::chrono::duration<double>(t_end - t0).count(), 1e-9), ids.size(),
-                 draft_model ? "draft-model" : draft_head ? "EAGLE-3 head" : "self-draft", args.spec_chain, args.vocab ? args.vocab_describe.c_str() : "full vocabulary",
-                 spec_stats.steps,
-                 spec_stats.mean_acceptance_length());
-    return;
-  }
-  std::fprintf(stderr, "device: %s | prompt tokens: %zu | prefill: %.1f tok/s | decode: %.1f tok/s (%zu tokens)\n",
-               cuda::device_description().c_str(), prompt.size(), prompt.size() / std::max(prefill_s, 1e-9),
-               ids.size() > 1 ? (ids.size() - 1) / std::max(decode_s, 1e-9) : 0.0, ids.size());
+  out.decode_tokens = std::max(n_seen - 1, 0);
+  // The device stopped without the sink ending the text: the context is full.
+  if (!sink.done()) r.finish = FinishReason::ContextFull;
+  sink.finish();
+  const Clock::time_point t_end = Clock::now();
+  r.prefill_seconds = std::chrono::duration<double>(t_first - t0).count();
+  r.decode_seconds = std::chrono::duration<double>(t_end - t_first).count();
+  return out;
 }
 #else
-void generate_greedy_cuda(const LoadedModel&, const CudaGenerateArgs&, const std::vector<int32_t>&) {
+struct CudaGenerator::Impl {};
+
+CudaGenerator::CudaGenerator(const LoadedModel&, const CudaGenerateArgs&) {
   throw Error("--device cuda: this build has no CUDA backend (configure with a CUDA compiler, MICROSPEC_CUDA=ON)");
+}
+CudaGenerator::~CudaGenerator() = default;
+bool CudaGenerator::speculative() const { return false; }
+std::string CudaGenerator::describe() const { return {}; }
+CudaGeneration CudaGenerator::generate(const std::vector<int32_t>&, const GenerateParams&, const TextCallback&) const {
+  throw Error("--device cuda: this build has no CUDA backend");
 }
 #endif
 

@@ -210,6 +210,7 @@ void CudaModel::allocate_buffers() {
   d_update_ = static_cast<VocabUpdate*>(alloc(sizeof(VocabUpdate)));
   d_totals_ = static_cast<ChainTotals*>(alloc(sizeof(ChainTotals)));
   d_stop_ = static_cast<ChainStop*>(alloc(sizeof(ChainStop)));
+  d_step_counts_ = ints(options_.max_generate);
 
   kv_.n_layer = c.n_layer;
   kv_.n_ctx = options_.n_ctx;
@@ -457,7 +458,7 @@ void CudaModel::prefill_for_decode(std::span<const int32_t> prompt, const Prompt
 }
 
 bool CudaModel::fetch_emitted(int32_t produced, int32_t limit, const std::vector<int32_t>& stop_ids,
-                              const std::function<void(int32_t)>& on_token, std::vector<int32_t>& ids) {
+                              const TokenHandler& on_token, std::vector<int32_t>& ids) {
   const size_t old = ids.size();
   if (size_t(produced) > old) {
     ids.resize(size_t(produced));
@@ -468,9 +469,9 @@ bool CudaModel::fetch_emitted(int32_t produced, int32_t limit, const std::vector
   for (size_t i = old; i < ids.size(); ++i) {
     if (ids[i] < 0)
       throw Error("the model's logits were all NaN at generated token " + std::to_string(i) + ": no token to pick");
-    if (on_token) on_token(ids[i]);
+    const bool refused = on_token && !on_token(ids[i]);
     const bool stop = std::find(stop_ids.begin(), stop_ids.end(), ids[i]) != stop_ids.end();
-    if (stop || int32_t(i) + 1 >= limit) {
+    if (refused || stop || int32_t(i) + 1 >= limit) {
       ids.resize(i + 1);
       return true;
     }
@@ -479,7 +480,7 @@ bool CudaModel::fetch_emitted(int32_t produced, int32_t limit, const std::vector
 }
 
 void CudaModel::decode_until(int32_t limit, const std::vector<int32_t>& stop_ids, Graphs graphs, int32_t sync_every,
-                             const std::function<void(int32_t)>& on_token, std::vector<int32_t>& ids) {
+                             const TokenHandler& on_token, std::vector<int32_t>& ids) {
   int32_t produced = int32_t(ids.size());
   while (produced < limit && n_past_ < options_.n_ctx) {
     const int32_t steps = std::min({std::max(sync_every, 1), limit - produced, options_.n_ctx - n_past_});
@@ -491,7 +492,7 @@ void CudaModel::decode_until(int32_t limit, const std::vector<int32_t>& stop_ids
 }
 
 std::vector<int32_t> CudaModel::generate_greedy(std::span<const int32_t> prompt, const GreedyOptions& o,
-                                                const std::function<void(int32_t)>& on_token) {
+                                                const TokenHandler& on_token) {
   prefill_for_decode(prompt);
   std::vector<int32_t> ids;
   const int32_t limit = std::min(o.n_predict, options_.max_generate);
@@ -515,6 +516,7 @@ ChainState CudaModel::chain_state(const ChainStep& step) const {
   s.update = d_update_;
   s.totals = d_totals_;
   s.stop = d_stop_;
+  s.step_counts = d_step_counts_;
   if (step.draft_model) {
     const CudaModel& d = *step.draft_model;
     s.draft = DraftModelBatch{d.d_tokens_, d.d_positions_, d.d_parents_, d.d_out_rows_, d.kv_.n_past};
@@ -610,7 +612,7 @@ void CudaModel::enqueue_head_drafts(const ChainStep& step) {
 }
 
 std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> prompt, const SpecChainOptions& o,
-                                                     SpecChainStats* stats) {
+                                                     SpecChainStats* stats, const TokenHandler& on_token) {
   if (o.depth < 1 || o.depth + 1 > options_.n_batch)
     throw Error("speculative depth " + std::to_string(o.depth) + " outside 1.." + std::to_string(options_.n_batch - 1));
   CudaModel& drafter = o.draft_model ? *o.draft_model : *this;
@@ -698,7 +700,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     MS_CUDA(cudaMemcpyAsync(drafter.d_tokens_, &prompt.back(), sizeof(int32_t), cudaMemcpyHostToDevice,
                             drafter.stream_));
   }
-  out = speculate_resident(o, vocab, st);
+  out = speculate_resident(o, vocab, on_token, st);
   if (o.draft_model) {
     // The device moved the drafter's cache (chain_accept): its host mirror follows.
     MS_CUDA(cudaMemcpyAsync(&drafter.n_past_, drafter.kv_.n_past, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
@@ -709,7 +711,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
 }
 
 std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, DeviceDraftVocab* vocab,
-                                                   SpecChainStats& st) {
+                                                   const TokenHandler& on_token, SpecChainStats& st) {
   const ChainStep step{o.depth, o.draft_layers, vocab, o.draft_model, o.draft_head};
   const int32_t per_step = o.depth + 1;  // most tokens a step emits, and the cache slots its batch takes
   const int32_t limit = std::min(o.n_predict, options_.max_generate);
@@ -734,7 +736,7 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
   // Every emitted token but the newest is in the cache (chain_accept), so n_past follows the count.
   const int32_t n_past_at_start = n_past_;
   int32_t produced = 1;
-  bool done = fetch_emitted(produced, limit, o.stop_ids, {}, ids);
+  bool done = fetch_emitted(produced, limit, o.stop_ids, on_token, ids);
   while (!done) {
     // Steps that fit even if each accepts its whole chain: every step's batch in the context, its
     // tokens in out_ids.
@@ -747,14 +749,24 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
     // Device to pageable host memory: the copy returns once done, after the steps.
     MS_CUDA(cudaMemcpyAsync(&produced, d_counter_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
     n_past_ = n_past_at_start + produced - 1;
-    done = fetch_emitted(produced, limit, o.stop_ids, {}, ids);
+    done = fetch_emitted(produced, limit, o.stop_ids, on_token, ids);
   }
-  ChainTotals totals;  // up to the step that emitted the stop token or the limit's last token
+  // Where a whole chain no longer fits: plain decode steps from the same device state.
+  if (!done) decode_until(limit, o.stop_ids, o.graphs, o.sync_every, on_token, ids);
+  // The counts of the steps that emitted the tokens kept: the device halted at a stop id or the
+  // limit, but on_token may have ended the text before.
+  ChainTotals totals;
   MS_CUDA(cudaMemcpyAsync(&totals, d_totals_, sizeof(totals), cudaMemcpyDeviceToHost, stream_));
+  MS_CUDA(cudaStreamSynchronize(stream_));
+  std::vector<int32_t> step_counts(size_t(totals.steps));
+  if (totals.steps > 0) {
+    MS_CUDA(cudaMemcpyAsync(step_counts.data(), d_step_counts_, step_counts.size() * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, stream_));
+    MS_CUDA(cudaStreamSynchronize(stream_));
+  }
+  totals = chain_totals_until(step_counts.data(), totals.steps, int32_t(ids.size()));
   st.steps = totals.steps;
   st.accepted_drafts = totals.accepted;
-  // Where a whole chain no longer fits: plain decode steps from the same device state.
-  if (!done) decode_until(limit, o.stop_ids, o.graphs, o.sync_every, {}, ids);
   return ids;
 }
 

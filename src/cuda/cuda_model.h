@@ -45,6 +45,10 @@ struct HostBatch {
   int32_t start = 0;                     // pending index of tokens[0]
 };
 
+// Takes each generated token in order, as the host reads them back; returning false ends the
+// generation with that token (a stop string the caller watches for, say).
+using TokenHandler = std::function<bool(int32_t)>;
+
 enum class Graphs { Off, On };  // replay the decode step as a captured CUDA graph, or launch each kernel
 
 struct GreedyOptions {
@@ -98,9 +102,9 @@ struct SpecChainOptions {
   Graphs graphs = Graphs::On;  // replay the step as a captured CUDA graph
   int32_t sync_every = 4;      // steps between host checks for a stop token
 };
-// The device's counts: the steps up to and including the one that emitted the stop token or the
-// last token wanted (as the CPU decoder counts them), not the plain decode steps at the context's
-// end.
+// The device's counts: the steps up to and including the one that emitted the last token the
+// generation kept (the stop token, the last one wanted, the one a TokenHandler ended with), as the
+// CPU decoder counts them; not the plain decode steps at the context's end.
 struct SpecChainStats {
   int32_t steps = 0;           // verification forwards
   int32_t accepted_drafts = 0;  // draft tokens kept
@@ -153,10 +157,12 @@ class CudaModel {
   // Greedy generation after `prompt`: the prompt in n_batch chunks, then one token per step with
   // the step's state on the device. Returns the generated ids (stopping after a stop id).
   std::vector<int32_t> generate_greedy(std::span<const int32_t> prompt, const GreedyOptions& options,
-                                       const std::function<void(int32_t)>& on_token = {});
+                                       const TokenHandler& on_token = {});
 
+  // The same with speculative decoding (see SpecChainOptions); on_token takes the tokens every
+  // sync_every steps.
   std::vector<int32_t> generate_speculative(std::span<const int32_t> prompt, const SpecChainOptions& options,
-                                            SpecChainStats* stats = nullptr);
+                                            SpecChainStats* stats = nullptr, const TokenHandler& on_token = {});
 
   // Runs `steps` decode steps after the current state (the prompt's last token already sampled
   // into the device batch by generate_greedy or prefill_for_decode); returns the seconds they
@@ -216,15 +222,17 @@ class CudaModel {
   ChainState chain_state(const ChainStep& step) const;
   void* alloc(size_t bytes);
   void destroy_stream_and_events();  // what the destructor and a failed constructor release
-  // Copies out_ids[ids.size(), produced) to ids, calling on_token for each; stops after a stop id or
-  // at `limit` tokens (truncating ids there). Returns whether the generation is over.
+  // Copies out_ids[ids.size(), produced) to ids, calling on_token for each; stops after a stop id,
+  // a token on_token refuses or at `limit` tokens (truncating ids there). Returns whether the
+  // generation is over.
   bool fetch_emitted(int32_t produced, int32_t limit, const std::vector<int32_t>& stop_ids,
-                     const std::function<void(int32_t)>& on_token, std::vector<int32_t>& ids);
+                     const TokenHandler& on_token, std::vector<int32_t>& ids);
   // Plain decode steps after the device state (tokens[0] emitted, at position n_past) until
   // `limit` tokens, a stop id or the end of the context; ids holds every token emitted so far.
   void decode_until(int32_t limit, const std::vector<int32_t>& stop_ids, Graphs graphs, int32_t sync_every,
-                    const std::function<void(int32_t)>& on_token, std::vector<int32_t>& ids);
-  std::vector<int32_t> speculate_resident(const SpecChainOptions& o, DeviceDraftVocab* vocab, SpecChainStats& st);
+                    const TokenHandler& on_token, std::vector<int32_t>& ids);
+  std::vector<int32_t> speculate_resident(const SpecChainOptions& o, DeviceDraftVocab* vocab, const TokenHandler& on_token,
+                                          SpecChainStats& st);
 
   ModelConfig config_;
   CudaModelOptions options_;
@@ -267,6 +275,7 @@ class CudaModel {
   VocabUpdate* d_update_ = nullptr;       // [1] the resident chain's next vocabulary update
   ChainTotals* d_totals_ = nullptr;       // [1] the resident chain's steps and accepted drafts
   ChainStop* d_stop_ = nullptr;           // [1] where the resident chain halts
+  int32_t* d_step_counts_ = nullptr;      // [max_generate] the resident chain's count of tokens after each step
   int32_t* h_staging_ = nullptr;    // pinned: [4][n_batch] batch arrays, then [n_ctx] keep list
 
   // MicroSpec's vocabulary over this model's head when it drafts (generate_speculative), kept

@@ -116,6 +116,7 @@ struct ChainState {
   int32_t depth = 0;
   int32_t kver_last_only = 0;  // 1: K_ver of the last accepted row only (KverRows::Last); 0: of every accepted row
   ChainStop* stop = nullptr;   // [1] where the chain halts; null: it never does
+  int32_t* step_counts = nullptr;  // [steps] *counter after each step (chain_totals_until); null: not kept
 };
 
 MS_HOST_DEVICE inline bool chain_halted(const ChainState& s) { return s.stop && s.stop->halted; }
@@ -208,8 +209,22 @@ MS_HOST_DEVICE inline int32_t chain_accept(const ChainState& s) {
   s.update->n_rows = s.kver_last_only ? 1 : a + 1;
   s.totals->steps += 1;
   s.totals->accepted += a;
+  if (s.step_counts) s.step_counts[s.totals->steps - 1] = count;
   chain_check_stop(s, count - a - 1);
   return a;
+}
+
+// The counts of the steps that emitted the first n_kept tokens of out_ids (the prompt's argmax
+// and what the steps emitted; the text the host kept, which it may cut before the device halted),
+// from step_counts[0, n_steps): the steps up to the first whose count reaches n_kept, and their
+// accepted drafts (each step emits its accepted drafts and one token more).
+MS_HOST_DEVICE inline ChainTotals chain_totals_until(const int32_t* step_counts, int32_t n_steps, int32_t n_kept) {
+  ChainTotals t;
+  for (int32_t i = 0; i < n_steps && (i == 0 ? 1 : step_counts[i - 1]) < n_kept; ++i) {
+    t.steps = i + 1;
+    t.accepted = step_counts[i] - 1 - t.steps;
+  }
+  return t;
 }
 
 // After an EAGLE-3 head's catch-up forward: commits its rows before the root row (a of them), so

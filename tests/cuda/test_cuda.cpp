@@ -509,6 +509,12 @@ TEST(CudaModel, GreedyTokensEqualCpu) {
     const std::vector<int32_t> stopped = m.gpu->generate_greedy(prompt, o);
     const size_t first = size_t(std::find(want.begin(), want.end(), want[2]) - want.begin());
     EXPECT_EQ(stopped, std::vector<int32_t>(want.begin(), want.begin() + first + 1));
+    // A token handler that ends the text with the fourth token.
+    o.stop_ids.clear();
+    int32_t seen = 0;
+    EXPECT_EQ(m.gpu->generate_greedy(prompt, o, [&](int32_t) { return ++seen < 4; }),
+              std::vector<int32_t>(want.begin(), want.begin() + 4));
+    EXPECT_EQ(seen, 4);
   }
 }
 
@@ -659,6 +665,16 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
                 std::vector<int32_t>(plain.begin(), plain.begin() + first + 1));
       EXPECT_EQ(stopped.steps, limited.steps);
       EXPECT_EQ(stopped.accepted_drafts, limited.accepted_drafts);
+      // A text the host ends (a stop string, say) where the device has not halted: the same.
+      o.n_predict = 40;
+      cuda::SpecChainStats cut;
+      int32_t seen = 0;
+      const std::vector<int32_t> cut_text =
+          m.gpu->generate_speculative(prompt, o, &cut, [&](int32_t) { return ++seen <= int32_t(first); });
+      EXPECT_EQ(cut_text, std::vector<int32_t>(plain.begin(), plain.begin() + first + 1));
+      EXPECT_EQ(seen, int32_t(first) + 1) << "no token after the one that ended the text";
+      EXPECT_EQ(cut.steps, limited.steps);
+      EXPECT_EQ(cut.accepted_drafts, limited.accepted_drafts);
       o.stop_ids.assign(size_t(kMaxChainStopIds) + 1, plain[17]);
       EXPECT_THROW(m.gpu->generate_speculative(prompt, o, nullptr), Error) << "more stop tokens than the device holds";
       o.stop_ids.clear();

@@ -31,11 +31,25 @@ def generate(*args):
     # the EAGLE-3 head trained for SmolLM2 (found beside the model), scored through each vocabulary
     ["--spec", "head", "--tree-topk", "1", "--draft-vocab", "full"],
     ["--spec", "head", "--tree-topk", "1"],
+    # what the CPU path's output offers: stop strings, one JSON line
+    ["--json", "--stop", "\n\n"],
+    ["--spec", "self", "--tree-topk", "1", "--json", "--stop", "."],
 ])
 def test_accepted_settings_reach_the_device(args):
     p = generate(*args)
     if p.returncode == 0:  # a GPU machine
         assert p.stdout.strip(), "no text generated"
+        return
+    assert any(m in p.stderr for m in NO_DEVICE), p.stderr[-2000:]
+
+
+def test_a_prompts_file_reaches_the_device(tmp_path):
+    rows = tmp_path / "prompts.jsonl"
+    rows.write_text('{"prompt": "Hello"}\n{"prompt_ids": [1, 2, 3]}\n')
+    p = subprocess.run([BIN, "generate", "-m", SMOL, "--prompts-jsonl", rows, "-n", "8", "--device", "cuda",
+                        "--spec", "self", "--tree-topk", "1"], capture_output=True, timeout=300, text=True)
+    if p.returncode == 0:  # a GPU machine: one JSON line per row
+        assert len(p.stdout.strip().splitlines()) == 2, p.stdout
         return
     assert any(m in p.stderr for m in NO_DEVICE), p.stderr[-2000:]
 
