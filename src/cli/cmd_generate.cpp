@@ -236,20 +236,22 @@ void run_generate(const GenerateArgs& a) {
       cuda_args.spec_chain = std::max(1, std::min(a.spec.tree.depth + 1, a.spec.tree.total_tokens));
     }
   }
-  LoadedModel m = load_model(a.model);
+  // The device loads its own weights: the CPU reads only the file's metadata and tokenizer.
+  LoadedModel m = on_device ? open_model(a.model) : load_model(a.model);
   const PromptEncoder encode(a, m);
   RunOne run;
   std::unique_ptr<Generator> gen;
   std::unique_ptr<Decoder> decoder;
   std::unique_ptr<CudaGenerator> device;
   if (on_device) {
+    const ModelConfig config = read_model_config(*m.file);
     if (a.spec.enabled() && a.spec.mode == SpecMode::Head) {
       // The head is read and checked against the target here, before any device is asked for.
       cuda_args.draft_head = draft_head_path(a.spec, m.file->name());
-      read_eagle3_config(*GgufFile::open(cuda_args.draft_head), m.model->config());
+      read_eagle3_config(*GgufFile::open(cuda_args.draft_head), config);
     }
     if (a.spec.enabled() && a.spec.draft_vocab != DraftVocabKind::Full)
-      cuda_args.vocab = pruned_vocab_spec(a.spec, m.file->name(), m.model->config().n_vocab, *m.tokenizer,
+      cuda_args.vocab = pruned_vocab_spec(a.spec, m.file->name(), config.n_vocab, *m.tokenizer,
                                           &cuda_args.vocab_describe);
     device = std::make_unique<CudaGenerator>(m, cuda_args);
     run = [&](const std::vector<int32_t>& ids, const GenerateParams& params, const TextCallback& on_text) {

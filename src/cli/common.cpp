@@ -53,11 +53,17 @@ void add_spec_options(CLI::App& cmd, SpecConfig& c) {
   }
 }
 
-LoadedModel load_model(const ModelArgs& args) {
+LoadedModel open_model(const ModelArgs& args) {
   LoadedModel m;
   HfFolderOptions hf;
   if (!args.hf_type.empty()) hf.weight_type = parse_weight_type(args.hf_type);
   m.file = open_model_file(args.model_path, hf);
+  m.tokenizer = Tokenizer::from_gguf(*m.file);
+  return m;
+}
+
+LoadedModel load_model(const ModelArgs& args) {
+  LoadedModel m = open_model(args);
   ModelOptions opt;
   opt.n_threads =
       args.threads > 0 ? args.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -65,7 +71,6 @@ LoadedModel load_model(const ModelArgs& args) {
   opt.kernels = args.kernels;
   opt.repack = args.repack;
   m.model = Model::load(*m.file, opt);
-  m.tokenizer = Tokenizer::from_gguf(*m.file);
   return m;
 }
 

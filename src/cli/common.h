@@ -27,11 +27,15 @@ struct ModelArgs {
 
 struct LoadedModel {
   std::unique_ptr<GgufFile> file;
-  std::unique_ptr<Model> model;
+  std::unique_ptr<Model> model;  // null when opened for a device (open_model)
   std::unique_ptr<Tokenizer> tokenizer;
 };
 
+// The file, its tokenizer and the model's weights on the CPU.
 LoadedModel load_model(const ModelArgs& args);
+// The file and its tokenizer alone, for a device that loads the weights itself (model stays null;
+// read_model_config gives the configuration).
+LoadedModel open_model(const ModelArgs& args);
 
 // The speculative-decoding flags (--spec, --draft-layers, --draft-model, --tree-*, --vocab-*, ...),
 // one per row of the settings table (speculative/settings.h), shared by generate, serve and bench.

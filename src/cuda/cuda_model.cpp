@@ -90,9 +90,6 @@ std::unique_ptr<CudaModel> CudaModel::load(const GgufFile& f, const CudaModelOpt
       c.final_softcap != 0.0f || f.find_tensor("rope_freqs.weight"))
     throw Error(f.name() + ": the CUDA path runs gemma3, llama and qwen2 files without RoPE scaling or "
                 "soft-capping; run this " + c.arch_name + " file on the CPU");
-  const GgufTensor* embd = f.find_tensor("token_embd.weight");
-  if (!embd || embd->ne.size() != 2) throw Error(f.name() + ": missing or malformed tensor 'token_embd.weight'");
-  c.n_vocab = static_cast<int32_t>(embd->ne[1]);
   std::unique_ptr<CudaModel> m(new CudaModel(c, options));
   const int32_t d = c.n_embd;
 

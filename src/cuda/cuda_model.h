@@ -71,8 +71,9 @@ class CudaModel;
 // acceptance and the next batch are made by one device thread (speculative/chain_state.h)
 // and the vocabulary's update reads its counts on the device, so the host only launches steps and
 // looks at the emitted tokens every sync_every steps (steps after a stop token or the last token
-// wanted may run: the device has halted the chain there, so they change neither text nor counts). With graphs on, the whole step (vocabulary update, drafts, verification,
-// acceptance) is captured once as a CUDA graph and replayed. Near the end of the context, where a
+// wanted may run: the device has halted the chain there, so they change neither text nor counts).
+// With graphs on, the whole step (vocabulary update, drafts, verification, acceptance) is captured
+// once as a CUDA graph and replayed. Near the end of the context, where a
 // whole chain no longer fits, plain decode steps finish the generation.
 //
 // With vocab the draft LM head is a pruned one (DeviceDraftVocab): MicroSpec's window (`dynamic`,

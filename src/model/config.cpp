@@ -144,6 +144,18 @@ ModelConfig read_model_config(const GgufFile& f) {
   c.rope_freq_scale_local = c.arch == Arch::Gemma3 ? 1.0f : c.rope_freq_scale;
   if (c.arch != Arch::Gemma2 && c.attn_softcap != 0.0f)
     throw Error(f.name() + ": attention soft-capping is not supported for " + c.arch_name);
+
+  // The vocabulary: the embedding's rows, as many as the tokenizer's tokens when the file has them.
+  const GgufTensor* embd = f.find_tensor("token_embd.weight");
+  if (!embd) throw Error(f.name() + ": missing tensor 'token_embd.weight'");
+  if (embd->ne.size() != 2) throw Error(f.name() + ": tensor 'token_embd.weight' must be 2-D");
+  c.n_vocab = static_cast<int32_t>(embd->ne[1]);
+  if (f.has("tokenizer.ggml.tokens")) {
+    const size_t n_tok = f.get_string_array("tokenizer.ggml.tokens").size();
+    if (n_tok != size_t(c.n_vocab))
+      throw Error(f.name() + ": tokenizer has " + std::to_string(n_tok) + " tokens but token_embd has " +
+                  std::to_string(c.n_vocab) + " rows");
+  }
   return c;
 }
 

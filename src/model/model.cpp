@@ -68,16 +68,6 @@ Model::Model(const GgufFile& file, const ModelOptions& options)
   if (config_.head_dim % 8 != 0)
     throw Error(file.name() + ": head dimension " + std::to_string(config_.head_dim) +
                 " is not a multiple of 8");
-  const GgufTensor* embd = file.find_tensor("token_embd.weight");
-  if (!embd) throw Error(file.name() + ": missing tensor 'token_embd.weight'");
-  if (embd->ne.size() != 2) throw Error(file.name() + ": tensor 'token_embd.weight' must be 2-D");
-  config_.n_vocab = static_cast<int32_t>(embd->ne[1]);
-  if (file.has("tokenizer.ggml.tokens")) {
-    const size_t n_tok = file.get_string_array("tokenizer.ggml.tokens").size();
-    if (n_tok != size_t(config_.n_vocab))
-      throw Error(file.name() + ": tokenizer has " + std::to_string(n_tok) + " tokens but token_embd has " +
-                  std::to_string(config_.n_vocab) + " rows");
-  }
   token_embd_ = load_matrix(file, "token_embd.weight", config_.n_embd, config_.n_vocab, mm_.kernels());
   output_ = file.find_tensor("output.weight") ? matrix(file, "output.weight", config_.n_embd, config_.n_vocab)
                                               : repacked(token_embd_);
