@@ -1,5 +1,6 @@
 // `microspec generate`: text generation from a prompt, printed as it is produced, then one line of
 // statistics on stderr.
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -76,10 +77,12 @@ struct Outcome {
 using RunOne = std::function<Outcome(const std::vector<int32_t>& prompt_ids, const GenerateParams& params,
                                      const TextCallback& on_text)>;
 
+// printf into a string of the length it needs.
 std::string format(const char* fmt, auto... args) {
-  char line[1024];
-  std::snprintf(line, sizeof line, fmt, args...);
-  return line;
+  const int n = std::snprintf(nullptr, 0, fmt, args...);
+  std::string s(size_t(std::max(n, 0)), '\0');
+  std::snprintf(s.data(), s.size() + 1, fmt, args...);
+  return s;
 }
 
 Outcome run_on_cpu(const GenerateArgs& a, Decoder& decoder, const std::vector<int32_t>& prompt_ids,
@@ -178,7 +181,10 @@ void generate_one(const GenerateArgs& a, const Tokenizer& tok, const RunOne& run
   };
   const Outcome o = run(prompt_ids, params, on_text);
   const GenerateResult& r = o.gen;
-  if (stream) std::fputc('\n', stdout);
+  if (stream) {
+    std::fputc('\n', stdout);
+    std::fflush(stdout);  // before the statistics: the two may share a terminal or a pipe
+  }
   for (const std::string& line : o.stats_lines) std::fprintf(stderr, "%s\n", line.c_str());
   if (json) {
     nlohmann::json j;
