@@ -21,6 +21,11 @@ LOG=${OUT:-results/device_check}
 mkdir -p "$LOG"
 # Shared libraries a build machine's binaries need and the GPU machine may lack (copied beside them).
 if [ -d "$BIN/lib" ]; then export LD_LIBRARY_PATH="$PWD/$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+# Each phase has its own time limit in seconds (status 124: it ran out), so a hang in one still
+# leaves the others' results in the one device call.
+TESTS_LIMIT=300
+CLI_LIMIT=60
+BENCH_LIMIT=240
 
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC')"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
@@ -30,7 +35,7 @@ echo "== CUDA-vs-CPU tests"
 # larger than one device call carries); without them those tests skip by name.
 export MICROSPEC_SOURCE_DIR="$PWD"
 status=0
-"$BIN/microspec_tests" --gtest_filter='Cuda*' >"$LOG/tests.log" 2>&1 || status=$?
+timeout "$TESTS_LIMIT" "$BIN/microspec_tests" --gtest_filter='Cuda*' >"$LOG/tests.log" 2>&1 || status=$?
 grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[  PASSED|^\[ real model|Failure' "$LOG/tests.log" | head -40
 if [ "$status" -ne 0 ]; then echo "CUDA tests FAILED (status $status): see tests.log"; fi
 
@@ -45,7 +50,7 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
       head) spec=(--spec head --tree-topk 1) ;;
       *) spec=(--spec self --tree-topk 1 --draft-vocab "$vocab") ;;
     esac
-    "$BIN/microspec" generate -m "$SMOL" -p "$P" --chat -n 96 --ignore-eos --device cuda "${spec[@]}" \
+    timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" -p "$P" --chat -n 96 --ignore-eos --device cuda "${spec[@]}" \
       >"$LOG/cli_$vocab.txt" 2>"$LOG/cli_$vocab.err" || { status=1; tail -3 "$LOG/cli_$vocab.err"; }
     echo "$vocab: $(tail -1 "$LOG/cli_$vocab.err")"
   done
@@ -61,7 +66,7 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
   for mode in plain spec; do
     extra=()
     if [ "$mode" = spec ]; then extra=(--spec self --tree-topk 1); fi
-    "$BIN/microspec" generate -m "$SMOL" --prompts-jsonl "$LOG/rows.jsonl" -n 48 --stop $'\n\n' --device cuda \
+    timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" --prompts-jsonl "$LOG/rows.jsonl" -n 48 --stop $'\n\n' --device cuda \
       "${extra[@]}" >"$LOG/json_$mode.txt" 2>"$LOG/json_$mode.err" || { status=1; tail -3 "$LOG/json_$mode.err"; }
     grep -o '"tokens":\[[^]]*\]' "$LOG/json_$mode.txt" >"$LOG/json_${mode}_tokens.txt" || true
   done
@@ -75,5 +80,5 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
 fi
 
 echo "== Llama-3-8B-shaped benchmark (random BF16 weights in device memory)"
-"$BIN/bench_cuda" "${@:2}" 2>&1 | tee "$LOG/bench.log"
+timeout "$BENCH_LIMIT" "$BIN/bench_cuda" "${@:2}" 2>&1 | tee "$LOG/bench.log"
 exit "$status"
