@@ -36,47 +36,9 @@ namespace {
 
 struct ResidentRun {
   std::vector<int32_t> emitted;
-  ChainTotals totals;
+  ChainTotals totals;                // of the steps that emitted `emitted` (chain_totals_until)
   std::vector<int32_t> step_counts;  // the count of tokens after each step
 };
-
-// Runs the bookkeeping of n steps after the chain halted (ChainStop), each verification predicting
-// every draft (a chain still running would accept them all): nothing may change, and the
-// vocabulary's update must be empty. pred: the array s.pred points to.
-void expect_halted_steps_change_nothing(const ChainState& s, int32_t* pred, int32_t n) {
-  const int32_t depth = s.depth;
-  auto snapshot = [&] {
-    std::vector<int32_t> v;
-    auto add = [&](const int32_t* p, int32_t k) {
-      if (p) v.insert(v.end(), p, p + k);
-    };
-    add(s.tokens, depth + 1);
-    add(s.positions, depth + 1);
-    add(s.n_past, 1);
-    add(s.counter, 1);
-    add(s.out_ids, *s.counter);
-    add(&s.totals->steps, 1);
-    add(&s.totals->accepted, 1);
-    add(s.draft.first, 2);
-    add(s.draft.positions, depth + 1);
-    add(s.draft.n_past, 1);
-    add(s.head.catch_positions, depth + 1);
-    add(s.head.draft_positions, depth + 1);
-    add(s.head.root_row, 1);
-    add(s.head.n_past, 1);
-    if (s.head.n_past) add(s.head.slot_parents + *s.head.n_past, depth + 1);
-    return v;
-  };
-  ASSERT_TRUE(chain_halted(s));
-  const std::vector<int32_t> at_halt = snapshot();
-  for (int32_t step = 0; step < n; ++step) {
-    if (s.head.n_past) chain_head_caught_up(s);
-    for (int32_t i = 0; i < depth; ++i) pred[i] = s.tokens[i + 1];
-    EXPECT_EQ(chain_accept(s), 0);
-    EXPECT_EQ(s.update->n_tree + s.update->n_rows, 0);
-  }
-  EXPECT_EQ(snapshot(), at_halt);
-}
 
 // Plain greedy decoding: n tokens after the prompt.
 std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t>& prompt, int32_t n) {
@@ -102,9 +64,7 @@ std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t>& prom
 // for the self-draft with the target's first draft_layers layers.
 // head_path: an EAGLE-3 head file drafting instead (its steps as the device runs them, next to a
 // host-driven HeadDrafter over the same head and vocabulary, whose chains must be the same).
-// stop_id: a token that ends the text (-1: none). The chain halts at it or at n_predict tokens
-// (ChainStop); then the loop runs the bookkeeping of a few more steps, as the device runs steps
-// until the host looks, and nothing may change.
+// stop_id: a token that ends the text (-1: none), as the host looks for it after each step.
 ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32_t n_predict, int32_t depth,
                          int32_t draft_layers, const std::optional<PrunedVocabSpec>& spec, Model* draft_model,
                          const std::string& head_path = {}, int32_t stop_id = -1) {
@@ -128,9 +88,8 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   // The device's arrays.
   std::vector<int32_t> tokens(depth + 1), positions(depth + 1), parents(depth + 1), output_rows(depth + 1),
       pred(depth + 1), out_ids(size_t(n_predict) + depth + 1);
-  int32_t n_past = 0, counter = 0;
+  int32_t n_past = 0, counter = 0, steps = 0;
   VocabUpdate update;
-  ChainTotals totals;
   std::vector<float> verify_logits;  // [depth + 1][V] of the last verification
 
   // The vocabulary, and the host-driven stream it must equal (Fixed: a window of one entry that
@@ -226,7 +185,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   cs.out_ids = out_ids.data();
   cs.counter = &counter;
   cs.update = &update;
-  cs.totals = &totals;
+  cs.steps = &steps;
   if (draft_model)
     cs.draft = DraftModelBatch{draft_first.data(), draft_positions.data(), draft_parents.data(), draft_rows_out.data(),
                                &draft_n_past};
@@ -235,10 +194,6 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
                         head_draft_parents.data(), &root_row, &head_n_past, head_slot_parents.data()};
   cs.depth = depth;
   cs.kver_last_only = vocab && vocab->kver_rows == CandidateStreamParams::KverRows::Last;
-  ChainStop stop;
-  stop.limit = n_predict;
-  if (stop_id >= 0) stop.ids[stop.n_ids++] = stop_id;
-  cs.stop = &stop;
   std::vector<int32_t> step_counts(out_ids.size());
   cs.step_counts = step_counts.data();
   chain_begin(cs);
@@ -259,7 +214,11 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   std::vector<float> draft_logits;
   bool drafts_real = true;
   int32_t last_accepted = 0;  // drafts the last verification accepted
-  while (!stop.halted) {
+  // The text's end as the host sees it: n_predict tokens or the stop token.
+  auto ended = [&] { return counter >= n_predict || std::find(out_ids.begin(), out_ids.begin() + counter, stop_id) !=
+                                                       out_ids.begin() + counter; };
+  int32_t accepted_sum = 0;
+  while (!ended()) {
     // 1. The vocabulary's update from the previous verification; the host-driven reference takes
     //    the same verification's drafts (when real) and rows, and must hold the same window.
     if (dv && !fixed && vocab->source != CandidateStreamParams::Source::Ctx) {
@@ -267,7 +226,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
       for (int32_t r = 0; r < update.n_rows && k_ver > 0; ++r)
         top_k_indices(verify_logits.data() + size_t(update.first_row + r) * V, V, k_ver, tops.data() + size_t(r) * k_ver);
       vocab_state_step(dv->st, tokens.data() + 1, update.n_tree, tops.data(), update.n_rows * k_ver);
-      if (totals.steps > 0) {
+      if (steps > 0) {
         // The host-driven step's own rule: the drafts, then rows 0..a or a alone.
         tree.assign(tokens.begin() + 1, tokens.begin() + 1 + (drafts_real ? depth : 0));
         rows.clear();
@@ -276,10 +235,10 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
           rows.push_back(r);
         reference->step(tree, verify_logits.data(), rows);
       }
-      EXPECT_EQ(dv->st.window.active, reference->window().active_size()) << "step " << totals.steps;
+      EXPECT_EQ(dv->st.window.active, reference->window().active_size()) << "step " << steps;
       int32_t differ = 0;
       for (int32_t t = 0; t < V; ++t) differ += (dv->count[size_t(t)] > 0) != reference->window().contains(t);
-      EXPECT_EQ(differ, 0) << "tokens in one window only, step " << totals.steps;
+      EXPECT_EQ(differ, 0) << "tokens in one window only, step " << steps;
     }
     // 2. Drafts: the self-draft runs batch row d alone in pending slot d; a draft model runs
     //    [its first token, tokens[0]], then tokens[d] in its slot d + 1. The draft head's best is
@@ -320,7 +279,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
       if (drafts_real) {
         std::vector<int32_t> host_chain;
         for (const TreeNode& node : host_tree.nodes) host_chain.push_back(node.token);
-        EXPECT_EQ(host_chain, std::vector<int32_t>(tokens.begin() + 1, tokens.end())) << "step " << totals.steps;
+        EXPECT_EQ(host_chain, std::vector<int32_t>(tokens.begin() + 1, tokens.end())) << "step " << steps;
       } else {
         EXPECT_TRUE(host_tree.nodes.empty());
       }
@@ -376,6 +335,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
     // 4. Acceptance: the cache keeps what chain_accept committed.
     const int32_t before = n_past, draft_before = draft_n_past, root = tokens[0];
     last_accepted = chain_accept(cs);
+    accepted_sum += last_accepted;
     if (head) {
       head_kv.commit_prefix(1);  // the root row
       EXPECT_EQ(head_kv.n_past(), head_n_past);
@@ -393,16 +353,17 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
     EXPECT_EQ(counter, n_past - n_prompt + 1) << "every emitted token but the newest is in the cache";
     EXPECT_EQ(kv.n_past(), n_past);
   }
-  // Steps after the halt (their forwards only rewrite pending slots).
-  expect_halted_steps_change_nothing(cs, pred.data(), 3);
   // The text as the host reads it: up to the stop token or the limit.
   int32_t n = std::min(counter, n_predict);
   for (int32_t i = 0; i < n; ++i)
     if (out_ids[size_t(i)] == stop_id) n = i + 1;
   ResidentRun r;
   r.emitted.assign(out_ids.begin(), out_ids.begin() + n);
-  r.totals = totals;
-  r.step_counts.assign(step_counts.begin(), step_counts.begin() + totals.steps);
+  r.step_counts.assign(step_counts.begin(), step_counts.begin() + steps);
+  r.totals = chain_totals_until(step_counts.data(), steps, n);
+  // The loop stopped at the step that ended the text: every step counts, with every acceptance.
+  EXPECT_EQ(r.totals.steps, steps);
+  EXPECT_EQ(r.totals.accepted, accepted_sum);
   return r;
 }
 
@@ -504,7 +465,7 @@ TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
                                        v.drafter == Drafter::Head ? head_path_ : std::string());
     EXPECT_EQ(r.emitted, plain);
     EXPECT_GT(r.totals.steps, 0);
-    // Halted at the stop token: the steps and acceptances of a run that wanted that many tokens.
+    // Ended by the stop token: the steps and acceptances of a run that wanted that many tokens.
     const ResidentRun stopped = run_resident(target, prompt, n_predict, v.depth, v.draft_layers, v.vocab, draft_model,
                                              v.drafter == Drafter::Head ? head_path_ : std::string(), stop_id);
     const ResidentRun limited = run_resident(target, prompt, stop_at + 1, v.depth, v.draft_layers, v.vocab, draft_model,
@@ -514,13 +475,7 @@ TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
     EXPECT_EQ(stopped.totals.steps, limited.totals.steps);
     EXPECT_EQ(stopped.totals.accepted, limited.totals.accepted);
     EXPECT_LT(stopped.totals.steps, r.totals.steps);
-    // The counts of a text the host cut where the device had not halted (a stop string): those of
-    // the run that wanted that many tokens.
-    for (const ResidentRun* run : {&r, &stopped, &limited}) {
-      const ChainTotals all = chain_totals_until(run->step_counts.data(), run->totals.steps, int32_t(run->emitted.size()));
-      EXPECT_EQ(all.steps, run->totals.steps);
-      EXPECT_EQ(all.accepted, run->totals.accepted);
-    }
+    // Steps run past the text's end before the host looked (the longer run's): they do not count.
     const ChainTotals cut = chain_totals_until(r.step_counts.data(), r.totals.steps, stop_at + 1);
     EXPECT_EQ(cut.steps, limited.totals.steps);
     EXPECT_EQ(cut.accepted, limited.totals.accepted);
@@ -542,11 +497,11 @@ TEST(ChainState, AcceptEmitsCommitsAndLaysOutTheNextBatch) {
   const int32_t depth = 3;
   std::vector<int32_t> tokens = {10, 11, 12, 13}, positions(4), parents(4), rows(4), pred = {11, 12, 99, 7},
                        out_ids(16, -1);
-  int32_t n_past = 20, counter = 1, draft_rows = 5;
+  int32_t n_past = 20, counter = 1, draft_rows = 5, steps = -1;
+  std::vector<int32_t> step_counts(16, -1);
   VocabUpdate update;
-  ChainTotals totals;
   ChainState s{tokens.data(), positions.data(), parents.data(), rows.data(), pred.data(), &draft_rows, &n_past,
-               out_ids.data(), &counter, &update, &totals, {}, {}, depth, 0};
+               out_ids.data(), &counter, &update, &steps, step_counts.data(), {}, {}, depth, 0};
   chain_begin(s);
   EXPECT_EQ(positions, (std::vector<int32_t>{20, 21, 22, 23}));
   EXPECT_EQ(parents, (std::vector<int32_t>{-1, 0, 1, 2}));
@@ -585,6 +540,9 @@ TEST(ChainState, AcceptEmitsCommitsAndLaysOutTheNextBatch) {
   EXPECT_EQ(n_past, 28);
   EXPECT_EQ(update.n_tree, 0);
   EXPECT_EQ(update.first_row, 0);
+  EXPECT_EQ(steps, 3);
+  EXPECT_EQ(std::vector<int32_t>(step_counts.begin(), step_counts.begin() + 3), (std::vector<int32_t>{4, 8, 9}));
+  const ChainTotals totals = chain_totals_until(step_counts.data(), steps, counter);
   EXPECT_EQ(totals.steps, 3);
   EXPECT_EQ(totals.accepted, 5);
 
@@ -609,81 +567,6 @@ TEST(ChainState, AcceptEmitsCommitsAndLaysOutTheNextBatch) {
   EXPECT_EQ(chain_accept(s), 0);
   EXPECT_EQ(first, (std::vector<int32_t>{60, 5}));  // nothing accepted: the old last is the newest
   EXPECT_EQ(d_n_past, 30);
-}
-
-// ChainStop: the chain halts after the step that emits a stop token (wherever it is among the
-// emitted tokens) or reaches the limit, or at chain_begin when the prompt's argmax is one; a halted
-// chain's chain_accept and chain_head_caught_up change nothing and ask the vocabulary for nothing.
-TEST(ChainState, HaltsAtAStopTokenOrTheLimitAndThenChangesNothing) {
-  const int32_t depth = 3;
-  std::vector<int32_t> tokens = {10, 11, 12, 13}, positions(4), parents(4), rows(4), pred = {11, 12, 13, 7},
-                       out_ids(32, -1);
-  std::vector<int32_t> first = {-1, 9}, d_positions(4), d_parents(4), d_rows(2);
-  std::vector<int32_t> catch_positions(4), catch_parents(4), draft_positions(4), draft_parents(4), slot_parents(64, 5);
-  int32_t n_past = 20, counter = 1, draft_rows = 5, d_n_past = 19, root_row = 0, head_n_past = 19;
-  VocabUpdate update;
-  ChainTotals totals;
-  ChainStop stop;
-  stop.limit = 30;
-  stop.n_ids = 2;
-  stop.ids[0] = 500;
-  stop.ids[1] = 12;
-  ChainState s{tokens.data(), positions.data(), parents.data(), rows.data(), pred.data(), &draft_rows, &n_past,
-               out_ids.data(), &counter, &update, &totals, {}, {}, depth, 0};
-  s.draft = DraftModelBatch{first.data(), d_positions.data(), d_parents.data(), d_rows.data(), &d_n_past};
-  s.head = HeadBatch{catch_positions.data(), catch_parents.data(), draft_positions.data(), draft_parents.data(),
-                     &root_row, &head_n_past, slot_parents.data()};
-  s.stop = &stop;
-  out_ids[0] = 10;
-  chain_begin(s);
-  EXPECT_EQ(stop.halted, 0);
-  chain_head_caught_up(s);
-
-  // The whole chain accepted; the stop token 12 is the second emitted of four: the step counts whole.
-  EXPECT_EQ(chain_accept(s), 3);
-  EXPECT_EQ(stop.halted, 1);
-  EXPECT_EQ(counter, 5);
-  EXPECT_EQ(totals.steps, 1);
-  EXPECT_EQ(totals.accepted, 3);
-  EXPECT_EQ(update.n_tree, 3);  // the halting step's update is still wanted (the next step applies it)
-  slot_parents[size_t(head_n_past + root_row)] = 2;  // the next catch-up writes the root row with a parent
-  expect_halted_steps_change_nothing(s, pred.data(), 3);
-  EXPECT_EQ(counter, 5);
-  EXPECT_EQ(totals.steps, 1);
-
-  // chain_begin starts over; the limit halts the step that reaches it (a cut chain of 2 tokens
-  // brings the count from 5 to 7 >= 6).
-  stop.limit = 6;
-  stop.n_ids = 1;
-  stop.ids[0] = 77;
-  chain_begin(s);
-  EXPECT_EQ(stop.halted, 0) << "the count 5 is under the limit, and no stop token was emitted";
-  tokens = {13, 14, 15, 16};
-  pred = {14, 99, 0, 0};
-  EXPECT_EQ(chain_accept(s), 1);
-  EXPECT_EQ(counter, 7);
-  EXPECT_EQ(stop.halted, 1);
-  EXPECT_EQ(totals.steps, 1);
-  EXPECT_EQ(chain_accept(s), 0);
-  EXPECT_EQ(counter, 7);
-
-  // A step under the limit without a stop token runs on.
-  stop.limit = 20;
-  chain_begin(s);
-  tokens = {99, 1, 2, 3};
-  pred = {1, 5, 0, 0};
-  EXPECT_EQ(chain_accept(s), 1);
-  EXPECT_EQ(stop.halted, 0);
-  EXPECT_EQ(counter, 9);
-
-  // The prompt's argmax a stop token: halted before any step.
-  counter = 1;
-  out_ids[0] = 77;
-  chain_begin(s);
-  EXPECT_EQ(stop.halted, 1);
-  EXPECT_EQ(chain_accept(s), 0);
-  EXPECT_EQ(counter, 1);
-  EXPECT_EQ(totals.steps, 0);
 }
 
 // chain_totals_until: the steps that emitted the first n tokens (after the prompt's argmax, token
@@ -715,10 +598,11 @@ TEST(ChainState, HeadCatchUpKeepsTheAcceptedRowsAndTheRoot) {
   std::vector<int32_t> catch_positions(4), catch_parents(4), draft_positions(4, -7), draft_parents(4),
       slot_parents(64, 5);
   int32_t n_past = 20, counter = 1, root_row = -1, head_n_past = 19;  // the prompt's rows but the last
+  int32_t steps = 0;
+  std::vector<int32_t> step_counts(16);
   VocabUpdate update;
-  ChainTotals totals;
   ChainState s{tokens.data(), positions.data(), parents.data(), rows.data(), pred.data(), nullptr, &n_past,
-               out_ids.data(), &counter, &update, &totals, {}, {}, depth, 0};
+               out_ids.data(), &counter, &update, &steps, step_counts.data(), {}, {}, depth, 0};
   s.head = HeadBatch{catch_positions.data(), catch_parents.data(), draft_positions.data(), draft_parents.data(),
                      &root_row, &head_n_past, slot_parents.data()};
   chain_begin(s);

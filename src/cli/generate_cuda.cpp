@@ -74,9 +74,7 @@ std::string CudaGenerator::describe() const {
 
 CudaGeneration CudaGenerator::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                                        const TextCallback& on_text) const {
-  const Impl& d = *impl_;
-  for (int32_t id : prompt)
-    if (id < 0 || id >= d.tok.n_vocab()) throw Error("prompt token id " + std::to_string(id) + " is outside the vocabulary");
+  const Impl& d = *impl_;  // the prompt's ids are checked by CudaModel's forward
   if (params.max_new_tokens > d.args.n_predict)
     throw Error("--device cuda: " + std::to_string(params.max_new_tokens) + " tokens asked for, the device has room for " +
                 std::to_string(d.args.n_predict));

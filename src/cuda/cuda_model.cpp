@@ -205,8 +205,7 @@ void CudaModel::allocate_buffers() {
   d_argmax_scratch_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * B));
   d_argmax_out_ = ints(B);
   d_update_ = static_cast<VocabUpdate*>(alloc(sizeof(VocabUpdate)));
-  d_totals_ = static_cast<ChainTotals*>(alloc(sizeof(ChainTotals)));
-  d_stop_ = static_cast<ChainStop*>(alloc(sizeof(ChainStop)));
+  d_steps_ = ints(1);
   d_step_counts_ = ints(options_.max_generate);
 
   kv_.n_layer = c.n_layer;
@@ -511,8 +510,7 @@ ChainState CudaModel::chain_state(const ChainStep& step) const {
   s.out_ids = d_out_ids_;
   s.counter = d_counter_;
   s.update = d_update_;
-  s.totals = d_totals_;
-  s.stop = d_stop_;
+  s.steps = d_steps_;
   s.step_counts = d_step_counts_;
   if (step.draft_model) {
     const CudaModel& d = *step.draft_model;
@@ -639,9 +637,6 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     throw Error("draft layers " + std::to_string(o.draft_layers) + " outside 1.." + std::to_string(config_.n_layer));
   }
   if (o.draft_model && o.draft_head) throw Error("speculative decoding: a draft model or a draft head, not both");
-  if (o.stop_ids.size() > size_t(kMaxChainStopIds))
-    throw Error("speculative decoding: " + std::to_string(o.stop_ids.size()) + " stop tokens, at most " +
-                std::to_string(kMaxChainStopIds));
   if (prompt.empty()) throw Error("generate: empty prompt");
   // Checked here rather than inside a step that a graph captures.
   const bool vocab_steps = o.vocab && o.vocab->kind == PrunedVocabSpec::Kind::Window &&
@@ -713,13 +708,6 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
   const int32_t per_step = o.depth + 1;  // most tokens a step emits, and the cache slots its batch takes
   const int32_t limit = std::min(o.n_predict, options_.max_generate);
   std::vector<int32_t> ids;
-  // Where the device halts the chain: the steps run before the host looks change nothing after it.
-  ChainStop stop;
-  stop.limit = limit;
-  stop.n_ids = int32_t(o.stop_ids.size());
-  std::copy(o.stop_ids.begin(), o.stop_ids.end(), stop.ids);
-  // Pageable source: staged before the call returns.
-  MS_CUDA(cudaMemcpyAsync(d_stop_, &stop, sizeof(stop), cudaMemcpyHostToDevice, stream_));
   chain_begin(chain_state(step), stream_);  // after the prompt's argmax (out_ids[0], the batch's row 0)
   if (vocab) vocab->wait_for_gather();      // the prompt's gather: a captured step must not wait on it
   // A draft model's stream joins the captured step idle (its prefill and the vocabulary's start).
@@ -750,18 +738,15 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
   }
   // Where a whole chain no longer fits: plain decode steps from the same device state.
   if (!done) decode_until(limit, o.stop_ids, o.graphs, o.sync_every, on_token, ids);
-  // The counts of the steps that emitted the tokens kept: the device halted at a stop id or the
-  // limit, but on_token may have ended the text before.
-  ChainTotals totals;
-  MS_CUDA(cudaMemcpyAsync(&totals, d_totals_, sizeof(totals), cudaMemcpyDeviceToHost, stream_));
-  MS_CUDA(cudaStreamSynchronize(stream_));
-  std::vector<int32_t> step_counts(size_t(totals.steps));
-  if (totals.steps > 0) {
+  // The counts of the steps that emitted the tokens kept (steps may have run past them until the
+  // host looked). Device to pageable host memory: each copy returns once done.
+  int32_t n_steps = 0;
+  MS_CUDA(cudaMemcpyAsync(&n_steps, d_steps_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  std::vector<int32_t> step_counts(static_cast<size_t>(n_steps));
+  if (n_steps > 0)
     MS_CUDA(cudaMemcpyAsync(step_counts.data(), d_step_counts_, step_counts.size() * sizeof(int32_t),
                             cudaMemcpyDeviceToHost, stream_));
-    MS_CUDA(cudaStreamSynchronize(stream_));
-  }
-  totals = chain_totals_until(step_counts.data(), totals.steps, int32_t(ids.size()));
+  const ChainTotals totals = chain_totals_until(step_counts.data(), n_steps, int32_t(ids.size()));
   st.steps = totals.steps;
   st.accepted_drafts = totals.accepted;
   return ids;

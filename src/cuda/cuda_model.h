@@ -70,8 +70,8 @@ class CudaModel;
 // The step is device-resident: each draft is fed to the next draft forward on the device,
 // acceptance and the next batch are made by one device thread (speculative/chain_state.h)
 // and the vocabulary's update reads its counts on the device, so the host only launches steps and
-// looks at the emitted tokens every sync_every steps (steps after a stop token or the last token
-// wanted may run: the device has halted the chain there, so they change neither text nor counts).
+// looks at the emitted tokens every sync_every steps (steps after the text's end may run: their
+// tokens are dropped, and the counts are those of the steps that emitted the text).
 // With graphs on, the whole step (vocabulary update, drafts, verification, acceptance) is captured
 // once as a CUDA graph and replayed. Near the end of the context, where a
 // whole chain no longer fits, plain decode steps finish the generation.
@@ -94,7 +94,7 @@ class CudaModel;
 // each scored by the target's LM head through the draft vocabulary. draft_layers is then unused.
 struct SpecChainOptions {
   int32_t n_predict = 128;
-  std::vector<int32_t> stop_ids;  // generation ends after one of these (it is kept); at most kMaxChainStopIds
+  std::vector<int32_t> stop_ids;  // generation ends after one of these (it is kept)
   int32_t draft_layers = 1;
   int32_t depth = 4;
   std::optional<PrunedVocabSpec> vocab;
@@ -274,8 +274,7 @@ class CudaModel {
   uint64_t* d_argmax_scratch_ = nullptr;  // [n_batch]
   int32_t* d_argmax_out_ = nullptr;       // [n_batch] argmax of each logits row (speculative steps)
   VocabUpdate* d_update_ = nullptr;       // [1] the resident chain's next vocabulary update
-  ChainTotals* d_totals_ = nullptr;       // [1] the resident chain's steps and accepted drafts
-  ChainStop* d_stop_ = nullptr;           // [1] where the resident chain halts
+  int32_t* d_steps_ = nullptr;            // [1] the resident chain's steps
   int32_t* d_step_counts_ = nullptr;      // [max_generate] the resident chain's count of tokens after each step
   int32_t* h_staging_ = nullptr;    // pinned: [4][n_batch] batch arrays, then [n_ctx] keep list
 

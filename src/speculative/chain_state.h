@@ -42,11 +42,10 @@
 // with the first generated token; the other rows finite placeholders), with a = 0.
 //
 // The host looks at the emitted tokens only every few steps, so steps may run after the one that
-// emitted a stop token or the limit's last token. With a ChainStop the chain halts there: every
-// later chain_accept and chain_head_caught_up leaves the state as it is (the text, the caches'
-// counters, the batches, the counts) and asks the vocabulary for no update, so the counts are those
-// of the steps up to and including that one, as the CPU decoder counts them, and a later step's
-// forwards only rewrite pending cache slots.
+// emitted the text's last token (a stop token, the last one wanted, where a stop string ends). Each
+// step records the count of tokens after it (step_counts); chain_totals_until turns that log and the
+// count of tokens the host kept into the counts of the steps that emitted them, as the CPU decoder
+// counts them, wherever the text ended. The steps after it only write past what the host kept.
 #include <cstdint>
 
 #include "util/host_device.h"
@@ -61,20 +60,10 @@ struct VocabUpdate {
   int32_t n_rows = 0;
 };
 
+// The counts of a generation's steps (chain_totals_until).
 struct ChainTotals {
   int32_t steps = 0;     // verifications
   int32_t accepted = 0;  // drafts accepted in all
-};
-
-// Where a chain halts (see the top of this file): set by the host before chain_begin. 32 stop
-// tokens hold every end-of-generation token a tokenizer can name (tokenizer/tokenizer.cpp: 22
-// texts, 3 fill-in-the-middle markers, EOS, EOT, EOM).
-constexpr int32_t kMaxChainStopIds = 32;
-struct ChainStop {
-  int32_t limit = 0;                    // tokens to emit at most (out_ids' count)
-  int32_t n_ids = 0;                    // stop tokens in ids
-  int32_t ids[kMaxChainStopIds] = {};   // an emitted one of these ends the text (it is kept)
-  int32_t halted = 0;                   // set by chain_begin / chain_accept
 };
 
 // A separate draft model's batch arrays and cache counter (see the top of this file).
@@ -110,27 +99,13 @@ struct ChainState {
   int32_t* out_ids = nullptr;  // [capacity] emitted tokens
   int32_t* counter = nullptr;  // [1] entries of out_ids
   VocabUpdate* update = nullptr;  // [1]
-  ChainTotals* totals = nullptr;  // [1]
+  int32_t* steps = nullptr;        // [1] steps accepted so far
+  int32_t* step_counts = nullptr;  // [capacity] *counter after each step; capacity: one per emitted token
   DraftModelBatch draft;  // a separate draft model's; all null for the self-draft
   HeadBatch head;         // an EAGLE-3 head's; all null for the other drafters
   int32_t depth = 0;
   int32_t kver_last_only = 0;  // 1: K_ver of the last accepted row only (KverRows::Last); 0: of every accepted row
-  ChainStop* stop = nullptr;   // [1] where the chain halts; null: it never does
-  int32_t* step_counts = nullptr;  // [steps] *counter after each step (chain_totals_until); null: not kept
 };
-
-MS_HOST_DEVICE inline bool chain_halted(const ChainState& s) { return s.stop && s.stop->halted; }
-
-// Halts the chain when out_ids[from, *counter) holds a stop token or the count reached the limit.
-MS_HOST_DEVICE inline void chain_check_stop(const ChainState& s, int32_t from) {
-  ChainStop* stop = s.stop;
-  if (!stop) return;
-  const int32_t count = *s.counter;
-  bool halt = count >= stop->limit;
-  for (int32_t i = from; i < count && !halt; ++i)
-    for (int32_t k = 0; k < stop->n_ids; ++k) halt = halt || s.out_ids[i] == stop->ids[k];
-  if (halt) stop->halted = 1;
-}
 
 // What moves in the batches when the target's n_past moves to n_past: the positions, and the
 // draft model's second token, positions and cache (its first token is the caller's: the one at
@@ -171,20 +146,13 @@ MS_HOST_DEVICE inline void chain_begin(const ChainState& s) {
   }
   chain_move_to(s, *s.n_past);
   *s.update = VocabUpdate{};
-  *s.totals = ChainTotals{};
-  if (s.stop) s.stop->halted = 0;
-  chain_check_stop(s, 0);  // the prompt's argmax may end the text already
+  *s.steps = 0;
 }
 
 // After the verification of the batch: accepts, emits, commits and lays out the next batch (see
 // the top of this file). Returns a, the drafts accepted. out_ids must have room for depth + 1
-// more entries and the context for the next batch: the caller sizes the steps it runs. A halted
-// chain changes nothing but the update, which it empties, and returns 0.
+// more entries and the context for the next batch: the caller sizes the steps it runs.
 MS_HOST_DEVICE inline int32_t chain_accept(const ChainState& s) {
-  if (chain_halted(s)) {
-    *s.update = VocabUpdate{};
-    return 0;
-  }
   const bool real_drafts = s.draft_rows == nullptr || *s.draft_rows > 0;
   const int32_t n_drafts = real_drafts ? s.depth : 0;
   int32_t a = 0;
@@ -207,17 +175,15 @@ MS_HOST_DEVICE inline int32_t chain_accept(const ChainState& s) {
   s.update->n_tree = n_drafts;
   s.update->first_row = s.kver_last_only ? a : 0;
   s.update->n_rows = s.kver_last_only ? 1 : a + 1;
-  s.totals->steps += 1;
-  s.totals->accepted += a;
-  if (s.step_counts) s.step_counts[s.totals->steps - 1] = count;
-  chain_check_stop(s, count - a - 1);
+  s.step_counts[*s.steps] = count;
+  *s.steps += 1;
   return a;
 }
 
 // The counts of the steps that emitted the first n_kept tokens of out_ids (the prompt's argmax
-// and what the steps emitted; the text the host kept, which it may cut before the device halted),
-// from step_counts[0, n_steps): the steps up to the first whose count reaches n_kept, and their
-// accepted drafts (each step emits its accepted drafts and one token more).
+// and what the steps emitted: the text the host kept), from step_counts[0, n_steps): the steps up
+// to the first whose count reaches n_kept, and their accepted drafts (each step emits its accepted
+// drafts and one token more).
 MS_HOST_DEVICE inline ChainTotals chain_totals_until(const int32_t* step_counts, int32_t n_steps, int32_t n_kept) {
   ChainTotals t;
   for (int32_t i = 0; i < n_steps && (i == 0 ? 1 : step_counts[i - 1]) < n_kept; ++i) {
@@ -229,9 +195,8 @@ MS_HOST_DEVICE inline ChainTotals chain_totals_until(const int32_t* step_counts,
 
 // After an EAGLE-3 head's catch-up forward: commits its rows before the root row (a of them), so
 // the root row is the first pending slot, clears that slot's parent (it was row a - 1 of the
-// catch-up, now committed) and lays out the drafts' rows behind it. A halted chain's head stays.
+// catch-up, now committed) and lays out the drafts' rows behind it.
 MS_HOST_DEVICE inline void chain_head_caught_up(const ChainState& s) {
-  if (chain_halted(s)) return;
   const HeadBatch& h = s.head;
   const int32_t n_past = *h.n_past + *h.root_row;
   *h.n_past = n_past;
