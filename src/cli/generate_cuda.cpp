@@ -83,9 +83,9 @@ CudaGeneration CudaGenerator::generate(const std::vector<int32_t>& prompt, const
   r.prompt_tokens = int32_t(prompt.size());
   TokenSink sink(d.tok, params, on_text, r);
   if (sink.done()) return out;
-  const std::vector<int32_t> stop_ids = params.ignore_eos ? std::vector<int32_t>() : d.tok.end_of_generation_ids();
 
-  // The sink decides where the text ends (it ends the device's generation by refusing a token).
+  // The sink decides where the text ends (end-of-generation tokens, stop strings, the limit): it
+  // ends the device's generation by refusing a token.
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = Clock::now();
   Clock::time_point t_first = t0;
@@ -97,7 +97,6 @@ CudaGeneration CudaGenerator::generate(const std::vector<int32_t>& prompt, const
   if (speculative()) {
     cuda::SpecChainOptions so;
     so.n_predict = params.max_new_tokens;
-    so.stop_ids = stop_ids;
     so.depth = d.args.spec_chain;
     so.draft_layers = d.draft_layers;
     so.vocab = d.args.vocab;
@@ -107,15 +106,13 @@ CudaGeneration CudaGenerator::generate(const std::vector<int32_t>& prompt, const
     d.model->generate_speculative(prompt, so, &st, take);
     out.steps = st.steps;
     out.accepted_drafts = st.accepted_drafts;
-    r.decode_forwards = st.steps;
   } else {
     cuda::GreedyOptions g;
     g.n_predict = params.max_new_tokens;
-    g.stop_ids = stop_ids;
     d.model->generate_greedy(prompt, g, take);
-    r.decode_forwards = std::max(n_seen - 1, 0);
   }
   out.decode_tokens = std::max(n_seen - 1, 0);
+  r.decode_forwards = speculative() ? out.steps : out.decode_tokens;
   // The device stopped without the sink ending the text: the context is full.
   if (!sink.done()) r.finish = FinishReason::ContextFull;
   sink.finish();
