@@ -6,7 +6,9 @@
 // composed from those as the cost model does (depth 5, 10 rows); then MicroSpec's
 // vocabulary on the device (a step's update, the packed draft head) and the device's self-draft
 // chain and the EAGLE-3 head's end to end (device-resident) with the full, a fixed 32k and the
-// dynamic vocabulary, CUDA graphs on and off.
+// dynamic vocabulary, CUDA graphs on and off; last, the device's EAGLE-2 tree step in the issue's
+// setting (top-k 10, five draft forwards, 60 verified tokens) drafted by one layer of the target,
+// with the same three vocabularies, graphs on and off.
 //
 //   bench_cuda [--layers N] [--steps N] [--reps N] [--profile-steps N]
 // --profile-steps N: only a prompt and N decode steps (graphs off) between cudaProfilerStart/Stop,
@@ -283,11 +285,13 @@ int run(int argc, char** argv) {
   PrunedVocabSpec freq32k;
   freq32k.kind = PrunedVocabSpec::Kind::Fixed;
   for (int32_t i = 0; i < 32768; ++i) freq32k.pinned.push_back(i);
-  auto chain_ms = [&](const std::optional<PrunedVocabSpec>& vocab, Graphs graphs, DeviceEagleHead* draft_head) {
+  auto chain_ms = [&](const std::optional<PrunedVocabSpec>& vocab, Graphs graphs, DeviceEagleHead* draft_head,
+                      std::optional<TreeShape> tree = std::nullopt) {
     SpecChainOptions so;
-    so.draft_layers = std::min(4, cfg.n_layer);
+    so.draft_layers = tree ? 1 : std::min(4, cfg.n_layer);
     so.draft_head = draft_head;
     so.depth = 5;
+    so.tree = tree;
     so.graphs = graphs;
     so.sync_every = 8;
     so.vocab = vocab;
@@ -350,6 +354,24 @@ int run(int argc, char** argv) {
               head_chain[0][1], head_chain[1][1], head_chain[2][1]);
   std::printf("| the same, CUDA graphs off | %.2f / %.2f / %.2f ms | - |\n", head_chain[0][0], head_chain[1][0],
               head_chain[2][0]);
+  std::fflush(stdout);
+
+  // The EAGLE-2 setting as a device-resident tree step (measured last: the rows above stand if it
+  // fails): top-k 10, the root's forward and four levels of 10 rows (five draft forwards, nodes up
+  // to depth 5), the 60 best of 410 candidates verified; one layer of the target drafts (the
+  // analogue of the paper's one-layer drafter). Its draft part is the step less the 60-token
+  // verification measured above.
+  const TreeShape eagle2{.top_k = 10, .depth = 4, .total = 60};
+  double tree[3][2];  // [full, freq 32k, dynamic][graphs off, on]
+  for (int v = 0; v < 3; ++v)
+    for (Graphs g : {Graphs::Off, Graphs::On}) tree[v][g == Graphs::On] = chain_ms(chain_vocabs[v], g, nullptr, eagle2);
+  std::printf("| tree step, EAGLE-2 setting (1 target layer drafts top-10 x 5 forwards, 60 verified; device-resident), CUDA graphs on: full / freq 32k / dynamic vocabulary | %.2f / %.2f / %.2f ms | 8.98 / - / 7.65 ms |\n",
+              tree[0][1], tree[1][1], tree[2][1]);
+  std::printf("| the same, CUDA graphs off | %.2f / %.2f / %.2f ms | - |\n", tree[0][0], tree[1][0], tree[2][0]);
+  std::printf("| its draft part (step less the 60-token verification), graphs on: full / freq 32k / dynamic | %.2f / %.2f / %.2f ms | 2.51 / 1.56 / 1.19 ms |\n",
+              tree[0][1] - verify60, tree[1][1] - verify60, tree[2][1] - verify60);
+  std::printf("| dynamic draft part vs full draft part | %.2fx | 0.47x |\n",
+              (tree[2][1] - verify60) / (tree[0][1] - verify60));
   cudaFree(hidden);
   cudaFree(logits);
   cudaFree(scratch);

@@ -27,7 +27,7 @@
 #include "vocab/draft_vocab.h"
 #include "vocab/candidate_stream.h"
 #include "vocab/window_state.h"
-#include "host_vocab_state.h"
+#include "resident_step.h"
 #include "tiny_head.h"
 #include "tiny_model.h"
 
@@ -40,22 +40,7 @@ struct ResidentRun {
   std::vector<int32_t> step_counts;  // the count of tokens after each step
 };
 
-// Plain greedy decoding: n tokens after the prompt.
-std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t>& prompt, int32_t n) {
-  KVCache kv = model.make_cache(512);
-  Batch b;
-  ForwardOutput out;
-  b.set_sequence(prompt, 0, false);
-  std::vector<int32_t> ids;
-  const int32_t V = model.config().n_vocab;
-  while (int32_t(ids.size()) < n) {
-    model.forward(b, kv, out, {.logits = true});
-    kv.commit_prefix(b.size());
-    ids.push_back(argmax(out.logits.data() + size_t(out.n_rows - 1) * V, V));
-    b.set_sequence(std::vector<int32_t>{ids.back()}, kv.n_past(), false);
-  }
-  return ids;
-}
+using test::plain_greedy;
 
 // The resident step on the host. vocab: a pruned draft vocabulary as src/cuda's DeviceDraftVocab
 // keeps it (its state advanced by the device's functions, pinned ids included; its draft head over
@@ -92,14 +77,8 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   VocabUpdate update;
   std::vector<float> verify_logits;  // [depth + 1][V] of the last verification
 
-  // The vocabulary, and the host-driven stream it must equal (Fixed: a window of one entry that
-  // nothing enters, beside the pinned ids).
-  const bool fixed = spec && spec->kind == PrunedVocabSpec::Kind::Fixed;
-  std::optional<CandidateStreamParams> vocab;
-  if (spec) vocab = fixed ? CandidateStreamParams{.w_max = 1, .k_pre = 0, .k_ver = 0} : spec->window.stream;
-  const int32_t k_pre = vocab ? vocab->prompt_top_k() : 0, k_ver = vocab ? vocab->k_ver : 0;
-  std::unique_ptr<test::HostDraftVocabState> dv;
-  std::unique_ptr<CandidateStream> reference;
+  // The vocabulary as the device keeps it, beside the host-driven stream (made after the prefill).
+  std::unique_ptr<test::ResidentVocab> dv;
 
   // An EAGLE-3 head: its cache and arrays as the device keeps them, and the host-driven drafter.
   std::unique_ptr<Eagle3Head> head;
@@ -135,24 +114,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   n_past = n_prompt;
   tokens[0] = argmax(out.logits.data() + size_t(n_prompt - 1) * V, V);
   out_ids[counter++] = tokens[0];
-  if (vocab) {
-    std::vector<int32_t> prompt_top(size_t(n_prompt) * std::max(k_pre, 1));
-    for (int32_t i = 0; i < n_prompt && k_pre > 0; ++i)
-      top_k_indices(out.logits.data() + size_t(i) * V, V, k_pre, prompt_top.data() + size_t(i) * k_pre);
-    reference = std::make_unique<CandidateStream>(V, *vocab, spec->pinned);
-    dv = std::make_unique<test::HostDraftVocabState>(V, vocab->w_max, reference->window().capacity());
-    for (int32_t id : spec->pinned) window_pin(dv->st.window, id);
-    if (vocab->source == CandidateStreamParams::Source::Ext || fixed) {
-      reference->begin(prompt, {}, 0);
-      vocab_state_begin(dv->st, prompt.data(), 0, prompt_top.data(), k_pre, 0);
-    } else {
-      reference->begin(prompt, prompt_top, k_pre);
-      vocab_state_begin(dv->st, prompt.data(), n_prompt, prompt_top.data(), k_pre, k_pre);
-    }
-    if (fixed)  // the packed rows are the ids as given, for good
-      EXPECT_EQ(std::vector<int32_t>(dv->token_of_slot.begin(), dv->token_of_slot.begin() + dv->st.slots.n_rows),
-                spec->pinned);
-  }
+  if (spec) dv = std::make_unique<test::ResidentVocab>(V, *spec, prompt, out.logits.data());
   if (head) {
     // The head's cache holds the prompt's rows but the last (features at i with token i + 1); the
     // first catch-up is row 0 alone: the prompt's last features with the first token.
@@ -180,7 +142,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   cs.parents = parents.data();
   cs.output_rows = output_rows.data();
   cs.pred = pred.data();
-  cs.draft_rows = dv ? &dv->st.slots.n_rows : nullptr;
+  cs.draft_rows = dv ? dv->rows_counter() : nullptr;
   cs.n_past = &n_past;
   cs.out_ids = out_ids.data();
   cs.counter = &counter;
@@ -193,7 +155,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
     cs.head = HeadBatch{catch_positions.data(), catch_parents.data(), head_draft_positions.data(),
                         head_draft_parents.data(), &root_row, &head_n_past, head_slot_parents.data()};
   cs.depth = depth;
-  cs.kver_last_only = vocab && vocab->kver_rows == CandidateStreamParams::KverRows::Last;
+  cs.kver_last_only = dv && dv->kver_last_only();
   std::vector<int32_t> step_counts(out_ids.size());
   cs.step_counts = step_counts.data();
   chain_begin(cs);
@@ -203,14 +165,14 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
       model.lm_head(normed_row, 1, head_logits.data());
       return argmax(head_logits.data(), V);
     }
-    const int32_t n = dv->st.slots.n_rows;
+    const int32_t n = dv->rows();
     if (n == 0) return 0;  // the placeholder
-    model.lm_head_rows(normed_row, 1, dv->token_of_slot.data(), n, head_logits.data());
-    return dv->token_of_slot[size_t(argmax(head_logits.data(), n))];
+    model.lm_head_rows(normed_row, 1, dv->token_of_slot(), n, head_logits.data());
+    return dv->token_of_slot()[size_t(argmax(head_logits.data(), n))];
   };
   DraftTree host_tree;
 
-  std::vector<int32_t> tops, tree, rows;
+  std::vector<int32_t> tree, rows;
   std::vector<float> draft_logits;
   bool drafts_real = true;
   int32_t last_accepted = 0;  // drafts the last verification accepted
@@ -221,29 +183,23 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   while (!ended()) {
     // 1. The vocabulary's update from the previous verification; the host-driven reference takes
     //    the same verification's drafts (when real) and rows, and must hold the same window.
-    if (dv && !fixed && vocab->source != CandidateStreamParams::Source::Ctx) {
-      tops.assign(size_t(update.n_rows) * std::max(k_ver, 1), -1);
-      for (int32_t r = 0; r < update.n_rows && k_ver > 0; ++r)
-        top_k_indices(verify_logits.data() + size_t(update.first_row + r) * V, V, k_ver, tops.data() + size_t(r) * k_ver);
-      vocab_state_step(dv->st, tokens.data() + 1, update.n_tree, tops.data(), update.n_rows * k_ver);
+    if (dv && dv->takes_steps()) {
+      rows.clear();
+      for (int32_t r = 0; r < update.n_rows; ++r) rows.push_back(update.first_row + r);
+      dv->device_step(tokens.data() + 1, update.n_tree, verify_logits.data(), rows);
       if (steps > 0) {
         // The host-driven step's own rule: the drafts, then rows 0..a or a alone.
         tree.assign(tokens.begin() + 1, tokens.begin() + 1 + (drafts_real ? depth : 0));
         rows.clear();
-        for (int32_t r = vocab->kver_rows == CandidateStreamParams::KverRows::Last ? last_accepted : 0;
-             r <= last_accepted; ++r)
-          rows.push_back(r);
-        reference->step(tree, verify_logits.data(), rows);
+        for (int32_t r = dv->kver_last_only() ? last_accepted : 0; r <= last_accepted; ++r) rows.push_back(r);
+        dv->reference_step(tree, verify_logits.data(), rows);
       }
-      EXPECT_EQ(dv->st.window.active, reference->window().active_size()) << "step " << steps;
-      int32_t differ = 0;
-      for (int32_t t = 0; t < V; ++t) differ += (dv->count[size_t(t)] > 0) != reference->window().contains(t);
-      EXPECT_EQ(differ, 0) << "tokens in one window only, step " << steps;
+      dv->expect_same_window(steps);
     }
     // 2. Drafts: the self-draft runs batch row d alone in pending slot d; a draft model runs
     //    [its first token, tokens[0]], then tokens[d] in its slot d + 1. The draft head's best is
     //    row d + 1.
-    drafts_real = !dv || dv->st.slots.n_rows > 0;
+    drafts_real = !dv || dv->rows() > 0;
     if (head) {
       // The catch-up over the last verification (pred[i] with its row's features), then its first
       // a rows committed: row a is the root row, in the first pending slot.
@@ -313,14 +269,14 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
         tokens[d + 1] = argmax(out.logits.data(), V);
         continue;
       }
-      const int32_t n = dv->st.slots.n_rows;
+      const int32_t n = dv->rows();
       if (n == 0) {
         tokens[d + 1] = 0;  // the placeholder the device's argmax writes
         continue;
       }
       draft_logits.resize(size_t(n));
-      drafter.lm_head_rows(out.hidden.data(), 1, dv->token_of_slot.data(), n, draft_logits.data());
-      tokens[d + 1] = dv->token_of_slot[size_t(argmax(draft_logits.data(), n))];
+      drafter.lm_head_rows(out.hidden.data(), 1, dv->token_of_slot(), n, draft_logits.data());
+      tokens[d + 1] = dv->token_of_slot()[size_t(argmax(draft_logits.data(), n))];
     }
     // 3. Verification of the whole chain.
     b.clear();
@@ -405,19 +361,8 @@ class ChainStateTiny : public ::testing::Test {
 TEST_F(ChainStateTiny, ResidentStepsEqualPlainGreedyDecoding) {
   using Source = CandidateStreamParams::Source;
   using Rows = CandidateStreamParams::KverRows;
-  auto stream = [](int32_t w_max, Source source, Rows rows) {
-    PrunedVocabSpec p;
-    p.window.stream.w_max = w_max;
-    p.window.stream.source = source;
-    p.window.stream.kver_rows = rows;
-    return std::optional<PrunedVocabSpec>(p);
-  };
-  // ids 7, 14, 21, ... pinned beside a window (hybrid) or alone (freq).
-  auto pinned = [](std::optional<PrunedVocabSpec> p, int32_t n, PrunedVocabSpec::Kind kind) {
-    for (int32_t i = 1; i <= n; ++i) p->pinned.push_back(7 * i);
-    p->kind = kind;
-    return p;
-  };
+  const auto stream = test::window_spec;   // a window (dynamic)
+  const auto pinned = test::with_every_7th;  // ids 7, 14, 21, ... beside it (hybrid) or alone (freq)
   enum class Drafter { Self, TargetAsDraftModel, DraftModel, Head };
   struct Variant {
     const char* name;

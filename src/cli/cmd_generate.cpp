@@ -232,14 +232,19 @@ void run_generate(const GenerateArgs& a) {
     if (a.temperature != 0.0f) throw Error("--device cuda runs greedy decoding: --temp 0");
     if (a.spec.enabled()) {
       // The device drafts a chain from the target's own first layers, a draft model or an EAGLE-3
-      // head, with any draft vocabulary (made once the model is loaded).
+      // head, or a tree (--tree-topk > 1) from the target's own first layers, with any draft
+      // vocabulary (made once the model is loaded).
       if ((a.spec.mode != SpecMode::Self && a.spec.mode != SpecMode::Draft && a.spec.mode != SpecMode::Head) ||
-          a.spec.tree.top_k != 1 || a.spec.tree.p_min != 0)
-        throw Error("--device cuda speculates with --spec self|draft|head --tree-topk 1 --draft-p-min 0 only");
+          a.spec.tree.p_min != 0 || (a.spec.tree.top_k != 1 && a.spec.mode != SpecMode::Self))
+        throw Error("--device cuda speculates with --spec self|draft|head --tree-topk 1 (a chain) or --spec self "
+                    "--tree-topk K (a tree), --draft-p-min 0 only");
       a.spec.validate();
       if (a.spec.mode == SpecMode::Draft) cuda_args.draft_model = a.spec.draft_model;
       cuda_args.spec_draft_layers = a.spec.draft_layers;
-      cuda_args.spec_chain = std::max(1, std::min(a.spec.tree.depth + 1, a.spec.tree.total_tokens));
+      if (a.spec.tree.top_k > 1)
+        cuda_args.spec_tree = a.spec.tree.fixed_shape();
+      else
+        cuda_args.spec_chain = std::max(1, std::min(a.spec.tree.depth + 1, a.spec.tree.total_tokens));
     }
   }
   // The device loads its own weights: the CPU reads only the file's metadata and tokenizer.

@@ -33,8 +33,9 @@ CudaGenerator::CudaGenerator(const LoadedModel& m, const CudaGenerateArgs& args)
   cuda::CudaModelOptions opt;
   opt.n_ctx = args.n_ctx;
   opt.n_batch = args.n_batch;
-  // Room for the last speculative step's whole chain past n_predict (its extra tokens are dropped).
-  opt.max_generate = args.n_predict + 1 + std::max(args.spec_chain, 0);
+  // Room for the last speculative step's whole chain or tree path past n_predict (its extra
+  // tokens are dropped).
+  opt.max_generate = args.n_predict + 1 + (args.spec_tree ? args.spec_tree->max_emitted() : std::max(args.spec_chain, 0));
   // The head is read and checked before any device is touched.
   std::unique_ptr<GgufFile> head_file;
   if (!args.draft_head.empty()) {
@@ -58,7 +59,7 @@ CudaGenerator::CudaGenerator(const LoadedModel& m, const CudaGenerateArgs& args)
 
 CudaGenerator::~CudaGenerator() = default;
 
-bool CudaGenerator::speculative() const { return impl_->args.spec_chain > 0; }
+bool CudaGenerator::speculative() const { return impl_->args.spec_chain > 0 || impl_->args.spec_tree.has_value(); }
 
 std::string CudaGenerator::describe() const {
   const Impl& d = *impl_;
@@ -68,7 +69,10 @@ std::string CudaGenerator::describe() const {
          (d.draft_model ? std::string("draft-model")
           : d.draft_head ? std::string("EAGLE-3 head")
                          : "self-draft " + std::to_string(d.draft_layers) + " layers") +
-         ", chain of " + std::to_string(d.args.spec_chain) + ", " +
+         (d.args.spec_tree ? ", tree of top-k " + std::to_string(d.args.spec_tree->top_k) + ", depth " +
+                                 std::to_string(d.args.spec_tree->depth) + ", " + std::to_string(d.args.spec_tree->total) +
+                                 " nodes, "
+                           : ", chain of " + std::to_string(d.args.spec_chain) + ", ") +
          (d.args.vocab ? d.args.vocab_describe : std::string("full vocabulary")) + ")";
 }
 
@@ -98,6 +102,7 @@ CudaGeneration CudaGenerator::generate(const std::vector<int32_t>& prompt, const
     cuda::SpecChainOptions so;
     so.n_predict = params.max_new_tokens;
     so.depth = d.args.spec_chain;
+    so.tree = d.args.spec_tree;
     so.draft_layers = d.draft_layers;
     so.vocab = d.args.vocab;
     so.draft_model = d.draft_model.get();

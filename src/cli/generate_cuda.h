@@ -1,6 +1,7 @@
 #pragma once
 // `generate --device cuda`: greedy decoding with the CUDA backend (src/cuda), plain or speculative
-// (a chain drafted by the target's first layers, a draft model or an EAGLE-3 head). The models are
+// (a chain drafted by the target's first layers, a draft model or an EAGLE-3 head, or a tree drafted
+// by the target's first layers). The models are
 // loaded on the device once for every prompt of a run; each generation ends as the CPU path's does
 // (end-of-generation tokens, stop strings, the token limit: engine/generator.h's TokenSink), and
 // the CLI prints its text, statistics and JSON like the CPU path's. In a build without
@@ -13,6 +14,7 @@
 
 #include "cli/common.h"
 #include "engine/generator.h"
+#include "speculative/tree_state.h"
 #include "vocab/draft_vocab.h"
 
 namespace microspec::cli {
@@ -22,6 +24,7 @@ struct CudaGenerateArgs {
   int32_t n_ctx = 4096;
   int32_t n_batch = 512;
   int32_t spec_chain = 0;         // > 0: speculative decoding with a drafted chain of this length
+  std::optional<TreeShape> spec_tree;  // or with a self-drafted tree of this shape (--tree-topk > 1)
   int32_t spec_draft_layers = 0;  // self-draft layers; 0 = the CPU path's default for the model
   std::optional<PrunedVocabSpec> vocab;  // --draft-vocab dynamic / hybrid / freq; none: the full head
   std::string vocab_describe;            // its name for the statistics line

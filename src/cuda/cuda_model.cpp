@@ -34,6 +34,55 @@ struct CudaModel::Layer {
   const float* post_ffw_norm = nullptr;   // [n_embd] (Gemma 3), else null
 };
 
+// The arrays of speculative/tree_state.h's TreeState that are the tree's own (the verification
+// batch, the argmax, the keep list and the counters are the model's buffers).
+struct CudaModel::DeviceTree {
+  TreeShape shape;
+  DeviceAllocations memory;
+  int32_t* draft_tokens = nullptr;     // [top_k] the next draft forward's rows
+  int32_t* draft_positions = nullptr;  // [top_k]
+  int32_t* draft_parents = nullptr;    // [top_k]
+  int32_t* draft_out_rows = nullptr;   // [top_k] 0, 1, ...: every draft row's output
+  int32_t* prop_token = nullptr;       // [top_k][top_k]
+  float* prop_logprob = nullptr;       // [top_k][top_k]
+  int32_t* cand_token = nullptr;       // [candidates]
+  int32_t* cand_parent = nullptr;      // [candidates]
+  int32_t* cand_depth = nullptr;       // [candidates]
+  float* cand_score = nullptr;         // [candidates]
+  int32_t* cand_slot = nullptr;        // [candidates]
+  int32_t* cand_node = nullptr;        // [candidates]
+  int32_t* frontier = nullptr;         // [top_k]
+  int32_t* n_nodes = nullptr;          // [1]
+  int32_t* n_keep = nullptr;           // [1]
+  int32_t* ver_rows = nullptr;         // [depth + 2]
+
+  DeviceTree(const TreeShape& s, cudaStream_t stream) : shape(s) {
+    auto ints = [&](int32_t n) { return static_cast<int32_t*>(memory.alloc(size_t(n) * sizeof(int32_t))); };
+    auto floats = [&](int32_t n) { return static_cast<float*>(memory.alloc(size_t(n) * sizeof(float))); };
+    const int32_t k = s.top_k, n_cand = s.candidates();
+    draft_tokens = ints(k);
+    draft_positions = ints(k);
+    draft_parents = ints(k);
+    draft_out_rows = ints(k);
+    prop_token = ints(k * k);
+    prop_logprob = floats(k * k);
+    cand_token = ints(n_cand);
+    cand_parent = ints(n_cand);
+    cand_depth = ints(n_cand);
+    cand_score = floats(n_cand);
+    cand_slot = ints(n_cand);
+    cand_node = ints(n_cand);
+    frontier = ints(k);
+    n_nodes = ints(1);
+    n_keep = ints(1);
+    ver_rows = ints(s.max_emitted());
+    std::vector<int32_t> iota(static_cast<size_t>(k));
+    for (int32_t i = 0; i < k; ++i) iota[size_t(i)] = i;
+    MS_CUDA(cudaMemcpyAsync(draft_out_rows, iota.data(), iota.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    MS_CUDA(cudaStreamSynchronize(stream));
+  }
+};
+
 
 CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
     : config_(config), options_(options) {
@@ -200,6 +249,7 @@ void CudaModel::allocate_buffers() {
   d_parents_ = ints(B);
   d_out_rows_ = ints(B);
   d_keep_ = ints(options_.n_ctx);
+  d_n_keep_ = ints(1);
   d_out_ids_ = ints(options_.max_generate);
   d_counter_ = ints(1);
   d_argmax_scratch_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * B));
@@ -364,7 +414,8 @@ void CudaModel::commit(std::span<const int32_t> indices) {
   const int32_t n = static_cast<int32_t>(indices.size());
   if (n == 0) return;
   MS_CUDA(cudaMemcpyAsync(d_keep_, indices.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  kv_compact(kv_, d_keep_, n, stream_);
+  MS_CUDA(cudaMemcpyAsync(d_n_keep_, &n, sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  kv_compact(kv_, d_keep_, d_n_keep_, stream_);
   n_past_ += n;
 }
 
@@ -522,6 +573,53 @@ ChainState CudaModel::chain_state(const ChainStep& step) const {
   return s;
 }
 
+TreeState CudaModel::tree_state(const ChainStep& step) const {
+  // The tree's own arrays, then the model's: the verification batch, the argmax, the keep list,
+  // the cache's n_past, the emitted tokens and the counters (the fields in TreeState's order).
+  const DeviceTree& t = *tree_;
+  return TreeState{t.draft_tokens, t.draft_positions, t.draft_parents, t.prop_token, t.prop_logprob, t.cand_token,
+                   t.cand_parent, t.cand_depth, t.cand_score, t.cand_slot, t.cand_node, t.frontier,
+                   d_tokens_, d_positions_, d_parents_, d_out_rows_, t.n_nodes, d_argmax_out_, d_keep_, t.n_keep,
+                   t.ver_rows, kv_.n_past, d_out_ids_, d_counter_, d_update_, d_steps_, d_step_counts_, t.shape,
+                   step.vocab && step.vocab->kver_last_only()};
+}
+
+// One tree step, all on the device, in a fixed sequence of launches (a graph replays it):
+void CudaModel::enqueue_tree_step(const ChainStep& step) {
+  const DeviceTree& t = *tree_;
+  const TreeShape& shape = t.shape;
+  const TreeState st = tree_state(step);
+  const int32_t k = shape.top_k, V = config_.n_vocab;
+  // 1. The draft vocabulary's update from the previous verification (an empty one after the
+  //    prompt): the tree's tokens (verification rows 1..n_nodes) and the target's top K_ver at the
+  //    rows tree_accept listed; its gather overlaps the root's forward on the copy stream.
+  if (step.vocab) step.vocab->step(d_tokens_ + 1, logits_, d_update_, shape.total, shape.max_emitted(), t.ver_rows);
+  // 2. The draft forwards through the self-draft's layers: the root alone, then each level's k
+  //    frontier rows in their own pending slots; each row's k best over the draft head become
+  //    candidates, and the next frontier is chosen on the device.
+  for (int32_t f = 0; f <= shape.depth; ++f) {
+    const int32_t rows = shape.draft_rows(f);
+    enqueue_forward(DeviceBatch{t.draft_tokens, t.draft_positions, t.draft_parents, rows, shape.draft_start(f)},
+                    t.draft_out_rows, rows, {.logits = step.vocab == nullptr, .end_layer = step.draft_layers});
+    if (step.vocab) {
+      step.vocab->logits(hidden_, rows, act_scratch_);
+      step.vocab->proposals(rows, k, t.prop_token, t.prop_logprob);
+    } else {
+      tree_proposals(logits_, V, V, nullptr, nullptr, rows, k, t.prop_token, t.prop_logprob, stream_);
+    }
+    tree_absorb(st, f, stream_);
+  }
+  // 3. The kept nodes, then the verification of the root and every node with the tree's parent
+  //    mask (placeholder rows past the nodes are never accepted).
+  tree_finish(st, stream_);
+  enqueue_forward(device_batch(0, shape.verify_rows(), 0), d_out_rows_, shape.verify_rows(), {.logits = true});
+  argmax_rows(logits_, shape.verify_rows(), V, d_argmax_out_, d_argmax_scratch_, stream_);
+  // 4. Acceptance, the cache compacted to the accepted path (n_past moves there), the next root.
+  tree_accept(st, stream_);
+  kv_compact(kv_, d_keep_, t.n_keep, stream_);
+  tree_lay_out_root(st, stream_);
+}
+
 // One speculative step, all on the device, in a fixed sequence of launches (a graph replays it):
 void CudaModel::enqueue_chain_step(const ChainStep& step) {
   const int32_t depth = step.depth;
@@ -608,8 +706,23 @@ void CudaModel::enqueue_head_drafts(const ChainStep& step) {
 
 std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> prompt, const SpecChainOptions& o,
                                                      SpecChainStats* stats, const TokenHandler& on_token) {
-  if (o.depth < 1 || o.depth + 1 > options_.n_batch)
+  if (o.tree) {
+    const TreeShape& t = *o.tree;
+    if (o.draft_model || o.draft_head)
+      throw Error("a draft tree on the device is drafted by the self-draft only; a draft model or head drafts a chain");
+    if (t.top_k < 1 || t.top_k > 64 || t.depth < 0 || t.total < 1 || t.total > t.candidates())
+      throw Error("draft tree of top-k " + std::to_string(t.top_k) + ", depth " + std::to_string(t.depth) + " and " +
+                  std::to_string(t.total) + " nodes: top-k must be in 1..64 and the nodes in 1..the " +
+                  std::to_string(t.candidates()) + " candidates");
+    if (t.verify_rows() > options_.n_batch || t.top_k > options_.n_batch)
+      throw Error("draft tree: its verification of " + std::to_string(t.verify_rows()) + " rows and its " +
+                  std::to_string(t.top_k) + " draft rows must fit the batch of " + std::to_string(options_.n_batch));
+    if (t.max_emitted() > DeviceDraftVocab::kMaxStepRows)
+      throw Error("draft tree of depth " + std::to_string(t.depth) + ": the vocabulary window takes K_ver from at most " +
+                  std::to_string(DeviceDraftVocab::kMaxStepRows) + " verification rows");
+  } else if (o.depth < 1 || o.depth + 1 > options_.n_batch) {
     throw Error("speculative depth " + std::to_string(o.depth) + " outside 1.." + std::to_string(options_.n_batch - 1));
+  }
   CudaModel& drafter = o.draft_model ? *o.draft_model : *this;
   if (o.draft_model) {
     if (o.draft_model == this) throw Error("the draft model is the target itself (use the self-draft)");
@@ -641,7 +754,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   // Checked here rather than inside a step that a graph captures.
   const bool vocab_steps = o.vocab && o.vocab->kind == PrunedVocabSpec::Kind::Window &&
                            o.vocab->window.stream.source != CandidateStreamParams::Source::Ctx;
-  if (vocab_steps && o.depth + 1 > DeviceDraftVocab::kMaxStepRows)
+  if (vocab_steps && !o.tree && o.depth + 1 > DeviceDraftVocab::kMaxStepRows)
     throw Error("speculative depth " + std::to_string(o.depth) + ": the vocabulary window takes K_ver from at most " +
                 std::to_string(DeviceDraftVocab::kMaxStepRows) + " verification rows");
   SpecChainStats st;
@@ -658,7 +771,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   // by the old one's serial, so it is never replayed (and is destroyed at the next capture).
   DeviceDraftVocab* vocab = nullptr;
   if (o.vocab) {
-    const DeviceVocabSizes sizes{.max_prompt = options_.n_ctx, .max_rows = 1};
+    const DeviceVocabSizes sizes{.max_prompt = options_.n_ctx, .max_rows = o.tree ? o.tree->top_k : 1};
     std::unique_ptr<DeviceDraftVocab>& kept = drafter.draft_vocab_;
     if (!kept || !kept->made_for(drafter.output_, *o.vocab, sizes, drafter.stream_)) {
       kept.reset();
@@ -692,6 +805,10 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     MS_CUDA(cudaMemcpyAsync(drafter.d_tokens_, &prompt.back(), sizeof(int32_t), cudaMemcpyHostToDevice,
                             drafter.stream_));
   }
+  if (o.tree && (!tree_ || !(tree_->shape == *o.tree))) {
+    tree_.reset();
+    tree_ = std::make_unique<DeviceTree>(*o.tree, stream_);
+  }
   out = speculate_resident(o, vocab, on_token, st);
   if (o.draft_model) {
     // The device moved the drafter's cache (chain_accept): its host mirror follows.
@@ -704,11 +821,17 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
 
 std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, DeviceDraftVocab* vocab,
                                                    const TokenHandler& on_token, SpecChainStats& st) {
-  const ChainStep step{o.depth, o.draft_layers, vocab, o.draft_model, o.draft_head};
-  const int32_t per_step = o.depth + 1;  // most tokens a step emits, and the cache slots its batch takes
+  const ChainStep step{o.depth, o.draft_layers, vocab, o.draft_model, o.draft_head, o.tree};
+  // The most tokens a step emits, and the pending cache slots its batches take.
+  const int32_t per_step = o.tree ? o.tree->max_emitted() : o.depth + 1;
+  const int32_t step_slots = o.tree ? o.tree->pending_slots() : o.depth + 1;
   const int32_t limit = std::min(o.n_predict, options_.max_generate);
   std::vector<int32_t> ids;
-  chain_begin(chain_state(step), stream_);  // after the prompt's argmax (out_ids[0], the batch's row 0)
+  // After the prompt's argmax (out_ids[0], the batch's row 0).
+  if (o.tree)
+    tree_begin(tree_state(step), stream_);
+  else
+    chain_begin(chain_state(step), stream_);
   if (vocab) vocab->wait_for_gather();      // the prompt's gather: a captured step must not wait on it
   // A draft model's stream joins the captured step idle (its prefill and the vocabulary's start).
   if (o.draft_model) MS_CUDA(cudaStreamSynchronize(o.draft_model->stream_));
@@ -726,11 +849,16 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
     // Steps that fit even if each accepts its whole chain: every step's batch in the context, its
     // tokens in out_ids.
     const int32_t room = options_.n_ctx - n_past_;
-    const int32_t fit_ctx = room >= per_step ? (room - per_step) / per_step + 1 : 0;
+    const int32_t fit_ctx = room >= step_slots ? (room - step_slots) / per_step + 1 : 0;
     const int32_t fit_out = (options_.max_generate - produced) / per_step;
     const int32_t steps = std::min({std::max(o.sync_every, 1), fit_ctx, fit_out, limit - produced});
     if (steps < 1) break;
-    run_steps(chain_graph_, steps, o.graphs, [&] { enqueue_chain_step(step); });
+    run_steps(chain_graph_, steps, o.graphs, [&] {
+      if (o.tree)
+        enqueue_tree_step(step);
+      else
+        enqueue_chain_step(step);
+    });
     // Device to pageable host memory: the copy returns once done, after the steps.
     MS_CUDA(cudaMemcpyAsync(&produced, d_counter_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
     n_past_ = n_past_at_start + produced - 1;

@@ -88,6 +88,13 @@ class CudaModel;
 // behind the target so that every step has the same shape (speculative/chain_state.h);
 // draft_layers is then unused.
 //
+// With tree the self-drafter drafts an EAGLE-2 tree of that fixed shape instead of a chain
+// (speculative/tree_state.h): the root's forward, then one forward of the k frontier rows per
+// level, each row's k best over the draft head (full or pruned) with their log-probabilities, the
+// frontier and the kept nodes chosen on the device; the verification runs every node with the
+// tree's parent mask, and the cache keeps the accepted path (kv_compact, its count on the device).
+// The whole step is one fixed launch sequence, captured as a graph like the chain's.
+//
 // With draft_head the drafter is an EAGLE-3 head (cuda/eagle_head.h) reading the target's features,
 // which the prefill and every verification capture on the device; each step starts with the head's
 // catch-up over the last verification (speculative/chain_state.h), then one head row per draft,
@@ -97,6 +104,7 @@ struct SpecChainOptions {
   std::vector<int32_t> stop_ids;  // generation ends after one of these (it is kept)
   int32_t draft_layers = 1;
   int32_t depth = 4;
+  std::optional<TreeShape> tree;  // a tree of this shape instead of a chain (self-draft only); depth is then unused
   std::optional<PrunedVocabSpec> vocab;
   CudaModel* draft_model = nullptr;
   DeviceEagleHead* draft_head = nullptr;  // made for this model (its embeddings, its features)
@@ -191,15 +199,17 @@ class CudaModel {
     DeviceDraftVocab* vocab = nullptr;  // null: the full vocabulary's draft head
     CudaModel* draft_model = nullptr;   // null: the self-draft (or the head)
     DeviceEagleHead* head = nullptr;    // an EAGLE-3 head drafts
+    std::optional<TreeShape> tree;      // the self-draft drafts a tree of this shape (depth unused)
     // What a captured graph of the step was made for: objects by serial, not address.
     struct Key {
       int32_t depth = 0, draft_layers = 0;
       uint64_t vocab = 0, draft_model = 0, head = 0;
+      std::optional<TreeShape> tree;
       bool operator==(const Key&) const = default;
     };
     Key key() const {
-      return Key{depth, draft_model || head ? 0 : draft_layers, vocab ? vocab->serial() : 0,
-                 draft_model ? draft_model->serial_ : 0, head ? head->serial() : 0};
+      return Key{tree ? 0 : depth, draft_model || head ? 0 : draft_layers, vocab ? vocab->serial() : 0,
+                 draft_model ? draft_model->serial_ : 0, head ? head->serial() : 0, tree};
     }
   };
   void allocate_buffers();
@@ -210,6 +220,8 @@ class CudaModel {
   void project(const Projection& p, const float* x, int32_t n, float* y, int64_t ldy);
   void enqueue_decode_step();
   void enqueue_chain_step(const ChainStep& step);
+  // The tree step (SpecChainOptions::tree) over tree_'s arrays.
+  void enqueue_tree_step(const ChainStep& step);
   // A draft head's part of the step: its catch-up, then the drafts into tokens[1..depth].
   void enqueue_head_drafts(const ChainStep& step);
   // Captures what `enqueue` launches on stream_ as an instantiated graph.
@@ -221,6 +233,7 @@ class CudaModel {
   DeviceBatch device_batch(int32_t offset, int32_t n, int32_t start) const;
   DecodeState decode_state() const;
   ChainState chain_state(const ChainStep& step) const;
+  TreeState tree_state(const ChainStep& step) const;
   void* alloc(size_t bytes);
   void destroy_stream_and_events();  // what the destructor and a failed constructor release
   // Copies out_ids[ids.size(), produced) to ids, calling on_token for each; stops after a stop id,
@@ -269,6 +282,7 @@ class CudaModel {
   int32_t* d_parents_ = nullptr;    // [n_batch]
   int32_t* d_out_rows_ = nullptr;   // [n_batch]
   int32_t* d_keep_ = nullptr;       // [n_ctx] pending indices to commit
+  int32_t* d_n_keep_ = nullptr;     // [1] commit()'s count of them
   int32_t* d_out_ids_ = nullptr;    // [max_generate]
   int32_t* d_counter_ = nullptr;    // [1]
   uint64_t* d_argmax_scratch_ = nullptr;  // [n_batch]
@@ -281,6 +295,9 @@ class CudaModel {
   // MicroSpec's vocabulary over this model's head when it drafts (generate_speculative), kept
   // between generations.
   std::unique_ptr<DeviceDraftVocab> draft_vocab_;
+  // A tree step's arrays (speculative/tree_state.h) in device memory, made for one shape and kept.
+  struct DeviceTree;
+  std::unique_ptr<DeviceTree> tree_;
   cudaGraphExec_t decode_graph_ = nullptr;
   cudaGraphExec_t chain_graph_ = nullptr;  // the resident speculative step, made for chain_graph_for_
   ChainStep::Key chain_graph_for_;

@@ -72,10 +72,11 @@ class DeviceDraftVocab {
   // One verification step, its sizes read on the device when it runs (so a captured step takes
   // each step's own): the first update->n_tree tokens of `tree` (device, tree order) and the
   // target's top K_ver of verification logits rows [update->first_row, + update->n_rows) (device
-  // logits [.][n_vocab]; the caller picks the rows by kver_last_only()). max_tree and max_rows
-  // bound the update's counts and size the launches (max_rows <= 256). No-op unless takes_steps().
+  // logits [.][n_vocab]; the caller picks the rows by kver_last_only()), or at rows
+  // row_list[0, update->n_rows) (device; a tree's accepted rows). max_tree and max_rows bound the
+  // update's counts and size the launches (max_rows <= 256). No-op unless takes_steps().
   void step(const int32_t* tree, const float* verify_logits, const VocabUpdate* update, int32_t max_tree,
-            int32_t max_rows);
+            int32_t max_rows, const int32_t* row_list = nullptr);
   // The same with the update's counts given by the host (copied to the device first).
   void step(const int32_t* tree, const float* verify_logits, const VocabUpdate& update);
   // The draft LM head: logits [n][capacity()] for every packed slot (slots past the active ones are
@@ -84,6 +85,10 @@ class DeviceDraftVocab {
   // out[t] = the token of the best active slot of the last logits()' row t, or if_empty when the
   // vocabulary has no rows.
   void argmax(int32_t n, int32_t if_empty, int32_t* out);
+  // A draft tree's proposals from the last logits()' n rows: each row's k best active slots as
+  // token ids with their log-probabilities over the active slots (ops.h's tree_proposals; token -1
+  // past the active rows there are). tokens, logprobs: device, [n][k].
+  void proposals(int32_t n, int32_t k, int32_t* tokens, float* logprobs);
   // Makes the compute stream wait for the last gather (if it has not yet): before a step is
   // captured as a graph, which must wait on nothing recorded outside its capture.
   void wait_for_gather();

@@ -1052,22 +1052,22 @@ size_t attention_smem_bytes(int32_t n_ctx) {
 
 // Each thread owns one element of one layer's K or V rows and moves it through the kept slots in
 // order, so no thread reads a slot another thread has overwritten.
-__global__ void k_kv_compact_rows(DeviceKV kv, const int32_t* idx, int32_t n_keep) {
+__global__ void k_kv_compact_rows(DeviceKV kv, const int32_t* idx, const int32_t* n_keep_at) {
   const int64_t per_layer = kv.kv_dim;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= 2 * kv.n_layer * per_layer) return;
   uint16_t* base = i < kv.n_layer * per_layer ? kv.k : kv.v;
   const int64_t li = i % (kv.n_layer * per_layer);
   const int64_t il = li / per_layer, e = li % per_layer;
-  const int32_t n_past = *kv.n_past;
+  const int32_t n_past = *kv.n_past, n_keep = *n_keep_at;
   for (int32_t j = 0; j < n_keep; ++j) {
     const int32_t src = n_past + idx[j], dst = n_past + j;
     if (src != dst) base[(il * kv.n_ctx + dst) * kv.kv_dim + e] = base[(il * kv.n_ctx + src) * kv.kv_dim + e];
   }
 }
 
-__global__ void k_kv_compact_meta(DeviceKV kv, const int32_t* idx, int32_t n_keep) {
-  const int32_t n_past = *kv.n_past;
+__global__ void k_kv_compact_meta(DeviceKV kv, const int32_t* idx, const int32_t* n_keep_at) {
+  const int32_t n_past = *kv.n_past, n_keep = *n_keep_at;
   for (int32_t j = 0; j < n_keep; ++j) {
     kv.positions[n_past + j] = kv.positions[n_past + idx[j]];
     kv.parents[n_past + j] = -1;
@@ -1145,7 +1145,7 @@ __global__ void k_top_k_rows(const float* x, int64_t ld, int64_t n, RowRange row
   const int32_t r = blockIdx.x;
   const int32_t count = rows.count ? *rows.count : rows.max_rows;
   if (r >= count) return;
-  const float* row = x + int64_t((rows.first ? *rows.first : 0) + r) * ld;
+  const float* row = x + int64_t(rows.list ? rows.list[r] : (rows.first ? *rows.first : 0) + r) * ld;
   ids += int64_t(r) * k;
   values += int64_t(r) * k;
   float last_v = 0.0f;
@@ -1214,10 +1214,82 @@ __global__ void k_packed_argmax(const float* logits, int64_t ld, const int32_t* 
   if (threadIdx.x == 0) out[blockIdx.x] = bi >= 0 ? token_of_slot[bi] : if_empty;
 }
 
+// top_k_logprobs (speculative/tree.cpp) per row: the largest value, the sum of exp(v - max) in
+// double, then k rounds of the block's best below the last one taken.
+__global__ void k_tree_proposals(const float* logits, int64_t ld, int64_t n_fixed, const int32_t* n_valid,
+                                 const int32_t* ids, int32_t k, int32_t* tokens, float* logprobs) {
+  __shared__ float s_max[kSelectThreads / kWarp];
+  __shared__ double s_sum[kSelectThreads / kWarp];
+  const float* row = logits + int64_t(blockIdx.x) * ld;
+  const int64_t n = n_valid ? *n_valid : n_fixed;
+  tokens += int64_t(blockIdx.x) * k;
+  logprobs += int64_t(blockIdx.x) * k;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, n_warps = blockDim.x / kWarp;
+  // 1. The largest value (NaN never compares larger).
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, row[i]);
+  for (int o = kWarp / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) s_max[warp] = m;
+  __syncthreads();
+  m = s_max[0];
+  for (int w = 1; w < n_warps; ++w) m = fmaxf(m, s_max[w]);
+  if (!(m > -INFINITY)) {  // nothing finite
+    if (threadIdx.x < k) tokens[threadIdx.x] = -1, logprobs[threadIdx.x] = 0.0f;
+    return;
+  }
+  // 2. The softmax's normaliser; with a +inf value, the count of them.
+  const bool has_inf = isinf(m);
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = row[i];
+    if (has_inf)
+      sum += v == m ? 1.0 : 0.0;
+    else if (v > -INFINITY)
+      sum += exp(double(v - m));
+  }
+  for (int o = kWarp / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) s_sum[warp] = sum;
+  __syncthreads();
+  sum = 0.0;
+  for (int w = 0; w < n_warps; ++w) sum += s_sum[w];
+  const float log_sum = float(log(sum));
+  // 3. The k best, -inf excluded.
+  float last_v = 0.0f;
+  int64_t last_i = -1;
+  for (int32_t j = 0; j < k; ++j) {
+    float bv = 0.0f;
+    int64_t bi = -1;
+    if (last_i < n)
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = row[i];
+        const bool below = last_i < 0 || v < last_v || (v == last_v && i > last_i);
+        if (below && v > -INFINITY && better(v, i, bv, bi)) bv = v, bi = i;
+      }
+    block_best(bv, bi);
+    if (threadIdx.x == 0) {
+      tokens[j] = bi < 0 ? -1 : ids ? ids[bi] : int32_t(bi);
+      logprobs[j] = bi < 0 ? 0.0f : has_inf ? (bv == m ? -log_sum : -INFINITY) : fminf(0.0f, (bv - m) - log_sum);
+    }
+    last_v = bv;
+    last_i = bi < 0 ? n : bi;  // nothing left: later rounds find nothing either
+    __syncthreads();
+  }
+}
+
 __global__ void k_chain_begin(ChainState st) { ::microspec::chain_begin(st); }
 
 __global__ void k_chain_accept(ChainState st) { ::microspec::chain_accept(st); }
 __global__ void k_chain_head_caught_up(ChainState st) { ::microspec::chain_head_caught_up(st); }
+
+__global__ void k_tree_begin(TreeState st) { ::microspec::tree_begin(st); }
+__global__ void k_tree_absorb(TreeState st, int32_t forward) { ::microspec::tree_absorb(st, forward); }
+__global__ void k_tree_rank(TreeState st) {
+  const int32_t c = int32_t(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c < st.shape.candidates()) ::microspec::tree_rank(st, c);
+}
+__global__ void k_tree_lay_out_verification(TreeState st) { ::microspec::tree_lay_out_verification(st); }
+__global__ void k_tree_accept(TreeState st) { ::microspec::tree_accept(st); }
+__global__ void k_tree_lay_out_root(TreeState st) { ::microspec::tree_lay_out_root(st); }
 
 __device__ __forceinline__ float hash_uniform(uint64_t seed, uint64_t i) {
   uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
@@ -1423,7 +1495,7 @@ void attention(const DeviceKV& kv, int32_t il, const DeviceBatch& batch, const f
   MS_CUDA_LAUNCH();
 }
 
-void kv_compact(const DeviceKV& kv, const int32_t* idx, int32_t n_keep, cudaStream_t stream) {
+void kv_compact(const DeviceKV& kv, const int32_t* idx, const int32_t* n_keep, cudaStream_t stream) {
   const int64_t n = 2 * int64_t(kv.n_layer) * kv.kv_dim;
   k_kv_compact_rows<<<blocks_for(n, 256), 256, 0, stream>>>(kv, idx, n_keep);
   MS_CUDA_LAUNCH();
@@ -1489,6 +1561,57 @@ void packed_argmax(const float* logits, int64_t ld, int32_t n_out, const int32_t
                    int32_t if_empty, int32_t* out, cudaStream_t stream) {
   if (n_out <= 0) return;
   k_packed_argmax<<<unsigned(n_out), kSelectThreads, 0, stream>>>(logits, ld, n_rows, token_of_slot, if_empty, out);
+  MS_CUDA_LAUNCH();
+}
+
+void tree_proposals(const float* logits, int64_t ld, int64_t n, const int32_t* n_valid, const int32_t* ids,
+                    int32_t n_rows, int32_t k, int32_t* tokens, float* logprobs, cudaStream_t stream) {
+  if (k < 1 || k > 64) throw Error("cuda tree_proposals: k must be in 1..64, got " + std::to_string(k));
+  if (n_rows < 0 || n < 0) throw Error("cuda tree_proposals: negative sizes");
+  if (n_rows == 0) return;
+  k_tree_proposals<<<unsigned(n_rows), kSelectThreads, 0, stream>>>(logits, ld, n, n_valid, ids, k, tokens, logprobs);
+  MS_CUDA_LAUNCH();
+}
+
+namespace {
+void check_tree_shape(const TreeState& st, const char* what) {
+  const TreeShape& s = st.shape;
+  if (s.top_k < 1 || s.top_k > 64 || s.depth < 0 || s.total < 1 || s.total > s.candidates())
+    throw Error(std::string("cuda ") + what + ": a tree of top-k " + std::to_string(s.top_k) + ", depth " +
+                std::to_string(s.depth) + " and " + std::to_string(s.total) + " nodes has no fixed shape");
+}
+}  // namespace
+
+void tree_begin(const TreeState& st, cudaStream_t stream) {
+  check_tree_shape(st, "tree_begin");
+  k_tree_begin<<<1, 1, 0, stream>>>(st);
+  MS_CUDA_LAUNCH();
+}
+
+void tree_absorb(const TreeState& st, int32_t forward, cudaStream_t stream) {
+  check_tree_shape(st, "tree_absorb");
+  if (forward < 0 || forward > st.shape.depth)
+    throw Error("cuda tree_absorb: forward " + std::to_string(forward) + " outside 0.." + std::to_string(st.shape.depth));
+  k_tree_absorb<<<1, 1, 0, stream>>>(st, forward);
+  MS_CUDA_LAUNCH();
+}
+
+void tree_finish(const TreeState& st, cudaStream_t stream) {
+  check_tree_shape(st, "tree_finish");
+  k_tree_rank<<<blocks_for(st.shape.candidates(), 128), 128, 0, stream>>>(st);
+  MS_CUDA_LAUNCH();
+  k_tree_lay_out_verification<<<1, 1, 0, stream>>>(st);
+  MS_CUDA_LAUNCH();
+}
+
+void tree_accept(const TreeState& st, cudaStream_t stream) {
+  check_tree_shape(st, "tree_accept");
+  k_tree_accept<<<1, 1, 0, stream>>>(st);
+  MS_CUDA_LAUNCH();
+}
+
+void tree_lay_out_root(const TreeState& st, cudaStream_t stream) {
+  k_tree_lay_out_root<<<1, 1, 0, stream>>>(st);
   MS_CUDA_LAUNCH();
 }
 

@@ -16,6 +16,7 @@
 
 #include "kernels/types.h"
 #include "speculative/chain_state.h"
+#include "speculative/tree_state.h"
 #include "vocab/window_state.h"
 
 namespace microspec::cuda {
@@ -150,10 +151,10 @@ int32_t attention_max_ctx();
 // no attention() inside a graph capture has to.
 void attention_prepare(int32_t n_ctx);
 
-// Keeps pending slots idx[0..n_keep) (strictly increasing, device array) as the next committed
-// tokens: moves their rows in every layer and their positions down behind the prefix and adds
-// n_keep to n_past. All on the device.
-void kv_compact(const DeviceKV& kv, const int32_t* idx, int32_t n_keep, cudaStream_t stream);
+// Keeps pending slots idx[0..*n_keep) (strictly increasing; both device memory, so a captured
+// step reads each step's own) as the next committed tokens: moves their rows in every layer and
+// their positions down behind the prefix and adds *n_keep to n_past. All on the device.
+void kv_compact(const DeviceKV& kv, const int32_t* idx, const int32_t* n_keep, cudaStream_t stream);
 // n_past += n (a sequential batch kept whole).
 void kv_advance(const DeviceKV& kv, int32_t n, cudaStream_t stream);
 
@@ -176,18 +177,27 @@ void decode_advance(const DeviceKV& kv, const DecodeState& st, cudaStream_t stre
 // out[r] = first index of the largest non-NaN value of row r (x is [n_rows][n]); -1 if all NaN.
 // scratch: [n_rows] (many blocks per row meet there through atomicMax).
 void argmax_rows(const float* x, int32_t n_rows, int64_t n, int32_t* out, uint64_t* scratch, cudaStream_t stream);
-// Rows [first, first + count) of a matrix, where first and count may live in device memory (so a
-// captured step reads them when it runs): null first means 0, null count means max_rows; count
-// must not exceed max_rows, which sizes the launch.
+// Rows [first, first + count) of a matrix, or rows list[0, count), where first, count and list
+// may live in device memory (so a captured step reads them when it runs): null first means 0, null
+// count means max_rows; count must not exceed max_rows, which sizes the launch.
 struct RowRange {
   const int32_t* first = nullptr;
   const int32_t* count = nullptr;
   int32_t max_rows = 1;
+  const int32_t* list = nullptr;  // [max_rows] row r is list[r] (first is then unused)
 };
 // For each row r of `rows` (row at x + (first + r) * ld): its k largest of n values, best first
 // (ties: lower index first), into ids[r * k ..] and values[r * k ..]. k <= 64. One block per row.
 void top_k_rows(const float* x, int64_t ld, int64_t n, RowRange rows, int32_t k, int32_t* ids, float* values,
                 cudaStream_t stream);
+
+// A draft tree's proposals (speculative/tree_state.h): for each of n_rows logits rows (row r at
+// logits + r * ld) its k best of the first n values (n_valid: that count in device memory, null
+// for n), best first (ties: lower index), each as a token id (ids[index], null: the index itself)
+// and its log-softmax over those n values, as tree.h's top_k_logprobs computes them (NaN and -inf
+// never chosen; token -1 and log-probability 0 past the values there are). One block per row.
+void tree_proposals(const float* logits, int64_t ld, int64_t n, const int32_t* n_valid, const int32_t* ids,
+                    int32_t n_rows, int32_t k, int32_t* tokens, float* logprobs, cudaStream_t stream);
 
 // MicroSpec's dynamic draft vocabulary on the device: a DraftVocabState (vocab/window_state.h, the
 // CPU's algorithm, shared) whose struct and arrays are in device memory. One device thread advances
@@ -219,6 +229,16 @@ void chain_begin(const ChainState& st, cudaStream_t stream);
 void chain_accept(const ChainState& st, cudaStream_t stream);
 // chain_head_caught_up in one device thread, after an EAGLE-3 head's catch-up forward.
 void chain_head_caught_up(const ChainState& st, cudaStream_t stream);
+
+// A tree step's bookkeeping (speculative/tree_state.h) on the device: tree_begin after the
+// prompt, tree_absorb after draft forward `forward`'s proposals, tree_finish (tree_rank, one
+// thread per candidate, then tree_lay_out_verification) after the last, tree_accept after the
+// verification's argmax, tree_lay_out_root after the cache's compaction; each in one thread.
+void tree_begin(const TreeState& st, cudaStream_t stream);
+void tree_absorb(const TreeState& st, int32_t forward, cudaStream_t stream);
+void tree_finish(const TreeState& st, cudaStream_t stream);
+void tree_accept(const TreeState& st, cudaStream_t stream);
+void tree_lay_out_root(const TreeState& st, cudaStream_t stream);
 
 // Fills n values of a 16-bit float type (BF16 or F16) with uniform(-scale, scale) from a hash of
 // (seed, index): random weights made on the device for benchmarks.

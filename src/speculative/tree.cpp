@@ -18,6 +18,15 @@ void TreeParams::validate() const {
   if (p_min < 0 || p_min > 100) throw Error("draft p-min must be in [0, 100] percent, got " + std::to_string(p_min));
 }
 
+TreeShape TreeParams::fixed_shape() const {
+  validate();
+  if (p_min != 0) throw Error("a fixed-shape tree step has no p-min cut: draft p-min must be 0, got " + std::to_string(p_min));
+  if (total_tokens == 0) throw Error("a fixed-shape tree step needs at least one tree token");
+  TreeShape shape{.top_k = top_k, .depth = depth, .total = total_tokens};
+  shape.total = std::min(total_tokens, shape.candidates());
+  return shape;
+}
+
 namespace {
 // Rank order of candidates: higher score first, then the earlier candidate.
 struct RanksBefore {

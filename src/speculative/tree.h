@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "speculative/tree_state.h"
+
 namespace microspec {
 
 class Sampler;
@@ -39,6 +41,10 @@ struct TreeParams {
   void validate() const;  // throws Error on values outside 0 <= depth, 1 <= top_k, 0 <= total_tokens, 0 <= p_min <= 100
   // Most nodes a drafter runs through its model for one tree: the root plus `depth` frontiers.
   int32_t max_draft_rows() const { return 1 + depth * top_k; }
+  // The fixed shape of a device-resident tree step (speculative/tree_state.h): these values with
+  // total_tokens cut to the candidates there are. Throws Error for p_min > 0 or total_tokens 0,
+  // whose trees have no fixed shape.
+  TreeShape fixed_shape() const;
 };
 
 struct TreeNode {

@@ -27,9 +27,11 @@
 #include "kernels/matmul.h"
 #include "kernels/threadpool.h"
 #include "model/model.h"
+#include "speculative/tree.h"
 #include "tokenizer/tokenizer.h"
 #include "../test_helpers.h"
 #include "../tiny_head.h"
+#include "../resident_step.h"
 #include "../tiny_model.h"
 #include "util/error.h"
 #include "vocab/candidate_stream.h"
@@ -306,6 +308,58 @@ TEST(CudaKernels, ArgmaxAndTopKFollowTheCpuOrder) {
     EXPECT_EQ(top[j], order1[j]) << "row 1, rank " << j;
     EXPECT_EQ(top[k + j], -1) << "the unused block wrote rank " << j;
   }
+
+  // Rows listed on the device (a tree's accepted rows): row 1, then row 0.
+  DeviceBuffer<int32_t> list(std::vector<int32_t>{1, 0});
+  cuda::top_k_rows(dx.ptr, n, n, cuda::RowRange{.max_rows = 2, .list = list.ptr}, k, ids.ptr, vals.ptr, nullptr);
+  top = ids.to_host();
+  for (int32_t j = 0; j < k; ++j) {
+    EXPECT_EQ(top[j], order1[j]) << "listed row 1, rank " << j;
+    EXPECT_EQ(top[k + j], order[j]) << "listed row 0, rank " << j;
+  }
+}
+
+// A draft tree's proposals against tree.h's top_k_logprobs: the same ids (mapped through a slot
+// table, over a count read on the device), log-probabilities to float rounding; a row with fewer
+// values than k pads with -1; -inf is never chosen.
+TEST(CudaKernels, TreeProposalsMatchTopKLogprobs) {
+  REQUIRE_GPU();
+  const int64_t n = 3000;
+  const int32_t k = 10, rows = 3;
+  std::vector<float> x = normal_floats(size_t(rows * n), 11);
+  x[5] = x[9] = 4.0f;  // a tie
+  x[17] = NAN;
+  x[n + 3] = -INFINITY;
+  std::vector<int32_t> slot_ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) slot_ids[size_t(i)] = int32_t(7 * i + 1);
+  DeviceBuffer<float> dx(x);
+  DeviceBuffer<int32_t> ids(slot_ids), tokens(size_t(rows * k));
+  DeviceBuffer<float> logprobs(size_t(rows * k));
+  for (const int32_t n_valid : {int32_t(n), 2500, 6}) {
+    SCOPED_TRACE("valid " + std::to_string(n_valid));
+    DeviceBuffer<int32_t> count(std::vector<int32_t>{n_valid});
+    cuda::tree_proposals(dx.ptr, n, n, count.ptr, ids.ptr, rows, k, tokens.ptr, logprobs.ptr, nullptr);
+    const std::vector<int32_t> got = tokens.to_host();
+    const std::vector<float> got_lp = logprobs.to_host();
+    for (int32_t r = 0; r < rows; ++r) {
+      std::vector<Proposal> want(static_cast<size_t>(k));
+      const int32_t m = top_k_logprobs(x.data() + size_t(r) * n, n_valid, k, want.data());
+      for (int32_t j = 0; j < k; ++j) {
+        if (j >= m) {
+          EXPECT_EQ(got[size_t(r * k + j)], -1) << "row " << r << ", rank " << j;
+          continue;
+        }
+        EXPECT_EQ(got[size_t(r * k + j)], slot_ids[size_t(want[size_t(j)].token)]) << "row " << r << ", rank " << j;
+        EXPECT_NEAR(got_lp[size_t(r * k + j)], want[size_t(j)].logprob, 1e-5f) << "row " << r << ", rank " << j;
+      }
+    }
+  }
+  // The full vocabulary: no count, no table.
+  cuda::tree_proposals(dx.ptr, n, n, nullptr, nullptr, 1, k, tokens.ptr, logprobs.ptr, nullptr);
+  std::vector<Proposal> want(static_cast<size_t>(k));
+  top_k_logprobs(x.data(), int32_t(n), k, want.data());
+  const std::vector<int32_t> got = tokens.to_host();
+  for (int32_t j = 0; j < k; ++j) EXPECT_EQ(got[size_t(j)], want[size_t(j)].token) << "rank " << j;
 }
 
 // --- whole models -----------------------------------------------------------------------------
@@ -534,38 +588,27 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
   REQUIRE_GPU();
   using Source = CandidateStreamParams::Source;
   using Rows = CandidateStreamParams::KverRows;
-  enum class Drafter { Self, Model, Head };
+  // Tree: the self-draft's EAGLE-2 tree (speculative/tree_state.h, CudaModel::enqueue_tree_step),
+  // whose CPU side is tests/test_spec_tree_state.cpp.
+  enum class Drafter { Self, Model, Head, Tree };
   struct Variant {
     const char* name;
     int32_t depth;
     std::optional<PrunedVocabSpec> vocab;
     Drafter drafter;
     int32_t draft_layers = 2;  // of 3
+    TreeShape tree{};          // Drafter::Tree's shape (depth is then unused)
   };
   auto dynamic = [](int32_t w_max, Source source, Rows rows, bool async) {
-    PrunedVocabSpec p;
-    p.window.stream.w_max = w_max;
-    p.window.stream.source = source;
-    p.window.stream.kver_rows = rows;
-    p.window.async_gather = async;
-    return std::optional<PrunedVocabSpec>(p);
+    std::optional<PrunedVocabSpec> p = test::window_spec(w_max, source, rows);
+    p->window.async_gather = async;
+    return p;
   };
   // ids 7, 14, 21, ...: a fixed set (freq), or pinned beside a window (hybrid).
-  auto every_7th = [](int32_t n) {
-    std::vector<int32_t> ids;
-    for (int32_t i = 1; i <= n; ++i) ids.push_back(7 * i);
-    return ids;
-  };
-  auto fixed = [&](int32_t n) {
-    PrunedVocabSpec p;
-    p.kind = PrunedVocabSpec::Kind::Fixed;
-    p.pinned = every_7th(n);
-    return std::optional<PrunedVocabSpec>(p);
-  };
+  auto fixed = [](int32_t n) { return test::with_every_7th(PrunedVocabSpec{}, n, PrunedVocabSpec::Kind::Fixed); };
   auto hybrid = [&](int32_t w_max, int32_t n_pinned) {
-    std::optional<PrunedVocabSpec> p = dynamic(w_max, Source::Both, Rows::Accepted, true);
-    p->pinned = every_7th(n_pinned);
-    return p;
+    return test::with_every_7th(dynamic(w_max, Source::Both, Rows::Accepted, true), n_pinned,
+                                PrunedVocabSpec::Kind::Window);
   };
   const Variant variants[] = {
       {"full, depth 1", 1, std::nullopt, Drafter::Self},
@@ -582,7 +625,17 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       {"EAGLE-3 head, full, depth 1", 1, std::nullopt, Drafter::Head},
       {"EAGLE-3 head, full, depth 4", 4, std::nullopt, Drafter::Head},
       {"EAGLE-3 head, dynamic W 64", 4, dynamic(64, Source::Both, Rows::Accepted, true), Drafter::Head},
-      {"EAGLE-3 head, freq: 40 fixed ids", 3, fixed(40), Drafter::Head}};
+      {"EAGLE-3 head, freq: 40 fixed ids", 3, fixed(40), Drafter::Head},
+      {"tree k 2 depth 3, 6 nodes, full", 0, std::nullopt, Drafter::Tree, 2, {2, 3, 6}},
+      {"tree k 4 depth 1, every candidate, full", 0, std::nullopt, Drafter::Tree, 2, {4, 1, 20}},
+      {"tree k 1 depth 3, every layer drafts, full", 0, std::nullopt, Drafter::Tree, 3, {1, 3, 4}},
+      {"tree k 3 depth 2, every layer drafts, full", 0, std::nullopt, Drafter::Tree, 3, {3, 2, 8}},
+      {"tree k 3 depth 2, dynamic W 64", 0, dynamic(64, Source::Both, Rows::Accepted, true), Drafter::Tree, 2, {3, 2, 8}},
+      {"tree k 2 depth 2, dynamic ext W 64", 0, dynamic(64, Source::Ext, Rows::Accepted, true), Drafter::Tree, 2, {2, 2, 5}},
+      {"tree k 2 depth 3, dynamic W 5, K_ver last row, in line", 0, dynamic(5, Source::Both, Rows::Last, false),
+       Drafter::Tree, 2, {2, 3, 6}},
+      {"tree k 2 depth 3, freq: 40 fixed ids", 0, fixed(40), Drafter::Tree, 2, {2, 3, 6}},
+      {"tree k 2 depth 3, hybrid W 16 + 24 pinned", 0, hybrid(16, 24), Drafter::Tree, 2, {2, 3, 6}}};
   const TinyHeadFile head_file;
   struct Launch {
     cuda::Graphs graphs;
@@ -599,7 +652,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
     cuda::GreedyOptions g;
     g.n_predict = 40;
     const std::vector<int32_t> plain = m.gpu->generate_greedy(prompt, g);
-    int32_t draft_model_accepted = 0;
+    int32_t draft_model_accepted = 0, tree_accepted = 0;
     for (const Variant& v : variants) {
       std::optional<cuda::SpecChainStats> first_launch;
       for (const Launch& l : launches) {
@@ -613,12 +666,18 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
         o.sync_every = l.sync_every;
         if (v.drafter == Drafter::Model) o.draft_model = draft.gpu.get();
         if (v.drafter == Drafter::Head) o.draft_head = head.get();
+        if (v.drafter == Drafter::Tree) o.tree = v.tree;
         cuda::SpecChainStats st;
         EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &st), plain);
         EXPECT_GT(st.steps, 0);
         EXPECT_LE(st.steps, 40);
-        if (v.draft_layers == 3) EXPECT_EQ(st.accepted_drafts, v.depth * st.steps) << "the target drafting for itself";
+        // The target drafting for itself: a chain accepted whole, and in a tree at least its own
+        // first token.
+        const int32_t chain = v.drafter == Drafter::Tree ? (v.tree.top_k == 1 ? v.tree.depth + 1 : 0) : v.depth;
+        if (v.draft_layers == 3 && chain > 0) EXPECT_EQ(st.accepted_drafts, chain * st.steps) << "the target's own chain";
+        if (v.draft_layers == 3) EXPECT_GE(st.accepted_drafts, st.steps) << "the target's own token";
         if (v.drafter == Drafter::Model) draft_model_accepted += st.accepted_drafts;
+        if (v.drafter == Drafter::Tree && v.draft_layers == 2) tree_accepted += st.accepted_drafts;
         // The same counts whenever the host looks: the steps up to the one that emitted the 40th token.
         if (first_launch) {
           EXPECT_EQ(st.steps, first_launch->steps);
@@ -628,6 +687,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       }
     }
     EXPECT_GT(draft_model_accepted, 0) << "the draft model never agreed: whole chains went untested";
+    EXPECT_GT(tree_accepted, 0) << "no tree path of the partial drafter was ever accepted";
   }
 
   TinyPair m(device_spec("llama", GgmlType::Q8_0));
@@ -636,9 +696,12 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
   const int32_t V = m.cpu->config().n_vocab;
   for (const Launch& l : launches)
     for (const std::optional<PrunedVocabSpec>& vocab : {std::optional<PrunedVocabSpec>(), dynamic(64, Source::Both, Rows::Accepted, true)})
-    for (Drafter drafter : {Drafter::Self, Drafter::Model, Drafter::Head}) {
+    for (Drafter drafter : {Drafter::Self, Drafter::Model, Drafter::Head, Drafter::Tree}) {
       SCOPED_TRACE(std::string(l.name) + (vocab ? ", dynamic" : ", full") +
-                   (drafter == Drafter::Model ? ", draft model" : drafter == Drafter::Head ? ", EAGLE-3 head" : ""));
+                   (drafter == Drafter::Model  ? ", draft model"
+                    : drafter == Drafter::Head ? ", EAGLE-3 head"
+                    : drafter == Drafter::Tree ? ", tree k 3 depth 3, 10 nodes"
+                                               : ""));
       cuda::SpecChainOptions o;
       o.draft_layers = 2;
       o.depth = 4;
@@ -647,6 +710,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       o.sync_every = l.sync_every;
       if (drafter == Drafter::Model) o.draft_model = draft.gpu.get();
       if (drafter == Drafter::Head) o.draft_head = head.get();
+      if (drafter == Drafter::Tree) o.tree = TreeShape{3, 3, 10};
       // A stop token: the output ends with its first occurrence.
       const std::vector<int32_t> prompt = random_tokens(7, V, 9);
       cuda::GreedyOptions g;
@@ -973,6 +1037,16 @@ TEST(CudaModel, BadInputIsAnError) {
   EXPECT_THROW(m.gpu->forward(cuda::HostBatch{ok, pos, bad_parent, outr, 0}, {.logits = true}), Error);
   const std::vector<int32_t> long_prompt(300, 5);
   EXPECT_THROW(m.gpu->generate_greedy(long_prompt, cuda::GreedyOptions{}), Error);
+  // Draft trees the device has no fixed shape or room for, refused before anything runs.
+  cuda::SpecChainOptions tree;
+  tree.tree = TreeShape{2, 2, 0};
+  EXPECT_THROW(m.gpu->generate_speculative(ok, tree, nullptr), Error);
+  tree.tree = TreeShape{8, 8, 64};  // 65 verification rows: over the batch of 64
+  EXPECT_THROW(m.gpu->generate_speculative(ok, tree, nullptr), Error);
+  cuda::SpecChainOptions tree_from_a_model = tree;
+  tree_from_a_model.tree = TreeShape{2, 2, 4};
+  tree_from_a_model.draft_model = m.gpu.get();
+  EXPECT_THROW(m.gpu->generate_speculative(ok, tree_from_a_model, nullptr), Error);
 }
 
 }  // namespace

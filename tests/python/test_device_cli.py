@@ -34,6 +34,9 @@ def generate(*args):
     # what the CPU path's output offers: stop strings, one JSON line
     ["--json", "--stop", "\n\n"],
     ["--spec", "self", "--tree-topk", "1", "--json", "--stop", "."],
+    # a tree drafted by the target's first layers: the full head, MicroSpec's window
+    ["--spec", "self", "--tree-topk", "3", "--tree-depth", "2", "--tree-tokens", "8", "--draft-vocab", "full"],
+    ["--spec", "self", "--tree-topk", "2", "--tree-depth", "3", "--tree-tokens", "6"],
 ])
 def test_accepted_settings_reach_the_device(args):
     p = generate(*args)
@@ -57,7 +60,8 @@ def test_a_prompts_file_reaches_the_device(tmp_path):
 @pytest.mark.parametrize("args, says", [
     (["--spec", "self", "--tree-topk", "1", "--draft-vocab", "freq", "--freq-file", "/nonexistent/x.freq.bin"],
      "/nonexistent/x.freq.bin"),
-    (["--spec", "self", "--tree-topk", "2"], "--tree-topk 1"),
+    (["--spec", "draft", "--draft-model", SMOL, "--tree-topk", "2"], "--spec self --tree-topk K"),
+    (["--spec", "head", "--tree-topk", "2"], "--spec self --tree-topk K"),
     (["--spec", "ngram"], "--spec self|draft|head"),
     (["--spec", "head", "--tree-topk", "1", "--draft-head", "/nonexistent/h.gguf"], "/nonexistent/h.gguf"),
     # Gemma's head on SmolLM2: refused with both hidden sizes, before any device is asked for

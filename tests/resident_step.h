@@ -1,0 +1,127 @@
+#pragma once
+// What the tests of the device-resident speculative steps (speculative/chain_state.h,
+// speculative/tree_state.h) share when they drive a step on the host with the CPU model: plain
+// greedy decoding, their reference; and MicroSpec's draft vocabulary kept as the device keeps it
+// (a DraftVocabState advanced by vocab/window_state.h's functions) beside the host-driven
+// CandidateStream, which must hold the same window after every step.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "math/select.h"
+#include "model/model.h"
+#include "vocab/candidate_stream.h"
+#include "vocab/draft_vocab.h"
+#include "vocab/window_state.h"
+#include "host_vocab_state.h"
+
+namespace microspec::test {
+
+// A window of w_max tokens fed from `source`, K_ver taken at `rows` (dynamic).
+inline std::optional<PrunedVocabSpec> window_spec(int32_t w_max, CandidateStreamParams::Source source,
+                                                  CandidateStreamParams::KverRows rows) {
+  PrunedVocabSpec p;
+  p.window.stream.w_max = w_max;
+  p.window.stream.source = source;
+  p.window.stream.kver_rows = rows;
+  return p;
+}
+
+// ids 7, 14, ..., 7n pinned beside the window (hybrid: Kind::Window) or alone (freq: Kind::Fixed).
+inline std::optional<PrunedVocabSpec> with_every_7th(std::optional<PrunedVocabSpec> p, int32_t n,
+                                                     PrunedVocabSpec::Kind kind) {
+  for (int32_t i = 1; i <= n; ++i) p->pinned.push_back(7 * i);
+  p->kind = kind;
+  return p;
+}
+
+// Plain greedy decoding: n tokens after the prompt.
+inline std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t>& prompt, int32_t n) {
+  KVCache kv = model.make_cache(512);
+  Batch b;
+  ForwardOutput out;
+  b.set_sequence(prompt, 0, false);
+  std::vector<int32_t> ids;
+  const int32_t V = model.config().n_vocab;
+  while (int32_t(ids.size()) < n) {
+    model.forward(b, kv, out, {.logits = true});
+    kv.commit_prefix(b.size());
+    ids.push_back(argmax(out.logits.data() + size_t(out.n_rows - 1) * V, V));
+    b.set_sequence(std::vector<int32_t>{ids.back()}, kv.n_past(), false);
+  }
+  return ids;
+}
+
+// A pruned draft vocabulary (a window, with pinned ids for hybrid; Fixed: the pinned ids alone, a
+// window of one entry that nothing enters) in its device form and as the host-driven stream.
+class ResidentVocab {
+ public:
+  // prompt_logits: the prefill's [prompt.size()][n_vocab], whose top K_pre per position start the
+  // stream (unless its source is ext).
+  ResidentVocab(int32_t n_vocab, const PrunedVocabSpec& spec, const std::vector<int32_t>& prompt,
+                const float* prompt_logits)
+      : n_vocab_(n_vocab),
+        fixed_(spec.kind == PrunedVocabSpec::Kind::Fixed),
+        params_(fixed_ ? CandidateStreamParams{.w_max = 1, .k_pre = 0, .k_ver = 0} : spec.window.stream),
+        reference_(n_vocab, params_, spec.pinned),
+        device_(n_vocab, params_.w_max, reference_.window().capacity()) {
+    const int32_t n_prompt = int32_t(prompt.size()), k_pre = params_.prompt_top_k();
+    std::vector<int32_t> prompt_top(size_t(n_prompt) * std::max(k_pre, 1));
+    for (int32_t i = 0; i < n_prompt && k_pre > 0; ++i)
+      top_k_indices(prompt_logits + size_t(i) * n_vocab, n_vocab, k_pre, prompt_top.data() + size_t(i) * k_pre);
+    for (int32_t id : spec.pinned) window_pin(device_.st.window, id);
+    if (params_.source == CandidateStreamParams::Source::Ext || fixed_) {
+      reference_.begin(prompt, {}, 0);
+      vocab_state_begin(device_.st, prompt.data(), 0, prompt_top.data(), k_pre, 0);
+    } else {
+      reference_.begin(prompt, prompt_top, k_pre);
+      vocab_state_begin(device_.st, prompt.data(), n_prompt, prompt_top.data(), k_pre, k_pre);
+    }
+    if (fixed_)  // the packed rows are the ids as given, for good
+      EXPECT_EQ(std::vector<int32_t>(device_.token_of_slot.begin(), device_.token_of_slot.begin() + rows()), spec.pinned);
+  }
+
+  const CandidateStreamParams& params() const { return params_; }
+  bool kver_last_only() const { return params_.kver_rows == CandidateStreamParams::KverRows::Last; }
+  // Whether verifications feed the window (not Fixed, not source ctx).
+  bool takes_steps() const { return !fixed_ && params_.source != CandidateStreamParams::Source::Ctx; }
+  // The packed rows in use and the token of each slot: what the draft head scores.
+  int32_t rows() const { return device_.st.slots.n_rows; }
+  const int32_t* rows_counter() const { return &device_.st.slots.n_rows; }  // where the device keeps rows()
+  const int32_t* token_of_slot() const { return device_.token_of_slot.data(); }
+
+  // The device's step as a resident step records it: tree[0, n_tree), then the target's top K_ver
+  // at verification rows `rows` of verify_logits ([.][n_vocab]).
+  void device_step(const int32_t* tree, int32_t n_tree, const float* verify_logits, std::span<const int32_t> rows) {
+    const int32_t k_ver = params_.k_ver;
+    tops_.assign(rows.size() * size_t(std::max(k_ver, 1)), -1);
+    for (size_t r = 0; r < rows.size() && k_ver > 0; ++r)
+      top_k_indices(verify_logits + size_t(rows[r]) * n_vocab_, n_vocab_, k_ver, tops_.data() + r * k_ver);
+    vocab_state_step(device_.st, tree, n_tree, tops_.data(), int32_t(rows.size()) * k_ver);
+  }
+  // The host-driven stream's step by its own rule (the drafts it proposed, the rows it accepted).
+  void reference_step(std::span<const int32_t> tree, const float* verify_logits, std::span<const int32_t> rows) {
+    reference_.step(tree, verify_logits, rows);
+  }
+  // Both hold the same window.
+  void expect_same_window(int32_t step) const {
+    EXPECT_EQ(device_.st.window.active, reference_.window().active_size()) << "step " << step;
+    int32_t differ = 0;
+    for (int32_t t = 0; t < n_vocab_; ++t) differ += (device_.count[size_t(t)] > 0) != reference_.window().contains(t);
+    EXPECT_EQ(differ, 0) << "tokens in one window only, step " << step;
+  }
+
+ private:
+  int32_t n_vocab_;
+  bool fixed_;
+  CandidateStreamParams params_;
+  CandidateStream reference_;
+  HostDraftVocabState device_;
+  std::vector<int32_t> tops_;
+};
+
+}  // namespace microspec::test

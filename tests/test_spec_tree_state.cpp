@@ -1,0 +1,439 @@
+// The fixed-shape greedy tree step's bookkeeping (speculative/tree_state.h): the tree it builds
+// from a drafter's proposals must be TreeBuilder's (speculative/tree.h) node for node, its
+// acceptance accept_greedy's, and driven on the host with the CPU model doing each forward (the
+// self-drafter's depth + 1 draft forwards in their pending slots, the verification over them, the
+// cache compacted to the slots it keeps) it must emit plain greedy decoding's tokens, token for
+// token, with the full draft head and with MicroSpec's vocabulary advanced by the device's
+// functions (vocab/window_state.h), whose window must be the host-driven CandidateStream's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "math/select.h"
+#include "model/model.h"
+#include "speculative/tree.h"
+#include "speculative/tree_state.h"
+#include "util/error.h"
+#include "vocab/candidate_stream.h"
+#include "vocab/draft_vocab.h"
+#include "resident_step.h"
+#include "tiny_model.h"
+
+namespace microspec {
+namespace {
+
+// A TreeState over host vectors, sized for a shape and a number of tokens to emit.
+struct HostTreeState {
+  std::vector<int32_t> draft_tokens, draft_positions, draft_parents, prop_token, cand_token, cand_parent, cand_depth,
+      cand_slot, cand_node, frontier, tokens, positions, parents, output_rows, pred, keep, ver_rows, out_ids,
+      step_counts;
+  std::vector<float> prop_logprob, cand_score;
+  int32_t n_nodes = 0, n_keep = 0, n_past = 0, counter = 0, steps = 0;
+  VocabUpdate update;
+  TreeState s;
+
+  HostTreeState(const TreeShape& shape, int32_t capacity)
+      : draft_tokens(size_t(shape.top_k)), draft_positions(draft_tokens.size()), draft_parents(draft_tokens.size()),
+        prop_token(size_t(shape.top_k) * shape.top_k), cand_token(size_t(shape.candidates())),
+        cand_parent(cand_token.size()), cand_depth(cand_token.size()), cand_slot(cand_token.size()),
+        cand_node(cand_token.size()), frontier(size_t(shape.top_k)), tokens(size_t(shape.verify_rows())),
+        positions(tokens.size()), parents(tokens.size()), output_rows(tokens.size()), pred(tokens.size()),
+        keep(size_t(shape.max_emitted())), ver_rows(keep.size()), out_ids(size_t(capacity)),
+        step_counts(size_t(capacity)), prop_logprob(prop_token.size()), cand_score(cand_token.size()) {
+    s = TreeState{draft_tokens.data(), draft_positions.data(), draft_parents.data(), prop_token.data(),
+                  prop_logprob.data(), cand_token.data(), cand_parent.data(), cand_depth.data(), cand_score.data(),
+                  cand_slot.data(), cand_node.data(), frontier.data(), tokens.data(), positions.data(),
+                  parents.data(), output_rows.data(), &n_nodes, pred.data(), keep.data(), &n_keep,
+                  ver_rows.data(), &n_past, out_ids.data(), &counter, &update, &steps, step_counts.data(),
+                  shape, 0};
+  }
+  HostTreeState(const HostTreeState&) = delete;
+  HostTreeState& operator=(const HostTreeState&) = delete;
+
+  // The tree as DraftTree nodes (parents as node indices), from the verification batch.
+  DraftTree tree() const {
+    DraftTree t;
+    for (int32_t i = 1; i <= n_nodes; ++i)
+      t.nodes.push_back({tokens[size_t(i)], parents[size_t(i)] - 1, positions[size_t(i)] - positions[0], 0.0f, -1});
+    return t;
+  }
+  // The tokens from the root's child down to candidate c.
+  std::vector<int32_t> path_of(int32_t c) const {
+    std::vector<int32_t> path;
+    for (; c >= 0; c = cand_parent[size_t(c)]) path.insert(path.begin(), cand_token[size_t(c)]);
+    return path;
+  }
+};
+
+// Proposals that depend only on the path to the node expanded: k distinct tokens of 40, with
+// log-probabilities <= 0 from a small set (ties and zeros included), best first; sometimes fewer
+// than k (the rest token -1), as a row with few finite logits gives.
+std::vector<Proposal> proposals_for(const std::vector<int32_t>& path, int32_t k, uint32_t seed) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (int32_t t : path) h = (h ^ uint64_t(t + 7)) * 1099511628211ull;
+  std::mt19937 rng(uint32_t(h ^ (h >> 32)));
+  const float levels[] = {0.0f, -0.25f, -0.25f, -0.5f, -1.0f, -1.0f, -2.5f};
+  int32_t n = k;
+  if (rng() % 6 == 0) n = int32_t(rng() % uint32_t(k));
+  std::vector<int32_t> ids(40);
+  for (int32_t i = 0; i < 40; ++i) ids[size_t(i)] = i;
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<float> lp(static_cast<size_t>(n));
+  for (float& v : lp) v = levels[rng() % 7];
+  std::sort(lp.begin(), lp.end(), std::greater<float>());
+  std::vector<Proposal> out(size_t(k), Proposal{-1, 0.0f});
+  for (int32_t j = 0; j < n; ++j) out[size_t(j)] = {ids[size_t(j)], lp[size_t(j)]};
+  return out;
+}
+
+struct PathExpander : TreeExpander {
+  uint32_t seed = 0;
+  void expand(std::span<const int32_t> frontier, std::span<const TreeNode> cand, int32_t k, DraftSampling*,
+              Proposal* out) override {
+    for (size_t i = 0; i < frontier.size(); ++i) {
+      std::vector<int32_t> path;
+      for (int32_t c = frontier[i]; c >= 0; c = cand[size_t(c)].parent) path.insert(path.begin(), cand[size_t(c)].token);
+      const std::vector<Proposal> p = proposals_for(path, k, seed);
+      std::copy(p.begin(), p.end(), out + i * k);
+    }
+  }
+};
+
+// One step's drafting through the state with proposals_for, checking each draft forward's rows.
+void draft_tree(HostTreeState& h, uint32_t seed) {
+  const TreeShape& shape = h.s.shape;
+  const int32_t k = shape.top_k;
+  std::vector<int32_t> slot_of_row;  // the candidate in each pending slot the drafts wrote
+  std::vector<int32_t> cand_in_slot(size_t(shape.draft_slots()), -2);
+  cand_in_slot[0] = -1;  // the root
+  for (int32_t f = 0; f <= shape.depth; ++f) {
+    const int32_t rows = shape.draft_rows(f), start = shape.draft_start(f);
+    for (int32_t i = 0; i < rows; ++i) {
+      const int32_t c = f == 0 ? -1 : h.frontier[size_t(i)];
+      if (f > 0 && c >= 0) {
+        EXPECT_EQ(h.cand_slot[size_t(c)], start + i);
+        cand_in_slot[size_t(start + i)] = c;
+        // The row's parent is the slot where its parent candidate's row ran, at an earlier slot.
+        const int32_t parent_slot = h.draft_parents[size_t(i)];
+        ASSERT_GE(parent_slot, 0);
+        ASSERT_LT(parent_slot, start);
+        EXPECT_EQ(cand_in_slot[size_t(parent_slot)], h.cand_parent[size_t(c)]);
+        EXPECT_EQ(h.draft_tokens[size_t(i)], h.cand_token[size_t(c)]);
+        EXPECT_EQ(h.draft_positions[size_t(i)], h.n_past + h.cand_depth[size_t(c)]);
+      }
+      if (f == 0) {
+        EXPECT_EQ(h.draft_tokens[0], h.tokens[0]);
+        EXPECT_EQ(h.draft_positions[0], h.n_past);
+        EXPECT_EQ(h.draft_parents[0], -1);
+      }
+      const std::vector<Proposal> p =
+          c < 0 && f > 0 ? std::vector<Proposal>(size_t(k), Proposal{7, -0.1f})  // a placeholder row: ignored
+                         : proposals_for(f == 0 ? std::vector<int32_t>{} : h.path_of(c), k, seed);
+      for (int32_t j = 0; j < k; ++j) {
+        h.prop_token[size_t(i * k + j)] = p[size_t(j)].token;
+        h.prop_logprob[size_t(i * k + j)] = p[size_t(j)].logprob;
+      }
+    }
+    tree_absorb(h.s, f);
+  }
+  for (int32_t c = 0; c < shape.candidates(); ++c) tree_rank(h.s, c);
+  tree_lay_out_verification(h.s);
+}
+
+TEST(TreeState, BuildsTreeBuildersTreeFromTheSameProposals) {
+  int32_t trees = 0, pruned = 0, short_rows = 0;
+  for (uint32_t seed = 0; seed < 400; ++seed) {
+    std::mt19937 rng(seed);
+    TreeParams params;
+    params.top_k = 1 + int32_t(rng() % 4);
+    params.depth = int32_t(rng() % 5);
+    const int32_t n_cand = params.top_k + params.depth * params.top_k * params.top_k;
+    params.total_tokens = 1 + int32_t(rng() % uint32_t(n_cand + 3));
+    const TreeShape shape = params.fixed_shape();
+    ASSERT_EQ(shape.candidates(), n_cand);
+    ASSERT_EQ(shape.total, std::min(params.total_tokens, n_cand));
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", k " + std::to_string(shape.top_k) + ", depth " +
+                 std::to_string(shape.depth) + ", total " + std::to_string(shape.total));
+    PathExpander expander;
+    expander.seed = seed;
+    DraftTree want;
+    TreeBuilder builder;
+    builder.build(params, expander, want);
+
+    HostTreeState h(shape, 64);
+    h.n_past = 30;
+    h.tokens[0] = 3;
+    tree_begin(h.s);
+    draft_tree(h, seed);
+    ASSERT_EQ(h.n_nodes, want.size());
+    for (int32_t i = 0; i < want.size(); ++i) {
+      const TreeNode& n = want.nodes[size_t(i)];
+      EXPECT_EQ(h.tokens[size_t(1 + i)], n.token) << "node " << i;
+      EXPECT_EQ(h.parents[size_t(1 + i)], n.parent + 1) << "node " << i;
+      EXPECT_EQ(h.positions[size_t(1 + i)], 30 + n.depth) << "node " << i;
+    }
+    for (int32_t r = 1 + h.n_nodes; r < shape.verify_rows(); ++r) EXPECT_EQ(h.parents[size_t(r)], 0) << "placeholder";
+    EXPECT_EQ(h.positions[0], 30);
+    EXPECT_EQ(h.parents[0], -1);
+    ++trees;
+    pruned += want.size() < n_cand;
+    short_rows += want.size() < shape.total;
+  }
+  EXPECT_EQ(trees, 400);
+  EXPECT_GT(pruned, 100) << "too few trees cut to their best nodes";
+  EXPECT_GT(short_rows, 10) << "too few trees with fewer candidates than rows (empty proposals)";
+}
+
+TEST(TreeState, AcceptFollowsTheTargetLikeAcceptGreedy) {
+  int32_t deep = 0;
+  for (uint32_t seed = 0; seed < 300; ++seed) {
+    std::mt19937 rng(seed + 1000);
+    TreeParams params;
+    params.top_k = 1 + int32_t(rng() % 3);
+    params.depth = 1 + int32_t(rng() % 4);
+    params.total_tokens = 1 + int32_t(rng() % 12);
+    const TreeShape shape = params.fixed_shape();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    HostTreeState h(shape, 64);
+    h.n_past = 12;
+    h.counter = 1;
+    h.tokens[0] = 5;
+    h.out_ids[0] = 5;
+    h.s.kver_last_only = int32_t(seed % 2);
+    tree_begin(h.s);
+    draft_tree(h, seed);
+    const DraftTree tree = h.tree();
+    // The target's argmax: mostly a child's token, so that paths are accepted deep.
+    for (int32_t r = 0; r < shape.verify_rows(); ++r) {
+      std::vector<int32_t> children;
+      for (int32_t i = 0; i < tree.size(); ++i)
+        if (tree.nodes[size_t(i)].parent == r - 1) children.push_back(tree.nodes[size_t(i)].token);
+      h.pred[size_t(r)] = !children.empty() && rng() % 4 != 0 ? children[rng() % children.size()] : int32_t(rng() % 40);
+    }
+    std::vector<int32_t> path, emitted;
+    accept_greedy(tree, std::span<const int32_t>(h.pred).first(size_t(tree.size()) + 1), path, emitted);
+    const int32_t a = tree_accept(h.s);
+    ASSERT_EQ(a, int32_t(path.size()));
+    EXPECT_EQ(std::vector<int32_t>(h.out_ids.begin() + 1, h.out_ids.begin() + h.counter), emitted);
+    std::vector<int32_t> keep = {0};
+    for (int32_t p : path) keep.push_back(p + 1);
+    EXPECT_EQ(std::vector<int32_t>(h.keep.begin(), h.keep.begin() + h.n_keep), keep);
+    EXPECT_EQ(h.n_past, 12) << "the cache's compaction moves n_past";
+    EXPECT_EQ(h.tokens[0], emitted.back());
+    h.n_past += h.n_keep;
+    tree_lay_out_root(h.s);
+    EXPECT_EQ(h.draft_tokens[0], emitted.back()) << "the next root forward";
+    EXPECT_EQ(h.draft_positions[0], 12 + a + 1);
+    EXPECT_EQ(h.positions[0], 12 + a + 1);
+    EXPECT_EQ(h.parents[0], -1);
+    EXPECT_EQ(h.update.n_tree, tree.size());
+    const std::vector<int32_t> rows = h.s.kver_last_only ? std::vector<int32_t>{keep.back()} : keep;
+    EXPECT_EQ(std::vector<int32_t>(h.ver_rows.begin(), h.ver_rows.begin() + h.update.n_rows), rows);
+    EXPECT_EQ(h.steps, 1);
+    EXPECT_EQ(h.step_counts[0], h.counter);
+    deep += a >= 2;
+  }
+  EXPECT_GT(deep, 30) << "too few paths accepted past the first level";
+}
+
+TEST(TreeState, ShapesWithoutAFixedSizeAreRefused) {
+  EXPECT_THROW((TreeParams{.depth = 2, .top_k = 2, .total_tokens = 4, .p_min = 5}.fixed_shape()), Error);
+  EXPECT_THROW((TreeParams{.depth = 2, .top_k = 2, .total_tokens = 0}.fixed_shape()), Error);
+  EXPECT_THROW((TreeParams{.depth = 2, .top_k = 0, .total_tokens = 4}.fixed_shape()), Error);
+  const TreeShape s = TreeParams{.depth = 5, .top_k = 10, .total_tokens = 60}.fixed_shape();
+  EXPECT_EQ(s.candidates(), 510);
+  EXPECT_EQ(s.draft_slots(), 51);
+  EXPECT_EQ(s.pending_slots(), 61);
+  EXPECT_EQ(s.max_emitted(), 7);
+}
+
+struct TreeRun {
+  std::vector<int32_t> emitted;
+  int32_t steps = 0, accepted = 0, nodes = 0;
+};
+
+// The resident tree step on the host with the self-drafter (the target's first draft_layers
+// layers). spec: MicroSpec's window (its state advanced by the device's functions, the draft head
+// over its packed rows), a fixed set (Fixed: the pinned ids), or the full head.
+TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_t n_predict, const TreeParams& params,
+                 int32_t draft_layers, const std::optional<PrunedVocabSpec>& spec) {
+  const int32_t V = model.config().n_vocab, n_prompt = int32_t(prompt.size());
+  const TreeShape shape = params.fixed_shape();
+  const int32_t k = shape.top_k;
+  KVCache kv = model.make_cache(512);
+  Batch b;
+  ForwardOutput out;
+  HostTreeState h(shape, n_predict + shape.max_emitted());
+  std::vector<float> verify_logits;
+
+  std::unique_ptr<test::ResidentVocab> dv;  // the vocabulary as the device keeps it, beside the host-driven stream
+
+  b.set_sequence(prompt, 0, true);
+  model.forward(b, kv, out, {.logits = true});
+  kv.commit_prefix(n_prompt);
+  h.n_past = n_prompt;
+  h.tokens[0] = argmax(out.logits.data() + size_t(n_prompt - 1) * V, V);
+  h.out_ids[size_t(h.counter++)] = h.tokens[0];
+  if (spec) dv = std::make_unique<test::ResidentVocab>(V, *spec, prompt, out.logits.data());
+  h.s.kver_last_only = dv && dv->kver_last_only();
+  tree_begin(h.s);
+
+  TreeRun run;
+  std::vector<float> draft_logits;
+  std::vector<Proposal> props(static_cast<size_t>(k));
+  DraftTree last_tree;
+  std::vector<int32_t> last_path;  // accept_greedy's path through last_tree
+  while (h.counter < n_predict) {
+    // 1. The vocabulary's update from the previous verification as tree_accept recorded it (the
+    //    tree's tokens, the target's top K_ver at ver_rows); the host-driven stream takes the CPU
+    //    drafter's own rule (DraftVocabulary::accepted: the nodes in order, the rows of the root
+    //    and the accepted path, or the last alone) and must hold the same window.
+    if (dv && dv->takes_steps()) {
+      dv->device_step(h.tokens.data() + 1, h.update.n_tree, verify_logits.data(),
+                      std::span<const int32_t>(h.ver_rows).first(size_t(h.update.n_rows)));
+      if (h.steps > 0) {
+        std::vector<int32_t> tree_tokens, rows = {0};
+        for (const TreeNode& n : last_tree.nodes) tree_tokens.push_back(n.token);
+        for (int32_t p : last_path) rows.push_back(p + 1);
+        if (dv->kver_last_only()) rows = {rows.back()};
+        dv->reference_step(tree_tokens, verify_logits.data(), rows);
+      }
+      dv->expect_same_window(h.steps);
+    }
+    // 2. The draft forwards, each row's k best over the draft vocabulary.
+    for (int32_t f = 0; f <= shape.depth; ++f) {
+      const int32_t n_rows = shape.draft_rows(f);
+      b.clear();
+      b.tokens.assign(h.draft_tokens.begin(), h.draft_tokens.begin() + n_rows);
+      b.positions.assign(h.draft_positions.begin(), h.draft_positions.begin() + n_rows);
+      b.parents.assign(h.draft_parents.begin(), h.draft_parents.begin() + n_rows);
+      for (int32_t i = 0; i < n_rows; ++i) b.output_rows.push_back(i);
+      b.start = shape.draft_start(f);
+      model.forward(b, kv, out, {.logits = !dv, .end_layer = draft_layers});
+      for (int32_t i = 0; i < n_rows; ++i) {
+        int32_t got = 0;
+        if (!dv) {
+          got = top_k_logprobs(out.logits.data() + size_t(i) * V, V, k, props.data());
+        } else if (dv->rows() > 0) {
+          const int32_t n = dv->rows();
+          draft_logits.resize(size_t(n));
+          model.lm_head_rows(out.hidden.data() + size_t(i) * model.config().n_embd, 1, dv->token_of_slot(), n,
+                             draft_logits.data());
+          got = top_k_logprobs(draft_logits.data(), n, k, props.data());
+          for (int32_t j = 0; j < got; ++j) props[size_t(j)].token = dv->token_of_slot()[size_t(props[size_t(j)].token)];
+        }
+        for (int32_t j = 0; j < k; ++j) {
+          h.prop_token[size_t(i * k + j)] = j < got ? props[size_t(j)].token : -1;
+          h.prop_logprob[size_t(i * k + j)] = j < got ? props[size_t(j)].logprob : 0.0f;
+        }
+      }
+      tree_absorb(h.s, f);
+    }
+    for (int32_t c = 0; c < shape.candidates(); ++c) tree_rank(h.s, c);
+    tree_lay_out_verification(h.s);
+    // 3. The verification of every row, then the acceptance and the cache's compaction.
+    b.clear();
+    b.tokens = h.tokens;
+    b.positions = h.positions;
+    b.parents = h.parents;
+    b.output_rows = h.output_rows;
+    model.forward(b, kv, out, {.logits = true});
+    for (int32_t r = 0; r < shape.verify_rows(); ++r) h.pred[size_t(r)] = argmax(out.logits.data() + size_t(r) * V, V);
+    verify_logits = out.logits;
+    last_tree = h.tree();
+    std::vector<int32_t> emitted;
+    accept_greedy(last_tree, std::span<const int32_t>(h.pred).first(size_t(last_tree.size()) + 1), last_path, emitted);
+    const int32_t before = h.counter;
+    const int32_t a = tree_accept(h.s);
+    EXPECT_EQ(std::vector<int32_t>(h.out_ids.begin() + before, h.out_ids.begin() + h.counter), emitted);
+    // The compaction (the device's kv_compact moves its n_past, which is the state's).
+    kv.commit(std::span<const int32_t>(h.keep).first(size_t(h.n_keep)));
+    h.n_past += h.n_keep;
+    tree_lay_out_root(h.s);
+    EXPECT_EQ(kv.n_past(), h.n_past);
+    EXPECT_EQ(h.counter, h.n_past - n_prompt + 1) << "every emitted token but the newest is in the cache";
+    run.accepted += a;
+    run.nodes += last_tree.size();
+  }
+  run.steps = h.steps;
+  run.emitted.assign(h.out_ids.begin(), h.out_ids.begin() + n_predict);
+  return run;
+}
+
+class TreeStateTiny : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = (std::filesystem::temp_directory_path() / ("microspec_tree_state_" + std::to_string(::getpid()) + ".gguf"))
+                .string();
+    test::TinyModelSpec spec;
+    spec.arch = "llama";
+    spec.n_vocab = 320;
+    spec.n_layer = 3;
+    spec.seed = 7;
+    spec.weight_type = GgmlType::Q8_0;
+    spec.untied_output = true;  // a tied random model only repeats its last token
+    target_ = test::load_tiny_model(spec, path_);
+  }
+  void TearDown() override { std::filesystem::remove(path_); }
+  std::string path_;
+  test::TinyLoaded target_;
+};
+
+TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
+  using Source = CandidateStreamParams::Source;
+  using Rows = CandidateStreamParams::KverRows;
+  const auto stream = test::window_spec;   // a window (dynamic)
+  const auto pinned = test::with_every_7th;  // ids 7, 14, 21, ... beside it (hybrid) or alone (freq)
+  struct Variant {
+    const char* name;
+    TreeParams tree;
+    int32_t draft_layers;  // of 3
+    std::optional<PrunedVocabSpec> vocab;
+  };
+  const Variant variants[] = {
+      {"full head, k 2 depth 3, 6 nodes", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2, std::nullopt},
+      {"full head, k 3 depth 2, every candidate", {.depth = 2, .top_k = 3, .total_tokens = 40}, 2, std::nullopt},
+      {"full head, k 4 depth 0 (the root's children only)", {.depth = 0, .top_k = 4, .total_tokens = 4}, 1, std::nullopt},
+      {"full head, chain of 4, every layer drafts", {.depth = 3, .top_k = 1, .total_tokens = 4}, 3, std::nullopt},
+      {"full head, k 3 depth 3, every layer drafts", {.depth = 3, .top_k = 3, .total_tokens = 10}, 3, std::nullopt},
+      {"dynamic W 64, k 3 depth 3", {.depth = 3, .top_k = 3, .total_tokens = 10}, 2, stream(64, Source::Both, Rows::Accepted)},
+      {"dynamic ext W 64 (the first tree from an empty vocabulary)", {.depth = 2, .top_k = 2, .total_tokens = 5}, 2,
+       stream(64, Source::Ext, Rows::Accepted)},
+      {"dynamic W 5, K_ver of the last row", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2, stream(5, Source::Both, Rows::Last)},
+      {"dynamic ctx", {.depth = 2, .top_k = 2, .total_tokens = 6}, 2, stream(3072, Source::Ctx, Rows::Accepted)},
+      {"hybrid W 16 + 20 pinned", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2,
+       pinned(stream(16, Source::Both, Rows::Accepted), 20, PrunedVocabSpec::Kind::Window)},
+      {"freq: 40 fixed ids", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2,
+       pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed)}};
+  const std::vector<int32_t> prompt = {5, 17, 99, 3, 250, 41, 8, 77, 120};
+  const int32_t n_predict = 40;
+  Model& target = *target_.model;
+  const std::vector<int32_t> plain = test::plain_greedy(target, prompt, n_predict);
+  EXPECT_GE(std::set<int32_t>(plain.begin(), plain.end()).size(), 10u) << "a degenerate text tests little";
+  int32_t accepted_partial = 0, accepted_dynamic = 0;
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    const TreeRun r = run_tree(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab);
+    EXPECT_EQ(r.emitted, plain);
+    EXPECT_GT(r.steps, 0);
+    EXPECT_GT(r.nodes, 0);
+    if (v.draft_layers == 3 && v.tree.top_k == 1)
+      EXPECT_EQ(r.accepted, (v.tree.depth + 1) * r.steps) << "the target drafting its own chain";
+    if (v.draft_layers == 3 && v.tree.top_k > 1)
+      EXPECT_GE(r.accepted, r.steps) << "the target's own first token is always in its tree";
+    if (v.draft_layers == 2 && !v.vocab) accepted_partial += r.accepted;
+    if (v.vocab) accepted_dynamic += r.accepted;
+  }
+  EXPECT_GT(accepted_partial, 0) << "no partial drafter ever agreed";
+  EXPECT_GT(accepted_dynamic, 0) << "no draft from the packed rows was ever accepted";
+}
+
+}  // namespace
+}  // namespace microspec
