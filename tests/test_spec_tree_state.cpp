@@ -4,7 +4,8 @@
 // self-drafter's depth + 1 draft forwards in their pending slots, the verification over them, the
 // cache compacted to the slots it keeps) it must emit plain greedy decoding's tokens, token for
 // token, with the full draft head and with MicroSpec's vocabulary advanced by the device's
-// functions (vocab/window_state.h), whose window must be the host-driven CandidateStream's.
+// functions (vocab/window_state.h), whose window must be the host-driven CandidateStream's; and it
+// must draft the CPU decoder's own trees (the same steps, nodes and accepted drafts).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,9 +18,13 @@
 #include <vector>
 
 #include "math/select.h"
+#include "engine/generator.h"
 #include "model/model.h"
+#include "speculative/decoder.h"
+#include "speculative/drafter.h"
 #include "speculative/tree.h"
 #include "speculative/tree_state.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "vocab/candidate_stream.h"
 #include "vocab/draft_vocab.h"
@@ -380,10 +385,18 @@ class TreeStateTiny : public ::testing::Test {
     spec.weight_type = GgmlType::Q8_0;
     spec.untied_output = true;  // a tied random model only repeats its last token
     target_ = test::load_tiny_model(spec, path_);
+    tok_path_ = path_ + ".tok.gguf";
+    tok_file_ = GgufFile::open(test::write_tiny_tokenizer(tok_path_, spec.n_vocab));
+    tok_ = Tokenizer::from_gguf(*tok_file_);
   }
-  void TearDown() override { std::filesystem::remove(path_); }
-  std::string path_;
+  void TearDown() override {
+    std::filesystem::remove(path_);
+    std::filesystem::remove(tok_path_);
+  }
+  std::string path_, tok_path_;
   test::TinyLoaded target_;
+  std::unique_ptr<GgufFile> tok_file_;
+  std::unique_ptr<Tokenizer> tok_;
 };
 
 TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
@@ -430,6 +443,22 @@ TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
       EXPECT_GE(r.accepted, r.steps) << "the target's own first token is always in its tree";
     if (v.draft_layers == 2 && !v.vocab) accepted_partial += r.accepted;
     if (v.vocab) accepted_dynamic += r.accepted;
+    // The CPU decoder with the same self-drafter, tree and vocabulary drafts the same trees: the
+    // same steps, nodes and accepted drafts, so the device's counts are the CPU path's.
+    Generator gen(target, *tok_, 512);
+    const int32_t V = target.config().n_vocab;
+    DraftVocabulary vocab = !v.vocab                                         ? DraftVocabulary::full(V)
+                            : v.vocab->kind == PrunedVocabSpec::Kind::Fixed ? DraftVocabulary::packed(target, v.vocab->pinned)
+                                                                             : DraftVocabulary::dynamic(target, v.vocab->window, v.vocab->pinned);
+    SelfDrafter drafter(target, gen.cache(), v.draft_layers, std::move(vocab));
+    GenerateParams params;
+    params.max_new_tokens = n_predict;
+    params.ignore_eos = true;
+    const SpecResult cpu = Decoder(gen, *tok_, &drafter, v.tree).generate(prompt, params);
+    EXPECT_EQ(cpu.gen.tokens, plain);
+    EXPECT_EQ(cpu.stats.steps, r.steps);
+    EXPECT_EQ(cpu.stats.drafted, r.nodes);
+    EXPECT_EQ(cpu.stats.accepted_draft, r.accepted);
   }
   EXPECT_GT(accepted_partial, 0) << "no partial drafter ever agreed";
   EXPECT_GT(accepted_dynamic, 0) << "no draft from the packed rows was ever accepted";
