@@ -262,6 +262,7 @@ TEST(TreeState, ShapesWithoutAFixedSizeAreRefused) {
 struct TreeRun {
   std::vector<int32_t> emitted;
   int32_t steps = 0, accepted = 0, nodes = 0;
+  std::vector<int32_t> step_counts;  // the count of tokens after each step
 };
 
 // The resident tree step on the host with the self-drafter (the target's first draft_layers
@@ -369,6 +370,7 @@ TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_t n_pre
   }
   run.steps = h.steps;
   run.emitted.assign(h.out_ids.begin(), h.out_ids.begin() + n_predict);
+  run.step_counts.assign(h.step_counts.begin(), h.step_counts.begin() + h.steps);
   return run;
 }
 
@@ -454,11 +456,19 @@ TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
     GenerateParams params;
     params.max_new_tokens = n_predict;
     params.ignore_eos = true;
-    const SpecResult cpu = Decoder(gen, *tok_, &drafter, v.tree).generate(prompt, params);
+    Decoder decoder(gen, *tok_, &drafter, v.tree);
+    const SpecResult cpu = decoder.generate(prompt, params);
     EXPECT_EQ(cpu.gen.tokens, plain);
     EXPECT_EQ(cpu.stats.steps, r.steps);
     EXPECT_EQ(cpu.stats.drafted, r.nodes);
     EXPECT_EQ(cpu.stats.accepted_draft, r.accepted);
+    // A text that ends earlier (18 tokens): the device's counts from the step log
+    // (chain_totals_until, as CudaModel reports them) are the CPU's for that text.
+    params.max_new_tokens = 18;
+    const SpecResult short_cpu = decoder.generate(prompt, params);
+    const ChainTotals cut = chain_totals_until(r.step_counts.data(), r.steps, 18);
+    EXPECT_EQ(cut.steps, short_cpu.stats.steps);
+    EXPECT_EQ(cut.accepted, short_cpu.stats.accepted_draft);
   }
   EXPECT_GT(accepted_partial, 0) << "no partial drafter ever agreed";
   EXPECT_GT(accepted_dynamic, 0) << "no draft from the packed rows was ever accepted";
