@@ -710,10 +710,10 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     const TreeShape& t = *o.tree;
     if (o.draft_model || o.draft_head)
       throw Error("a draft tree on the device is drafted by the self-draft only; a draft model or head drafts a chain");
-    if (t.top_k < 1 || t.top_k > 64 || t.depth < 0 || t.total < 1 || t.total > t.candidates())
+    if (t.top_k < 1 || t.top_k > 64 || t.depth < 0 || t.depth > 64 || t.total < 1 || t.total > t.candidates())
       throw Error("draft tree of top-k " + std::to_string(t.top_k) + ", depth " + std::to_string(t.depth) + " and " +
-                  std::to_string(t.total) + " nodes: top-k must be in 1..64 and the nodes in 1..the " +
-                  std::to_string(t.candidates()) + " candidates");
+                  std::to_string(t.total) + " nodes: top-k and depth must be in 1..64 and 0..64, the nodes in 1..the " +
+                  "candidates (top-k + depth * top-k^2)");
     if (t.verify_rows() > options_.n_batch || t.top_k > options_.n_batch)
       throw Error("draft tree: its verification of " + std::to_string(t.verify_rows()) + " rows and its " +
                   std::to_string(t.top_k) + " draft rows must fit the batch of " + std::to_string(options_.n_batch));

@@ -1576,7 +1576,7 @@ void tree_proposals(const float* logits, int64_t ld, int64_t n, const int32_t* n
 namespace {
 void check_tree_shape(const TreeState& st, const char* what) {
   const TreeShape& s = st.shape;
-  if (s.top_k < 1 || s.top_k > 64 || s.depth < 0 || s.total < 1 || s.total > s.candidates())
+  if (s.top_k < 1 || s.top_k > 64 || s.depth < 0 || s.depth > 64 || s.total < 1 || s.total > s.candidates())
     throw Error(std::string("cuda ") + what + ": a tree of top-k " + std::to_string(s.top_k) + ", depth " +
                 std::to_string(s.depth) + " and " + std::to_string(s.total) + " nodes has no fixed shape");
 }

@@ -1043,6 +1043,8 @@ TEST(CudaModel, BadInputIsAnError) {
   EXPECT_THROW(m.gpu->generate_speculative(ok, tree, nullptr), Error);
   tree.tree = TreeShape{8, 8, 64};  // 65 verification rows: over the batch of 64
   EXPECT_THROW(m.gpu->generate_speculative(ok, tree, nullptr), Error);
+  tree.tree = TreeShape{2, 65, 4};  // deeper than any TreeParams
+  EXPECT_THROW(m.gpu->generate_speculative(ok, tree, nullptr), Error);
   cuda::SpecChainOptions tree_from_a_model = tree;
   tree_from_a_model.tree = TreeShape{2, 2, 4};
   tree_from_a_model.draft_model = m.gpu.get();
