@@ -285,8 +285,8 @@ int run(int argc, char** argv) {
   PrunedVocabSpec freq32k;
   freq32k.kind = PrunedVocabSpec::Kind::Fixed;
   for (int32_t i = 0; i < 32768; ++i) freq32k.pinned.push_back(i);
-  auto chain_ms = [&](const std::optional<PrunedVocabSpec>& vocab, Graphs graphs, DeviceEagleHead* draft_head,
-                      std::optional<TreeShape> tree = std::nullopt) {
+  auto step_ms = [&](const std::optional<PrunedVocabSpec>& vocab, Graphs graphs, DeviceEagleHead* draft_head,
+                     std::optional<TreeShape> tree = std::nullopt) {
     SpecChainOptions so;
     so.draft_layers = tree ? 1 : std::min(4, cfg.n_layer);
     so.draft_head = draft_head;
@@ -316,8 +316,8 @@ int run(int argc, char** argv) {
   const std::optional<PrunedVocabSpec> chain_vocabs[3] = {std::nullopt, freq32k, PrunedVocabSpec{}};
   for (int v = 0; v < 3; ++v)
     for (Graphs g : {Graphs::Off, Graphs::On}) {
-      chain[v][g == Graphs::On] = chain_ms(chain_vocabs[v], g, nullptr);
-      head_chain[v][g == Graphs::On] = chain_ms(chain_vocabs[v], g, head.get());
+      chain[v][g == Graphs::On] = step_ms(chain_vocabs[v], g, nullptr);
+      head_chain[v][g == Graphs::On] = step_ms(chain_vocabs[v], g, head.get());
     }
 
   // The cost model: depth 5 of (EAGLE layer + LM head) on 10 rows.
@@ -364,8 +364,8 @@ int run(int argc, char** argv) {
   const TreeShape eagle2{.top_k = 10, .depth = 4, .total = 60};
   // Graphs on for each vocabulary, off for the dynamic one only (device time is scarce).
   double tree[3];  // [full, freq 32k, dynamic], graphs on
-  for (int v = 0; v < 3; ++v) tree[v] = chain_ms(chain_vocabs[v], Graphs::On, nullptr, eagle2);
-  const double tree_dynamic_off = chain_ms(chain_vocabs[2], Graphs::Off, nullptr, eagle2);
+  for (int v = 0; v < 3; ++v) tree[v] = step_ms(chain_vocabs[v], Graphs::On, nullptr, eagle2);
+  const double tree_dynamic_off = step_ms(chain_vocabs[2], Graphs::Off, nullptr, eagle2);
   std::printf("| tree step, EAGLE-2 setting (1 target layer drafts top-10 x 5 forwards, 60 verified; device-resident), CUDA graphs on: full / freq 32k / dynamic vocabulary | %.2f / %.2f / %.2f ms | 8.98 / - / 7.65 ms |\n",
               tree[0], tree[1], tree[2]);
   std::printf("| the same, dynamic vocabulary, CUDA graphs off | %.2f ms | - |\n", tree_dynamic_off);

@@ -37,7 +37,7 @@ namespace {
 // A TreeState over host vectors, sized for a shape and a number of tokens to emit.
 struct HostTreeState {
   std::vector<int32_t> draft_tokens, draft_positions, draft_parents, prop_token, cand_token, cand_parent, cand_depth,
-      cand_slot, cand_node, frontier, tokens, positions, parents, output_rows, pred, keep, ver_rows, out_ids,
+      cand_slot, cand_node, frontier, tokens, positions, parents, output_rows, pred, keep, out_ids,
       step_counts;
   std::vector<float> prop_logprob, cand_score;
   int32_t n_nodes = 0, n_keep = 0, n_past = 0, counter = 0, steps = 0;
@@ -50,13 +50,13 @@ struct HostTreeState {
         cand_parent(cand_token.size()), cand_depth(cand_token.size()), cand_slot(cand_token.size()),
         cand_node(cand_token.size()), frontier(size_t(shape.top_k)), tokens(size_t(shape.verify_rows())),
         positions(tokens.size()), parents(tokens.size()), output_rows(tokens.size()), pred(tokens.size()),
-        keep(size_t(shape.max_emitted())), ver_rows(keep.size()), out_ids(size_t(capacity)),
+        keep(size_t(shape.max_emitted())), out_ids(size_t(capacity)),
         step_counts(size_t(capacity)), prop_logprob(prop_token.size()), cand_score(cand_token.size()) {
     s = TreeState{draft_tokens.data(), draft_positions.data(), draft_parents.data(), prop_token.data(),
                   prop_logprob.data(), cand_token.data(), cand_parent.data(), cand_depth.data(), cand_score.data(),
                   cand_slot.data(), cand_node.data(), frontier.data(), tokens.data(), positions.data(),
                   parents.data(), output_rows.data(), &n_nodes, pred.data(), keep.data(), &n_keep,
-                  ver_rows.data(), &n_past, out_ids.data(), &counter, &update, &steps, step_counts.data(),
+                  &n_past, out_ids.data(), &counter, &update, &steps, step_counts.data(),
                   shape, 0};
   }
   HostTreeState(const HostTreeState&) = delete;
@@ -115,7 +115,6 @@ struct PathExpander : TreeExpander {
 void draft_tree(HostTreeState& h, uint32_t seed) {
   const TreeShape& shape = h.s.shape;
   const int32_t k = shape.top_k;
-  std::vector<int32_t> slot_of_row;  // the candidate in each pending slot the drafts wrote
   std::vector<int32_t> cand_in_slot(size_t(shape.draft_slots()), -2);
   cand_in_slot[0] = -1;  // the root
   for (int32_t f = 0; f <= shape.depth; ++f) {
@@ -240,7 +239,9 @@ TEST(TreeState, AcceptFollowsTheTargetLikeAcceptGreedy) {
     EXPECT_EQ(h.parents[0], -1);
     EXPECT_EQ(h.update.n_tree, tree.size());
     const std::vector<int32_t> rows = h.s.kver_last_only ? std::vector<int32_t>{keep.back()} : keep;
-    EXPECT_EQ(std::vector<int32_t>(h.ver_rows.begin(), h.ver_rows.begin() + h.update.n_rows), rows);
+    EXPECT_EQ(std::vector<int32_t>(h.keep.begin() + h.update.first_row,
+                                   h.keep.begin() + h.update.first_row + h.update.n_rows),
+              rows);
     EXPECT_EQ(h.steps, 1);
     EXPECT_EQ(h.step_counts[0], h.counter);
     deep += a >= 2;
@@ -298,12 +299,12 @@ TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_t n_pre
   std::vector<int32_t> last_path;  // accept_greedy's path through last_tree
   while (h.counter < n_predict) {
     // 1. The vocabulary's update from the previous verification as tree_accept recorded it (the
-    //    tree's tokens, the target's top K_ver at ver_rows); the host-driven stream takes the CPU
-    //    drafter's own rule (DraftVocabulary::accepted: the nodes in order, the rows of the root
+    //    tree's tokens, the target's top K_ver at keep[first_row, + n_rows)); the host-driven
+    //    stream takes the CPU drafter's own rule (DraftVocabulary::accepted: the nodes in order, the rows of the root
     //    and the accepted path, or the last alone) and must hold the same window.
     if (dv && dv->takes_steps()) {
       dv->device_step(h.tokens.data() + 1, h.update.n_tree, verify_logits.data(),
-                      std::span<const int32_t>(h.ver_rows).first(size_t(h.update.n_rows)));
+                      std::span<const int32_t>(h.keep).subspan(size_t(h.update.first_row), size_t(h.update.n_rows)));
       if (h.steps > 0) {
         std::vector<int32_t> tree_tokens, rows = {0};
         for (const TreeNode& n : last_tree.nodes) tree_tokens.push_back(n.token);

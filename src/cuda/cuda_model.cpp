@@ -54,7 +54,6 @@ struct CudaModel::DeviceTree {
   int32_t* frontier = nullptr;         // [top_k]
   int32_t* n_nodes = nullptr;          // [1]
   int32_t* n_keep = nullptr;           // [1]
-  int32_t* ver_rows = nullptr;         // [depth + 2]
 
   DeviceTree(const TreeShape& s, cudaStream_t stream) : shape(s) {
     auto ints = [&](int32_t n) { return static_cast<int32_t*>(memory.alloc(size_t(n) * sizeof(int32_t))); };
@@ -75,7 +74,6 @@ struct CudaModel::DeviceTree {
     frontier = ints(k);
     n_nodes = ints(1);
     n_keep = ints(1);
-    ver_rows = ints(s.max_emitted());
     std::vector<int32_t> iota(static_cast<size_t>(k));
     for (int32_t i = 0; i < k; ++i) iota[size_t(i)] = i;
     MS_CUDA(cudaMemcpyAsync(draft_out_rows, iota.data(), iota.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
@@ -580,7 +578,7 @@ TreeState CudaModel::tree_state(const ChainStep& step) const {
   return TreeState{t.draft_tokens, t.draft_positions, t.draft_parents, t.prop_token, t.prop_logprob, t.cand_token,
                    t.cand_parent, t.cand_depth, t.cand_score, t.cand_slot, t.cand_node, t.frontier,
                    d_tokens_, d_positions_, d_parents_, d_out_rows_, t.n_nodes, d_argmax_out_, d_keep_, t.n_keep,
-                   t.ver_rows, kv_.n_past, d_out_ids_, d_counter_, d_update_, d_steps_, d_step_counts_, t.shape,
+                   kv_.n_past, d_out_ids_, d_counter_, d_update_, d_steps_, d_step_counts_, t.shape,
                    step.vocab && step.vocab->kver_last_only()};
 }
 
@@ -592,8 +590,9 @@ void CudaModel::enqueue_tree_step(const ChainStep& step) {
   const int32_t k = shape.top_k, V = config_.n_vocab;
   // 1. The draft vocabulary's update from the previous verification (an empty one after the
   //    prompt): the tree's tokens (verification rows 1..n_nodes) and the target's top K_ver at the
-  //    rows tree_accept listed; its gather overlaps the root's forward on the copy stream.
-  if (step.vocab) step.vocab->step(d_tokens_ + 1, logits_, d_update_, shape.total, shape.max_emitted(), t.ver_rows);
+  //    accepted rows (the keep list) tree_accept chose; its gather overlaps the root's forward on
+  //    the copy stream.
+  if (step.vocab) step.vocab->step(d_tokens_ + 1, logits_, d_update_, shape.total, shape.max_emitted(), d_keep_);
   // 2. The draft forwards through the self-draft's layers: the root alone, then each level's k
   //    frontier rows in their own pending slots; each row's k best over the draft head become
   //    candidates, and the next frontier is chosen on the device.
@@ -710,16 +709,13 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     const TreeShape& t = *o.tree;
     if (o.draft_model || o.draft_head)
       throw Error("a draft tree on the device is drafted by the self-draft only; a draft model or head drafts a chain");
-    if (t.top_k < 1 || t.top_k > 64 || t.depth < 0 || t.depth > 64 || t.total < 1 || t.total > t.candidates())
+    if (!t.valid())
       throw Error("draft tree of top-k " + std::to_string(t.top_k) + ", depth " + std::to_string(t.depth) + " and " +
                   std::to_string(t.total) + " nodes: top-k and depth must be in 1..64 and 0..64, the nodes in 1..the " +
                   "candidates (top-k + depth * top-k^2)");
     if (t.verify_rows() > options_.n_batch || t.top_k > options_.n_batch)
       throw Error("draft tree: its verification of " + std::to_string(t.verify_rows()) + " rows and its " +
                   std::to_string(t.top_k) + " draft rows must fit the batch of " + std::to_string(options_.n_batch));
-    if (t.max_emitted() > DeviceDraftVocab::kMaxStepRows)
-      throw Error("draft tree of depth " + std::to_string(t.depth) + ": the vocabulary window takes K_ver from at most " +
-                  std::to_string(DeviceDraftVocab::kMaxStepRows) + " verification rows");
   } else if (o.depth < 1 || o.depth + 1 > options_.n_batch) {
     throw Error("speculative depth " + std::to_string(o.depth) + " outside 1.." + std::to_string(options_.n_batch - 1));
   }
@@ -754,9 +750,11 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   // Checked here rather than inside a step that a graph captures.
   const bool vocab_steps = o.vocab && o.vocab->kind == PrunedVocabSpec::Kind::Window &&
                            o.vocab->window.stream.source != CandidateStreamParams::Source::Ctx;
-  if (vocab_steps && !o.tree && o.depth + 1 > DeviceDraftVocab::kMaxStepRows)
-    throw Error("speculative depth " + std::to_string(o.depth) + ": the vocabulary window takes K_ver from at most " +
-                std::to_string(DeviceDraftVocab::kMaxStepRows) + " verification rows");
+  const int32_t kver_rows = o.tree ? o.tree->max_emitted() : o.depth + 1;  // most rows a step takes K_ver from
+  if (vocab_steps && kver_rows > DeviceDraftVocab::kMaxStepRows)
+    throw Error("speculative depth " + std::to_string(o.tree ? o.tree->depth : o.depth) +
+                ": the vocabulary window takes K_ver from at most " + std::to_string(DeviceDraftVocab::kMaxStepRows) +
+                " verification rows");
   SpecChainStats st;
   std::vector<int32_t> out;
   if (o.n_predict <= 0 || options_.max_generate <= 0) {

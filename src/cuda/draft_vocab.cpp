@@ -112,14 +112,14 @@ void DeviceDraftVocab::begin(int32_t n_prompt) {
 }
 
 void DeviceDraftVocab::step(const int32_t* tree, const float* verify_logits, const VocabUpdate* update,
-                            int32_t max_tree, int32_t max_rows, const int32_t* row_list) {
+                            int32_t max_tree, int32_t max_rows, const int32_t* accepted_rows) {
   if (!takes_steps()) return;
   if (max_tree < 0 || max_rows < 0 || max_rows > kMaxStepRows)
     throw Error("device draft vocabulary: a step of up to " + std::to_string(max_tree) + " tree tokens and " +
                 std::to_string(max_rows) + " verification rows (at most " + std::to_string(kMaxStepRows) + ")");
   const int32_t k = spec_.window.stream.k_ver;
   if (k > 0)
-    top_k_rows(verify_logits, n_vocab_, n_vocab_, RowRange{&update->first_row, &update->n_rows, max_rows, row_list}, k, tops_,
+    top_k_rows(verify_logits, n_vocab_, n_vocab_, RowRange{&update->first_row, &update->n_rows, max_rows, accepted_rows}, k, tops_,
                top_values_, compute_);
   packed_->wait_for_gather();
   vocab_step(state_, tree, tops_, update, k, compute_);

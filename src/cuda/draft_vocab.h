@@ -72,11 +72,12 @@ class DeviceDraftVocab {
   // One verification step, its sizes read on the device when it runs (so a captured step takes
   // each step's own): the first update->n_tree tokens of `tree` (device, tree order) and the
   // target's top K_ver of verification logits rows [update->first_row, + update->n_rows) (device
-  // logits [.][n_vocab]; the caller picks the rows by kver_last_only()), or at rows
-  // row_list[0, update->n_rows) (device; a tree's accepted rows). max_tree and max_rows bound the
-  // update's counts and size the launches (max_rows <= 256). No-op unless takes_steps().
+  // logits [.][n_vocab]; the caller picks the rows by kver_last_only()); with accepted_rows
+  // (device; a tree's accepted path) those rows are accepted_rows[first_row, + n_rows). max_tree and
+  // max_rows bound the update's counts and size the launches (max_rows <= 256). No-op unless
+  // takes_steps().
   void step(const int32_t* tree, const float* verify_logits, const VocabUpdate* update, int32_t max_tree,
-            int32_t max_rows, const int32_t* row_list = nullptr);
+            int32_t max_rows, const int32_t* accepted_rows = nullptr);
   // The same with the update's counts given by the host (copied to the device first).
   void step(const int32_t* tree, const float* verify_logits, const VocabUpdate& update);
   // The draft LM head: logits [n][capacity()] for every packed slot (slots past the active ones are

@@ -1145,7 +1145,8 @@ __global__ void k_top_k_rows(const float* x, int64_t ld, int64_t n, RowRange row
   const int32_t r = blockIdx.x;
   const int32_t count = rows.count ? *rows.count : rows.max_rows;
   if (r >= count) return;
-  const float* row = x + int64_t(rows.list ? rows.list[r] : (rows.first ? *rows.first : 0) + r) * ld;
+  const int32_t at = (rows.first ? *rows.first : 0) + r;
+  const float* row = x + int64_t(rows.list ? rows.list[at] : at) * ld;
   ids += int64_t(r) * k;
   values += int64_t(r) * k;
   float last_v = 0.0f;
@@ -1576,7 +1577,7 @@ void tree_proposals(const float* logits, int64_t ld, int64_t n, const int32_t* n
 namespace {
 void check_tree_shape(const TreeState& st, const char* what) {
   const TreeShape& s = st.shape;
-  if (s.top_k < 1 || s.top_k > 64 || s.depth < 0 || s.depth > 64 || s.total < 1 || s.total > s.candidates())
+  if (!s.valid())
     throw Error(std::string("cuda ") + what + ": a tree of top-k " + std::to_string(s.top_k) + ", depth " +
                 std::to_string(s.depth) + " and " + std::to_string(s.total) + " nodes has no fixed shape");
 }

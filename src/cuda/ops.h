@@ -177,14 +177,15 @@ void decode_advance(const DeviceKV& kv, const DecodeState& st, cudaStream_t stre
 // out[r] = first index of the largest non-NaN value of row r (x is [n_rows][n]); -1 if all NaN.
 // scratch: [n_rows] (many blocks per row meet there through atomicMax).
 void argmax_rows(const float* x, int32_t n_rows, int64_t n, int32_t* out, uint64_t* scratch, cudaStream_t stream);
-// Rows [first, first + count) of a matrix, or rows list[0, count), where first, count and list
-// may live in device memory (so a captured step reads them when it runs): null first means 0, null
-// count means max_rows; count must not exceed max_rows, which sizes the launch.
+// Rows [first, first + count) of a matrix, or with a list the rows list[first, first + count)
+// (a tree's accepted rows), where first, count and list may live in device memory (so a captured
+// step reads them when it runs): null first means 0, null count means max_rows; count must not
+// exceed max_rows, which sizes the launch.
 struct RowRange {
   const int32_t* first = nullptr;
   const int32_t* count = nullptr;
   int32_t max_rows = 1;
-  const int32_t* list = nullptr;  // [max_rows] row r is list[r] (first is then unused)
+  const int32_t* list = nullptr;  // row r is list[first + r]; null: first + r
 };
 // For each row r of `rows` (row at x + (first + r) * ld): its k largest of n values, best first
 // (ties: lower index first), into ids[r * k ..] and values[r * k ..]. k <= 64. One block per row.

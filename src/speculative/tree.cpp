@@ -24,7 +24,7 @@ TreeShape TreeParams::fixed_shape() const {
   if (total_tokens == 0) throw Error("a fixed-shape tree step needs at least one tree token");
   TreeShape shape{.top_k = top_k, .depth = depth, .total = total_tokens};
   shape.total = std::min(total_tokens, shape.candidates());
-  return shape;
+  return shape;  // valid(): validate() bounds top-k and depth, total is in 1..candidates()
 }
 
 namespace {

@@ -30,10 +30,11 @@
 // One forward of the target over the 1 + total rows gives pred[i], its argmax at row i;
 // tree_accept walks from the root to the first child whose token is the argmax (accept_greedy),
 // emits the accepted tokens and the bonus token (tokens[0], the next root), writes the pending
-// slots the cache keeps (keep: 0, then 1 + each accepted node, strictly increasing), records the
-// draft vocabulary's update (the tree's tokens, verification rows 1..n_nodes, then the target's
-// top K_ver at ver_rows: the accepted rows, or the last alone) and the count of tokens after the
-// step (step_counts, as chain_accept). The caller then compacts the cache to the kept slots, which
+// slots the cache keeps (keep: 0, then 1 + each accepted node, strictly increasing: also the
+// accepted verification rows), records the draft vocabulary's update (the tree's tokens,
+// verification rows 1..n_nodes, then the target's top K_ver at keep[first_row, + n_rows): every
+// accepted row, or the last alone) and the count of tokens after the step (step_counts, as
+// chain_accept). The caller then compacts the cache to the kept slots, which
 // advances n_past by n_keep (the device's kv_compact; n_past is the cache's own counter), and
 // tree_lay_out_root places the next root at the new n_past: draft forward 0's row and
 // verification row 0, which is also a plain decode step's batch (the context's end).
@@ -58,6 +59,10 @@ struct TreeShape {
   // Pending slots a step uses: the drafts', then the verification's over them.
   MS_HOST_DEVICE int32_t pending_slots() const { return draft_slots() > verify_rows() ? draft_slots() : verify_rows(); }
   MS_HOST_DEVICE int32_t max_emitted() const { return depth + 2; }  // the longest accepted path and the bonus token
+  // Whether this is a shape the step takes: top-k 1..64, depth 0..64 (TreeParams' bounds), 1..candidates() nodes.
+  MS_HOST_DEVICE bool valid() const {
+    return top_k >= 1 && top_k <= 64 && depth >= 0 && depth <= 64 && total >= 1 && total <= candidates();
+  }
   bool operator==(const TreeShape& o) const { return top_k == o.top_k && depth == o.depth && total == o.total; }
 };
 
@@ -84,13 +89,12 @@ struct TreeState {
   int32_t* output_rows = nullptr;  // [1 + total] i
   int32_t* n_nodes = nullptr;      // [1] nodes in the tree (rows past 1 + n_nodes are placeholders)
   const int32_t* pred = nullptr;   // [1 + total] the target's argmax per verification row
-  int32_t* keep = nullptr;         // [depth + 2] pending slots the cache keeps, in order
+  int32_t* keep = nullptr;         // [depth + 2] pending slots the cache keeps, in order (= the accepted rows)
   int32_t* n_keep = nullptr;       // [1]
-  int32_t* ver_rows = nullptr;     // [depth + 2] the vocabulary update's K_ver rows
   int32_t* n_past = nullptr;       // [1] committed cache slots
   int32_t* out_ids = nullptr;      // [capacity] emitted tokens
   int32_t* counter = nullptr;      // [1] entries of out_ids
-  VocabUpdate* update = nullptr;   // [1] n_tree tree tokens (tokens[1..]), n_rows rows of ver_rows
+  VocabUpdate* update = nullptr;   // [1] n_tree tree tokens (tokens[1..]), K_ver rows keep[first_row, + n_rows)
   int32_t* steps = nullptr;        // [1]
   int32_t* step_counts = nullptr;  // [capacity] *counter after each step
   TreeShape shape;
@@ -224,13 +228,8 @@ MS_HOST_DEVICE inline int32_t tree_accept(const TreeState& s) {
   *s.n_keep = a + 1;
   *s.counter = count;
   s.tokens[0] = s.pred[row];
-  if (s.kver_last_only) {
-    s.ver_rows[0] = row;
-  } else {
-    for (int32_t i = 0; i <= a; ++i) s.ver_rows[i] = s.keep[i];
-  }
   s.update->n_tree = *s.n_nodes;
-  s.update->first_row = 0;
+  s.update->first_row = s.kver_last_only ? a : 0;
   s.update->n_rows = s.kver_last_only ? 1 : a + 1;
   s.step_counts[*s.steps] = count;
   *s.steps += 1;

@@ -309,9 +309,10 @@ TEST(CudaKernels, ArgmaxAndTopKFollowTheCpuOrder) {
     EXPECT_EQ(top[k + j], -1) << "the unused block wrote rank " << j;
   }
 
-  // Rows listed on the device (a tree's accepted rows): row 1, then row 0.
-  DeviceBuffer<int32_t> list(std::vector<int32_t>{1, 0});
-  cuda::top_k_rows(dx.ptr, n, n, cuda::RowRange{.max_rows = 2, .list = list.ptr}, k, ids.ptr, vals.ptr, nullptr);
+  // Rows listed on the device (a tree's accepted rows), from an offset read there: list[1, 3) is
+  // row 1, then row 0.
+  DeviceBuffer<int32_t> list(std::vector<int32_t>{0, 1, 0}), from(std::vector<int32_t>{1, 2});  // first, count
+  cuda::top_k_rows(dx.ptr, n, n, cuda::RowRange{from.ptr, from.ptr + 1, 2, list.ptr}, k, ids.ptr, vals.ptr, nullptr);
   top = ids.to_host();
   for (int32_t j = 0; j < k; ++j) {
     EXPECT_EQ(top[j], order1[j]) << "listed row 1, rank " << j;
