@@ -5,7 +5,8 @@
 # greedy tokens equal to the CPU's, the device-resident speculative step with and without its CUDA
 # graph equal to plain greedy decoding), the CLI on SmolLM2 when it is staged under models/ (plain and
 # self-drafted with the full, the dynamic and the freq vocabulary, drafted by its EAGLE-3 head, and
-# self-drafted as a tree (top-k 4) with the full and the dynamic vocabulary: the same text; --prompts-jsonl with a stop string, plain and self-drafted: the same tokens), then the benchmark on a
+# self-drafted as a tree (top-k 4) with the full and the dynamic vocabulary: the same text; --prompts-jsonl with a stop string, plain and self-drafted: the same tokens; `serve --device cuda`: a
+# completion equal to generate's text), then the benchmark on a
 # Llama-3-8B-shaped model whose random BF16 weights are made in device memory.
 #
 #   scripts/device_check.sh [BIN_DIR]     (default: build-cuda)
@@ -79,6 +80,47 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
   else
     echo "JSON TOKENS DIFFER (see $LOG/json_*.txt)"; status=1
   fi
+  echo "== serve --device cuda (self-drafted chain, dynamic vocabulary): a greedy completion is generate's text, streamed or not; temperature 0.7 gets 400"
+  timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" -p "$P" -n 48 --device cuda --json \
+    >"$LOG/serve_expected.json" 2>/dev/null || status=1
+  "$BIN/microspec" serve -m "$SMOL" --port 0 --device cuda --spec self --tree-topk 1 2>"$LOG/serve.err" &
+  pid=$!
+  port=""
+  for _ in $(seq 1 600); do
+    port=$(grep -oE 'listening on http://[^:]+:[0-9]+' "$LOG/serve.err" | grep -oE '[0-9]+$' || true)
+    if [ -n "$port" ] || ! kill -0 "$pid" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  if [ -n "$port" ]; then
+    timeout "$CLI_LIMIT" python3 - "$port" "$P" "$LOG/serve_expected.json" <<'EOF' || status=1
+import json, sys, urllib.error, urllib.request
+port, prompt = sys.argv[1], sys.argv[2]
+expected = json.load(open(sys.argv[3], encoding="utf-8"))["text"]
+def post(body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=50) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+request = {"prompt": prompt, "max_tokens": 48, "temperature": 0}
+status, raw = post(request)
+body = json.loads(raw)
+same = status == 200 and body["choices"][0]["text"] == expected
+print("greedy:", status, "same text as generate" if same else "TEXT DIFFERS", json.dumps(body.get("usage", body))[:400])
+status_s, raw_s = post({**request, "stream": True})
+chunks = [json.loads(l[6:]) for l in raw_s.splitlines() if l.startswith("data: ") and l != "data: [DONE]"]
+same_s = status_s == 200 and "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) == expected
+print("streamed:", status_s, "same text" if same_s else "TEXT DIFFERS")
+status_t, raw_t = post({**request, "temperature": 0.7})
+print("temperature 0.7:", status_t, raw_t[:200])
+sys.exit(0 if same and same_s and status_t == 400 else 1)
+EOF
+  else
+    echo "serve did not start: $(tail -3 "$LOG/serve.err")"; status=1
+  fi
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" || { echo "serve exited with $?: $(tail -3 "$LOG/serve.err")"; status=1; }
 fi
 
 echo "== Llama-3-8B-shaped benchmark (random BF16 weights in device memory)"

@@ -1,6 +1,7 @@
 // The speculative settings table (every flag parses, prints and validates through one row), the
 // draft model's options (it runs on the target's kernel table), and the server's answer to a
-// failure inside a generation (the server's fault, not the request's).
+// failure inside a generation (the server's fault, not the request's), and what of the settings
+// and of a request the CUDA backend takes.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "device/cuda_generator.h"
 #include "engine/generator.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
@@ -169,6 +171,32 @@ TEST(SpecSettings, DraftModelLoadsWithTheTargetsKernels) {
   EXPECT_EQ(plain.draft_model(), nullptr);
 }
 
+// generate and serve refuse what the device cannot run before any device is asked for: greedy
+// decoding only, chains from the self-draft, a draft model or a head, trees from the self-draft.
+TEST(DeviceSettings, TheDeviceTakesGreedyChainsAndSelfDraftedTrees) {
+  auto why = [](SpecMode mode, int32_t top_k, int32_t p_min = 0) {
+    SpecConfig c;
+    c.mode = mode;
+    c.tree.top_k = top_k;
+    c.tree.p_min = p_min;
+    return cuda_spec_unsupported(c);
+  };
+  EXPECT_EQ(why(SpecMode::None, 4), "") << "no speculation";
+  for (SpecMode mode : {SpecMode::Self, SpecMode::Draft, SpecMode::Head}) EXPECT_EQ(why(mode, 1), "") << name_of(mode);
+  EXPECT_EQ(why(SpecMode::Self, 4), "") << "a self-drafted tree";
+  for (SpecMode mode : {SpecMode::Draft, SpecMode::Head})
+    EXPECT_NE(why(mode, 4).find("--spec self --tree-topk K (a tree)"), std::string::npos) << name_of(mode);
+  for (SpecMode mode : {SpecMode::Ngram, SpecMode::SelfNgram, SpecMode::DraftNgram, SpecMode::HeadNgram})
+    EXPECT_NE(why(mode, 1).find("--spec self|draft|head"), std::string::npos) << name_of(mode);
+  EXPECT_NE(why(SpecMode::Self, 1, 20).find("--draft-p-min 0"), std::string::npos);
+
+  GenerateParams params;
+  params.sampling.temperature = 0.0f;
+  EXPECT_EQ(cuda_params_unsupported(params), "");
+  params.sampling.temperature = 0.7f;
+  EXPECT_NE(cuda_params_unsupported(params).find("temperature 0"), std::string::npos);
+}
+
 TEST(ServerErrors, FailuresInsideAGenerationAreServerErrors) {
   // An engine invariant failing mid-generation (the request was validated before it ran).
   const server::ApiError e = server::generation_error(Error("draft model: out of step with the target"));
@@ -181,6 +209,32 @@ TEST(ServerErrors, FailuresInsideAGenerationAreServerErrors) {
   // The request's own problems stay 400 invalid_request_error.
   const server::ApiError bad(400, "Invalid 'temperature'.", "temperature");
   EXPECT_EQ(bad.type, "invalid_request_error");
+}
+
+// A speculative answer's usage: the CPU's counts and timings; the device's counts, named as
+// the device's, with nothing it does not measure (its timings, the active vocabulary).
+TEST(ServerAnswers, UsageCarriesWhatTheDeviceMeasures) {
+  server::GenerationReport r;
+  r.speculative = true;
+  r.spec_mode = "self";
+  r.draft_vocab = "dynamic";
+  r.result.stats.steps = 4;
+  r.result.stats.accepted_draft = 6;
+  r.result.stats.drafted = 12;
+  r.result.stats.draft_seconds = 0.5;
+  const nlohmann::json cpu = server::usage_json(r)["microspec"];
+  EXPECT_FALSE(cpu.contains("device"));
+  EXPECT_EQ(cpu["draft_seconds"], 0.5);
+  EXPECT_TRUE(cpu.contains("mean_active_vocab"));
+  r.device = "cuda";
+  const nlohmann::json device = server::usage_json(r)["microspec"];
+  EXPECT_EQ(device["device"], "cuda");
+  EXPECT_EQ(device["steps"], 4);
+  EXPECT_EQ(device["accepted_draft_tokens"], 6);
+  EXPECT_EQ(device["drafted_tokens"], 12);
+  EXPECT_DOUBLE_EQ(device["mean_acceptance_length"].get<double>(), 2.5);
+  for (const char* absent : {"draft_seconds", "verify_seconds", "mean_active_vocab"})
+    EXPECT_FALSE(device.contains(absent)) << absent;
 }
 
 }  // namespace

@@ -9,9 +9,9 @@
 
 #include "bench/dataset.h"
 #include "cli/commands.h"
-#include "cli/generate_cuda.h"
 #include "draft_head/eagle3_head.h"
 #include "cli/common.h"
+#include "device/cuda_generator.h"
 #include "engine/generator.h"
 #include "speculative/decoder.h"
 #include "speculative/drafter_setup.h"
@@ -133,24 +133,26 @@ Outcome run_on_cpu(const GenerateArgs& a, Decoder& decoder, const std::vector<in
 // counts (steps and accepted drafts, as the CPU counts them; the device times no parts of a step).
 Outcome run_on_device(const GenerateArgs& a, const CudaGenerator& device, const std::vector<int32_t>& prompt_ids,
                       const GenerateParams& params, const TextCallback& on_text) {
-  const CudaGeneration g = device.generate(prompt_ids, params, on_text);
-  const GenerateResult& r = g.gen;
+  const SpecResult sr = device.generate(prompt_ids, params, on_text);
+  const GenerateResult& r = sr.gen;
+  const SpecStats& st = sr.stats;
   Outcome o;
   o.gen = r;
-  o.prefill_tokens_per_second = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0.0;
-  o.decode_tokens_per_second = r.decode_seconds > 0 ? g.decode_tokens / r.decode_seconds : 0.0;
+  o.prefill_tokens_per_second = sr.prefill_tokens_per_second();
+  o.decode_tokens_per_second = sr.decode_tokens_per_second();
   std::string line = format("%s | prompt tokens: %d | prefill: %.1f tok/s | decode: %.1f tok/s (%zu tokens)",
                             device.describe().c_str(), r.prompt_tokens, o.prefill_tokens_per_second,
                             o.decode_tokens_per_second, r.tokens.size());
   if (device.speculative())
-    line += format(" | %d steps, mean acceptance length %.2f", g.steps, g.mean_acceptance_length());
+    line += format(" | %d steps, mean acceptance length %.2f", st.steps, st.mean_acceptance_length());
   o.stats_lines.push_back(line);
   o.extra["device"] = "cuda";
   if (device.speculative())
     o.extra["spec"] = {{"mode", name_of(a.spec.mode)},
-                       {"steps", g.steps},
-                       {"accepted_draft_tokens", g.accepted_drafts},
-                       {"mean_acceptance_length", g.mean_acceptance_length()}};
+                       {"steps", st.steps},
+                       {"drafted_tokens", st.drafted},
+                       {"accepted_draft_tokens", st.accepted_draft},
+                       {"mean_acceptance_length", st.mean_acceptance_length()}};
   return o;
 }
 
@@ -224,28 +226,9 @@ void run_generate(const GenerateArgs& a) {
   // The device path: what it cannot run is refused before the model is loaded.
   if (a.device != "cpu" && a.device != "cuda") throw Error("--device must be cpu or cuda, got '" + a.device + "'");
   const bool on_device = a.device == "cuda";
-  CudaGenerateArgs cuda_args;
-  cuda_args.n_predict = a.n_predict;
-  cuda_args.n_ctx = a.model.n_ctx;
-  cuda_args.n_batch = a.model.n_batch;
   if (on_device) {
     if (a.temperature != 0.0f) throw Error("--device cuda runs greedy decoding: --temp 0");
-    if (a.spec.enabled()) {
-      // The device drafts a chain from the target's own first layers, a draft model or an EAGLE-3
-      // head, or a tree (--tree-topk > 1) from the target's own first layers, with any draft
-      // vocabulary (made once the model is loaded).
-      if ((a.spec.mode != SpecMode::Self && a.spec.mode != SpecMode::Draft && a.spec.mode != SpecMode::Head) ||
-          a.spec.tree.p_min != 0 || (a.spec.tree.top_k != 1 && a.spec.mode != SpecMode::Self))
-        throw Error("--device cuda speculates with --spec self|draft|head --tree-topk 1 (a chain) or --spec self "
-                    "--tree-topk K (a tree), --draft-p-min 0 only");
-      a.spec.validate();
-      if (a.spec.mode == SpecMode::Draft) cuda_args.draft_model = a.spec.draft_model;
-      cuda_args.spec_draft_layers = a.spec.draft_layers;
-      if (a.spec.tree.top_k > 1)
-        cuda_args.spec_tree = a.spec.tree.fixed_shape();
-      else
-        cuda_args.spec_chain = std::max(1, std::min(a.spec.tree.depth + 1, a.spec.tree.total_tokens));
-    }
+    if (const std::string why = cuda_spec_unsupported(a.spec); !why.empty()) throw Error(why);
   }
   // The device loads its own weights: the CPU reads only the file's metadata and tokenizer.
   LoadedModel m = on_device ? open_model(a.model) : load_model(a.model);
@@ -255,16 +238,12 @@ void run_generate(const GenerateArgs& a) {
   std::unique_ptr<Decoder> decoder;
   std::unique_ptr<CudaGenerator> device;
   if (on_device) {
-    const ModelConfig config = read_model_config(*m.file);
-    if (a.spec.enabled() && a.spec.mode == SpecMode::Head) {
-      // The head is read and checked against the target here, before any device is asked for.
-      cuda_args.draft_head = draft_head_path(a.spec, m.file->name());
-      read_eagle3_config(*GgufFile::open(cuda_args.draft_head), config);
-    }
-    if (a.spec.enabled() && a.spec.draft_vocab != DraftVocabKind::Full)
-      cuda_args.vocab = pruned_vocab_spec(a.spec, m.file->name(), config.n_vocab, *m.tokenizer,
-                                          &cuda_args.vocab_describe);
-    device = std::make_unique<CudaGenerator>(m, cuda_args);
+    CudaGeneratorOptions cuda_options;
+    cuda_options.n_predict = a.n_predict;
+    cuda_options.n_ctx = a.model.n_ctx;
+    cuda_options.n_batch = a.model.n_batch;
+    set_cuda_speculation(a.spec, *m.file, *m.tokenizer, cuda_options);
+    device = std::make_unique<CudaGenerator>(*m.file, *m.tokenizer, cuda_options);
     run = [&](const std::vector<int32_t>& ids, const GenerateParams& params, const TextCallback& on_text) {
       return run_on_device(a, *device, ids, params, on_text);
     };

@@ -451,10 +451,13 @@ json usage_json(const GenerationReport& r) {
     ext["drafted_tokens"] = st.drafted;
     ext["accepted_draft_tokens"] = st.accepted_draft;
     ext["mean_acceptance_length"] = st.mean_acceptance_length();
-    ext["mean_active_vocab"] = st.mean_active_vocab();
-    ext["draft_seconds"] = st.draft_seconds;
-    ext["verify_seconds"] = st.verify_seconds;
+    if (r.device == "cpu") {
+      ext["mean_active_vocab"] = st.mean_active_vocab();
+      ext["draft_seconds"] = st.draft_seconds;
+      ext["verify_seconds"] = st.verify_seconds;
+    }
   }
+  if (r.device != "cpu") ext["device"] = r.device;
   if (!r.spec_note.empty()) ext["note"] = r.spec_note;
   ext["prefill_seconds"] = g.prefill_seconds;
   ext["decode_seconds"] = g.decode_seconds;

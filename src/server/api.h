@@ -77,6 +77,7 @@ struct GenerationReport {
   std::string draft_vocab;  // the slot's draft vocabulary when speculative
   std::string spec_note;
   double queue_seconds = 0.0;  // waiting for a free slot
+  std::string device = "cpu";  // "cuda": the CUDA backend ran it (it counts a step's parts, never times them)
 };
 
 // "usage" with the microspec extension (speculative statistics, timings).

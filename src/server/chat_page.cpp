@@ -149,7 +149,7 @@ async function send(text) {
             const m = j.usage.microspec || {};
             showStats(stats, { final: true, tps: m.decode_tokens_per_second,
               acc: m.speculative ? m.mean_acceptance_length : null,
-              vocab: m.speculative ? m.mean_active_vocab : null, tokens: j.usage.completion_tokens, note: m.note });
+              vocab: m.speculative ? (m.mean_active_vocab ?? null) : null, tokens: j.usage.completion_tokens, note: m.note });
           }
         }
       }

@@ -11,10 +11,12 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <thread>
 
 #include "checkpoint/hf_folder.h"
+#include "device/cuda_generator.h"
 #include "gguf/gguf.h"
 #include "server/api.h"
 #include "server/chat_page.h"
@@ -159,14 +161,26 @@ bool json_content_type(std::string_view content_type) {
   return type.rfind("application/", 0) == 0 && type.size() > 5 && type.compare(type.size() - 5, 5, "+json") == 0;
 }
 
+// What runs the generations: the batch scheduler over the CPU slots, or the CUDA backend's
+// generator (one sequence at a time).
+struct Backend {
+  std::string device;  // "cpu" or "cuda"
+  // Throws ApiError (4xx) for a validated request this backend cannot run; called before the
+  // request waits for a slot.
+  std::function<void(const CompletionRequest&)> check;
+  // Generates the request in slot `slot` (held by the caller); throws what the generation threw.
+  std::function<SpecResult(int slot, const CompletionRequest&, const TextCallback&)> generate;
+};
+
 class Server {
  public:
-  // file, tokenizer and scheduler must outlive the server.
-  Server(const ServerOptions& options, const GgufFile& file, const Tokenizer& tokenizer, BatchScheduler& scheduler, std::unique_ptr<SlotPool> pool)
+  // file, tokenizer and what the backend runs on must outlive the server.
+  Server(const ServerOptions& options, const GgufFile& file, const Tokenizer& tokenizer, Backend backend,
+         std::unique_ptr<SlotPool> pool)
       : opt_(options),
         file_(file),
         tokenizer_(tokenizer),
-        scheduler_(scheduler),
+        backend_(std::move(backend)),
         pool_(std::move(pool)),
         // A worker for every slot and queue place: workers wait for slots, I/O threads never do.
         max_jobs_(pool_->size() + pool_->queue_limit()),
@@ -218,7 +232,7 @@ class Server {
   ServerOptions opt_;
   const GgufFile& file_;
   const Tokenizer& tokenizer_;
-  BatchScheduler& scheduler_;
+  Backend backend_;
   std::unique_ptr<SlotPool> pool_;
   RequestContext ctx_;
   Metrics metrics_;
@@ -378,6 +392,7 @@ class Server {
   json model_json() const {
     json j = {{"id", model_name_}, {"object", "model"}, {"created", created_}, {"owned_by", "microspec"}};
     j["microspec"] = {{"n_ctx", opt_.n_ctx},
+                      {"device", backend_.device},
                       {"slots", pool_->size()},
                       {"spec", name_of(opt_.spec.mode)},
                       {"draft_vocab", opt_.spec.enabled() ? json(name_of(opt_.spec.draft_vocab)) : json()}};
@@ -390,6 +405,7 @@ class Server {
     job.endpoint = endpoint;
     job.reply = reply;
     job.request = parse_completion_request(endpoint, reply.ex->request().body(), ctx_);
+    backend_.check(job.request);
     job.request.params.cancel = &reply.ex->cancelled();
     job.ids.id = make_id(endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
     job.ids.created = static_cast<int64_t>(std::time(nullptr));
@@ -427,8 +443,9 @@ class Server {
     report.draft_vocab = name_of(opt_.spec.draft_vocab);
     report.spec_note = r.spec_note;
     report.queue_seconds = job.queue_seconds;
+    report.device = backend_.device;
     try {
-      report.result = scheduler_.generate(job.lease->index(), r.prompt_ids, r.params, r.speculative, on_text);
+      report.result = backend_.generate(job.lease->index(), r, on_text);
     } catch (const std::exception& e) {
       metrics_.record_generation(report, Outcome::Failed);
       throw generation_error(e);
@@ -507,6 +524,12 @@ void run_server(const ServerOptions& o) {
   for (const auto* t : {&o.limits.request_timeout, &o.limits.idle_timeout, &o.limits.write_timeout})
     if (t->count() < 1) throw Error("timeouts must be at least 1 ms");
   o.spec.validate();
+  if (o.device != "cpu" && o.device != "cuda") throw Error("--device must be cpu or cuda, got '" + o.device + "'");
+  if (o.device == "cuda") {
+    if (o.parallel != 1)
+      throw Error("--device cuda serves one sequence at a time (the device holds one cache): --parallel 1");
+    if (const std::string why = cuda_spec_unsupported(o.spec); !why.empty()) throw Error(why);
+  }
   const bool loopback = o.host == "127.0.0.1" || o.host == "localhost" || o.host == "::1";
   if (!loopback && o.api_key.empty())
     std::fprintf(stderr,
@@ -527,33 +550,65 @@ void run_server(const ServerOptions& o) {
   if (!o.hf_type.empty()) hf.weight_type = parse_weight_type(o.hf_type);
   auto file = open_model_file(o.model_path, hf);
   auto tokenizer = Tokenizer::from_gguf(*file);
-  // One model (one set of scratch buffers, one compute thread pool) for every slot: the batch
-  // scheduler runs all sequences' steps on it.
-  ModelOptions mopt;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  mopt.n_threads = o.threads > 0 ? o.threads : cores;
-  mopt.n_batch = o.n_batch;
-  mopt.kernels = o.kernels;
-  mopt.repack = o.repack;
-  std::unique_ptr<Model> model = Model::load(*file, mopt);
-  // With --spec draft every slot's drafter runs on the first slot's draft model: one copy, and the
-  // slots' tree levels drafted in one forward call (draft_together).
-  std::vector<SequenceSlot> slots;
-  for (int i = 0; i < o.parallel; ++i) {
-    SequenceSlot slot;
-    slot.gen = std::make_unique<Generator>(*model, *tokenizer, o.n_ctx);
-    slot.decoder = std::make_unique<Decoder>(o.spec, *file, *slot.gen, *tokenizer,
-                                             slots.empty() ? nullptr : slots.front().decoder.get());
-    slots.push_back(std::move(slot));
+  std::unique_ptr<Model> model;
+  std::unique_ptr<BatchScheduler> scheduler;
+  std::unique_ptr<CudaGenerator> device;
+  Backend backend;
+  backend.device = o.device;
+  if (o.device == "cuda") {
+    // The device holds one sequence's cache: one slot, a request at a time, greedy decoding; the
+    // weights go to the device, the CPU reads only the file's metadata and tokenizer.
+    CudaGeneratorOptions dopt;
+    dopt.n_predict = o.n_ctx;  // a request may ask for the rest of its context
+    dopt.n_ctx = o.n_ctx;
+    dopt.n_batch = o.n_batch;
+    set_cuda_speculation(o.spec, *file, *tokenizer, dopt);
+    device = std::make_unique<CudaGenerator>(*file, *tokenizer, dopt);
+    backend.check = [](const CompletionRequest& r) {
+      if (const std::string why = cuda_params_unsupported(r.params); !why.empty())
+        throw ApiError(400, "Invalid 'temperature': this server runs on a GPU, where " + why + ".", "temperature",
+                       "unsupported_parameter");
+    };
+    backend.generate = [&device](int, const CompletionRequest& r, const TextCallback& on_text) {
+      return device->generate(r.prompt_ids, r.params, on_text,
+                              r.speculative ? Drafting::Speculative : Drafting::Plain);
+    };
+    std::fprintf(stderr, "serve: 1 slot x %d tokens of context, %s | host memory after setup: %.0f MiB\n", o.n_ctx,
+                 device->describe().c_str(), peak_memory_bytes() / (1024.0 * 1024.0));
+  } else {
+    // One model (one set of scratch buffers, one compute thread pool) for every slot: the batch
+    // scheduler runs all sequences' steps on it.
+    ModelOptions mopt;
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    mopt.n_threads = o.threads > 0 ? o.threads : cores;
+    mopt.n_batch = o.n_batch;
+    mopt.kernels = o.kernels;
+    mopt.repack = o.repack;
+    model = Model::load(*file, mopt);
+    // With --spec draft every slot's drafter runs on the first slot's draft model: one copy, and the
+    // slots' tree levels drafted in one forward call (draft_together).
+    std::vector<SequenceSlot> slots;
+    for (int i = 0; i < o.parallel; ++i) {
+      SequenceSlot slot;
+      slot.gen = std::make_unique<Generator>(*model, *tokenizer, o.n_ctx);
+      slot.decoder = std::make_unique<Decoder>(o.spec, *file, *slot.gen, *tokenizer,
+                                               slots.empty() ? nullptr : slots.front().decoder.get());
+      slots.push_back(std::move(slot));
+    }
+    scheduler = std::make_unique<BatchScheduler>(*model, *tokenizer, std::move(slots), o.prefill_chunk,
+                                                 o.spec_max_batch);
+    backend.check = [](const CompletionRequest&) {};
+    backend.generate = [&scheduler](int slot, const CompletionRequest& r, const TextCallback& on_text) {
+      return scheduler->generate(slot, r.prompt_ids, r.params, r.speculative, on_text);
+    };
+    std::fprintf(stderr,
+                 "serve: %d slot%s x %d tokens of context, one batch, %d thread%s%s | memory after setup: %.0f MiB\n",
+                 o.parallel, o.parallel == 1 ? "" : "s", o.n_ctx, mopt.n_threads, mopt.n_threads == 1 ? "" : "s",
+                 o.spec.enabled() ? (", speculative: " + scheduler->slot(0).decoder->describe()).c_str() : "",
+                 peak_memory_bytes() / (1024.0 * 1024.0));
   }
-  BatchScheduler scheduler(*model, *tokenizer, std::move(slots), o.prefill_chunk, o.spec_max_batch);
-  std::fprintf(stderr,
-               "serve: %d slot%s x %d tokens of context, one batch, %d thread%s%s | memory after setup: %.0f MiB\n",
-               o.parallel, o.parallel == 1 ? "" : "s", o.n_ctx, mopt.n_threads, mopt.n_threads == 1 ? "" : "s",
-               o.spec.enabled() ? (", speculative: " + scheduler.slot(0).decoder->describe()).c_str() : "",
-               peak_memory_bytes() / (1024.0 * 1024.0));
 
-  Server server(o, *file, *tokenizer, scheduler, std::make_unique<SlotPool>(o.parallel, o.queue));
+  Server server(o, *file, *tokenizer, std::move(backend), std::make_unique<SlotPool>(o.parallel, o.queue));
   std::atomic<bool> watch{true};
   std::thread watcher([&] {
     const timespec tick{0, 100 * 1000 * 1000};

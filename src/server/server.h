@@ -32,6 +32,7 @@ struct ServerOptions {
   int spec_max_batch = 2;      // draft policy (draft_shape): sequences in flight up to which speculative ones draft
   int32_t n_ctx = 4096;   // tokens per slot
   int32_t n_batch = 512;  // most tokens one forward pass takes (all sequences of a step together)
+  std::string device = "cpu";  // cpu, or cuda: the CUDA backend, one sequence at a time, greedy
   std::string kernels = "auto";
   bool repack = true;   // ModelOptions::repack
   std::string hf_type;  // Hugging Face folder: weight type on load ("" keeps the checkpoint's)

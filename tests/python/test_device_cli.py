@@ -1,12 +1,14 @@
-"""`generate --device cuda` on any machine: what the device path accepts and refuses is decided before
+"""`generate --device cuda` and `serve --device cuda` on any machine: what the device path accepts and refuses is decided before
 the model is loaded, with the list of what it supports; an accepted run then either generates (a GPU
 is present) or ends with a clear error naming why it cannot (no GPU here, or a build without the CUDA
 backend). The device-against-CPU tests themselves are the `Cuda*` tests of microspec_tests."""
+import json
 import subprocess
 
 import pytest
 
 from repo_paths import BIN, MODELS, REPO
+from server_helpers import ServerProcess, cli_generate, http
 
 SMOL = MODELS["smollm2"]
 GEMMA_HEAD = REPO / "models" / "heads" / "gemma-3-270m-q4_k_m.eagle3.gguf"
@@ -71,6 +73,61 @@ def test_a_prompts_file_reaches_the_device(tmp_path):
 ])
 def test_refused_settings_name_what_the_device_supports(args, says):
     p = generate(*args)
+    assert p.returncode != 0
+    assert says in p.stderr, p.stderr[-2000:]
+    assert not any(m in p.stderr for m in NO_DEVICE), "refused only after trying the device"
+
+
+def serve(*args):
+    return subprocess.run([BIN, "serve", "-m", SMOL, "--port", "0", "--device", "cuda", *map(str, args)],
+                          capture_output=True, timeout=300, text=True)
+
+
+@pytest.mark.parametrize("args", [
+    [],
+    ["--spec", "self", "--tree-topk", "1"],
+    ["--spec", "self", "--tree-topk", "2", "--tree-depth", "3", "--tree-tokens", "6", "--draft-vocab", "full"],
+])
+def test_serve_reaches_the_device(args):
+    """Started on a GPU machine: a greedy completion is the CPU's plain greedy text (speculative or not,
+    streamed or not), a request with temperature > 0 gets 400 naming it, and SIGTERM ends it with 0.
+    Elsewhere the server ends at start with the reason it has no device."""
+    try:
+        server = ServerProcess(SMOL, "--device", "cuda", *args, startup_timeout=300)
+    except RuntimeError as e:
+        assert any(m in str(e) for m in NO_DEVICE), str(e)[-2000:]
+        return
+    try:
+        prompt, n = "The capital of France is", 24
+        expected = cli_generate(SMOL, [prompt], n, False)[0]["text"]
+        # a speculative server also runs a request that turns speculation off
+        for extra in [{}, {"microspec": {"spec": "none"}}] if args else [{}]:
+            request = {"prompt": prompt, "max_tokens": n, "temperature": 0, **extra}
+            status, _, body = http(server, "POST", "/v1/completions", request, timeout=300)
+            assert status == 200, body
+            assert body["choices"][0]["text"] == expected, (extra, body)
+            assert body["usage"]["microspec"]["device"] == "cuda"
+            status, _, events = http(server, "POST", "/v1/completions", {**request, "stream": True}, timeout=300)
+            assert status == 200, events
+            chunks = [json.loads(line[6:]) for line in events.splitlines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+            assert "".join(c["choices"][0]["text"] for c in chunks) == expected, (extra, events)
+        status, _, body = http(server, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": n,
+                                                                  "temperature": 0.7})
+        assert status == 400 and body["error"]["param"] == "temperature", body
+    finally:
+        assert server.terminate() == 0, "".join(server.log)[-2000:]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--parallel", "2"], "--parallel 1"),
+    (["--spec", "ngram"], "--spec self|draft|head"),
+    (["--spec", "head", "--tree-topk", "2"], "--spec self --tree-topk K"),
+    (["--spec", "self", "--tree-topk", "1", "--draft-vocab", "freq", "--freq-file", "/nonexistent/x.freq.bin"],
+     "/nonexistent/x.freq.bin"),
+])
+def test_serve_refuses_what_the_device_cannot_run(args, says):
+    p = serve(*args)
     assert p.returncode != 0
     assert says in p.stderr, p.stderr[-2000:]
     assert not any(m in p.stderr for m in NO_DEVICE), "refused only after trying the device"
