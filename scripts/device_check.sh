@@ -80,9 +80,11 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
   else
     echo "JSON TOKENS DIFFER (see $LOG/json_*.txt)"; status=1
   fi
-  echo "== serve --device cuda (self-drafted chain, dynamic vocabulary): a greedy completion is generate's text, streamed or not; temperature 0.7 gets 400"
+  echo "== serve --device cuda (self-drafted chain, dynamic vocabulary): a greedy completion is generate's text, streamed or not; a sampled one generate --temp 0.8 --seed 5's; top_k 0 gets 400"
   timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" -p "$P" -n 48 --device cuda --json \
     >"$LOG/serve_expected.json" 2>/dev/null || status=1
+  timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" -p "$P" -n 48 --device cuda --json --temp 0.8 --seed 5 \
+    >"$LOG/serve_sampled.json" 2>/dev/null || status=1
   "$BIN/microspec" serve -m "$SMOL" --port 0 --device cuda --spec self --tree-topk 1 2>"$LOG/serve.err" &
   pid=$!
   port=""
@@ -92,10 +94,11 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
     sleep 0.1
   done
   if [ -n "$port" ]; then
-    timeout "$CLI_LIMIT" python3 - "$port" "$P" "$LOG/serve_expected.json" <<'EOF' || status=1
+    timeout "$CLI_LIMIT" python3 - "$port" "$P" "$LOG/serve_expected.json" "$LOG/serve_sampled.json" <<'EOF' || status=1
 import json, sys, urllib.error, urllib.request
 port, prompt = sys.argv[1], sys.argv[2]
 expected = json.load(open(sys.argv[3], encoding="utf-8"))["text"]
+sampled = json.load(open(sys.argv[4], encoding="utf-8"))["text"]
 def post(body):
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(), method="POST")
     try:
@@ -112,9 +115,12 @@ status_s, raw_s = post({**request, "stream": True})
 chunks = [json.loads(l[6:]) for l in raw_s.splitlines() if l.startswith("data: ") and l != "data: [DONE]"]
 same_s = status_s == 200 and "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) == expected
 print("streamed:", status_s, "same text" if same_s else "TEXT DIFFERS")
-status_t, raw_t = post({**request, "temperature": 0.7})
-print("temperature 0.7:", status_t, raw_t[:200])
-sys.exit(0 if same and same_s and status_t == 400 else 1)
+status_t, raw_t = post({**request, "temperature": 0.8, "seed": 5})
+same_t = status_t == 200 and json.loads(raw_t)["choices"][0]["text"] == sampled
+print("temperature 0.8, seed 5:", status_t, "same text as generate --temp 0.8 --seed 5" if same_t else "TEXT DIFFERS " + raw_t[:300])
+status_k, raw_k = post({**request, "temperature": 0.8, "top_k": 0})
+print("top_k 0:", status_k, raw_k[:200])
+sys.exit(0 if same and same_s and same_t and status_k == 400 else 1)
 EOF
   else
     echo "serve did not start: $(tail -3 "$LOG/serve.err")"; status=1

@@ -391,6 +391,45 @@ TEST(Sampler, DrawsFollowTheDistributionAndWrongOnesAreRejected) {
   }
 }
 
+// sample() with top-k on runs the ranked draw (ranked_draw.h, which the CUDA backend runs over
+// its own ranking); it must pick exactly the token distribution() + sample_from() pick with the same
+// seed, draw after draw, for every shape of row: ties, -inf and NaN entries, +inf logits, a row
+// with fewer samplable tokens than k, top-p on and off, hot and cold temperatures.
+TEST(Sampler, RankedDrawEqualsTheDistributionsDraw) {
+  std::mt19937 gen(7);
+  const int64_t n_vocab = 300;
+  std::vector<float> row(n_vocab);
+  int rows = 0;
+  for (int k : {1, 2, 5, 40, 64, 299}) {
+    for (float top_p : {1.0f, 0.95f, 0.5f, 0.0f}) {
+      for (float temperature : {0.05f, 0.7f, 1.0f, 2.0f}) {
+        SamplingParams p;
+        p.top_k = k;
+        p.top_p = top_p;
+        p.temperature = temperature;
+        p.seed = uint64_t(rows) * 977 + 3;
+        Sampler ranked(p, n_vocab), listed(p, n_vocab);
+        Dist dist;
+        for (int r = 0; r < 12; ++r, ++rows) {
+          std::normal_distribution<float> logit(0.0f, r % 3 == 0 ? 0.3f : 4.0f);
+          for (float& v : row) v = logit(gen);
+          if (r % 4 == 1)  // ties: a few values repeated across the row
+            for (int64_t i = 0; i < n_vocab; ++i) row[size_t(i)] = std::round(row[size_t(i)] * 2.0f) / 2.0f;
+          if (r % 5 == 2)  // fewer samplable tokens than most k
+            for (int64_t i = 3; i < n_vocab; ++i) row[size_t(i)] = -std::numeric_limits<float>::infinity();
+          if (r % 6 == 3) row[17] = std::numeric_limits<float>::quiet_NaN(), row[40] = -INFINITY;
+          if (r % 7 == 4) row[11] = row[250] = INFINITY;
+          const int32_t a = ranked.sample(row.data());
+          listed.distribution(row.data(), dist);
+          const int32_t b = listed.sample_from(dist);
+          ASSERT_EQ(a, b) << "k " << k << ", top-p " << top_p << ", T " << temperature << ", row " << r;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(rows, 6 * 4 * 4 * 12);
+}
+
 TEST(Sampler, SampleFromSkipsZeroMassAndFollowsWeights) {
   Sampler s(make_params(1.0f, 0, 1.0f, 99), 16);
   const Dist d = {{5, 0.2f}, {9, 0.0f}, {2, 0.8f}, {11, 0.0f}};

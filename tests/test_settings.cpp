@@ -171,9 +171,9 @@ TEST(SpecSettings, DraftModelLoadsWithTheTargetsKernels) {
   EXPECT_EQ(plain.draft_model(), nullptr);
 }
 
-// generate and serve refuse what the device cannot run before any device is asked for: greedy
-// decoding only, chains from the self-draft, a draft model or a head, trees from the self-draft.
-TEST(DeviceSettings, TheDeviceTakesGreedyChainsAndSelfDraftedTrees) {
+// generate and serve refuse what the device cannot run before any device is asked for: chains
+// from the self-draft, a draft model or a head, trees from the self-draft; sampling with top-k on.
+TEST(DeviceSettings, TheDeviceTakesChainsSelfDraftedTreesAndTopKSampling) {
   auto why = [](SpecMode mode, int32_t top_k, int32_t p_min = 0) {
     SpecConfig c;
     c.mode = mode;
@@ -190,11 +190,20 @@ TEST(DeviceSettings, TheDeviceTakesGreedyChainsAndSelfDraftedTrees) {
     EXPECT_NE(why(mode, 1).find("--spec self|draft|head"), std::string::npos) << name_of(mode);
   EXPECT_NE(why(SpecMode::Self, 1, 20).find("--draft-p-min 0"), std::string::npos);
 
-  GenerateParams params;
-  params.sampling.temperature = 0.0f;
-  EXPECT_EQ(cuda_params_unsupported(params), "");
-  params.sampling.temperature = 0.7f;
-  EXPECT_NE(cuda_params_unsupported(params).find("temperature 0"), std::string::npos);
+  // Sampling: the CPU Sampler's draw with top-k on (1..64); a temperature whose inverse overflows
+  // is greedy, as on the CPU.
+  SamplingParams sampling{.temperature = 0.0f, .top_k = 0};
+  EXPECT_FALSE(cuda_samples(sampling));
+  EXPECT_EQ(cuda_params_unsupported(sampling), "") << "greedy ignores top_k";
+  sampling.temperature = 1e-39f;
+  EXPECT_FALSE(cuda_samples(sampling));
+  sampling.temperature = 0.7f;
+  EXPECT_TRUE(cuda_samples(sampling));
+  for (int k : {0, -1, 65, 1000})
+    EXPECT_NE(cuda_params_unsupported(SamplingParams{.temperature = 0.7f, .top_k = k}).find("top_k must be in 1..64"),
+              std::string::npos)
+        << k;
+  for (int k : {1, 40, 64}) EXPECT_EQ(cuda_params_unsupported(SamplingParams{.temperature = 0.7f, .top_k = k}), "") << k;
 }
 
 TEST(ServerErrors, FailuresInsideAGenerationAreServerErrors) {

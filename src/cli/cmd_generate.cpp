@@ -227,7 +227,10 @@ void run_generate(const GenerateArgs& a) {
   if (a.device != "cpu" && a.device != "cuda") throw Error("--device must be cpu or cuda, got '" + a.device + "'");
   const bool on_device = a.device == "cuda";
   if (on_device) {
-    if (a.temperature != 0.0f) throw Error("--device cuda runs greedy decoding: --temp 0");
+    const SamplingParams sampling{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p};
+    if (const std::string why = cuda_params_unsupported(sampling); !why.empty()) throw Error("--device cuda: " + why);
+    if (cuda_samples(sampling) && a.spec.enabled())
+      throw Error("--device cuda speculates with greedy decoding only (--temp 0); it samples without --spec");
     if (const std::string why = cuda_spec_unsupported(a.spec); !why.empty()) throw Error(why);
   }
   // The device loads its own weights: the CPU reads only the file's metadata and tokenizer.

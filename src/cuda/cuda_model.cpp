@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 
 #include "cuda/cuda_check.h"
@@ -250,6 +251,9 @@ void CudaModel::allocate_buffers() {
   d_n_keep_ = ints(1);
   d_out_ids_ = ints(options_.max_generate);
   d_counter_ = ints(1);
+  d_sample_settings_ = static_cast<SampleSettings*>(alloc(sizeof(SampleSettings)));
+  d_draw_bits_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * size_t(options_.max_generate)));
+  d_top_ids_ = ints(64);
   d_argmax_scratch_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * B));
   d_argmax_out_ = ints(B);
   d_update_ = static_cast<VocabUpdate*>(alloc(sizeof(VocabUpdate)));
@@ -424,10 +428,54 @@ void CudaModel::truncate(int32_t n) {
   n_past_ = n;
 }
 
-void CudaModel::enqueue_decode_step() {
+void CudaModel::enqueue_decode_step(const TokenPick& pick) {
   enqueue_forward(device_batch(0, 1, 0), d_out_rows_, 1, {.logits = true});
-  argmax_rows(logits_, 1, config_.n_vocab, d_tokens_, d_argmax_scratch_, stream_);
+  enqueue_pick(logits_, pick, d_counter_);  // the token's index among the generated ones picks its bits
   decode_advance(kv_, decode_state(), stream_);
+}
+
+void CudaModel::drop_decode_graph_unless(const TokenPick& pick) {
+  if (decode_graph_ && !(decode_graph_pick_ == pick)) {
+    cudaGraphExecDestroy(decode_graph_);
+    decode_graph_ = nullptr;
+  }
+  decode_graph_pick_ = pick;
+}
+
+void CudaModel::enqueue_pick(const float* row, const TokenPick& pick, const int32_t* draw) {
+  const int64_t V = config_.n_vocab;
+  if (pick.sample_k == 0) {
+    argmax_rows(row, 1, V, d_tokens_, d_argmax_scratch_, stream_);
+    return;
+  }
+  top_k_rows(row, V, V, RowRange{}, pick.sample_k, d_top_ids_, top_values_, stream_);
+  draw_top_k(d_top_ids_, top_values_, pick.sample_k, d_sample_settings_, d_draw_bits_, draw, d_tokens_, stream_);
+}
+
+TokenPick CudaModel::begin_sampling(const SamplingParams& sampling, int32_t n_tokens) {
+  // The CPU Sampler's rules: a temperature whose inverse overflows is greedy.
+  const float t = sampling.temperature;
+  if (!(t >= 0.0f) || std::isinf(t))
+    throw Error("sampling: temperature must be a finite number >= 0, got " + std::to_string(t));
+  if (!(1.0f / t < INFINITY)) return {};
+  if (!(sampling.top_p >= 0.0f)) throw Error("sampling: top_p must be >= 0 (1 = off), got " + std::to_string(sampling.top_p));
+  if (sampling.top_k < 1 || sampling.top_k > 64 || sampling.top_k >= config_.n_vocab)
+    throw Error("sampling on the device draws from the top-k tokens: top_k must be in 1..64 and below the vocabulary "
+                "size " + std::to_string(config_.n_vocab) + ", got " + std::to_string(sampling.top_k));
+  if (n_tokens < 0 || n_tokens > options_.max_generate)
+    throw Error("sampling: random bits for " + std::to_string(n_tokens) + " tokens, room for " +
+                std::to_string(options_.max_generate));
+  // One 64-bit output of the seed's mt19937_64 per token, in order: what the CPU's Sampler draws.
+  std::mt19937_64 rng(sampling.seed);
+  std::vector<uint64_t> bits(static_cast<size_t>(n_tokens));
+  for (uint64_t& b : bits) b = rng();
+  const SampleSettings settings{.temperature = t, .top_p = sampling.top_p};
+  // Pageable host memory: each copy has read its source when it returns.
+  MS_CUDA(cudaMemcpyAsync(d_sample_settings_, &settings, sizeof settings, cudaMemcpyHostToDevice, stream_));
+  if (n_tokens > 0)
+    MS_CUDA(cudaMemcpyAsync(d_draw_bits_, bits.data(), bits.size() * sizeof(uint64_t), cudaMemcpyHostToDevice,
+                            stream_));
+  return TokenPick{.sample_k = sampling.top_k};
 }
 
 cudaGraphExec_t CudaModel::capture(const std::function<void()>& enqueue) {
@@ -460,7 +508,8 @@ void CudaModel::run_steps(cudaGraphExec_t& graph, int32_t steps, Graphs graphs, 
 
 void CudaModel::prefill_for_decode(std::span<const int32_t> prompt) { prefill_for_decode(prompt, PromptCandidates{}); }
 
-void CudaModel::prefill_for_decode(std::span<const int32_t> prompt, const PromptCandidates& candidates) {
+void CudaModel::prefill_for_decode(std::span<const int32_t> prompt, const PromptCandidates& candidates,
+                                   const TokenPick& pick) {
   if (prompt.empty()) throw Error("generate: empty prompt");
   if (candidates.k < 0 || candidates.k > 64 || (candidates.k > 0 && !candidates.prompt_top))
     throw Error("prefill: prompt candidates k " + std::to_string(candidates.k) + " outside 0..64 or without a buffer");
@@ -495,7 +544,7 @@ void CudaModel::prefill_for_decode(std::span<const int32_t> prompt, const Prompt
                  candidates.prompt_top + int64_t(p0) * k, top_values_, stream_);
     if (last) {
       const float* row = logits_ + int64_t(out_rows.size() - 1) * config_.n_vocab;
-      argmax_rows(row, 1, config_.n_vocab, d_tokens_, d_argmax_scratch_, stream_);
+      enqueue_pick(row, pick, nullptr);  // the first generated token: draw 0
       decode_begin(kv_, decode_state(), stream_);
     }
     MS_CUDA(cudaStreamSynchronize(stream_));  // positions/parents/out_rows are reused for the next chunk
@@ -525,25 +574,27 @@ bool CudaModel::fetch_emitted(int32_t produced, int32_t limit, const std::vector
 }
 
 void CudaModel::decode_until(int32_t limit, const std::vector<int32_t>& stop_ids, Graphs graphs, int32_t sync_every,
-                             const TokenHandler& on_token, std::vector<int32_t>& ids) {
+                             const TokenPick& pick, const TokenHandler& on_token, std::vector<int32_t>& ids) {
+  drop_decode_graph_unless(pick);
   int32_t produced = int32_t(ids.size());
   while (produced < limit && n_past_ < options_.n_ctx) {
     const int32_t steps = std::min({std::max(sync_every, 1), limit - produced, options_.n_ctx - n_past_});
-    run_steps(decode_graph_, steps, graphs, [this] { enqueue_decode_step(); });
+    run_steps(decode_graph_, steps, graphs, [&] { enqueue_decode_step(pick); });
     n_past_ += steps;
     produced += steps;
     if (fetch_emitted(produced, limit, stop_ids, on_token, ids)) return;
   }
 }
 
-std::vector<int32_t> CudaModel::generate_greedy(std::span<const int32_t> prompt, const GreedyOptions& o,
+std::vector<int32_t> CudaModel::generate_plain(std::span<const int32_t> prompt, const PlainOptions& o,
                                                 const TokenHandler& on_token) {
-  prefill_for_decode(prompt);
-  std::vector<int32_t> ids;
   const int32_t limit = std::min(o.n_predict, options_.max_generate);
+  const TokenPick pick = begin_sampling(o.sampling, std::max(limit, 0));
+  prefill_for_decode(prompt, PromptCandidates{}, pick);
+  std::vector<int32_t> ids;
   if (limit <= 0) return ids;
-  if (fetch_emitted(1, limit, o.stop_ids, on_token, ids)) return ids;  // the prompt's argmax, in out_ids[0]
-  decode_until(limit, o.stop_ids, o.graphs, o.sync_every, on_token, ids);
+  if (fetch_emitted(1, limit, o.stop_ids, on_token, ids)) return ids;  // the prompt's pick, in out_ids[0]
+  decode_until(limit, o.stop_ids, o.graphs, o.sync_every, pick, on_token, ids);
   return ids;
 }
 
@@ -863,7 +914,7 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
     done = fetch_emitted(produced, limit, o.stop_ids, on_token, ids);
   }
   // Where a whole chain no longer fits: plain decode steps from the same device state.
-  if (!done) decode_until(limit, o.stop_ids, o.graphs, o.sync_every, on_token, ids);
+  if (!done) decode_until(limit, o.stop_ids, o.graphs, o.sync_every, TokenPick{}, on_token, ids);
   // The counts of the steps that emitted the tokens kept (steps may have run past them until the
   // host looked). Device to pageable host memory: each copy returns once done.
   int32_t n_steps = 0;
@@ -881,10 +932,11 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
 double CudaModel::time_decode_steps(int32_t steps, Graphs graphs) {
   if (n_past_ + steps > options_.n_ctx || steps + 1 > options_.max_generate)
     throw Error("time_decode_steps: " + std::to_string(steps) + " steps do not fit the context");
-  // Captured before the timed region.
-  if (graphs == Graphs::On && !decode_graph_) decode_graph_ = capture([this] { enqueue_decode_step(); });
+  // Greedy steps, captured before the timed region.
+  drop_decode_graph_unless(TokenPick{});
+  if (graphs == Graphs::On && !decode_graph_) decode_graph_ = capture([this] { enqueue_decode_step(TokenPick{}); });
   MS_CUDA(cudaEventRecord(ev_start_, stream_));
-  run_steps(decode_graph_, steps, graphs, [this] { enqueue_decode_step(); });
+  run_steps(decode_graph_, steps, graphs, [this] { enqueue_decode_step(TokenPick{}); });
   MS_CUDA(cudaEventRecord(ev_stop_, stream_));
   MS_CUDA(cudaEventSynchronize(ev_stop_));
   n_past_ += steps;

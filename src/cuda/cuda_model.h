@@ -20,6 +20,7 @@
 #include "cuda/eagle_head.h"
 #include "cuda/ops.h"
 #include "model/config.h"
+#include "sampling/sampler.h"
 #include "vocab/draft_vocab.h"
 
 namespace microspec {
@@ -51,11 +52,23 @@ using TokenHandler = std::function<bool(int32_t)>;
 
 enum class Graphs { Off, On };  // replay the decode step as a captured CUDA graph, or launch each kernel
 
-struct GreedyOptions {
+struct PlainOptions {
   int32_t n_predict = 128;
   std::vector<int32_t> stop_ids;  // generation ends after one of these (it is kept)
   Graphs graphs = Graphs::On;
   int32_t sync_every = 8;  // steps between host checks for a stop token (more steps may run past it)
+  // Temperature 0: greedy (the argmax). Else the CPU's Sampler with top-k on (top_k 1..64, below
+  // the vocabulary size): each token is its draw from the row's top_k best (top-p, temperature,
+  // then the draw: sampling/ranked_draw.h) with the seed's random bits, one per token, as the CPU
+  // draws them.
+  SamplingParams sampling;
+};
+
+// How a plain decode step picks its token: the argmax (sample_k 0), or the sampler's draw from the
+// sample_k best with the settings and random bits the generation uploaded (begin_sampling).
+struct TokenPick {
+  int32_t sample_k = 0;
+  bool operator==(const TokenPick& o) const { return sample_k == o.sample_k; }
 };
 
 class CudaModel;
@@ -163,9 +176,10 @@ class CudaModel {
   void commit(std::span<const int32_t> indices);
   void truncate(int32_t n);
 
-  // Greedy generation after `prompt`: the prompt in n_batch chunks, then one token per step with
-  // the step's state on the device. Returns the generated ids (stopping after a stop id).
-  std::vector<int32_t> generate_greedy(std::span<const int32_t> prompt, const GreedyOptions& options,
+  // Plain generation after `prompt`, greedy or sampled (options.sampling): the prompt in n_batch
+  // chunks, then one token per step with the step's state on the device. Returns the generated ids
+  // (stopping after a stop id).
+  std::vector<int32_t> generate_plain(std::span<const int32_t> prompt, const PlainOptions& options,
                                        const TokenHandler& on_token = {});
 
   // The same with speculative decoding (see SpecChainOptions); on_token takes the tokens every
@@ -174,7 +188,7 @@ class CudaModel {
                                             SpecChainStats* stats = nullptr, const TokenHandler& on_token = {});
 
   // Runs `steps` decode steps after the current state (the prompt's last token already sampled
-  // into the device batch by generate_greedy or prefill_for_decode); returns the seconds they
+  // into the device batch by generate_plain or prefill_for_decode); returns the seconds they
   // took, timed with device events. For benchmarks.
   void prefill_for_decode(std::span<const int32_t> prompt);
   // The same, also leaving the prompt in prompt_ids (device, [prompt.size()]; unless null) and, for k > 0, the
@@ -185,7 +199,9 @@ class CudaModel {
     int32_t* prompt_ids = nullptr;
     const FeatureCapture* capture = nullptr;  // the prompt's features, row i at position i (a draft head's)
   };
-  void prefill_for_decode(std::span<const int32_t> prompt, const PromptCandidates& candidates);
+  // pick: how the first generated token is picked from the prompt's last logits.
+  void prefill_for_decode(std::span<const int32_t> prompt, const PromptCandidates& candidates,
+                          const TokenPick& pick = {});
   double time_decode_steps(int32_t steps, Graphs graphs);
 
  private:
@@ -218,7 +234,15 @@ class CudaModel {
   void enqueue_forward(const DeviceBatch& batch, const int32_t* out_rows, int32_t n_out, const ForwardOptions& options);
   void enqueue_layer(const Layer& L, int32_t il, const DeviceBatch& batch);
   void project(const Projection& p, const float* x, int32_t n, float* y, int64_t ldy);
-  void enqueue_decode_step();
+  void enqueue_decode_step(const TokenPick& pick);
+  // tokens[0] = the pick from one logits row ([n_vocab], device); draw: the index of the random
+  // bits a sampled pick uses (device; null: 0).
+  void enqueue_pick(const float* row, const TokenPick& pick, const int32_t* draw);
+  // A decode graph captured for another pick is destroyed (the next capture is this pick's).
+  void drop_decode_graph_unless(const TokenPick& pick);
+  // Checks a sampled generation's settings and uploads them with the seed's random bits for
+  // n_tokens tokens; the pick its steps use ({} for greedy).
+  TokenPick begin_sampling(const SamplingParams& sampling, int32_t n_tokens);
   void enqueue_chain_step(const ChainStep& step);
   // The tree step (SpecChainOptions::tree) over tree_'s arrays.
   void enqueue_tree_step(const ChainStep& step);
@@ -244,7 +268,7 @@ class CudaModel {
   // Plain decode steps after the device state (tokens[0] emitted, at position n_past) until
   // `limit` tokens, a stop id or the end of the context; ids holds every token emitted so far.
   void decode_until(int32_t limit, const std::vector<int32_t>& stop_ids, Graphs graphs, int32_t sync_every,
-                    const TokenHandler& on_token, std::vector<int32_t>& ids);
+                    const TokenPick& pick, const TokenHandler& on_token, std::vector<int32_t>& ids);
   std::vector<int32_t> speculate_resident(const SpecChainOptions& o, DeviceDraftVocab* vocab, const TokenHandler& on_token,
                                           SpecChainStats& st);
 
@@ -285,6 +309,9 @@ class CudaModel {
   int32_t* d_n_keep_ = nullptr;     // [1] commit()'s count of them
   int32_t* d_out_ids_ = nullptr;    // [max_generate]
   int32_t* d_counter_ = nullptr;    // [1]
+  SampleSettings* d_sample_settings_ = nullptr;  // [1] a sampled generation's temperature and top-p
+  uint64_t* d_draw_bits_ = nullptr;              // [max_generate] its random bits, one per token
+  int32_t* d_top_ids_ = nullptr;                 // [64] a sampled pick's ranked ids (values: top_values_)
   uint64_t* d_argmax_scratch_ = nullptr;  // [n_batch]
   int32_t* d_argmax_out_ = nullptr;       // [n_batch] argmax of each logits row (speculative steps)
   VocabUpdate* d_update_ = nullptr;       // [1] the resident chain's next vocabulary update
@@ -299,6 +326,7 @@ class CudaModel {
   struct DeviceTree;
   std::unique_ptr<DeviceTree> tree_;
   cudaGraphExec_t decode_graph_ = nullptr;
+  TokenPick decode_graph_pick_;  // the pick decode_graph_ was captured with
   cudaGraphExec_t chain_graph_ = nullptr;  // the resident speculative step, made for chain_graph_for_
   ChainStep::Key chain_graph_for_;
   cudaEvent_t ev_start_ = nullptr, ev_stop_ = nullptr;

@@ -12,6 +12,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/ops.h"
+#include "sampling/ranked_draw.h"
 #include "util/error.h"
 
 namespace microspec::cuda {
@@ -1171,6 +1172,21 @@ __global__ void k_top_k_rows(const float* x, int64_t ld, int64_t n, RowRange row
   }
 }
 
+// The CPU sampler's draw over the row's ranked k best (ranked_draw.h) in one thread; the ranked
+// entries end at the first id -1 (past the non-NaN values) or -inf value (never sampled).
+__global__ void k_draw_top_k(const int32_t* ids, const float* values, int32_t k, const SampleSettings* settings,
+                             const uint64_t* bits, const int32_t* draw, int32_t* out) {
+  int32_t n = 0;
+  while (n < k && ids[n] >= 0 && values[n] > -INFINITY) ++n;
+  if (n == 0) {
+    *out = -1;
+    return;
+  }
+  const int32_t rank = draw_ranked(n, [&](int32_t i) { return values[i]; }, settings->temperature, settings->top_p,
+                                   bits[draw ? *draw : 0]);
+  *out = ids[rank];
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dynamic draft vocabulary (window_state.h's functions in one thread, the packed head's gather in
 // parallel), then random fills.
@@ -1527,6 +1543,13 @@ void top_k_rows(const float* x, int64_t ld, int64_t n, RowRange rows, int32_t k,
   if (rows.max_rows < 0) throw Error("cuda top_k: negative row count");
   if (rows.max_rows == 0) return;
   k_top_k_rows<<<unsigned(rows.max_rows), kSelectThreads, 0, stream>>>(x, ld, n, rows, k, ids, values);
+  MS_CUDA_LAUNCH();
+}
+
+void draw_top_k(const int32_t* ids, const float* values, int32_t k, const SampleSettings* settings,
+                const uint64_t* bits, const int32_t* draw, int32_t* out, cudaStream_t stream) {
+  if (k < 1 || k > 64) throw Error("cuda draw_top_k: k must be in 1..64, got " + std::to_string(k));
+  k_draw_top_k<<<1, 1, 0, stream>>>(ids, values, k, settings, bits, draw, out);
   MS_CUDA_LAUNCH();
 }
 

@@ -177,6 +177,17 @@ void decode_advance(const DeviceKV& kv, const DecodeState& st, cudaStream_t stre
 // out[r] = first index of the largest non-NaN value of row r (x is [n_rows][n]); -1 if all NaN.
 // scratch: [n_rows] (many blocks per row meet there through atomicMax).
 void argmax_rows(const float* x, int32_t n_rows, int64_t n, int32_t* out, uint64_t* scratch, cudaStream_t stream);
+// Sampled decoding's settings, in device memory so a captured step reads each generation's own.
+struct SampleSettings {
+  float temperature = 1.0f;  // > 0 with 1 / temperature finite
+  float top_p = 1.0f;        // >= 1: off
+};
+// *out = the token sampling/ranked_draw.h's draw_ranked picks from one row's k best (ids [k] and
+// values [k] as top_k_rows leaves them: best first, -1 / -inf past the row's non-NaN values) with
+// the random bits bits[draw ? *draw : 0] (device: one 64-bit RNG output per generated token);
+// -1 when the row has no samplable value (every one NaN or -inf). One device thread.
+void draw_top_k(const int32_t* ids, const float* values, int32_t k, const SampleSettings* settings,
+                const uint64_t* bits, const int32_t* draw, int32_t* out, cudaStream_t stream);
 // Rows [first, first + count) of a matrix, or with a list the rows list[first, first + count)
 // (a tree's accepted rows), where first, count and list may live in device memory (so a captured
 // step reads them when it runs): null first means 0, null count means max_rows; count must not

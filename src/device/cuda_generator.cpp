@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "checkpoint/hf_folder.h"
 #include "draft_head/eagle3_head.h"
@@ -49,8 +50,14 @@ void set_cuda_speculation(const SpecConfig& spec, const GgufFile& target, const 
     o.vocab = pruned_vocab_spec(spec, target.name(), config.n_vocab, tokenizer, &o.vocab_describe);
 }
 
-std::string cuda_params_unsupported(const GenerateParams& params) {
-  if (params.sampling.temperature != 0.0f) return "the device runs greedy decoding only: temperature 0";
+bool cuda_samples(const SamplingParams& sampling) {
+  return sampling.temperature > 0.0f && 1.0f / sampling.temperature < INFINITY;
+}
+
+std::string cuda_params_unsupported(const SamplingParams& sampling) {
+  const int32_t k = sampling.top_k;
+  if (cuda_samples(sampling) && (k < 1 || k > 64))
+    return "the device samples from the top-k tokens: top_k must be in 1..64, got " + std::to_string(k);
   return {};
 }
 
@@ -122,7 +129,8 @@ std::string CudaGenerator::describe() const {
 SpecResult CudaGenerator::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                                    const TextCallback& on_text, Drafting drafting) const {
   const Impl& d = *impl_;  // the prompt's ids are checked by CudaModel's forward
-  if (const std::string why = cuda_params_unsupported(params); !why.empty()) throw Error("--device cuda: " + why);
+  if (const std::string why = cuda_params_unsupported(params.sampling); !why.empty())
+    throw Error("--device cuda: " + why);
   if (params.max_new_tokens > d.options.n_predict)
     throw Error("--device cuda: " + std::to_string(params.max_new_tokens) + " tokens asked for, the device has room for " +
                 std::to_string(d.options.n_predict));
@@ -142,7 +150,7 @@ SpecResult CudaGenerator::generate(const std::vector<int32_t>& prompt, const Gen
     if (n_seen++ == 0) t_first = Clock::now();
     return sink.push(id);
   };
-  const bool drafts = speculative() && drafting == Drafting::Speculative;
+  const bool drafts = speculative() && drafting == Drafting::Speculative && !cuda_samples(params.sampling);
   if (drafts) {
     cuda::SpecChainOptions so;
     so.n_predict = params.max_new_tokens;
@@ -161,9 +169,10 @@ SpecResult CudaGenerator::generate(const std::vector<int32_t>& prompt, const Gen
     out.stats.drafting_steps = st.steps;
     out.stats.drafted = int64_t(st.steps) * (d.options.spec_tree ? d.options.spec_tree->total : d.options.spec_chain);
   } else {
-    cuda::GreedyOptions g;
+    cuda::PlainOptions g;
     g.n_predict = params.max_new_tokens;
-    d.model->generate_greedy(prompt, g, take);
+    g.sampling = params.sampling;
+    d.model->generate_plain(prompt, g, take);
   }
   const int32_t decode_tokens = std::max(n_seen - 1, 0);
   out.stats.decode_tokens = decode_tokens;

@@ -1,6 +1,7 @@
 #pragma once
 // Generation with the CUDA backend (src/cuda), the one entry point `generate --device cuda` and
-// `serve --device cuda` share: greedy decoding on the GPU, plain or speculative (a chain drafted
+// `serve --device cuda` share: decoding on the GPU, sampled (top-k) or greedy, and greedy decoding
+// speculative too (a chain drafted
 // by the target's first layers, a draft model or an EAGLE-3 head, or a tree drafted by the
 // target's first layers). The models are loaded on the device once for every generation; each
 // generation ends as the CPU path's does (end-of-generation tokens, stop strings, the token limit:
@@ -47,9 +48,12 @@ std::string cuda_spec_unsupported(const SpecConfig& spec);
 void set_cuda_speculation(const SpecConfig& spec, const GgufFile& target, const Tokenizer& tokenizer,
                           CudaGeneratorOptions& o);
 
-// Why the device cannot run a generation with these parameters ("" when it can): it decodes
-// greedily, so only temperature 0 is taken.
-std::string cuda_params_unsupported(const GenerateParams& params);
+// Whether the parameters sample (a temperature > 0 whose inverse is finite, as the CPU's Sampler
+// reads it) rather than decode greedily.
+bool cuda_samples(const SamplingParams& sampling);
+// Why the device cannot run a generation with these parameters ("" when it can): it samples with
+// top-k on only (the CPU Sampler's draw from the top_k best, top_k 1..64).
+std::string cuda_params_unsupported(const SamplingParams& sampling);
 
 // Whether a generation of a speculative generator drafts (the output is the same either way).
 enum class Drafting { Speculative, Plain };
@@ -64,10 +68,12 @@ class CudaGenerator {
   CudaGenerator(const CudaGenerator&) = delete;
   CudaGenerator& operator=(const CudaGenerator&) = delete;
 
-  // Greedy generation after `prompt` (params.max_new_tokens at most options.n_predict; Error when
-  // cuda_params_unsupported); on_text takes the text as it becomes final, every few device
-  // steps. prefill_seconds: up to the first token; decode_seconds: from it to the last. One
-  // generation at a time: the device holds one sequence's cache.
+  // Generation after `prompt`, greedy or sampled by params.sampling (params.max_new_tokens at
+  // most options.n_predict; Error when cuda_params_unsupported); on_text takes the text as it
+  // becomes final, every few device steps. A speculative generator drafts greedy generations only:
+  // a sampled one decodes plainly (the same distribution; the device has no speculative sampling).
+  // prefill_seconds: up to the first token; decode_seconds: from it to the last. One generation
+  // at a time: the device holds one sequence's cache.
   SpecResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params, const TextCallback& on_text,
                       Drafting drafting = Drafting::Speculative) const;
   bool speculative() const;

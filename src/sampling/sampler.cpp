@@ -8,6 +8,7 @@
 #include <string>
 
 #include "math/select.h"
+#include "sampling/ranked_draw.h"
 #include "util/error.h"
 
 namespace microspec {
@@ -217,6 +218,12 @@ int32_t Sampler::sample(const float* logits) {
     const int32_t id = argmax(logits, n_vocab_);
     if (id < 0 || logits[id] == kNegInf) throw_nothing_samplable();
     return id;
+  }
+  if (top_k_ > 0) {  // the k best ranked: the draw the CUDA backend runs too (ranked_draw.h)
+    const int64_t n = select_candidates(logits, n_vocab_);
+    const int32_t rank = draw_ranked(
+        static_cast<int32_t>(n), [&](int32_t i) { return cand_[i].logit; }, params_.temperature, params_.top_p, rng_());
+    return cand_[rank].id;
   }
   distribution(logits, scratch_);
   return sample_from(scratch_);

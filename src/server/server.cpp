@@ -165,9 +165,10 @@ bool json_content_type(std::string_view content_type) {
 // generator (one sequence at a time).
 struct Backend {
   std::string device;  // "cpu" or "cuda"
-  // Throws ApiError (4xx) for a validated request this backend cannot run; called before the
+  // Throws ApiError (4xx) for a validated request this backend cannot run, or adapts it (turns
+  // speculation off where the backend cannot speculate on it, saying so); called before the
   // request waits for a slot.
-  std::function<void(const CompletionRequest&)> check;
+  std::function<void(CompletionRequest&)> admit;
   // Generates the request in slot `slot` (held by the caller); throws what the generation threw.
   std::function<SpecResult(int slot, const CompletionRequest&, const TextCallback&)> generate;
 };
@@ -405,7 +406,7 @@ class Server {
     job.endpoint = endpoint;
     job.reply = reply;
     job.request = parse_completion_request(endpoint, reply.ex->request().body(), ctx_);
-    backend_.check(job.request);
+    backend_.admit(job.request);
     job.request.params.cancel = &reply.ex->cancelled();
     job.ids.id = make_id(endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
     job.ids.created = static_cast<int64_t>(std::time(nullptr));
@@ -564,10 +565,14 @@ void run_server(const ServerOptions& o) {
     dopt.n_batch = o.n_batch;
     set_cuda_speculation(o.spec, *file, *tokenizer, dopt);
     device = std::make_unique<CudaGenerator>(*file, *tokenizer, dopt);
-    backend.check = [](const CompletionRequest& r) {
-      if (const std::string why = cuda_params_unsupported(r.params); !why.empty())
-        throw ApiError(400, "Invalid 'temperature': this server runs on a GPU, where " + why + ".", "temperature",
+    backend.admit = [](CompletionRequest& r) {
+      if (const std::string why = cuda_params_unsupported(r.params.sampling); !why.empty())
+        throw ApiError(400, "Invalid 'top_k': this server runs on a GPU, where " + why + ".", "top_k",
                        "unsupported_parameter");
+      if (r.speculative && cuda_samples(r.params.sampling)) {
+        r.speculative = false;
+        r.spec_note = "sampled requests decode without speculation on the GPU";
+      }
     };
     backend.generate = [&device](int, const CompletionRequest& r, const TextCallback& on_text) {
       return device->generate(r.prompt_ids, r.params, on_text,
@@ -597,7 +602,7 @@ void run_server(const ServerOptions& o) {
     }
     scheduler = std::make_unique<BatchScheduler>(*model, *tokenizer, std::move(slots), o.prefill_chunk,
                                                  o.spec_max_batch);
-    backend.check = [](const CompletionRequest&) {};
+    backend.admit = [](CompletionRequest&) {};
     backend.generate = [&scheduler](int slot, const CompletionRequest& r, const TextCallback& on_text) {
       return scheduler->generate(slot, r.prompt_ids, r.params, r.speculative, on_text);
     };

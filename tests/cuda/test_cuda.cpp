@@ -27,6 +27,7 @@
 #include "kernels/matmul.h"
 #include "kernels/threadpool.h"
 #include "model/model.h"
+#include "sampling/sampler.h"
 #include "speculative/tree.h"
 #include "tokenizer/tokenizer.h"
 #include "../test_helpers.h"
@@ -320,6 +321,82 @@ TEST(CudaKernels, ArgmaxAndTopKFollowTheCpuOrder) {
   }
 }
 
+// How far the draw u = (bits >> 11) * 2^-53 * mass of a sampled token lies from the nearest edge
+// of the CPU distribution's cumulative sums, as a share of the mass: a device whose weights differ
+// in the last bits (its expf, or its logits) can pick a neighbouring token only when this is tiny.
+double draw_margin(const std::vector<std::pair<int32_t, float>>& dist, uint64_t bits) {
+  double mass = 0.0;
+  for (const auto& e : dist) mass += e.second;
+  const double u = static_cast<double>(bits >> 11) * 0x1.0p-53 * mass;
+  double cum = 0.0, margin = u;
+  for (const auto& e : dist) {
+    cum += e.second;
+    margin = std::min(margin, std::fabs(u - cum));
+  }
+  return margin / mass;
+}
+
+// Sampled decoding's pick: top_k_rows, then the ranked draw in one device thread, against the
+// CPU's Sampler with the same seed over rows with ties, NaN, -inf, +inf and fewer samplable values
+// than k; the random bits are indexed by a count read on the device. Equal tokens, except where
+// the draw lies within float rounding of an edge of the distribution (device expf vs the host's).
+TEST(CudaKernels, DrawTopKMatchesTheCpuSampler) {
+  REQUIRE_GPU();
+  const int64_t n = 1000;
+  const int32_t rows = 10;
+  DeviceBuffer<float> drow(static_cast<size_t>(n));
+  DeviceBuffer<int32_t> ids(64), out(1), draw(1);
+  DeviceBuffer<float> vals(64);
+  DeviceBuffer<uint64_t> dbits(static_cast<size_t>(rows));
+  DeviceBuffer<cuda::SampleSettings> settings(1);
+  int32_t total = 0, edge = 0;
+  for (int32_t k : {1, 7, 40, 64}) {
+    for (float top_p : {1.0f, 0.9f, 0.3f}) {
+      for (float temperature : {0.2f, 0.8f, 1.5f}) {
+        const SamplingParams p{.temperature = temperature, .top_k = k, .top_p = top_p, .seed = uint64_t(total + 1)};
+        Sampler cpu(p, n), listed(p, n);
+        std::mt19937_64 rng(p.seed);
+        std::vector<uint64_t> bits(static_cast<size_t>(rows));
+        for (uint64_t& b : bits) b = rng();
+        MS_CUDA(cudaMemcpy(dbits.ptr, bits.data(), bits.size() * sizeof(uint64_t), cudaMemcpyHostToDevice));
+        const cuda::SampleSettings st{.temperature = temperature, .top_p = top_p};
+        MS_CUDA(cudaMemcpy(settings.ptr, &st, sizeof st, cudaMemcpyHostToDevice));
+        std::vector<std::pair<int32_t, float>> dist;
+        for (int32_t r = 0; r < rows; ++r, ++total) {
+          std::vector<float> x = normal_floats(size_t(n), unsigned(1000 + total), r % 2 ? 3.0f : 0.5f);
+          if (r % 3 == 1)
+            for (float& v : x) v = std::round(v * 2.0f) / 2.0f;  // ties
+          if (r % 4 == 2)
+            for (int64_t i = 5; i < n; ++i) x[size_t(i)] = -INFINITY;  // fewer samplable values than k
+          if (r == 3) x[10] = NAN, x[20] = -INFINITY;
+          if (r == 8) x[30] = x[600] = INFINITY;
+          MS_CUDA(cudaMemcpy(drow.ptr, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+          MS_CUDA(cudaMemcpy(draw.ptr, &r, sizeof r, cudaMemcpyHostToDevice));
+          cuda::top_k_rows(drow.ptr, n, n, cuda::RowRange{}, k, ids.ptr, vals.ptr, nullptr);
+          cuda::draw_top_k(ids.ptr, vals.ptr, k, settings.ptr, dbits.ptr, draw.ptr, out.ptr, nullptr);
+          const int32_t got = out.to_host()[0];
+          const int32_t want = cpu.sample(x.data());
+          listed.distribution(x.data(), dist);
+          if (got != want) {
+            ++edge;
+            EXPECT_LT(draw_margin(dist, bits[size_t(r)]), 1e-5)
+                << "k " << k << ", top-p " << top_p << ", T " << temperature << ", row " << r << ": device " << got
+                << ", CPU " << want;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_LE(edge, total / 100) << "tokens that differed at an edge of the distribution, of " << total;
+  // A row with nothing samplable gives -1 (the host reports it).
+  const std::vector<float> dead(size_t(n), -INFINITY);
+  MS_CUDA(cudaMemcpy(drow.ptr, dead.data(), dead.size() * sizeof(float), cudaMemcpyHostToDevice));
+  cuda::top_k_rows(drow.ptr, n, n, cuda::RowRange{}, 5, ids.ptr, vals.ptr, nullptr);
+  cuda::draw_top_k(ids.ptr, vals.ptr, 5, settings.ptr, dbits.ptr, nullptr, out.ptr, nullptr);
+  EXPECT_EQ(out.to_host()[0], -1);
+  EXPECT_THROW(cuda::draw_top_k(ids.ptr, vals.ptr, 65, settings.ptr, dbits.ptr, nullptr, out.ptr, nullptr), Error);
+}
+
 // A draft tree's proposals against tree.h's top_k_logprobs: the same ids (mapped through a slot
 // table, over a count read on the device), log-probabilities to float rounding; a row with fewer
 // values than k pads with -1; -inf is never chosen.
@@ -516,64 +593,122 @@ int32_t first_argmax(const float* x, int32_t n) {
   return int32_t(std::max_element(x, x + n) - x);
 }
 
+// The CPU's plain decoding of n_predict tokens after `prompt`: each step's logits row goes to
+// `pick`, which returns the token (and may note how near it came to picking another).
+std::vector<int32_t> cpu_decode(Model& cpu, const std::vector<int32_t>& prompt, int32_t n_predict,
+                                const std::function<int32_t(const std::vector<float>& logits)>& pick) {
+  KVCache kv = cpu.make_cache(256);
+  Batch b;
+  ForwardOutput out;
+  b.set_sequence(prompt, 0, false);
+  std::vector<int32_t> tokens;
+  for (int32_t step = 0; step < n_predict; ++step) {
+    cpu.forward(b, kv, out, {.logits = true});
+    kv.commit_prefix(b.size());
+    tokens.push_back(pick(out.logits));
+    const std::vector<int32_t> t = {tokens.back()};
+    b.set_sequence(t, kv.n_past(), false);
+  }
+  return tokens;
+}
+
+// The device's plain generation with `o` (graphs on, then off) against the CPU's tokens: the same
+// until a step where the CPU's pick came within its tolerance of another (margin[i] < slack[i]);
+// the comparison ends there. Returns the tokens of the run with graphs on.
+std::vector<int32_t> expect_device_decode(cuda::CudaModel& gpu, const std::vector<int32_t>& prompt,
+                                          cuda::PlainOptions o, const std::vector<int32_t>& want,
+                                          const std::vector<double>& margin, const std::vector<double>& slack) {
+  std::vector<int32_t> with_graphs;
+  for (cuda::Graphs g : {cuda::Graphs::On, cuda::Graphs::Off}) {
+    SCOPED_TRACE(g == cuda::Graphs::On ? "graphs on" : "graphs off");
+    o.graphs = g;
+    const std::vector<int32_t> got = gpu.generate_plain(prompt, o);
+    EXPECT_EQ(got.size(), want.size());
+    size_t k = 0;
+    while (k < want.size() && k < got.size() && got[k] == want[k]) ++k;
+    if (k < want.size() && k < got.size())
+      EXPECT_LT(margin[k], slack[k]) << "token " << k << ": device " << got[k] << ", CPU " << want[k]
+                                     << " with a margin of " << margin[k];
+    if (g == cuda::Graphs::On) with_graphs = got;
+  }
+  return with_graphs;
+}
+
 // Greedy decoding on the device (graphs on and off) gives the CPU's tokens, token for token. The
 // two differ in float summation order, so where the CPU's best two logits are closer than the
 // numeric tolerance (a near tie, which quantized activations make possible: see logit_tolerance)
 // either token is a correct greedy choice: there, and only there, the sequences may part, and
-// the comparison ends at that step.
-TEST(CudaModel, GreedyTokensEqualCpu) {
+// the comparison ends at that step. Sampled decoding likewise draws what the CPU's sampled
+// decoding draws with the same seed and settings (top-k 40, top-p 0.95, temperature 0.9), until a
+// draw that lies within the logits' tolerance of an edge of the distribution; seeds give other
+// texts, and a greedy run after sampled ones is greedy again (the decode graph is captured per
+// pick).
+TEST(CudaModel, PlainTokensEqualCpu) {
   REQUIRE_GPU();
   for (const Case& c : kModelCases) {
     SCOPED_TRACE(c.arch + " " + type_name(uint32_t(c.type)));
     TinyPair m(device_spec(c.arch, c.type));
     const int32_t V = m.cpu->config().n_vocab, n_predict = 48;
     const std::vector<int32_t> prompt = random_tokens(9, V, 3);
-    KVCache kv = m.cpu->make_cache(256);
-    Batch b;
-    ForwardOutput out;
-    b.set_sequence(prompt, 0, false);
-    std::vector<int32_t> want;
-    std::vector<float> margin;  // (best - second best) / largest |logit|, per step
-    for (int32_t step = 0; step < n_predict; ++step) {
-      m.cpu->forward(b, kv, out, {.logits = true});
-      kv.commit_prefix(b.size());
-      want.push_back(first_argmax(out.logits.data(), V));
-      std::vector<float> sorted = out.logits;
+    std::vector<double> margin, slack;  // per step: (best - second best) / largest |logit|, its tolerance
+    const std::vector<int32_t> want = cpu_decode(*m.cpu, prompt, n_predict, [&](const std::vector<float>& logits) {
+      std::vector<float> sorted = logits;
       std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      margin.push_back((sorted[0] - sorted[1]) / max_abs(out.logits));
-      const std::vector<int32_t> t = {want.back()};
-      b.set_sequence(t, kv.n_past(), false);
-    }
-    for (cuda::Graphs g : {cuda::Graphs::On, cuda::Graphs::Off}) {
-      SCOPED_TRACE(g == cuda::Graphs::On ? "graphs on" : "graphs off");
-      cuda::GreedyOptions o;
-      o.n_predict = n_predict;
-      o.graphs = g;
-      const std::vector<int32_t> got = m.gpu->generate_greedy(prompt, o);
-      ASSERT_EQ(got.size(), want.size());
-      size_t k = 0;
-      while (k < want.size() && got[k] == want[k]) ++k;
-      if (k < want.size())
-        EXPECT_LT(margin[k], logit_tolerance(c.type))
-            << "token " << k << ": device " << got[k] << ", CPU " << want[k] << " with a margin of " << margin[k];
-    }
+      margin.push_back((sorted[0] - sorted[1]) / max_abs(logits));
+      slack.push_back(logit_tolerance(c.type));
+      return first_argmax(logits.data(), V);
+    });
+    cuda::PlainOptions greedy;
+    greedy.n_predict = n_predict;
+    expect_device_decode(*m.gpu, prompt, greedy, want, margin, slack);
     // A stop id ends generation after it.
-    cuda::GreedyOptions o;
+    cuda::PlainOptions o;
     o.n_predict = 6;
     o.stop_ids = {want[2]};
-    const std::vector<int32_t> stopped = m.gpu->generate_greedy(prompt, o);
+    const std::vector<int32_t> stopped = m.gpu->generate_plain(prompt, o);
     const size_t first = size_t(std::find(want.begin(), want.end(), want[2]) - want.begin());
     EXPECT_EQ(stopped, std::vector<int32_t>(want.begin(), want.begin() + first + 1));
     // A token handler that ends the text with the fourth token.
     o.stop_ids.clear();
     int32_t seen = 0;
-    EXPECT_EQ(m.gpu->generate_greedy(prompt, o, [&](int32_t) { return ++seen < 4; }),
+    EXPECT_EQ(m.gpu->generate_plain(prompt, o, [&](int32_t) { return ++seen < 4; }),
               std::vector<int32_t>(want.begin(), want.begin() + 4));
     EXPECT_EQ(seen, 4);
+
+    // Sampled.
+    const std::vector<int32_t> greedy_before = m.gpu->generate_plain(prompt, greedy);
+    std::vector<std::vector<int32_t>> texts;
+    for (uint64_t seed : {1u, 2u}) {
+      SCOPED_TRACE("seed " + std::to_string(seed));
+      const SamplingParams p{.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = seed};
+      Sampler sampler(p, V), listed(p, V);
+      std::mt19937_64 rng(seed);  // the sampler's bits, one per token
+      std::vector<double> draw_edge, draw_slack;  // per step: the draw's distance to an edge, what the logits allow
+      std::vector<std::pair<int32_t, float>> dist;
+      const std::vector<int32_t> drawn = cpu_decode(*m.cpu, prompt, n_predict, [&](const std::vector<float>& logits) {
+        listed.distribution(logits.data(), dist);
+        draw_edge.push_back(draw_margin(dist, rng()));
+        // A logit moved by d moves each probability by about p * d / T: the cumulative sums by
+        // at most 2 d / T.
+        draw_slack.push_back(2.0 * logit_tolerance(c.type) * max_abs(logits) / p.temperature);
+        return sampler.sample(logits.data());
+      });
+      cuda::PlainOptions sampled;
+      sampled.n_predict = n_predict;
+      sampled.sampling = p;
+      texts.push_back(expect_device_decode(*m.gpu, prompt, sampled, drawn, draw_edge, draw_slack));
+    }
+    EXPECT_NE(texts[0], texts[1]) << "two seeds, one text";
+    EXPECT_EQ(m.gpu->generate_plain(prompt, greedy), greedy_before) << "greedy after sampling";
+    cuda::PlainOptions bad;
+    bad.sampling = SamplingParams{.temperature = 0.5f, .top_k = 65};
+    EXPECT_THROW(m.gpu->generate_plain(prompt, bad), Error);
+    bad.sampling.top_k = 0;
+    EXPECT_THROW(m.gpu->generate_plain(prompt, bad), Error);
   }
 }
 
-// Speculative decoding on the device (self-draft chain, batched verification, acceptance) gives
+
 // exactly the device's plain greedy tokens: every kernel is batch invariant, so this is bitwise.
 // The step is device-resident; each variant runs replayed as a CUDA graph and launched kernel by
 // kernel, with host checks every step or every 4 steps. Variants: the full
@@ -650,9 +785,9 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
     TinyPair draft(device_spec(c.arch, c.type == GgmlType::Q8_0 ? GgmlType::Q4_1 : GgmlType::Q8_0));
     const std::unique_ptr<cuda::DeviceEagleHead> head = head_file.on_device(m);
     const std::vector<int32_t> prompt = random_tokens(7, m.cpu->config().n_vocab, 5);
-    cuda::GreedyOptions g;
+    cuda::PlainOptions g;
     g.n_predict = 40;
-    const std::vector<int32_t> plain = m.gpu->generate_greedy(prompt, g);
+    const std::vector<int32_t> plain = m.gpu->generate_plain(prompt, g);
     int32_t draft_model_accepted = 0, tree_accepted = 0;
     for (const Variant& v : variants) {
       std::optional<cuda::SpecChainStats> first_launch;
@@ -714,9 +849,9 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       if (drafter == Drafter::Tree) o.tree = TreeShape{3, 3, 10};
       // A stop token: the output ends with its first occurrence.
       const std::vector<int32_t> prompt = random_tokens(7, V, 9);
-      cuda::GreedyOptions g;
+      cuda::PlainOptions g;
       g.n_predict = 40;
-      const std::vector<int32_t> plain = m.gpu->generate_greedy(prompt, g);
+      const std::vector<int32_t> plain = m.gpu->generate_plain(prompt, g);
       o.n_predict = 40;
       o.stop_ids = {plain[17]};
       const size_t first = size_t(std::find(plain.begin(), plain.end(), plain[17]) - plain.begin());
@@ -749,7 +884,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       // do not fit, and plain decode steps finish.
       const std::vector<int32_t> long_prompt = random_tokens(230, V, 10);
       g.n_predict = 100;
-      const std::vector<int32_t> plain_end = m.gpu->generate_greedy(long_prompt, g);
+      const std::vector<int32_t> plain_end = m.gpu->generate_plain(long_prompt, g);
       ASSERT_EQ(plain_end.size(), 256u - 230u + 1u);
       o.n_predict = 100;
       EXPECT_EQ(m.gpu->generate_speculative(long_prompt, o, nullptr), plain_end);
@@ -793,9 +928,9 @@ TEST(CudaModel, RealModelGreedyEqualsCpu) {
       const std::vector<int32_t> t = {want.back()};
       b.set_sequence(t, kv.n_past(), false);
     }
-    cuda::GreedyOptions o;
+    cuda::PlainOptions o;
     o.n_predict = n_predict;
-    const std::vector<int32_t> got = gpu->generate_greedy(prompt, o);
+    const std::vector<int32_t> got = gpu->generate_plain(prompt, o);
     ASSERT_EQ(got.size(), want.size());
     cuda::SpecChainOptions so;
     so.n_predict = n_predict;
@@ -1037,7 +1172,7 @@ TEST(CudaModel, BadInputIsAnError) {
   const std::vector<int32_t> ok = {1, 2}, bad_parent = {-1, 1};
   EXPECT_THROW(m.gpu->forward(cuda::HostBatch{ok, pos, bad_parent, outr, 0}, {.logits = true}), Error);
   const std::vector<int32_t> long_prompt(300, 5);
-  EXPECT_THROW(m.gpu->generate_greedy(long_prompt, cuda::GreedyOptions{}), Error);
+  EXPECT_THROW(m.gpu->generate_plain(long_prompt, cuda::PlainOptions{}), Error);
   // Draft trees the device has no fixed shape or room for, refused before anything runs.
   cuda::SpecChainOptions tree;
   tree.tree = TreeShape{2, 2, 0};

@@ -39,6 +39,9 @@ def generate(*args):
     # a tree drafted by the target's first layers: the full head, MicroSpec's window
     ["--spec", "self", "--tree-topk", "3", "--tree-depth", "2", "--tree-tokens", "8", "--draft-vocab", "full"],
     ["--spec", "self", "--tree-topk", "2", "--tree-depth", "3", "--tree-tokens", "6"],
+    # sampling: the CPU sampler's draw from the top-k best (the defaults: top-k 40, top-p 0.95)
+    ["--temp", "0.7", "--seed", "3"],
+    ["--temp", "1.2", "--top-k", "64", "--top-p", "1", "--seed", "1"],
 ])
 def test_accepted_settings_reach_the_device(args):
     p = generate(*args)
@@ -69,13 +72,23 @@ def test_a_prompts_file_reaches_the_device(tmp_path):
     # Gemma's head on SmolLM2: refused with both hidden sizes, before any device is asked for
     (["--spec", "head", "--tree-topk", "1", "--draft-head", GEMMA_HEAD], "expected 576"),
     (["--spec", "self", "--tree-topk", "1", "--draft-p-min", "20"], "--draft-p-min 0"),
-    (["--temp", "0.7"], "greedy decoding"),
+    (["--temp", "0.7", "--top-k", "0"], "top_k must be in 1..64"),
+    (["--temp", "0.7", "--top-k", "100"], "top_k must be in 1..64"),
+    (["--temp", "0.7", "--spec", "self", "--tree-topk", "1"], "greedy decoding only"),
 ])
 def test_refused_settings_name_what_the_device_supports(args, says):
     p = generate(*args)
     assert p.returncode != 0
     assert says in p.stderr, p.stderr[-2000:]
     assert not any(m in p.stderr for m in NO_DEVICE), "refused only after trying the device"
+
+
+def generate_text(*args):
+    """`generate --device cuda --json` on SmolLM2 (a GPU machine): the text."""
+    p = subprocess.run([BIN, "generate", "-m", SMOL, "--device", "cuda", "--json", *map(str, args)],
+                       capture_output=True, timeout=300, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.splitlines()[-1])["text"]
 
 
 def serve(*args):
@@ -90,8 +103,9 @@ def serve(*args):
 ])
 def test_serve_reaches_the_device(args):
     """Started on a GPU machine: a greedy completion is the CPU's plain greedy text (speculative or not,
-    streamed or not), a request with temperature > 0 gets 400 naming it, and SIGTERM ends it with 0.
-    Elsewhere the server ends at start with the reason it has no device."""
+    streamed or not); a sampled one is `generate --device cuda`'s sample with the same seed (without
+    speculation, said in the usage's note) and a top_k the device cannot sample from gets 400 naming
+    it; SIGTERM ends it with 0. Elsewhere the server ends at start with the reason it has no device."""
     try:
         server = ServerProcess(SMOL, "--device", "cuda", *args, startup_timeout=300)
     except RuntimeError as e:
@@ -112,9 +126,14 @@ def test_serve_reaches_the_device(args):
             chunks = [json.loads(line[6:]) for line in events.splitlines()
                       if line.startswith("data: ") and line != "data: [DONE]"]
             assert "".join(c["choices"][0]["text"] for c in chunks) == expected, (extra, events)
-        status, _, body = http(server, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": n,
-                                                                  "temperature": 0.7})
-        assert status == 400 and body["error"]["param"] == "temperature", body
+        sampled = {"prompt": prompt, "max_tokens": n, "temperature": 0.8, "seed": 5}
+        status, _, body = http(server, "POST", "/v1/completions", sampled, timeout=300)
+        assert status == 200, body
+        p = generate_text("-p", prompt, "-n", n, "--temp", "0.8", "--seed", "5")
+        assert body["choices"][0]["text"] == p, (body, p)
+        assert ("note" in body["usage"]["microspec"]) == bool(args), body["usage"]
+        status, _, body = http(server, "POST", "/v1/completions", {**sampled, "top_k": 0})
+        assert status == 400 and body["error"]["param"] == "top_k", body
     finally:
         assert server.terminate() == 0, "".join(server.log)[-2000:]
 

@@ -1,0 +1,70 @@
+#pragma once
+// The draw of a top-k sampler (sampler.h's chain: top-k -> top-p -> temperature -> draw) once
+// the k best tokens are ranked, written once for the CPU's Sampler and the CUDA backend's sampled
+// decoding (a device thread runs it over top_k_rows' output), so both turn the same ranked logits
+// and the same random bits into the same token:
+//   1. top-p: softmax at temperature 1 over the ranked logits (weights expf(l - max), summed in
+//      double in rank order) keeps the shortest prefix whose mass reaches top_p * total;
+//   2. the kept tokens' weights at the temperature, expf((l - max) / T) as floats, are normalised
+//      in double to float probabilities (a weight or probability of 0 drops out);
+//   3. u = (bits >> 11) * 2^-53 * (sum of the probabilities) picks the first token whose
+//      cumulative probability exceeds u (the last one if rounding leaves u at the very top).
+// +inf logits share all the mass equally (the limit of softmax).
+#include <cmath>
+#include <cstdint>
+
+#include "util/host_device.h"
+
+namespace microspec {
+
+// Ranked entries: logit_of(i) for i in [0, n), best first (ties: lower token id first), every
+// one finite or +inf (no NaN, no -inf), n >= 1. temperature > 0 with 1 / temperature finite; top_p
+// >= 1 is off. bits: one 64-bit draw of the sampler's RNG. Returns the rank drawn, in [0, n).
+template <class LogitOf>
+MS_HOST_DEVICE inline int32_t draw_ranked(int32_t n, const LogitOf& logit_of, float temperature, float top_p,
+                                          uint64_t bits) {
+  const float mx = logit_of(0);
+  const bool inf_max = mx == INFINITY;  // +inf tokens hold all the mass
+  // 1. top-p at temperature 1.
+  int32_t kept = n;
+  if (top_p < 1.0f && n > 1) {
+    auto weight = [&](float logit) -> double { return inf_max ? (logit == INFINITY ? 1.0 : 0.0) : expf(logit - mx); };
+    double total = 0.0;
+    for (int32_t i = 0; i < n; ++i) total += weight(logit_of(i));
+    const double target = static_cast<double>(top_p) * total;
+    double cum = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+      cum += weight(logit_of(i));
+      if (cum >= target) {  // keep the token that reaches the threshold
+        kept = i + 1;
+        break;
+      }
+    }
+  }
+  // 2. Weights at the temperature (the best token's is 1, so the total is positive), normalised.
+  const float inv_t = 1.0f / temperature;
+  auto weight_t = [&](int32_t i) -> float {
+    const float l = logit_of(i);
+    return inf_max ? (l == INFINITY ? 1.0f : 0.0f) : expf((l - mx) * inv_t);
+  };
+  double total = 0.0;
+  for (int32_t i = 0; i < kept; ++i) total += weight_t(i);
+  const double inv_total = 1.0 / total;
+  auto prob = [&](int32_t i) { return static_cast<float>(static_cast<double>(weight_t(i)) * inv_total); };
+  // 3. The draw over the probabilities.
+  double mass = 0.0;
+  for (int32_t i = 0; i < kept; ++i) mass += prob(i);
+  const double u = static_cast<double>(bits >> 11) * 0x1.0p-53 * mass;
+  double cum = 0.0;
+  int32_t last = 0;
+  for (int32_t i = 0; i < kept; ++i) {
+    const float p = prob(i);
+    if (!(p > 0.0f)) continue;
+    cum += p;
+    last = i;
+    if (u < cum) return i;
+  }
+  return last;
+}
+
+}  // namespace microspec
