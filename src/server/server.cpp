@@ -171,11 +171,87 @@ struct Backend {
   std::function<void(CompletionRequest&)> admit;
   // Generates the request in slot `slot` (held by the caller); throws what the generation threw.
   std::function<SpecResult(int slot, const CompletionRequest&, const TextCallback&)> generate;
+  std::shared_ptr<void> engine;  // what admit and generate run on, kept alive with them
 };
+
+// The CPU's backend: one model (one set of scratch buffers, one compute thread pool) for every
+// slot, the batch scheduler running all sequences' steps on it. file and tokenizer must outlive it.
+Backend cpu_backend(const ServerOptions& o, const GgufFile& file, const Tokenizer& tokenizer) {
+  struct Engine {
+    std::unique_ptr<Model> model;
+    std::unique_ptr<BatchScheduler> scheduler;  // runs on model: destroyed first
+  };
+  auto engine = std::make_shared<Engine>();
+  ModelOptions mopt;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  mopt.n_threads = o.threads > 0 ? o.threads : cores;
+  mopt.n_batch = o.n_batch;
+  mopt.kernels = o.kernels;
+  mopt.repack = o.repack;
+  engine->model = Model::load(file, mopt);
+  // With --spec draft every slot's drafter runs on the first slot's draft model: one copy, and the
+  // slots' tree levels drafted in one forward call (draft_together).
+  std::vector<SequenceSlot> slots;
+  for (int i = 0; i < o.parallel; ++i) {
+    SequenceSlot slot;
+    slot.gen = std::make_unique<Generator>(*engine->model, tokenizer, o.n_ctx);
+    slot.decoder = std::make_unique<Decoder>(o.spec, file, *slot.gen, tokenizer,
+                                             slots.empty() ? nullptr : slots.front().decoder.get());
+    slots.push_back(std::move(slot));
+  }
+  engine->scheduler = std::make_unique<BatchScheduler>(*engine->model, tokenizer, std::move(slots), o.prefill_chunk,
+                                                       o.spec_max_batch);
+  BatchScheduler& scheduler = *engine->scheduler;
+  std::fprintf(stderr,
+               "serve: %d slot%s x %d tokens of context, one batch, %d thread%s%s | memory after setup: %.0f MiB\n",
+               o.parallel, o.parallel == 1 ? "" : "s", o.n_ctx, mopt.n_threads, mopt.n_threads == 1 ? "" : "s",
+               o.spec.enabled() ? (", speculative: " + scheduler.slot(0).decoder->describe()).c_str() : "",
+               peak_memory_bytes() / (1024.0 * 1024.0));
+  return Backend{
+      .device = "cpu",
+      .admit = [](CompletionRequest&) {},
+      .generate = [&scheduler](int slot, const CompletionRequest& r, const TextCallback& on_text) {
+        return scheduler.generate(slot, r.prompt_ids, r.params, r.speculative, on_text);
+      },
+      .engine = engine};
+}
+
+// The GPU's backend (the CUDA backend's generator): the weights, the cache and every step on the
+// device, whose one cache serves one request at a time (--parallel 1); the CPU reads only the
+// file's metadata and tokenizer, which must outlive it.
+Backend cuda_backend(const ServerOptions& o, const GgufFile& file, const Tokenizer& tokenizer) {
+  CudaGeneratorOptions dopt;
+  dopt.n_predict = o.n_ctx;  // a request may ask for the rest of its context
+  dopt.n_ctx = o.n_ctx;
+  dopt.n_batch = o.n_batch;
+  set_cuda_speculation(o.spec, file, tokenizer, dopt);
+  auto device = std::make_shared<CudaGenerator>(file, tokenizer, dopt);
+  std::fprintf(stderr, "serve: 1 slot x %d tokens of context, %s | host memory after setup: %.0f MiB\n", o.n_ctx,
+               device->describe().c_str(), peak_memory_bytes() / (1024.0 * 1024.0));
+  return Backend{
+      .device = "cuda",
+      // Sampling is top-k's draw, without speculation.
+      .admit =
+          [](CompletionRequest& r) {
+            if (const std::string why = cuda_params_unsupported(r.params.sampling); !why.empty())
+              throw ApiError(400, "Invalid 'top_k': this server runs on a GPU, where " + why + ".", "top_k",
+                             "unsupported_parameter");
+            if (r.speculative && cuda_samples(r.params.sampling)) {
+              r.speculative = false;
+              r.spec_note = "sampled requests decode without speculation on the GPU";
+            }
+          },
+      .generate =
+          [gen = device.get()](int, const CompletionRequest& r, const TextCallback& on_text) {
+            return gen->generate(r.prompt_ids, r.params, on_text,
+                                 r.speculative ? Drafting::Speculative : Drafting::Plain);
+          },
+      .engine = device};
+}
 
 class Server {
  public:
-  // file, tokenizer and what the backend runs on must outlive the server.
+  // file and tokenizer must outlive the server (the backend keeps what it runs on).
   Server(const ServerOptions& options, const GgufFile& file, const Tokenizer& tokenizer, Backend backend,
          std::unique_ptr<SlotPool> pool)
       : opt_(options),
@@ -551,67 +627,7 @@ void run_server(const ServerOptions& o) {
   if (!o.hf_type.empty()) hf.weight_type = parse_weight_type(o.hf_type);
   auto file = open_model_file(o.model_path, hf);
   auto tokenizer = Tokenizer::from_gguf(*file);
-  std::unique_ptr<Model> model;
-  std::unique_ptr<BatchScheduler> scheduler;
-  std::unique_ptr<CudaGenerator> device;
-  Backend backend;
-  backend.device = o.device;
-  if (o.device == "cuda") {
-    // The device holds one sequence's cache: one slot, a request at a time, greedy decoding; the
-    // weights go to the device, the CPU reads only the file's metadata and tokenizer.
-    CudaGeneratorOptions dopt;
-    dopt.n_predict = o.n_ctx;  // a request may ask for the rest of its context
-    dopt.n_ctx = o.n_ctx;
-    dopt.n_batch = o.n_batch;
-    set_cuda_speculation(o.spec, *file, *tokenizer, dopt);
-    device = std::make_unique<CudaGenerator>(*file, *tokenizer, dopt);
-    backend.admit = [](CompletionRequest& r) {
-      if (const std::string why = cuda_params_unsupported(r.params.sampling); !why.empty())
-        throw ApiError(400, "Invalid 'top_k': this server runs on a GPU, where " + why + ".", "top_k",
-                       "unsupported_parameter");
-      if (r.speculative && cuda_samples(r.params.sampling)) {
-        r.speculative = false;
-        r.spec_note = "sampled requests decode without speculation on the GPU";
-      }
-    };
-    backend.generate = [&device](int, const CompletionRequest& r, const TextCallback& on_text) {
-      return device->generate(r.prompt_ids, r.params, on_text,
-                              r.speculative ? Drafting::Speculative : Drafting::Plain);
-    };
-    std::fprintf(stderr, "serve: 1 slot x %d tokens of context, %s | host memory after setup: %.0f MiB\n", o.n_ctx,
-                 device->describe().c_str(), peak_memory_bytes() / (1024.0 * 1024.0));
-  } else {
-    // One model (one set of scratch buffers, one compute thread pool) for every slot: the batch
-    // scheduler runs all sequences' steps on it.
-    ModelOptions mopt;
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    mopt.n_threads = o.threads > 0 ? o.threads : cores;
-    mopt.n_batch = o.n_batch;
-    mopt.kernels = o.kernels;
-    mopt.repack = o.repack;
-    model = Model::load(*file, mopt);
-    // With --spec draft every slot's drafter runs on the first slot's draft model: one copy, and the
-    // slots' tree levels drafted in one forward call (draft_together).
-    std::vector<SequenceSlot> slots;
-    for (int i = 0; i < o.parallel; ++i) {
-      SequenceSlot slot;
-      slot.gen = std::make_unique<Generator>(*model, *tokenizer, o.n_ctx);
-      slot.decoder = std::make_unique<Decoder>(o.spec, *file, *slot.gen, *tokenizer,
-                                               slots.empty() ? nullptr : slots.front().decoder.get());
-      slots.push_back(std::move(slot));
-    }
-    scheduler = std::make_unique<BatchScheduler>(*model, *tokenizer, std::move(slots), o.prefill_chunk,
-                                                 o.spec_max_batch);
-    backend.admit = [](CompletionRequest&) {};
-    backend.generate = [&scheduler](int slot, const CompletionRequest& r, const TextCallback& on_text) {
-      return scheduler->generate(slot, r.prompt_ids, r.params, r.speculative, on_text);
-    };
-    std::fprintf(stderr,
-                 "serve: %d slot%s x %d tokens of context, one batch, %d thread%s%s | memory after setup: %.0f MiB\n",
-                 o.parallel, o.parallel == 1 ? "" : "s", o.n_ctx, mopt.n_threads, mopt.n_threads == 1 ? "" : "s",
-                 o.spec.enabled() ? (", speculative: " + scheduler->slot(0).decoder->describe()).c_str() : "",
-                 peak_memory_bytes() / (1024.0 * 1024.0));
-  }
+  Backend backend = o.device == "cuda" ? cuda_backend(o, *file, *tokenizer) : cpu_backend(o, *file, *tokenizer);
 
   Server server(o, *file, *tokenizer, std::move(backend), std::make_unique<SlotPool>(o.parallel, o.queue));
   std::atomic<bool> watch{true};
