@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "math/ranked_list.h"
 #include "math/select.h"
 #include "sampling/sampler.h"
 #include "util/error.h"
@@ -511,6 +512,57 @@ TEST(Sampler, NothingSamplableThrows) {
 
 namespace microspec {
 namespace {
+
+// The CUDA backend's block top-k (ops.cu, block_top_k) on the CPU: each of `lanes` threads keeps
+// its own k best (ranked_insert) of the elements it reads (i = lane, lane + lanes, ...), then k
+// rounds take the best of the lanes' heads and advance its owner. That must be the row's k best in
+// the total order, ties to the lower index, NaN never, -inf kept or not: for rows with ties, NaN,
+// +-inf, rows shorter than k and rows in rising order (every element enters its lane's list).
+TEST(RankedList, LaneListsMergedByTheirHeadsAreTheTopK) {
+  std::mt19937 gen(11);
+  for (int64_t n : {1, 5, 63, 64, 1000, 5000}) {
+    for (int32_t lanes : {1, 7, 1024}) {
+      for (int32_t k : {1, 3, 40, 64}) {
+        for (int variant = 0; variant < 4; ++variant) {
+          std::vector<float> x(static_cast<size_t>(n));
+          std::normal_distribution<float> d(0.0f, 2.0f);
+          for (int64_t i = 0; i < n; ++i)
+            x[size_t(i)] = variant == 3 ? float(i) : variant == 1 ? std::round(d(gen)) : d(gen);  // rising / ties
+          if (variant == 2 && n > 10) x[2] = NAN, x[3] = -INFINITY, x[n - 1] = INFINITY, x[n / 2] = NAN;
+          for (bool keep_neg_inf : {true, false}) {
+            std::vector<float> lv(size_t(lanes) * 64);
+            std::vector<int64_t> li(size_t(lanes) * 64);
+            std::vector<int32_t> count(size_t(lanes), 0), head(size_t(lanes), 0);
+            for (int32_t t = 0; t < lanes; ++t)
+              for (int64_t i = t; i < n; i += lanes)
+                if (keep_neg_inf || x[size_t(i)] > -INFINITY)
+                  ranked_insert(&lv[size_t(t) * 64], &li[size_t(t) * 64], count[size_t(t)], k, x[size_t(i)], i);
+            std::vector<int64_t> got;
+            for (int32_t j = 0; j < k; ++j) {
+              int32_t owner = -1;
+              float bv = 0.0f;
+              int64_t bi = -1;
+              for (int32_t t = 0; t < lanes; ++t) {
+                const size_t h = size_t(t) * 64 + size_t(head[size_t(t)]);
+                if (head[size_t(t)] < count[size_t(t)] && ranks_before(lv[h], li[h], bv, bi))
+                  bv = lv[h], bi = li[h], owner = t;
+              }
+              if (owner >= 0) ++head[size_t(owner)];
+              got.push_back(bi);
+            }
+            std::vector<int64_t> want;
+            for (int64_t i = 0; i < n; ++i)
+              if (!std::isnan(x[size_t(i)]) && (keep_neg_inf || x[size_t(i)] > -INFINITY)) want.push_back(i);
+            std::stable_sort(want.begin(), want.end(), [&](int64_t a, int64_t b) { return x[size_t(a)] > x[size_t(b)]; });
+            want.resize(size_t(k), -1);
+            ASSERT_EQ(got, want) << "n " << n << ", lanes " << lanes << ", k " << k << ", variant " << variant
+                                 << (keep_neg_inf ? ", -inf kept" : ", -inf dropped");
+          }
+        }
+      }
+    }
+  }
+}
 
 TEST(TopKIndices, MatchesFullSortWithTiesAndNaN) {
   // Lengths from below one 32-logit block to many blocks (the block-skipping filter), ties,

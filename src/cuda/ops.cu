@@ -12,6 +12,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/ops.h"
+#include "math/ranked_list.h"
 #include "sampling/ranked_draw.h"
 #include "util/error.h"
 
@@ -1085,19 +1086,13 @@ __global__ void k_kv_advance(DeviceKV kv, int32_t n) {
 
 constexpr int kSelectThreads = 1024;
 
-__device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi) {
-  if (isnan(v)) return false;
-  if (bi < 0) return true;
-  return v > bv || (v == bv && i < bi);
-}
-
 __device__ void block_best(float& v, int64_t& i) {
   __shared__ float sv[kSelectThreads / kWarp];
   __shared__ int64_t si[kSelectThreads / kWarp];
   for (int o = kWarp / 2; o > 0; o /= 2) {
     const float ov = __shfl_xor_sync(0xffffffffu, v, o);
     const int64_t oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (oi >= 0 && better(ov, oi, v, i)) v = ov, i = oi;
+    if (oi >= 0 && ranks_before(ov, oi, v, i)) v = ov, i = oi;
   }
   __syncthreads();
   if (threadIdx.x % kWarp == 0) sv[threadIdx.x / kWarp] = v, si[threadIdx.x / kWarp] = i;
@@ -1105,7 +1100,33 @@ __device__ void block_best(float& v, int64_t& i) {
   v = sv[0];
   i = si[0];
   for (int w = 1; w < int(blockDim.x / kWarp); ++w)
-    if (si[w] >= 0 && better(sv[w], si[w], v, i)) v = sv[w], i = si[w];
+    if (si[w] >= 0 && ranks_before(sv[w], si[w], v, i)) v = sv[w], i = si[w];
+}
+
+// The k best of x[0, n) in the (value desc, index asc) order, NaN never and -inf only with
+// keep_neg_inf, handed to take(j, value, index) by thread 0 for j in [0, k) (index -1 past the
+// values there are). One block, one pass over the row: each thread keeps its own k best of the
+// elements it reads (sorted, k <= 64, in local memory), then k block-wide rounds take the best of
+// the threads' heads, whose owner moves on to its next.
+template <class Take>
+__device__ void block_top_k(const float* x, int64_t n, int32_t k, bool keep_neg_inf, const Take& take) {
+  float lv[64];
+  int64_t li[64];
+  int32_t count = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = x[i];
+    if (keep_neg_inf || v > -INFINITY) ranked_insert(lv, li, count, k, v, i);  // NaN never enters
+  }
+  int32_t head = 0;
+  for (int32_t j = 0; j < k; ++j) {
+    float bv = 0.0f;
+    int64_t bi = -1;
+    if (head < count) bv = lv[head], bi = li[head];
+    block_best(bv, bi);
+    if (bi >= 0 && head < count && li[head] == bi) ++head;  // indices are unique: one owner
+    if (threadIdx.x == 0) take(j, bv, bi);
+    __syncthreads();  // block_best's shared slots are written again next round
+  }
 }
 
 // Order-preserving key of (value, index): larger value first, then lower index; 0 = nothing.
@@ -1139,8 +1160,7 @@ __global__ void k_argmax_final(const unsigned long long* keys, int32_t n_rows, i
   if (r < n_rows) out[r] = keys[r] == 0 ? -1 : int32_t(0xFFFFFFFFu - uint32_t(keys[r] & 0xFFFFFFFFu));
 }
 
-// k rounds of a block-wide best below the previous pick in the (value desc, index asc) order;
-// block r takes row first + r of the range.
+// The row's k best (block_top_k, -inf kept); block r takes row first + r of the range.
 __global__ void k_top_k_rows(const float* x, int64_t ld, int64_t n, RowRange rows, int32_t k, int32_t* ids,
                              float* values) {
   const int32_t r = blockIdx.x;
@@ -1150,26 +1170,10 @@ __global__ void k_top_k_rows(const float* x, int64_t ld, int64_t n, RowRange row
   const float* row = x + int64_t(rows.list ? rows.list[at] : at) * ld;
   ids += int64_t(r) * k;
   values += int64_t(r) * k;
-  float last_v = 0.0f;
-  int64_t last_i = -1;
-  for (int32_t j = 0; j < k; ++j) {
-    float bv = 0.0f;
-    int64_t bi = -1;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const float v = row[i];
-      const bool below = last_i < 0 || v < last_v || (v == last_v && i > last_i);
-      if (below && better(v, i, bv, bi)) bv = v, bi = i;
-    }
-    block_best(bv, bi);
-    if (threadIdx.x == 0) {
-      ids[j] = int32_t(bi);
-      values[j] = bi >= 0 ? bv : -INFINITY;
-    }
-    last_v = bv;
-    last_i = bi;
-    if (bi < 0) last_i = n;  // nothing left: later rounds find nothing either
-    __syncthreads();
-  }
+  block_top_k(row, n, k, /*keep_neg_inf=*/true, [&](int32_t j, float v, int64_t i) {
+    ids[j] = int32_t(i);
+    values[j] = i >= 0 ? v : -INFINITY;
+  });
 }
 
 // The CPU sampler's draw over the row's ranked k best (ranked_draw.h) in one thread; the ranked
@@ -1226,13 +1230,13 @@ __global__ void k_packed_argmax(const float* logits, int64_t ld, const int32_t* 
   float bv = 0.0f;
   int64_t bi = -1;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-    if (better(row[i], i, bv, bi)) bv = row[i], bi = i;
+    if (ranks_before(row[i], i, bv, bi)) bv = row[i], bi = i;
   block_best(bv, bi);
   if (threadIdx.x == 0) out[blockIdx.x] = bi >= 0 ? token_of_slot[bi] : if_empty;
 }
 
 // top_k_logprobs (speculative/tree.cpp) per row: the largest value, the sum of exp(v - max) in
-// double, then k rounds of the block's best below the last one taken.
+// double, then the k best (block_top_k).
 __global__ void k_tree_proposals(const float* logits, int64_t ld, int64_t n_fixed, const int32_t* n_valid,
                                  const int32_t* ids, int32_t k, int32_t* tokens, float* logprobs) {
   __shared__ float s_max[kSelectThreads / kWarp];
@@ -1271,26 +1275,10 @@ __global__ void k_tree_proposals(const float* logits, int64_t ld, int64_t n_fixe
   for (int w = 0; w < n_warps; ++w) sum += s_sum[w];
   const float log_sum = float(log(sum));
   // 3. The k best, -inf excluded.
-  float last_v = 0.0f;
-  int64_t last_i = -1;
-  for (int32_t j = 0; j < k; ++j) {
-    float bv = 0.0f;
-    int64_t bi = -1;
-    if (last_i < n)
-      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = row[i];
-        const bool below = last_i < 0 || v < last_v || (v == last_v && i > last_i);
-        if (below && v > -INFINITY && better(v, i, bv, bi)) bv = v, bi = i;
-      }
-    block_best(bv, bi);
-    if (threadIdx.x == 0) {
-      tokens[j] = bi < 0 ? -1 : ids ? ids[bi] : int32_t(bi);
-      logprobs[j] = bi < 0 ? 0.0f : has_inf ? (bv == m ? -log_sum : -INFINITY) : fminf(0.0f, (bv - m) - log_sum);
-    }
-    last_v = bv;
-    last_i = bi < 0 ? n : bi;  // nothing left: later rounds find nothing either
-    __syncthreads();
-  }
+  block_top_k(row, n, k, /*keep_neg_inf=*/false, [&](int32_t j, float v, int64_t i) {
+    tokens[j] = i < 0 ? -1 : ids ? ids[i] : int32_t(i);
+    logprobs[j] = i < 0 ? 0.0f : has_inf ? (v == m ? -log_sum : -INFINITY) : fminf(0.0f, (v - m) - log_sum);
+  });
 }
 
 __global__ void k_chain_begin(ChainState st) { ::microspec::chain_begin(st); }

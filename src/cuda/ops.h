@@ -199,7 +199,8 @@ struct RowRange {
   const int32_t* list = nullptr;  // row r is list[first + r]; null: first + r
 };
 // For each row r of `rows` (row at x + (first + r) * ld): its k largest of n values, best first
-// (ties: lower index first), into ids[r * k ..] and values[r * k ..]. k <= 64. One block per row.
+// (ties: lower index first; NaN never; -1 and -inf past the non-NaN values), into ids[r * k ..]
+// and values[r * k ..]. k <= 64. One block per row, reading the row once.
 void top_k_rows(const float* x, int64_t ld, int64_t n, RowRange rows, int32_t k, int32_t* ids, float* values,
                 cudaStream_t stream);
 
@@ -207,7 +208,8 @@ void top_k_rows(const float* x, int64_t ld, int64_t n, RowRange rows, int32_t k,
 // logits + r * ld) its k best of the first n values (n_valid: that count in device memory, null
 // for n), best first (ties: lower index), each as a token id (ids[index], null: the index itself)
 // and its log-softmax over those n values, as tree.h's top_k_logprobs computes them (NaN and -inf
-// never chosen; token -1 and log-probability 0 past the values there are). One block per row.
+// never chosen; token -1 and log-probability 0 past the values there are). One block per row,
+// reading it three times (its maximum, its normaliser, its k best).
 void tree_proposals(const float* logits, int64_t ld, int64_t n, const int32_t* n_valid, const int32_t* ids,
                     int32_t n_rows, int32_t k, int32_t* tokens, float* logprobs, cudaStream_t stream);
 
