@@ -929,14 +929,15 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
   return ids;
 }
 
-double CudaModel::time_decode_steps(int32_t steps, Graphs graphs) {
+double CudaModel::time_decode_steps(int32_t steps, Graphs graphs, const SamplingParams& sampling) {
   if (n_past_ + steps > options_.n_ctx || steps + 1 > options_.max_generate)
     throw Error("time_decode_steps: " + std::to_string(steps) + " steps do not fit the context");
-  // Greedy steps, captured before the timed region.
-  drop_decode_graph_unless(TokenPick{});
-  if (graphs == Graphs::On && !decode_graph_) decode_graph_ = capture([this] { enqueue_decode_step(TokenPick{}); });
+  // Captured before the timed region.
+  const TokenPick pick = begin_sampling(sampling, options_.max_generate);
+  drop_decode_graph_unless(pick);
+  if (graphs == Graphs::On && !decode_graph_) decode_graph_ = capture([&] { enqueue_decode_step(pick); });
   MS_CUDA(cudaEventRecord(ev_start_, stream_));
-  run_steps(decode_graph_, steps, graphs, [this] { enqueue_decode_step(TokenPick{}); });
+  run_steps(decode_graph_, steps, graphs, [&] { enqueue_decode_step(pick); });
   MS_CUDA(cudaEventRecord(ev_stop_, stream_));
   MS_CUDA(cudaEventSynchronize(ev_stop_));
   n_past_ += steps;

@@ -180,7 +180,7 @@ class CudaModel {
   // chunks, then one token per step with the step's state on the device. Returns the generated ids
   // (stopping after a stop id).
   std::vector<int32_t> generate_plain(std::span<const int32_t> prompt, const PlainOptions& options,
-                                       const TokenHandler& on_token = {});
+                                      const TokenHandler& on_token = {});
 
   // The same with speculative decoding (see SpecChainOptions); on_token takes the tokens every
   // sync_every steps.
@@ -202,7 +202,8 @@ class CudaModel {
   // pick: how the first generated token is picked from the prompt's last logits.
   void prefill_for_decode(std::span<const int32_t> prompt, const PromptCandidates& candidates,
                           const TokenPick& pick = {});
-  double time_decode_steps(int32_t steps, Graphs graphs);
+  // Greedy steps, or sampled with `sampling` (PlainOptions::sampling's rules).
+  double time_decode_steps(int32_t steps, Graphs graphs, const SamplingParams& sampling = {});
 
  private:
   CudaModel(const ModelConfig& config, const CudaModelOptions& options);
