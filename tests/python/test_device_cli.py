@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from repo_paths import BIN, MODELS, REPO
-from server_helpers import ServerProcess, cli_generate, http
+from server_helpers import ServerProcess, http
 
 SMOL = MODELS["smollm2"]
 GEMMA_HEAD = REPO / "models" / "heads" / "gemma-3-270m-q4_k_m.eagle3.gguf"
@@ -102,10 +102,11 @@ def serve(*args):
     ["--spec", "self", "--tree-topk", "2", "--tree-depth", "3", "--tree-tokens", "6", "--draft-vocab", "full"],
 ])
 def test_serve_reaches_the_device(args):
-    """Started on a GPU machine: a greedy completion is the CPU's plain greedy text (speculative or not,
-    streamed or not); a sampled one is `generate --device cuda`'s sample with the same seed (without
-    speculation, said in the usage's note) and a top_k the device cannot sample from gets 400 naming
-    it; SIGTERM ends it with 0. Elsewhere the server ends at start with the reason it has no device."""
+    """Started on a GPU machine: a greedy completion is `generate --device cuda`'s text (speculative or
+    not, streamed or not: the device's greedy tokens, which equal the CPU's up to near ties); a sampled
+    one is its sample with the same seed (without speculation, said in the usage's note) and a top_k
+    the device cannot sample from gets 400 naming it; SIGTERM ends it with 0. Elsewhere the server
+    ends at start with the reason it has no device."""
     try:
         server = ServerProcess(SMOL, "--device", "cuda", *args, startup_timeout=300)
     except RuntimeError as e:
@@ -113,7 +114,7 @@ def test_serve_reaches_the_device(args):
         return
     try:
         prompt, n = "The capital of France is", 24
-        expected = cli_generate(SMOL, [prompt], n, False)[0]["text"]
+        expected = generate_text("-p", prompt, "-n", n)
         # a speculative server also runs a request that turns speculation off
         for extra in [{}, {"microspec": {"spec": "none"}}] if args else [{}]:
             request = {"prompt": prompt, "max_tokens": n, "temperature": 0, **extra}
