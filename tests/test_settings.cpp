@@ -193,12 +193,14 @@ TEST(DeviceSettings, TheDeviceTakesChainsSelfDraftedTreesAndTopKSampling) {
   // Sampling: the CPU Sampler's draw with top-k on (1..64); a temperature whose inverse overflows
   // is greedy, as on the CPU.
   SamplingParams sampling{.temperature = 0.0f, .top_k = 0};
-  EXPECT_FALSE(cuda_samples(sampling));
+  EXPECT_TRUE(sampling.greedy());
   EXPECT_EQ(cuda_params_unsupported(sampling), "") << "greedy ignores top_k";
   sampling.temperature = 1e-39f;
-  EXPECT_FALSE(cuda_samples(sampling));
+  EXPECT_TRUE(sampling.greedy());
+  EXPECT_EQ(cuda_params_unsupported(sampling), "") << "greedy ignores top_k";
   sampling.temperature = 0.7f;
-  EXPECT_TRUE(cuda_samples(sampling));
+  EXPECT_FALSE(sampling.greedy());
+  EXPECT_NE(cuda_params_unsupported(sampling), "") << "sampling with top_k 0";
   for (int k : {0, -1, 65, 1000})
     EXPECT_NE(cuda_params_unsupported(SamplingParams{.temperature = 0.7f, .top_k = k}).find("top_k must be in 1..64"),
               std::string::npos)

@@ -229,7 +229,7 @@ void run_generate(const GenerateArgs& a) {
   if (on_device) {
     const SamplingParams sampling{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p};
     if (const std::string why = cuda_params_unsupported(sampling); !why.empty()) throw Error("--device cuda: " + why);
-    if (cuda_samples(sampling) && a.spec.enabled())
+    if (!sampling.greedy() && a.spec.enabled())
       throw Error("--device cuda speculates with greedy decoding only (--temp 0); it samples without --spec");
     if (const std::string why = cuda_spec_unsupported(a.spec); !why.empty()) throw Error(why);
   }

@@ -457,7 +457,7 @@ TokenPick CudaModel::begin_sampling(const SamplingParams& sampling, int32_t n_to
   const float t = sampling.temperature;
   if (!(t >= 0.0f) || std::isinf(t))
     throw Error("sampling: temperature must be a finite number >= 0, got " + std::to_string(t));
-  if (!(1.0f / t < INFINITY)) return {};
+  if (sampling.greedy()) return {};
   if (!(sampling.top_p >= 0.0f)) throw Error("sampling: top_p must be >= 0 (1 = off), got " + std::to_string(sampling.top_p));
   if (sampling.top_k < 1 || sampling.top_k > 64 || sampling.top_k >= config_.n_vocab)
     throw Error("sampling on the device draws from the top-k tokens: top_k must be in 1..64 and below the vocabulary "

@@ -50,13 +50,9 @@ void set_cuda_speculation(const SpecConfig& spec, const GgufFile& target, const 
     o.vocab = pruned_vocab_spec(spec, target.name(), config.n_vocab, tokenizer, &o.vocab_describe);
 }
 
-bool cuda_samples(const SamplingParams& sampling) {
-  return sampling.temperature > 0.0f && 1.0f / sampling.temperature < INFINITY;
-}
-
 std::string cuda_params_unsupported(const SamplingParams& sampling) {
   const int32_t k = sampling.top_k;
-  if (cuda_samples(sampling) && (k < 1 || k > 64))
+  if (!sampling.greedy() && (k < 1 || k > 64))
     return "the device samples from the top-k tokens: top_k must be in 1..64, got " + std::to_string(k);
   return {};
 }
@@ -150,7 +146,9 @@ SpecResult CudaGenerator::generate(const std::vector<int32_t>& prompt, const Gen
     if (n_seen++ == 0) t_first = Clock::now();
     return sink.push(id);
   };
-  const bool drafts = speculative() && drafting == Drafting::Speculative && !cuda_samples(params.sampling);
+  const bool drafts = speculative() && drafting == Drafting::Speculative;
+  if (drafts && !params.sampling.greedy())
+    throw Error("--device cuda speculates with greedy decoding only: a sampled generation runs with Drafting::Plain");
   if (drafts) {
     cuda::SpecChainOptions so;
     so.n_predict = params.max_new_tokens;

@@ -48,9 +48,6 @@ std::string cuda_spec_unsupported(const SpecConfig& spec);
 void set_cuda_speculation(const SpecConfig& spec, const GgufFile& target, const Tokenizer& tokenizer,
                           CudaGeneratorOptions& o);
 
-// Whether the parameters sample (a temperature > 0 whose inverse is finite, as the CPU's Sampler
-// reads it) rather than decode greedily.
-bool cuda_samples(const SamplingParams& sampling);
 // Why the device cannot run a generation with these parameters ("" when it can): it samples with
 // top-k on only (the CPU Sampler's draw from the top_k best, top_k 1..64).
 std::string cuda_params_unsupported(const SamplingParams& sampling);
@@ -71,7 +68,8 @@ class CudaGenerator {
   // Generation after `prompt`, greedy or sampled by params.sampling (params.max_new_tokens at
   // most options.n_predict; Error when cuda_params_unsupported); on_text takes the text as it
   // becomes final, every few device steps. A speculative generator drafts greedy generations only:
-  // a sampled one decodes plainly (the same distribution; the device has no speculative sampling).
+  // a sampled one must ask for Drafting::Plain (Error otherwise; the device has no speculative
+  // sampling, and plain sampling draws from the same distribution).
   // prefill_seconds: up to the first token; decode_seconds: from it to the last. One generation
   // at a time: the device holds one sequence's cache.
   SpecResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params, const TextCallback& on_text,

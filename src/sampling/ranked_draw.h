@@ -17,6 +17,27 @@
 
 namespace microspec {
 
+// Top-p over ranked entries (as below: best first, no NaN or -inf, n >= 1): softmax at
+// temperature 1 (weights expf(l - max), summed in double in rank order) keeps the shortest prefix
+// whose mass reaches top_p * total, the entry that reaches it included; all n when top_p >= 1, when
+// n == 1, or when rounding leaves the sum a hair short. The CPU Sampler's top-p with top-k on.
+template <class LogitOf>
+MS_HOST_DEVICE inline int32_t ranked_top_p(int32_t n, const LogitOf& logit_of, float top_p) {
+  if (!(top_p < 1.0f) || n <= 1) return n;
+  const float mx = logit_of(0);
+  const bool inf_max = mx == INFINITY;  // +inf tokens hold all the mass
+  auto weight = [&](float logit) -> double { return inf_max ? (logit == INFINITY ? 1.0 : 0.0) : expf(logit - mx); };
+  double total = 0.0;
+  for (int32_t i = 0; i < n; ++i) total += weight(logit_of(i));
+  const double target = static_cast<double>(top_p) * total;
+  double cum = 0.0;
+  for (int32_t i = 0; i < n; ++i) {
+    cum += weight(logit_of(i));
+    if (cum >= target) return i + 1;
+  }
+  return n;
+}
+
 // Ranked entries: logit_of(i) for i in [0, n), best first (ties: lower token id first), every
 // one finite or +inf (no NaN, no -inf), n >= 1. temperature > 0 with 1 / temperature finite; top_p
 // >= 1 is off. bits: one 64-bit draw of the sampler's RNG. Returns the rank drawn, in [0, n).
@@ -26,21 +47,7 @@ MS_HOST_DEVICE inline int32_t draw_ranked(int32_t n, const LogitOf& logit_of, fl
   const float mx = logit_of(0);
   const bool inf_max = mx == INFINITY;  // +inf tokens hold all the mass
   // 1. top-p at temperature 1.
-  int32_t kept = n;
-  if (top_p < 1.0f && n > 1) {
-    auto weight = [&](float logit) -> double { return inf_max ? (logit == INFINITY ? 1.0 : 0.0) : expf(logit - mx); };
-    double total = 0.0;
-    for (int32_t i = 0; i < n; ++i) total += weight(logit_of(i));
-    const double target = static_cast<double>(top_p) * total;
-    double cum = 0.0;
-    for (int32_t i = 0; i < n; ++i) {
-      cum += weight(logit_of(i));
-      if (cum >= target) {  // keep the token that reaches the threshold
-        kept = i + 1;
-        break;
-      }
-    }
-  }
+  const int32_t kept = ranked_top_p(n, logit_of, top_p);
   // 2. Weights at the temperature (the best token's is 1, so the total is positive), normalised.
   const float inv_t = 1.0f / temperature;
   auto weight_t = [&](int32_t i) -> float {

@@ -32,8 +32,7 @@ Sampler::Sampler(const SamplingParams& params, int64_t n_vocab) : params_(params
                 std::to_string(params.temperature));
   if (!(params.top_p >= 0.0f))
     throw Error("sampler: top_p must be >= 0 (1 = off), got " + std::to_string(params.top_p));
-  // A temperature so small that 1 / T overflows would turn the best logit into NaN: that is 0.
-  greedy_ = !(1.0f / params.temperature < kPosInf);
+  greedy_ = params.greedy();
   top_k_ = params.top_k > 0 && params.top_k < n_vocab ? params.top_k : 0;
   rng_.seed(params.seed);
   if (!greedy_) {
@@ -95,26 +94,16 @@ int64_t Sampler::select_candidates(const float* logits, int64_t n) {
 
 int64_t Sampler::apply_top_p(int64_t n) {
   if (params_.top_p >= 1.0f || n == 1) return n;
+  Candidate* c = cand_.data();
+  if (top_k_ > 0)  // at most k candidates, already ranked best first: the ranked draw's own top-p
+    return ranked_top_p(static_cast<int32_t>(n), [&](int32_t i) { return c[i].logit; }, params_.top_p);
   // Softmax at temperature 1 over the candidates (llama.cpp runs top-p before temperature):
   // unnormalised weights, summed in double, against top_p * total.
-  Candidate* c = cand_.data();
   const float mx = max_logit_;
   const bool inf_max = mx == kPosInf;  // +inf tokens hold all the mass
   auto weight_of = [&](float logit) -> double {
     return inf_max ? (logit == kPosInf ? 1.0 : 0.0) : std::exp(logit - mx);
   };
-
-  if (top_k_ > 0) {  // at most k candidates, already ranked best first
-    double total = 0.0;
-    for (int64_t i = 0; i < n; ++i) total += weight_of(c[i].logit);
-    const double target = static_cast<double>(params_.top_p) * total;
-    double cum = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
-      cum += weight_of(c[i].logit);
-      if (cum >= target) return i + 1;  // keep the token that reaches the threshold
-    }
-    return n;  // rounding left the sum a hair short of the target: keep everything
-  }
 
   // Whole vocabulary, in id order: sorting 262k entries per token is what this avoids. Bucket
   // the candidates by distance below the maximum logit (a monotone map, so every token of a

@@ -16,6 +16,7 @@
 // shared equally (the limit of softmax). A row with nothing samplable throws microspec::Error.
 // Ties are broken towards the lower token id everywhere, so results are deterministic.
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
@@ -27,6 +28,9 @@ struct SamplingParams {
   int top_k = 40;            // <= 0: off
   float top_p = 0.95f;       // >= 1: off; NaN: rejected
   uint64_t seed = 0;         // seeds the RNG; equal seeds and logits give equal tokens
+  // Whether these settings decode greedily: a temperature whose inverse overflows (0 among them)
+  // would turn the best logit into NaN, so it means the argmax.
+  bool greedy() const { return !(1.0f / temperature < std::numeric_limits<float>::infinity()); }
 };
 
 // Softmax sampler over a fixed vocabulary size. All buffers are allocated in the constructor;

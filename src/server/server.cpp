@@ -236,7 +236,7 @@ Backend cuda_backend(const ServerOptions& o, const GgufFile& file, const Tokeniz
             if (const std::string why = cuda_params_unsupported(r.params.sampling); !why.empty())
               throw ApiError(400, "Invalid 'top_k': this server runs on a GPU, where " + why + ".", "top_k",
                              "unsupported_parameter");
-            if (r.speculative && cuda_samples(r.params.sampling)) {
+            if (r.speculative && !r.params.sampling.greedy()) {
               r.speculative = false;
               r.spec_note = "sampled requests decode without speculation on the GPU";
             }
