@@ -295,7 +295,7 @@ int run(int argc, char** argv) {
   freq32k.kind = PrunedVocabSpec::Kind::Fixed;
   for (int32_t i = 0; i < 32768; ++i) freq32k.pinned.push_back(i);
   auto step_ms = [&](const std::optional<PrunedVocabSpec>& vocab, Graphs graphs, DeviceEagleHead* draft_head,
-                     std::optional<TreeShape> tree = std::nullopt) {
+                     std::optional<TreeShape> tree = std::nullopt, const SamplingParams& sampled = {}) {
     SpecChainOptions so;
     so.draft_layers = tree ? 1 : std::min(4, cfg.n_layer);
     so.draft_head = draft_head;
@@ -304,6 +304,7 @@ int run(int argc, char** argv) {
     so.graphs = graphs;
     so.sync_every = 8;
     so.vocab = vocab;
+    so.sampling = sampled;
     auto run_ms = [&](int32_t n_predict, int32_t& steps) {
       so.n_predict = n_predict;
       SpecChainStats st;
@@ -328,6 +329,9 @@ int run(int argc, char** argv) {
       chain[v][g == Graphs::On] = step_ms(chain_vocabs[v], g, nullptr);
       head_chain[v][g == Graphs::On] = step_ms(chain_vocabs[v], g, head.get());
     }
+  // Speculative sampling on the same chain (MicroSpec's window, graphs on): the draws and the
+  // rejection sampling in place of the argmaxes.
+  const double chain_sampled = step_ms(PrunedVocabSpec{}, Graphs::On, nullptr, std::nullopt, sampling);
 
   // The cost model: depth 5 of (EAGLE layer + LM head) on 10 rows.
   const double draft_full = 5 * (head10 + full10), draft_32k = 5 * (head10 + p32k), draft_3k = 5 * (head10 + p3k);
@@ -361,6 +365,8 @@ int run(int argc, char** argv) {
   std::printf("| self-draft chain step (4 layers draft 5 tokens, all verify; device-resident), CUDA graphs on: full / freq 32k / dynamic vocabulary | %.2f / %.2f / %.2f ms | - |\n",
               chain[0][1], chain[1][1], chain[2][1]);
   std::printf("| the same, CUDA graphs off | %.2f / %.2f / %.2f ms | - |\n", chain[0][0], chain[1][0], chain[2][0]);
+  std::printf("| the same chain, dynamic vocabulary, speculative sampling (top-k 40, top-p 0.95, T 0.8), CUDA graphs on | %.2f ms (%.3f ms over greedy) | - |\n",
+              chain_sampled, chain_sampled - chain[2][1]);
   std::printf("| EAGLE-3 head chain step (catch-up + 5 drafts, all verify; device-resident), CUDA graphs on: full / freq 32k / dynamic vocabulary | %.2f / %.2f / %.2f ms | - |\n",
               head_chain[0][1], head_chain[1][1], head_chain[2][1]);
   std::printf("| the same, CUDA graphs off | %.2f / %.2f / %.2f ms | - |\n", head_chain[0][0], head_chain[1][0],

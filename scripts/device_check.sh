@@ -5,7 +5,8 @@
 # greedy tokens equal to the CPU's, the device-resident speculative step with and without its CUDA
 # graph equal to plain greedy decoding), the CLI on SmolLM2 when it is staged under models/ (plain and
 # self-drafted with the full, the dynamic and the freq vocabulary, drafted by its EAGLE-3 head, and
-# self-drafted as a tree (top-k 4) with the full and the dynamic vocabulary: the same text; --prompts-jsonl with a stop string, plain and self-drafted: the same tokens; `serve --device cuda`: a
+# self-drafted as a tree (top-k 4) with the full and the dynamic vocabulary: the same text; speculative sampling on the
+# device beside the CPU decoder's tokens for the same seed; --prompts-jsonl with a stop string, plain and self-drafted: the same tokens; `serve --device cuda`: a
 # completion equal to generate's text), then the benchmark on a
 # Llama-3-8B-shaped model whose random BF16 weights are made in device memory.
 #
@@ -64,6 +65,21 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
   else
     echo "TEXTS DIFFER (see $LOG/cli_*.txt)"; status=1
   fi
+  echo "== speculative sampling (self-drafted chain, dynamic vocabulary, temperature 0.8, seed 5): the device against the CPU decoder (equal tokens unless float rounding moves a draw across an edge of its distribution)"
+  for where in cpu cuda; do
+    timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" -p "$P" --chat -n 96 --ignore-eos --device "$where" --json \
+      --spec self --tree-topk 1 --temp 0.8 --seed 5 >"$LOG/sampled_$where.json" 2>"$LOG/sampled_$where.err" ||
+      { status=1; tail -3 "$LOG/sampled_$where.err"; }
+  done
+  python3 - "$LOG/sampled_cpu.json" "$LOG/sampled_cuda.json" <<'EOF' || status=1
+import json, sys
+cpu, dev = (json.loads(open(f, encoding="utf-8").read().splitlines()[-1]) for f in sys.argv[1:3])
+a, b = cpu["tokens"], dev["tokens"]
+same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print(f"{same} of {len(a)} tokens equal; steps / accepted drafts: cpu {cpu['spec']['steps']} / {cpu['spec']['accepted_draft_tokens']},",
+      f"device {dev['spec']['steps']} / {dev['spec']['accepted_draft_tokens']}")
+sys.exit(0 if len(b) == len(a) == 96 else 1)
+EOF
   echo "== --prompts-jsonl with a stop string on the device: plain and self-drafted give the same tokens"
   printf '%s\n' '{"prompt": "Name three rivers in Europe."}' '{"prompt": "def add(a, b):"}' >"$LOG/rows.jsonl"
   for mode in plain spec; do
@@ -80,11 +96,11 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
   else
     echo "JSON TOKENS DIFFER (see $LOG/json_*.txt)"; status=1
   fi
-  echo "== serve --device cuda (self-drafted chain, dynamic vocabulary): a greedy completion is generate's text, streamed or not; a sampled one generate --temp 0.8 --seed 5's; top_k 0 gets 400"
+  echo "== serve --device cuda (self-drafted chain, dynamic vocabulary): a greedy completion is generate's text, streamed or not; a sampled one (speculative) generate --spec self --tree-topk 1 --temp 0.8 --seed 5's; top_k 0 gets 400"
   timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" -p "$P" -n 48 --device cuda --json \
     >"$LOG/serve_expected.json" 2>/dev/null || status=1
   timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" -p "$P" -n 48 --device cuda --json --temp 0.8 --seed 5 \
-    >"$LOG/serve_sampled.json" 2>/dev/null || status=1
+    --spec self --tree-topk 1 >"$LOG/serve_sampled.json" 2>/dev/null || status=1
   "$BIN/microspec" serve -m "$SMOL" --port 0 --device cuda --spec self --tree-topk 1 2>"$LOG/serve.err" &
   pid=$!
   port=""
@@ -117,7 +133,7 @@ same_s = status_s == 200 and "".join(c["choices"][0]["text"] for c in chunks if 
 print("streamed:", status_s, "same text" if same_s else "TEXT DIFFERS")
 status_t, raw_t = post({**request, "temperature": 0.8, "seed": 5})
 same_t = status_t == 200 and json.loads(raw_t)["choices"][0]["text"] == sampled
-print("temperature 0.8, seed 5:", status_t, "same text as generate --temp 0.8 --seed 5" if same_t else "TEXT DIFFERS " + raw_t[:300])
+print("temperature 0.8, seed 5:", status_t, "same text as generate --spec self --tree-topk 1 --temp 0.8 --seed 5" if same_t else "TEXT DIFFERS " + raw_t[:300])
 status_k, raw_k = post({**request, "temperature": 0.8, "top_k": 0})
 print("top_k 0:", status_k, raw_k[:200])
 sys.exit(0 if same and same_s and same_t and status_k == 400 else 1)

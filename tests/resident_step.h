@@ -56,6 +56,61 @@ inline std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t
   return ids;
 }
 
+// A separate draft model's side of a resident chain step on the host (speculative/chain_state.h):
+// its cache holds the prompt but its last token, which starts its first batch; draft d's forward
+// runs [the last committed token, tokens[0]] at d = 0, then tokens[d] in its pending slot d + 1.
+struct ResidentDraftModel {
+  Model& model;
+  KVCache kv;
+  std::vector<int32_t> first, positions, parents, output_rows;  // DraftModelBatch's arrays
+  int32_t n_past = 0;
+
+  ResidentDraftModel(Model& m, const std::vector<int32_t>& prompt, int32_t depth)
+      : model(m), kv(m.make_cache(512)), first(2), positions(size_t(depth) + 1), parents(size_t(depth) + 1), output_rows(2) {
+    const int32_t n_prompt = int32_t(prompt.size());
+    if (n_prompt > 1) {
+      Batch b;
+      ForwardOutput out;
+      b.set_sequence(std::span<const int32_t>(prompt).first(size_t(n_prompt - 1)), 0, false);
+      model.forward(b, kv, out, {});
+      kv.commit_prefix(n_prompt - 1);
+    }
+    first[0] = prompt.back();
+  }
+  DraftModelBatch batch() { return DraftModelBatch{first.data(), positions.data(), parents.data(), output_rows.data(), &n_past}; }
+  // Draft d's forward; tokens: the chain's batch (tokens[d] is draft d's input for d >= 1).
+  void forward(int32_t d, const std::vector<int32_t>& tokens, bool logits, Batch& b, ForwardOutput& out) {
+    b.clear();
+    if (d == 0) {
+      b.tokens = first;
+      b.positions = {positions[0], positions[1]};
+      b.parents = {parents[0], parents[1]};
+      b.output_rows = {output_rows[0]};
+    } else {
+      b.tokens = {tokens[size_t(d)]};
+      b.positions = {positions[size_t(d) + 1]};
+      b.parents = {parents[size_t(d) + 1]};
+      b.output_rows = {output_rows[1]};
+      b.start = d + 1;
+    }
+    EXPECT_EQ(kv.n_past(), n_past);
+    model.forward(b, kv, out, {.logits = logits});
+  }
+};
+
+// The self-draft's forward of batch row d alone in pending slot d (the target's first
+// draft_layers layers, the target's cache).
+inline void self_draft_forward(Model& model, KVCache& kv, int32_t d, const int32_t* tokens, const int32_t* positions,
+                               const int32_t* parents, int32_t draft_layers, bool logits, Batch& b, ForwardOutput& out) {
+  b.clear();
+  b.tokens = {tokens[d]};
+  b.positions = {positions[d]};
+  b.parents = {parents[d]};
+  b.output_rows = {0};
+  b.start = d;
+  model.forward(b, kv, out, {.logits = logits, .end_layer = draft_layers});
+}
+
 // A pruned draft vocabulary (a window, with pinned ids for hybrid; Fixed: the pinned ids alone, a
 // window of one entry that nothing enters) in its device form and as the host-driven stream.
 class ResidentVocab {

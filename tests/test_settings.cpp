@@ -189,6 +189,16 @@ TEST(DeviceSettings, TheDeviceTakesChainsSelfDraftedTreesAndTopKSampling) {
   for (SpecMode mode : {SpecMode::Ngram, SpecMode::SelfNgram, SpecMode::DraftNgram, SpecMode::HeadNgram})
     EXPECT_NE(why(mode, 1).find("--spec self|draft|head"), std::string::npos) << name_of(mode);
   EXPECT_NE(why(SpecMode::Self, 1, 20).find("--draft-p-min 0"), std::string::npos);
+  // Speculative sampling: chains from any of the three drafters; a tree decodes greedily.
+  auto why_sampled = [](SpecMode mode, int32_t top_k) {
+    SpecConfig c;
+    c.mode = mode;
+    c.tree.top_k = top_k;
+    return cuda_spec_sampling_unsupported(c);
+  };
+  EXPECT_EQ(why_sampled(SpecMode::None, 4), "") << "no speculation";
+  for (SpecMode mode : {SpecMode::Self, SpecMode::Draft, SpecMode::Head}) EXPECT_EQ(why_sampled(mode, 1), "") << name_of(mode);
+  EXPECT_NE(why_sampled(SpecMode::Self, 4).find("samples speculatively with a chain (--tree-topk 1)"), std::string::npos);
 
   // Sampling: the CPU Sampler's draw with top-k on (1..64); a temperature whose inverse overflows
   // is greedy, as on the CPU.

@@ -60,15 +60,8 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   // The drafter: the target itself (its first layers, its cache) or the draft model (its own cache,
   // holding the prompt but its last token).
   Model& drafter = draft_model ? *draft_model : model;
-  KVCache draft_kv = drafter.make_cache(512);
-  std::vector<int32_t> draft_first(2), draft_positions(depth + 1), draft_parents(depth + 1), draft_rows_out(2);
-  int32_t draft_n_past = 0;
-  if (draft_model && n_prompt > 1) {
-    b.set_sequence(std::span<const int32_t>(prompt).first(size_t(n_prompt - 1)), 0, false);
-    drafter.forward(b, draft_kv, out, {});
-    draft_kv.commit_prefix(n_prompt - 1);
-  }
-  draft_first[0] = prompt.back();
+  std::optional<test::ResidentDraftModel> dm;
+  if (draft_model) dm.emplace(*draft_model, prompt, depth);
 
   // The device's arrays.
   std::vector<int32_t> tokens(depth + 1), positions(depth + 1), parents(depth + 1), output_rows(depth + 1),
@@ -148,9 +141,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   cs.counter = &counter;
   cs.update = &update;
   cs.steps = &steps;
-  if (draft_model)
-    cs.draft = DraftModelBatch{draft_first.data(), draft_positions.data(), draft_parents.data(), draft_rows_out.data(),
-                               &draft_n_past};
+  if (dm) cs.draft = dm->batch();
   if (head)
     cs.head = HeadBatch{catch_positions.data(), catch_parents.data(), head_draft_positions.data(),
                         head_draft_parents.data(), &root_row, &head_n_past, head_slot_parents.data()};
@@ -241,30 +232,10 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
       }
     }
     for (int32_t d = 0; d < depth && !head; ++d) {
-      b.clear();
-      if (!draft_model) {
-        b.tokens = {tokens[d]};
-        b.positions = {positions[d]};
-        b.parents = {parents[d]};
-        b.output_rows = {output_rows[0]};
-        b.start = d;
-        model.forward(b, kv, out, {.logits = !dv, .end_layer = draft_layers});
-      } else {
-        if (d == 0) {
-          b.tokens = draft_first;
-          b.positions = {draft_positions[0], draft_positions[1]};
-          b.parents = {draft_parents[0], draft_parents[1]};
-          b.output_rows = {draft_rows_out[0]};
-        } else {
-          b.tokens = {tokens[d]};
-          b.positions = {draft_positions[d + 1]};
-          b.parents = {draft_parents[d + 1]};
-          b.output_rows = {draft_rows_out[1]};
-          b.start = d + 1;
-        }
-        EXPECT_EQ(draft_kv.n_past(), draft_n_past);
-        drafter.forward(b, draft_kv, out, {.logits = !dv});
-      }
+      if (dm)
+        dm->forward(d, tokens, /*logits=*/!dv, b, out);
+      else
+        test::self_draft_forward(model, kv, d, tokens.data(), positions.data(), parents.data(), draft_layers, !dv, b, out);
       if (!dv) {
         tokens[d + 1] = argmax(out.logits.data(), V);
         continue;
@@ -289,7 +260,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
     verify_logits = out.logits;
     if (head) step_features = out.layer_inputs;
     // 4. Acceptance: the cache keeps what chain_accept committed.
-    const int32_t before = n_past, draft_before = draft_n_past, root = tokens[0];
+    const int32_t before = n_past, draft_before = dm ? dm->n_past : 0, root = tokens[0];
     last_accepted = chain_accept(cs);
     accepted_sum += last_accepted;
     if (head) {
@@ -302,9 +273,9 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
       host_head->accepted(root, host_tree, path, verify_logits.data());
     }
     kv.commit_prefix(n_past - before);
-    if (draft_model) {
-      draft_kv.commit_prefix(draft_n_past - draft_before);
-      EXPECT_EQ(draft_n_past, n_past - 1) << "the draft model's cache is one token behind";
+    if (dm) {
+      dm->kv.commit_prefix(dm->n_past - draft_before);
+      EXPECT_EQ(dm->n_past, n_past - 1) << "the draft model's cache is one token behind";
     }
     EXPECT_EQ(counter, n_past - n_prompt + 1) << "every emitted token but the newest is in the cache";
     EXPECT_EQ(kv.n_past(), n_past);

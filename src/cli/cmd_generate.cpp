@@ -229,8 +229,8 @@ void run_generate(const GenerateArgs& a) {
   if (on_device) {
     const SamplingParams sampling{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p};
     if (const std::string why = cuda_params_unsupported(sampling); !why.empty()) throw Error("--device cuda: " + why);
-    if (!sampling.greedy() && a.spec.enabled())
-      throw Error("--device cuda speculates with greedy decoding only (--temp 0); it samples without --spec");
+    if (const std::string why = cuda_spec_sampling_unsupported(a.spec); !why.empty() && !sampling.greedy())
+      throw Error(why);
     if (const std::string why = cuda_spec_unsupported(a.spec); !why.empty()) throw Error(why);
   }
   // The device loads its own weights: the CPU reads only the file's metadata and tokenizer.
@@ -333,7 +333,8 @@ void add_generate_command(CLI::App& app) {
       "objects, \"turns\" winning over \"prompt\" when a row has both; an optional \"seed\" (integer >= 0) "
       "replaces --seed for that row; prints one JSON line per prompt");
   cmd->add_option("--device", args->device,
-                  "cpu, or cuda: greedy decoding on the GPU, plain or speculative (builds with MICROSPEC_CUDA)")
+                  "cpu, or cuda: decoding on the GPU, greedy or sampled (top-k 1..64), plain or speculative (sampled: chains "
+                  "only; builds with MICROSPEC_CUDA)")
       ->capture_default_str();
   add_spec_options(*cmd, args->spec);
   cmd->callback([args] { run_generate(*args); });

@@ -251,9 +251,18 @@ void CudaModel::allocate_buffers() {
   d_n_keep_ = ints(1);
   d_out_ids_ = ints(options_.max_generate);
   d_counter_ = ints(1);
-  d_sample_settings_ = static_cast<SampleSettings*>(alloc(sizeof(SampleSettings)));
-  d_draw_bits_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * size_t(options_.max_generate)));
+  d_sample_settings_ = static_cast<DrawSettings*>(alloc(sizeof(DrawSettings)));
+  max_draw_bits_ = 1 + options_.max_generate * options_.n_batch;
+  d_draw_bits_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * size_t(max_draw_bits_)));
   d_top_ids_ = ints(64);
+  max_draft_bits_ = options_.max_generate * kMaxDraftDraws;
+  d_draft_bits_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * size_t(max_draft_bits_)));
+  d_target_drawn_ = ints(1);
+  d_draft_drawn_ = ints(1);
+  d_draft_top_ids_ = ints(B * 64);
+  d_draft_top_values_ = floats(B * 64);
+  d_verify_top_ids_ = ints(B * 64);
+  d_verify_top_values_ = floats(B * 64);
   d_argmax_scratch_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * B));
   d_argmax_out_ = ints(B);
   d_update_ = static_cast<VocabUpdate*>(alloc(sizeof(VocabUpdate)));
@@ -452,7 +461,7 @@ void CudaModel::enqueue_pick(const float* row, const TokenPick& pick, const int3
   draw_top_k(d_top_ids_, top_values_, pick.sample_k, d_sample_settings_, d_draw_bits_, draw, d_tokens_, stream_);
 }
 
-TokenPick CudaModel::begin_sampling(const SamplingParams& sampling, int32_t n_tokens) {
+TokenPick CudaModel::begin_sampling(const SamplingParams& sampling, int32_t n_bits) {
   // The CPU Sampler's rules: a temperature whose inverse overflows is greedy.
   const float t = sampling.temperature;
   if (!(t >= 0.0f) || std::isinf(t))
@@ -462,20 +471,52 @@ TokenPick CudaModel::begin_sampling(const SamplingParams& sampling, int32_t n_to
   if (sampling.top_k < 1 || sampling.top_k > 64 || sampling.top_k >= config_.n_vocab)
     throw Error("sampling on the device draws from the top-k tokens: top_k must be in 1..64 and below the vocabulary "
                 "size " + std::to_string(config_.n_vocab) + ", got " + std::to_string(sampling.top_k));
-  if (n_tokens < 0 || n_tokens > options_.max_generate)
-    throw Error("sampling: random bits for " + std::to_string(n_tokens) + " tokens, room for " +
-                std::to_string(options_.max_generate));
-  // One 64-bit output of the seed's mt19937_64 per token, in order: what the CPU's Sampler draws.
+  if (n_bits < 0 || n_bits > max_draw_bits_)
+    throw Error("sampling: " + std::to_string(n_bits) + " random draws, room for " + std::to_string(max_draw_bits_));
+  // The seed's mt19937_64 outputs in order: what the CPU's Sampler draws (plain decoding: one per
+  // token).
   std::mt19937_64 rng(sampling.seed);
-  std::vector<uint64_t> bits(static_cast<size_t>(n_tokens));
+  std::vector<uint64_t> bits(static_cast<size_t>(n_bits));
   for (uint64_t& b : bits) b = rng();
-  const SampleSettings settings{.temperature = t, .top_p = sampling.top_p};
+  const DrawSettings settings{.temperature = t, .top_p = sampling.top_p};
   // Pageable host memory: each copy has read its source when it returns.
   MS_CUDA(cudaMemcpyAsync(d_sample_settings_, &settings, sizeof settings, cudaMemcpyHostToDevice, stream_));
-  if (n_tokens > 0)
+  if (n_bits > 0)
     MS_CUDA(cudaMemcpyAsync(d_draw_bits_, bits.data(), bits.size() * sizeof(uint64_t), cudaMemcpyHostToDevice,
                             stream_));
   return TokenPick{.sample_k = sampling.top_k};
+}
+
+void CudaModel::begin_spec_sampling(const SamplingParams& sampling, int32_t steps, int32_t draws_per_step) {
+  const int64_t n = int64_t(steps) * draws_per_step;
+  if (steps < 0 || draws_per_step < 0 || draws_per_step > kMaxDraftDraws || n > max_draft_bits_)
+    throw Error("speculative sampling: " + std::to_string(steps) + " steps of " + std::to_string(draws_per_step) +
+                " draft draws, room for " + std::to_string(max_draft_bits_) + " (at most " +
+                std::to_string(kMaxDraftDraws) + " a step)");
+  // The draft sampler's seed is the CPU decoder's (speculative/decoder.h).
+  std::mt19937_64 rng(draft_sampler_seed(sampling.seed));
+  std::vector<uint64_t> bits(static_cast<size_t>(n));
+  for (uint64_t& b : bits) b = rng();
+  const int32_t counters[2] = {1, 0};  // the target's draw 0 is the first token's
+  // Pageable host memory: each copy has read its source when it returns.
+  if (n > 0)
+    MS_CUDA(cudaMemcpyAsync(d_draft_bits_, bits.data(), bits.size() * sizeof(uint64_t), cudaMemcpyHostToDevice,
+                            stream_));
+  MS_CUDA(cudaMemcpyAsync(d_target_drawn_, &counters[0], sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  MS_CUDA(cudaMemcpyAsync(d_draft_drawn_, &counters[1], sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaModel::continue_sampling_plainly(const SamplingParams& sampling, int32_t drawn, int32_t at, int32_t n_tokens) {
+  if (drawn < 0 || at < 0 || n_tokens < 0 || int64_t(at) + n_tokens > max_draw_bits_)
+    throw Error("sampling: " + std::to_string(n_tokens) + " random draws from index " + std::to_string(at) +
+                ", room for " + std::to_string(max_draw_bits_));
+  std::mt19937_64 rng(sampling.seed);
+  rng.discard(static_cast<unsigned long long>(drawn));
+  std::vector<uint64_t> bits(static_cast<size_t>(n_tokens));
+  for (uint64_t& b : bits) b = rng();
+  if (n_tokens > 0)
+    MS_CUDA(cudaMemcpyAsync(d_draw_bits_ + at, bits.data(), bits.size() * sizeof(uint64_t), cudaMemcpyHostToDevice,
+                            stream_));
 }
 
 cudaGraphExec_t CudaModel::capture(const std::function<void()>& enqueue) {
@@ -622,6 +663,23 @@ ChainState CudaModel::chain_state(const ChainStep& step) const {
   return s;
 }
 
+ChainSampling CudaModel::chain_sampling(const ChainStep& step) const {
+  return ChainSampling{d_sample_settings_, step.sample_k, d_draft_top_ids_, d_draft_top_values_, d_verify_top_ids_,
+                       d_verify_top_values_, d_draft_bits_, d_draft_drawn_, step.draft_draws, d_draw_bits_,
+                       d_target_drawn_};
+}
+
+void CudaModel::enqueue_draft_draw(const ChainStep& step, int32_t d, const float* full_logits, cudaStream_t stream) {
+  const int32_t k = step.sample_k;
+  int32_t* ids = d_draft_top_ids_ + int64_t(d) * k;
+  float* values = d_draft_top_values_ + int64_t(d) * k;
+  if (step.vocab)
+    step.vocab->ranked(1, k, ids, values);
+  else
+    top_k_rows(full_logits, config_.n_vocab, config_.n_vocab, RowRange{}, k, ids, values, stream);
+  chain_draw(chain_state(step), chain_sampling(step), d, stream);
+}
+
 TreeState CudaModel::tree_state(const ChainStep& step) const {
   // The tree's own arrays, then the model's: the verification batch, the argmax, the keep list,
   // the cache's n_past, the emitted tokens and the counters (the fields in TreeState's order).
@@ -702,25 +760,34 @@ void CudaModel::enqueue_chain_step(const ChainStep& step) {
           drafter.d_out_rows_ + 1, 1, {.logits = step.vocab == nullptr});
     }
     int32_t* next = d_tokens_ + d + 1;
-    if (step.vocab) {
-      step.vocab->logits(drafter.hidden_, 1, drafter.act_scratch_);
+    if (step.vocab) step.vocab->logits(drafter.hidden_, 1, drafter.act_scratch_);
+    if (step.sample_k > 0)
+      enqueue_draft_draw(step, d, drafter.logits_, drafter.stream_);
+    else if (step.vocab)
       step.vocab->argmax(1, /*if_empty=*/0, next);
-    } else {
+    else
       argmax_rows(drafter.logits_, 1, config_.n_vocab, next, drafter.d_argmax_scratch_, drafter.stream_);
-    }
   }
   if (step.draft_model) {
     MS_CUDA(cudaEventRecord(ev_join_, drafter.stream_));
     MS_CUDA(cudaStreamWaitEvent(stream_, ev_join_, 0));
   }
-  // 3. Verification: every layer over the whole chain, the target's argmax per row (and, for a
-  //    draft head, the features of every row: the next catch-up's).
+  // 3. Verification: every layer over the whole chain, the target's argmax per row, or with
+  //    sampling its sample_k best (and, for a draft head, the features of every row: the next
+  //    catch-up's).
   enqueue_forward(device_batch(0, depth + 1, 0), d_out_rows_, depth + 1,
                   {.logits = true, .capture = step.head ? &step.head->step_capture() : nullptr});
-  argmax_rows(logits_, depth + 1, config_.n_vocab, d_argmax_out_, d_argmax_scratch_, stream_);
-  // 4. Acceptance: emit, commit the accepted prefix, lay out the next batch (and the draft
-  //    model's) and the vocabulary's update.
-  chain_accept(chain_state(step), stream_);
+  if (step.sample_k > 0)
+    top_k_rows(logits_, config_.n_vocab, config_.n_vocab, RowRange{.max_rows = depth + 1}, step.sample_k,
+               d_verify_top_ids_, d_verify_top_values_, stream_);
+  else
+    argmax_rows(logits_, depth + 1, config_.n_vocab, d_argmax_out_, d_argmax_scratch_, stream_);
+  // 4. Acceptance (greedy, or rejection sampling), emit, commit the accepted prefix, lay out the
+  //    next batch (and the draft model's) and the vocabulary's update.
+  if (step.sample_k > 0)
+    chain_sample_accept(chain_state(step), chain_sampling(step), stream_);
+  else
+    chain_accept(chain_state(step), stream_);
 }
 
 void CudaModel::enqueue_head_drafts(const ChainStep& step) {
@@ -743,14 +810,17 @@ void CudaModel::enqueue_head_drafts(const ChainStep& step) {
       MS_CUDA(cudaMemcpyAsync(head.step_hidden(), head.normed(), row, cudaMemcpyDeviceToDevice, stream_));
     }
     int32_t* next = d_tokens_ + d + 1;
-    if (step.vocab) {
+    if (step.vocab)
       step.vocab->logits(head.step_hidden(), 1, act_scratch_);
-      step.vocab->argmax(1, /*if_empty=*/0, next);
-    } else {
+    else
       matmul(output_, RowSelection{nullptr, V}, head.step_hidden(), H, 1, logits_, V, Store::Overwrite, act_scratch_,
              stream_);
+    if (step.sample_k > 0)
+      enqueue_draft_draw(step, d, logits_, stream_);
+    else if (step.vocab)
+      step.vocab->argmax(1, /*if_empty=*/0, next);
+    else
       argmax_rows(logits_, 1, V, next, d_argmax_scratch_, stream_);
-    }
   }
 }
 
@@ -798,6 +868,13 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   }
   if (o.draft_model && o.draft_head) throw Error("speculative decoding: a draft model or a draft head, not both");
   if (prompt.empty()) throw Error("generate: empty prompt");
+  const bool sampled = !o.sampling.greedy();
+  const int32_t draft_draws = o.draft_draws > 0 ? o.draft_draws : o.depth;
+  if (sampled && o.tree)
+    throw Error("speculative sampling on the device drafts a chain (top-k 1); a draft tree is greedy only");
+  if (sampled && (draft_draws < o.depth || draft_draws > kMaxDraftDraws))
+    throw Error("speculative sampling: " + std::to_string(draft_draws) + " draft draws a step for a chain of " +
+                std::to_string(o.depth) + " (the chain's length up to " + std::to_string(kMaxDraftDraws) + ")");
   // Checked here rather than inside a step that a graph captures.
   const bool vocab_steps = o.vocab && o.vocab->kind == PrunedVocabSpec::Kind::Window &&
                            o.vocab->window.stream.source != CandidateStreamParams::Source::Ctx;
@@ -812,6 +889,11 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     if (stats) *stats = st;
     return out;
   }
+  // Sampling's settings and random bits: the first token's draw, then at most depth + 1 target
+  // draws and draft_draws draft draws per step, each step emitting a token at least.
+  const int32_t limit = std::min(o.n_predict, options_.max_generate);
+  const TokenPick pick = begin_sampling(o.sampling, sampled ? 1 + limit * (o.depth + 1) : 0);
+  if (sampled) begin_spec_sampling(o.sampling, limit, draft_draws);
 
   // The draft LM head over the drafter's rows: MicroSpec's packed ones (state on the device) or the
   // full vocabulary's.
@@ -834,7 +916,7 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   PromptCandidates candidates;
   if (vocab) candidates = PromptCandidates{vocab->prompt_top_k(), vocab->prompt_top(), vocab->prompt_ids()};
   if (o.draft_head) candidates.capture = &o.draft_head->prompt_capture();
-  prefill_for_decode(prompt, candidates);
+  prefill_for_decode(prompt, candidates, pick);
   if (vocab) vocab->begin(int32_t(prompt.size()));  // prefill_for_decode has synchronized: the drafter's stream may read
   if (o.draft_head) {
     // The head's cache takes the prompt's rows but the last; its first catch-up is the root row.
@@ -870,7 +952,15 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
 
 std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, DeviceDraftVocab* vocab,
                                                    const TokenHandler& on_token, SpecChainStats& st) {
-  const ChainStep step{o.depth, o.draft_layers, vocab, o.draft_model, o.draft_head, o.tree};
+  const bool sampled = !o.sampling.greedy();
+  const ChainStep step{o.depth,
+                       o.draft_layers,
+                       vocab,
+                       o.draft_model,
+                       o.draft_head,
+                       o.tree,
+                       sampled ? o.sampling.top_k : 0,
+                       sampled ? (o.draft_draws > 0 ? o.draft_draws : o.depth) : 0};
   // The most tokens a step emits, and the pending cache slots its batches take.
   const int32_t per_step = o.tree ? o.tree->max_emitted() : o.depth + 1;
   const int32_t step_slots = o.tree ? o.tree->pending_slots() : o.depth + 1;
@@ -913,8 +1003,15 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, De
     n_past_ = n_past_at_start + produced - 1;
     done = fetch_emitted(produced, limit, o.stop_ids, on_token, ids);
   }
-  // Where a whole chain no longer fits: plain decode steps from the same device state.
-  if (!done) decode_until(limit, o.stop_ids, o.graphs, o.sync_every, TokenPick{}, on_token, ids);
+  // Where a whole chain no longer fits: plain decode steps from the same device state (sampled ones
+  // draw the target's bits the steps left, in order, as the CPU's plain steps would).
+  if (!done && sampled) {
+    int32_t drawn = 0;
+    MS_CUDA(cudaMemcpyAsync(&drawn, d_target_drawn_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    MS_CUDA(cudaStreamSynchronize(stream_));
+    continue_sampling_plainly(o.sampling, drawn, produced, limit - produced);
+  }
+  if (!done) decode_until(limit, o.stop_ids, o.graphs, o.sync_every, TokenPick{.sample_k = step.sample_k}, on_token, ids);
   // The counts of the steps that emitted the tokens kept (steps may have run past them until the
   // host looked). Device to pageable host memory: each copy returns once done.
   int32_t n_steps = 0;

@@ -37,6 +37,10 @@ struct CudaModelOptions {
   int32_t max_generate = 4096;  // capacity of the device's generated-token buffer
 };
 
+// Most draft-sampler draws a speculative sampling step may take (the CPU's chain: its tree depth
+// + 1, the depth at most 64).
+constexpr int32_t kMaxDraftDraws = 65;
+
 // A batch in host memory (the Batch of src/model, without depending on it).
 struct HostBatch {
   std::span<const int32_t> tokens;       // [n]
@@ -112,6 +116,14 @@ class CudaModel;
 // which the prefill and every verification capture on the device; each step starts with the head's
 // catch-up over the last verification (speculative/chain_state.h), then one head row per draft,
 // each scored by the target's LM head through the draft vocabulary. draft_layers is then unused.
+//
+// With sampling (temperature > 0; a chain, top_k 1..64) the step is speculative sampling
+// (speculative/chain_sampling.h): each draft is the draft sampler's draw from its row's k best,
+// and the verification's k best per row feed rejection sampling in one device thread, so the
+// output has plain sampling's distribution. The random bits are the CPU decoder's two samplers'
+// (the seed's, and draft_sampler_seed's), consumed as the CPU consumes them, so equal
+// logits give the CPU decoder's tokens; draft_draws is the CPU's draft draws per step (its tree's
+// depth + 1; 0: depth).
 struct SpecChainOptions {
   int32_t n_predict = 128;
   std::vector<int32_t> stop_ids;  // generation ends after one of these (it is kept)
@@ -123,6 +135,8 @@ struct SpecChainOptions {
   DeviceEagleHead* draft_head = nullptr;  // made for this model (its embeddings, its features)
   Graphs graphs = Graphs::On;  // replay the step as a captured CUDA graph
   int32_t sync_every = 4;      // steps between host checks for a stop token
+  SamplingParams sampling;     // greedy (the default) or speculative sampling (chains only)
+  int32_t draft_draws = 0;     // with sampling: the draft sampler's draws per step (>= depth; 0: depth)
 };
 // The device's counts: the steps up to and including the one that emitted the last token the
 // generation kept (the stop token, the last one wanted, the one a TokenHandler ended with), as the
@@ -217,16 +231,19 @@ class CudaModel {
     CudaModel* draft_model = nullptr;   // null: the self-draft (or the head)
     DeviceEagleHead* head = nullptr;    // an EAGLE-3 head drafts
     std::optional<TreeShape> tree;      // the self-draft drafts a tree of this shape (depth unused)
+    int32_t sample_k = 0;               // > 0: speculative sampling from each row's sample_k best
+    int32_t draft_draws = 0;            // with sample_k: the draft sampler's draws per step
     // What a captured graph of the step was made for: objects by serial, not address.
     struct Key {
       int32_t depth = 0, draft_layers = 0;
       uint64_t vocab = 0, draft_model = 0, head = 0;
       std::optional<TreeShape> tree;
+      int32_t sample_k = 0, draft_draws = 0;
       bool operator==(const Key&) const = default;
     };
     Key key() const {
       return Key{tree ? 0 : depth, draft_model || head ? 0 : draft_layers, vocab ? vocab->serial() : 0,
-                 draft_model ? draft_model->serial_ : 0, head ? head->serial() : 0, tree};
+                 draft_model ? draft_model->serial_ : 0, head ? head->serial() : 0, tree, sample_k, draft_draws};
     }
   };
   void allocate_buffers();
@@ -241,9 +258,16 @@ class CudaModel {
   void enqueue_pick(const float* row, const TokenPick& pick, const int32_t* draw);
   // A decode graph captured for another pick is destroyed (the next capture is this pick's).
   void drop_decode_graph_unless(const TokenPick& pick);
-  // Checks a sampled generation's settings and uploads them with the seed's random bits for
-  // n_tokens tokens; the pick its steps use ({} for greedy).
-  TokenPick begin_sampling(const SamplingParams& sampling, int32_t n_tokens);
+  // Checks a sampled generation's settings and uploads them with the seed's first n_bits random
+  // bits (one per plain decoding token; speculative sampling's target draws); the pick its steps
+  // use ({} for greedy).
+  TokenPick begin_sampling(const SamplingParams& sampling, int32_t n_bits);
+  // Speculative sampling's start (after begin_sampling): the draft sampler's bits for `steps`
+  // steps of draws_per_step, and both counters (the target's at 1: the first token's draw).
+  void begin_spec_sampling(const SamplingParams& sampling, int32_t steps, int32_t draws_per_step);
+  // The target's bits from its `drawn`-th on, uploaded as plain decoding's from token index `at`:
+  // where speculative sampling ends in plain sampled steps (the context's end).
+  void continue_sampling_plainly(const SamplingParams& sampling, int32_t drawn, int32_t at, int32_t n_tokens);
   void enqueue_chain_step(const ChainStep& step);
   // The tree step (SpecChainOptions::tree) over tree_'s arrays.
   void enqueue_tree_step(const ChainStep& step);
@@ -258,6 +282,10 @@ class CudaModel {
   DeviceBatch device_batch(int32_t offset, int32_t n, int32_t start) const;
   DecodeState decode_state() const;
   ChainState chain_state(const ChainStep& step) const;
+  ChainSampling chain_sampling(const ChainStep& step) const;
+  // A sampled chain's pick of draft d from the drafter's row: its sample_k best (the packed head's
+  // or the full logits'), then chain_draw, on `stream`.
+  void enqueue_draft_draw(const ChainStep& step, int32_t d, const float* full_logits, cudaStream_t stream);
   TreeState tree_state(const ChainStep& step) const;
   void* alloc(size_t bytes);
   void destroy_stream_and_events();  // what the destructor and a failed constructor release
@@ -310,9 +338,19 @@ class CudaModel {
   int32_t* d_n_keep_ = nullptr;     // [1] commit()'s count of them
   int32_t* d_out_ids_ = nullptr;    // [max_generate]
   int32_t* d_counter_ = nullptr;    // [1]
-  SampleSettings* d_sample_settings_ = nullptr;  // [1] a sampled generation's temperature and top-p
-  uint64_t* d_draw_bits_ = nullptr;              // [max_generate] its random bits, one per token
+  DrawSettings* d_sample_settings_ = nullptr;  // [1] a sampled generation's temperature and top-p
+  int32_t max_draw_bits_ = 0;                    // 1 + max_generate * n_batch
+  uint64_t* d_draw_bits_ = nullptr;              // [max_draw_bits_] its random bits (the target sampler's)
   int32_t* d_top_ids_ = nullptr;                 // [64] a sampled pick's ranked ids (values: top_values_)
+  // Speculative sampling (speculative/chain_sampling.h).
+  int32_t max_draft_bits_ = 0;                   // max_generate * kMaxDraftDraws
+  uint64_t* d_draft_bits_ = nullptr;             // [max_draft_bits_] the draft sampler's random bits
+  int32_t* d_target_drawn_ = nullptr;            // [1] target bits consumed
+  int32_t* d_draft_drawn_ = nullptr;             // [1] draft bits consumed
+  int32_t* d_draft_top_ids_ = nullptr;           // [n_batch][64] each draft row's ranked best ids
+  float* d_draft_top_values_ = nullptr;          // [n_batch][64] their logits
+  int32_t* d_verify_top_ids_ = nullptr;          // [n_batch][64] each verification row's ranked best ids
+  float* d_verify_top_values_ = nullptr;         // [n_batch][64] their logits
   uint64_t* d_argmax_scratch_ = nullptr;  // [n_batch]
   int32_t* d_argmax_out_ = nullptr;       // [n_batch] argmax of each logits row (speculative steps)
   VocabUpdate* d_update_ = nullptr;       // [1] the resident chain's next vocabulary update

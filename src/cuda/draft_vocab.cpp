@@ -157,6 +157,13 @@ void DeviceDraftVocab::proposals(int32_t n, int32_t k, int32_t* tokens, float* l
                  logprobs, compute_);
 }
 
+void DeviceDraftVocab::ranked(int32_t n, int32_t k, int32_t* ids, float* values) {
+  if (n < 1 || n > sizes_.max_rows)
+    throw Error("device draft vocabulary: " + std::to_string(n) + " rows, at most " + std::to_string(sizes_.max_rows));
+  packed_top_k(logits_, capacity_, n, device_counter(kRowsOffset), layout_.slots.token_of_slot, k, ids, values,
+               compute_);
+}
+
 DeviceDraftVocab::Snapshot DeviceDraftVocab::snapshot() const {
   MS_CUDA(cudaStreamSynchronize(compute_));
   DraftVocabState s;

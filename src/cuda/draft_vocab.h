@@ -90,6 +90,10 @@ class DeviceDraftVocab {
   // token ids with their log-probabilities over the active slots (ops.h's tree_proposals; token -1
   // past the active rows there are). tokens, logprobs: device, [n][k].
   void proposals(int32_t n, int32_t k, int32_t* tokens, float* logprobs);
+  // Each of the last logits()' n rows' k best active slots (k <= 64), best first (ties: lower slot),
+  // as token ids with their logits (ops.h's packed_top_k: -1 and -inf past the active rows there
+  // are). ids, values: device, [n][k]. A sampled chain's draft rows (speculative/chain_sampling.h).
+  void ranked(int32_t n, int32_t k, int32_t* ids, float* values);
   // Makes the compute stream wait for the last gather (if it has not yet): before a step is
   // captured as a graph, which must wait on nothing recorded outside its capture.
   void wait_for_gather();

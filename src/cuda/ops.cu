@@ -1178,7 +1178,7 @@ __global__ void k_top_k_rows(const float* x, int64_t ld, int64_t n, RowRange row
 
 // The CPU sampler's draw over the row's ranked k best (ranked_draw.h) in one thread; the ranked
 // entries end at the first id -1 (past the non-NaN values) or -inf value (never sampled).
-__global__ void k_draw_top_k(const int32_t* ids, const float* values, int32_t k, const SampleSettings* settings,
+__global__ void k_draw_top_k(const int32_t* ids, const float* values, int32_t k, const DrawSettings* settings,
                              const uint64_t* bits, const int32_t* draw, int32_t* out) {
   int32_t n = 0;
   while (n < k && ids[n] >= 0 && values[n] > -INFINITY) ++n;
@@ -1186,7 +1186,7 @@ __global__ void k_draw_top_k(const int32_t* ids, const float* values, int32_t k,
     *out = -1;
     return;
   }
-  const int32_t rank = draw_ranked(n, [&](int32_t i) { return values[i]; }, settings->temperature, settings->top_p,
+  const int32_t rank = draw_ranked(n, [&](int32_t i) { return values[i]; }, *settings,
                                    bits[draw ? *draw : 0]);
   *out = ids[rank];
 }
@@ -1233,6 +1233,19 @@ __global__ void k_packed_argmax(const float* logits, int64_t ld, const int32_t* 
     if (ranks_before(row[i], i, bv, bi)) bv = row[i], bi = i;
   block_best(bv, bi);
   if (threadIdx.x == 0) out[blockIdx.x] = bi >= 0 ? token_of_slot[bi] : if_empty;
+}
+
+// The k best of the first *n_rows values of each row (block_top_k, -inf kept), as token_of_slot's
+// ids; block r takes row r.
+__global__ void k_packed_top_k(const float* logits, int64_t ld, const int32_t* n_rows, const int32_t* token_of_slot,
+                               int32_t k, int32_t* ids, float* values) {
+  const float* row = logits + int64_t(blockIdx.x) * ld;
+  ids += int64_t(blockIdx.x) * k;
+  values += int64_t(blockIdx.x) * k;
+  block_top_k(row, *n_rows, k, /*keep_neg_inf=*/true, [&](int32_t j, float v, int64_t i) {
+    ids[j] = i >= 0 ? token_of_slot[i] : -1;
+    values[j] = i >= 0 ? v : -INFINITY;
+  });
 }
 
 // top_k_logprobs (speculative/tree.cpp) per row: the largest value, the sum of exp(v - max) in
@@ -1282,6 +1295,9 @@ __global__ void k_tree_proposals(const float* logits, int64_t ld, int64_t n_fixe
 }
 
 __global__ void k_chain_begin(ChainState st) { ::microspec::chain_begin(st); }
+
+__global__ void k_chain_draw(ChainState st, ChainSampling m, int32_t d) { ::microspec::chain_draw(st, m, d); }
+__global__ void k_chain_sample_accept(ChainState st, ChainSampling m) { ::microspec::chain_sample_accept(st, m); }
 
 __global__ void k_chain_accept(ChainState st) { ::microspec::chain_accept(st); }
 __global__ void k_chain_head_caught_up(ChainState st) { ::microspec::chain_head_caught_up(st); }
@@ -1534,7 +1550,7 @@ void top_k_rows(const float* x, int64_t ld, int64_t n, RowRange rows, int32_t k,
   MS_CUDA_LAUNCH();
 }
 
-void draw_top_k(const int32_t* ids, const float* values, int32_t k, const SampleSettings* settings,
+void draw_top_k(const int32_t* ids, const float* values, int32_t k, const DrawSettings* settings,
                 const uint64_t* bits, const int32_t* draw, int32_t* out, cudaStream_t stream) {
   if (k < 1 || k > 64) throw Error("cuda draw_top_k: k must be in 1..64, got " + std::to_string(k));
   k_draw_top_k<<<1, 1, 0, stream>>>(ids, values, k, settings, bits, draw, out);
@@ -1636,6 +1652,35 @@ void chain_begin(const ChainState& st, cudaStream_t stream) {
 void chain_accept(const ChainState& st, cudaStream_t stream) {
   if (st.depth < 0) throw Error("cuda chain_accept: negative depth");
   k_chain_accept<<<1, 1, 0, stream>>>(st);
+  MS_CUDA_LAUNCH();
+}
+
+namespace {
+void check_chain_sampling(const ChainState& st, const ChainSampling& m, const char* what) {
+  if (st.depth < 0 || m.k < 1 || m.k > 64 || m.draws_per_step < st.depth)
+    throw Error(std::string("cuda ") + what + ": depth " + std::to_string(st.depth) + ", top-k " + std::to_string(m.k) +
+                " (1..64) and " + std::to_string(m.draws_per_step) + " draft draws per step (at least the depth)");
+}
+}  // namespace
+
+void chain_draw(const ChainState& st, const ChainSampling& sampling, int32_t d, cudaStream_t stream) {
+  check_chain_sampling(st, sampling, "chain_draw");
+  if (d < 0 || d >= st.depth) throw Error("cuda chain_draw: draft " + std::to_string(d) + " outside the chain");
+  k_chain_draw<<<1, 1, 0, stream>>>(st, sampling, d);
+  MS_CUDA_LAUNCH();
+}
+
+void chain_sample_accept(const ChainState& st, const ChainSampling& sampling, cudaStream_t stream) {
+  check_chain_sampling(st, sampling, "chain_sample_accept");
+  k_chain_sample_accept<<<1, 1, 0, stream>>>(st, sampling);
+  MS_CUDA_LAUNCH();
+}
+
+void packed_top_k(const float* logits, int64_t ld, int32_t n_out, const int32_t* n_rows, const int32_t* token_of_slot,
+                  int32_t k, int32_t* ids, float* values, cudaStream_t stream) {
+  if (k < 1 || k > 64) throw Error("cuda packed_top_k: k must be in 1..64, got " + std::to_string(k));
+  if (n_out < 1) return;
+  k_packed_top_k<<<unsigned(n_out), kSelectThreads, 0, stream>>>(logits, ld, n_rows, token_of_slot, k, ids, values);
   MS_CUDA_LAUNCH();
 }
 

@@ -15,6 +15,8 @@
 #include <cstdint>
 
 #include "kernels/types.h"
+#include "sampling/ranked_draw.h"
+#include "speculative/chain_sampling.h"
 #include "speculative/chain_state.h"
 #include "speculative/tree_state.h"
 #include "vocab/window_state.h"
@@ -177,16 +179,11 @@ void decode_advance(const DeviceKV& kv, const DecodeState& st, cudaStream_t stre
 // out[r] = first index of the largest non-NaN value of row r (x is [n_rows][n]); -1 if all NaN.
 // scratch: [n_rows] (many blocks per row meet there through atomicMax).
 void argmax_rows(const float* x, int32_t n_rows, int64_t n, int32_t* out, uint64_t* scratch, cudaStream_t stream);
-// Sampled decoding's settings, in device memory so a captured step reads each generation's own.
-struct SampleSettings {
-  float temperature = 1.0f;  // > 0 with 1 / temperature finite
-  float top_p = 1.0f;        // >= 1: off
-};
 // *out = the token sampling/ranked_draw.h's draw_ranked picks from one row's k best (ids [k] and
 // values [k] as top_k_rows leaves them: best first, -1 / -inf past the row's non-NaN values) with
 // the random bits bits[draw ? *draw : 0] (device: one 64-bit RNG output per generated token);
 // -1 when the row has no samplable value (every one NaN or -inf). One device thread.
-void draw_top_k(const int32_t* ids, const float* values, int32_t k, const SampleSettings* settings,
+void draw_top_k(const int32_t* ids, const float* values, int32_t k, const DrawSettings* settings,
                 const uint64_t* bits, const int32_t* draw, int32_t* out, cudaStream_t stream);
 // Rows [first, first + count) of a matrix, or with a list the rows list[first, first + count)
 // (a tree's accepted rows), where first, count and list may live in device memory (so a captured
@@ -237,10 +234,21 @@ void gather_packed_rows(const DeviceMatrix& full, const RowCopy* copies, const i
 void packed_argmax(const float* logits, int64_t ld, int32_t n_out, const int32_t* n_rows, const int32_t* token_of_slot,
                    int32_t if_empty, int32_t* out, cudaStream_t stream);
 
+// top_k_rows over a packed LM head's logits: for each of n_out rows (row r at logits + r * ld) the
+// k best of its first *n_rows values (the active slots), best first (ties: lower slot), as
+// token_of_slot's ids; -1 and -inf past the non-NaN values. k <= 64. One block per row.
+void packed_top_k(const float* logits, int64_t ld, int32_t n_out, const int32_t* n_rows, const int32_t* token_of_slot,
+                  int32_t k, int32_t* ids, float* values, cudaStream_t stream);
+
 // A speculative chain's bookkeeping (speculative/chain_state.h) in one device thread: chain_begin
 // after the prompt, chain_accept after each verification's argmax.
 void chain_begin(const ChainState& st, cudaStream_t stream);
 void chain_accept(const ChainState& st, cudaStream_t stream);
+// Speculative sampling on the chain (speculative/chain_sampling.h) in one device thread: chain_draw
+// after draft d's ranked row, chain_sample_accept (in place of chain_accept) after the
+// verification's ranked rows.
+void chain_draw(const ChainState& st, const ChainSampling& sampling, int32_t d, cudaStream_t stream);
+void chain_sample_accept(const ChainState& st, const ChainSampling& sampling, cudaStream_t stream);
 // chain_head_caught_up in one device thread, after an EAGLE-3 head's catch-up forward.
 void chain_head_caught_up(const ChainState& st, cudaStream_t stream);
 

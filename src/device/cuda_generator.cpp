@@ -29,6 +29,12 @@ std::string cuda_spec_unsupported(const SpecConfig& spec) {
          "--tree-topk K (a tree), --draft-p-min 0 only";
 }
 
+std::string cuda_spec_sampling_unsupported(const SpecConfig& spec) {
+  if (!spec.enabled() || spec.tree.top_k == 1) return {};
+  return "--device cuda samples speculatively with a chain (--tree-topk 1); a draft tree there decodes greedily "
+         "(--temp 0)";
+}
+
 void set_cuda_speculation(const SpecConfig& spec, const GgufFile& target, const Tokenizer& tokenizer,
                           CudaGeneratorOptions& o) {
   if (!spec.enabled()) return;
@@ -40,6 +46,7 @@ void set_cuda_speculation(const SpecConfig& spec, const GgufFile& target, const 
     o.spec_tree = spec.tree.fixed_shape();
   else
     o.spec_chain = std::max(1, std::min(spec.tree.depth + 1, spec.tree.total_tokens));
+  o.spec_draft_draws = o.spec_chain > 0 ? spec.tree.depth + 1 : 0;
   const ModelConfig config = read_model_config(target);
   if (spec.mode == SpecMode::Head) {
     // The head is read and checked against the target here, before any device is asked for.
@@ -147,8 +154,8 @@ SpecResult CudaGenerator::generate(const std::vector<int32_t>& prompt, const Gen
     return sink.push(id);
   };
   const bool drafts = speculative() && drafting == Drafting::Speculative;
-  if (drafts && !params.sampling.greedy())
-    throw Error("--device cuda speculates with greedy decoding only: a sampled generation runs with Drafting::Plain");
+  if (drafts && !params.sampling.greedy() && d.options.spec_tree)
+    throw Error("--device cuda drafts trees for greedy decoding only: a sampled generation runs with Drafting::Plain");
   if (drafts) {
     cuda::SpecChainOptions so;
     so.n_predict = params.max_new_tokens;
@@ -158,6 +165,8 @@ SpecResult CudaGenerator::generate(const std::vector<int32_t>& prompt, const Gen
     so.vocab = d.options.vocab;
     so.draft_model = d.draft_model.get();
     so.draft_head = d.draft_head.get();
+    so.sampling = params.sampling;
+    so.draft_draws = d.options.spec_draft_draws;
     cuda::SpecChainStats st;
     d.model->generate_speculative(prompt, so, &st, take);
     // The counts of the steps that emitted the text, as the CPU decoder counts them; every device

@@ -29,6 +29,7 @@ struct CudaGeneratorOptions {
   int32_t n_ctx = 4096;
   int32_t n_batch = 512;
   int32_t spec_chain = 0;              // > 0: speculative decoding with a drafted chain of this length
+  int32_t spec_draft_draws = 0;        // a sampled chain's draft draws per step: the CPU's (tree depth + 1)
   std::optional<TreeShape> spec_tree;  // or with a self-drafted tree of this shape (--tree-topk > 1)
   int32_t spec_draft_layers = 0;       // self-draft layers; 0 = the CPU path's default for the model
   std::optional<PrunedVocabSpec> vocab;  // --draft-vocab dynamic / hybrid / freq; none: the full head
@@ -40,6 +41,10 @@ struct CudaGeneratorOptions {
 // Why the device cannot speculate with these settings, naming what it supports; "" when it can
 // (or when speculation is off). Reads no file.
 std::string cuda_spec_unsupported(const SpecConfig& spec);
+
+// Why the device cannot sample speculatively with these settings ("" when it can, or when
+// speculation is off): speculative sampling there drafts chains (--tree-topk 1); a tree is greedy.
+std::string cuda_spec_sampling_unsupported(const SpecConfig& spec);
 
 // Fills o's speculative fields from the settings the CLI and the server parse: the chain or tree
 // shape, the draft model, the EAGLE-3 head (its file read and checked against the target's shapes
@@ -67,9 +72,10 @@ class CudaGenerator {
 
   // Generation after `prompt`, greedy or sampled by params.sampling (params.max_new_tokens at
   // most options.n_predict; Error when cuda_params_unsupported); on_text takes the text as it
-  // becomes final, every few device steps. A speculative generator drafts greedy generations only:
-  // a sampled one must ask for Drafting::Plain (Error otherwise; the device has no speculative
-  // sampling, and plain sampling draws from the same distribution).
+  // becomes final, every few device steps. A speculative generator with a chain samples
+  // speculatively (the CPU decoder's tokens for a seed, from equal logits); one with a tree drafts
+  // greedy generations only, so a sampled one must ask for Drafting::Plain (Error otherwise; plain
+  // sampling draws from the same distribution).
   // prefill_seconds: up to the first token; decode_seconds: from it to the last. One generation
   // at a time: the device holds one sequence's cache.
   SpecResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params, const TextCallback& on_text,

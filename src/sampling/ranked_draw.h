@@ -38,40 +38,77 @@ MS_HOST_DEVICE inline int32_t ranked_top_p(int32_t n, const LogitOf& logit_of, f
   return n;
 }
 
-// Ranked entries: logit_of(i) for i in [0, n), best first (ties: lower token id first), every
-// one finite or +inf (no NaN, no -inf), n >= 1. temperature > 0 with 1 / temperature finite; top_p
-// >= 1 is off. bits: one 64-bit draw of the sampler's RNG. Returns the rank drawn, in [0, n).
+// A sampler's settings past top-k, as plain data a device kernel reads (SamplingParams's
+// temperature and top_p).
+struct DrawSettings {
+  float temperature = 1.0f;  // > 0 with 1 / temperature finite
+  float top_p = 1.0f;        // >= 1: off
+};
+
+// Steps 1 and 2 over ranked entries (as draw_ranked's below): `kept`, the entries top-p keeps, and
+// prob(i) for i < kept, the probability Sampler::distribution() gives the entry (0 where it drops
+// one out). Each prob(i) recomputes its weight, so nothing is stored (n may exceed 64 on the CPU).
 template <class LogitOf>
-MS_HOST_DEVICE inline int32_t draw_ranked(int32_t n, const LogitOf& logit_of, float temperature, float top_p,
-                                          uint64_t bits) {
-  const float mx = logit_of(0);
-  const bool inf_max = mx == INFINITY;  // +inf tokens hold all the mass
-  // 1. top-p at temperature 1.
-  const int32_t kept = ranked_top_p(n, logit_of, top_p);
-  // 2. Weights at the temperature (the best token's is 1, so the total is positive), normalised.
-  const float inv_t = 1.0f / temperature;
-  auto weight_t = [&](int32_t i) -> float {
+struct RankedProbs {
+  MS_HOST_DEVICE RankedProbs(int32_t n, const LogitOf& logit_of_, DrawSettings settings)
+      : logit_of(logit_of_), mx(logit_of_(0)), inf_max(mx == INFINITY), inv_t(1.0f / settings.temperature) {
+    kept = ranked_top_p(n, logit_of, settings.top_p);
+    // The best token's weight is 1, so the total is positive.
+    double total = 0.0;
+    for (int32_t i = 0; i < kept; ++i) total += weight(i);
+    inv_total = 1.0 / total;
+  }
+  // The weight at the temperature; +inf tokens hold all the mass.
+  MS_HOST_DEVICE float weight(int32_t i) const {
     const float l = logit_of(i);
     return inf_max ? (l == INFINITY ? 1.0f : 0.0f) : expf((l - mx) * inv_t);
-  };
-  double total = 0.0;
-  for (int32_t i = 0; i < kept; ++i) total += weight_t(i);
-  const double inv_total = 1.0 / total;
-  auto prob = [&](int32_t i) { return static_cast<float>(static_cast<double>(weight_t(i)) * inv_total); };
-  // 3. The draw over the probabilities.
+  }
+  MS_HOST_DEVICE float prob(int32_t i) const {
+    return static_cast<float>(static_cast<double>(weight(i)) * inv_total);
+  }
+
+  const LogitOf& logit_of;
+  float mx;
+  bool inf_max;
+  float inv_t;
+  int32_t kept = 0;
+  double inv_total = 0.0;
+};
+
+// Sampler::sample_from over prob_of(i), i in [0, n): u = (bits >> 11) * 2^-53 * (the sum of the
+// positive probabilities, in double) picks the first entry whose cumulative probability exceeds u
+// (the last positive one if rounding leaves u at the very top; 0 if none is positive).
+template <class ProbOf>
+MS_HOST_DEVICE inline int32_t draw_from(int32_t n, const ProbOf& prob_of, uint64_t bits) {
   double mass = 0.0;
-  for (int32_t i = 0; i < kept; ++i) mass += prob(i);
+  for (int32_t i = 0; i < n; ++i) {
+    const float p = prob_of(i);
+    if (p > 0.0f) mass += p;
+  }
   const double u = static_cast<double>(bits >> 11) * 0x1.0p-53 * mass;
   double cum = 0.0;
   int32_t last = 0;
-  for (int32_t i = 0; i < kept; ++i) {
-    const float p = prob(i);
+  for (int32_t i = 0; i < n; ++i) {
+    const float p = prob_of(i);
     if (!(p > 0.0f)) continue;
     cum += p;
     last = i;
     if (u < cum) return i;
   }
   return last;
+}
+
+// Sampler::uniform: 24 random bits as a float in [0, 1).
+MS_HOST_DEVICE inline float uniform_of(uint64_t bits) { return static_cast<float>(bits >> 40) * 0x1.0p-24f; }
+
+// Ranked entries: logit_of(i) for i in [0, n), best first (ties: lower token id first), every
+// one finite or +inf (no NaN, no -inf), n >= 1. settings: temperature > 0 with 1 / temperature
+// finite; top_p >= 1 is off. bits: one 64-bit draw of the sampler's RNG. Returns the rank drawn,
+// in [0, n).
+template <class LogitOf>
+MS_HOST_DEVICE inline int32_t draw_ranked(int32_t n, const LogitOf& logit_of, DrawSettings settings, uint64_t bits) {
+  const RankedProbs<LogitOf> probs(n, logit_of, settings);
+  return draw_from(probs.kept, [&](int32_t i) { return probs.prob(i); }, bits);
 }
 
 }  // namespace microspec

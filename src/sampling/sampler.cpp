@@ -211,7 +211,7 @@ int32_t Sampler::sample(const float* logits) {
   if (top_k_ > 0) {  // the k best ranked: the draw the CUDA backend runs too (ranked_draw.h)
     const int64_t n = select_candidates(logits, n_vocab_);
     const int32_t rank = draw_ranked(
-        static_cast<int32_t>(n), [&](int32_t i) { return cand_[i].logit; }, params_.temperature, params_.top_p, rng_());
+        static_cast<int32_t>(n), [&](int32_t i) { return cand_[i].logit; }, DrawSettings{params_.temperature, params_.top_p}, rng_());
     return cand_[rank].id;
   }
   distribution(logits, scratch_);

@@ -33,6 +33,10 @@ struct SamplingParams {
   bool greedy() const { return !(1.0f / temperature < std::numeric_limits<float>::infinity()); }
 };
 
+// The seed of a speculative decoder's draft sampler (its own RNG, derived from the request's seed):
+// the CPU decoder's and the device's, so both draw the same drafts.
+inline uint64_t draft_sampler_seed(uint64_t seed) { return seed ^ 0x9e3779b97f4a7c15ull; }
+
 // Softmax sampler over a fixed vocabulary size. All buffers are allocated in the constructor;
 // sample() allocates nothing. Not thread-safe: one Sampler per sequence.
 class Sampler {

@@ -91,7 +91,9 @@ struct ChainState {
   int32_t* positions = nullptr;    // [depth + 1] n_past + i
   int32_t* parents = nullptr;      // [depth + 1] i - 1 (pending index of the parent)
   int32_t* output_rows = nullptr;  // [depth + 1] i (every row is verified)
-  const int32_t* pred = nullptr;   // [depth + 1] the target's argmax per batch row
+  // [depth + 1] the token that follows each batch row: the target's argmax (chain_accept reads it),
+  // or the accepted drafts and the drawn token chain_sample_accept writes (chain_sampling.h).
+  int32_t* pred = nullptr;
   // The draft vocabulary's rows in use while the chain was drafted; null for the full head. When
   // it is 0 the drafts are placeholders (the draft head had nothing to choose from).
   const int32_t* draft_rows = nullptr;
@@ -149,14 +151,12 @@ MS_HOST_DEVICE inline void chain_begin(const ChainState& s) {
   *s.steps = 0;
 }
 
-// After the verification of the batch: accepts, emits, commits and lays out the next batch (see
-// the top of this file). Returns a, the drafts accepted. out_ids must have room for depth + 1
-// more entries and the context for the next batch: the caller sizes the steps it runs.
-MS_HOST_DEVICE inline int32_t chain_accept(const ChainState& s) {
-  const bool real_drafts = s.draft_rows == nullptr || *s.draft_rows > 0;
-  const int32_t n_drafts = real_drafts ? s.depth : 0;
-  int32_t a = 0;
-  while (a < n_drafts && s.tokens[1 + a] == s.pred[a]) ++a;
+// Emits and commits a step that accepted a of n_drafts drafts (the drafts real: n_drafts = depth;
+// placeholders: 0), with pred[0..a] the tokens that follow batch rows 0..a (pred[i] = draft i for
+// i < a, pred[a] the target's own token): emits drafts 0..a-1 and pred[a], commits the batch's
+// first a + 1 slots, lays out the next batch and records the vocabulary's update (see the top of
+// this file). Returns a.
+MS_HOST_DEVICE inline int32_t chain_commit(const ChainState& s, int32_t a, int32_t n_drafts) {
   int32_t count = *s.counter;
   for (int32_t i = 0; i < a; ++i) s.out_ids[count++] = s.tokens[1 + i];
   s.out_ids[count++] = s.pred[a];
@@ -178,6 +178,20 @@ MS_HOST_DEVICE inline int32_t chain_accept(const ChainState& s) {
   s.step_counts[*s.steps] = count;
   *s.steps += 1;
   return a;
+}
+
+// Whether the chain's drafts are real: not placeholders from a draft vocabulary with no rows.
+MS_HOST_DEVICE inline bool chain_drafts_real(const ChainState& s) { return s.draft_rows == nullptr || *s.draft_rows > 0; }
+
+// After the verification of the batch: accepts the longest prefix of drafts equal to the target's
+// argmax, then emits, commits and lays out the next batch (chain_commit). Returns a, the drafts
+// accepted. out_ids must have room for depth + 1 more entries and the context for the next batch:
+// the caller sizes the steps it runs.
+MS_HOST_DEVICE inline int32_t chain_accept(const ChainState& s) {
+  const int32_t n_drafts = chain_drafts_real(s) ? s.depth : 0;
+  int32_t a = 0;
+  while (a < n_drafts && s.tokens[1 + a] == s.pred[a]) ++a;
+  return chain_commit(s, a, n_drafts);
 }
 
 // The counts of the steps that emitted the first n_kept tokens of out_ids (the prompt's argmax

@@ -19,7 +19,7 @@ double since(Clock::time_point t) {
 Decoder::Sampling::Sampling(const SamplingParams& params, int32_t n_vocab) : target(params, n_vocab) {
   if (!(params.temperature > 0.0f)) return;
   SamplingParams dp = params;
-  dp.seed = params.seed ^ 0x9e3779b97f4a7c15ull;
+  dp.seed = draft_sampler_seed(params.seed);
   draft.emplace(dp, n_vocab);
   draft_state.sampler = &*draft;
 }

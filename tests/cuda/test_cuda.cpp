@@ -32,6 +32,7 @@
 #include "tokenizer/tokenizer.h"
 #include "../test_helpers.h"
 #include "../tiny_head.h"
+#include "../resident_sampling.h"
 #include "../resident_step.h"
 #include "../tiny_model.h"
 #include "util/error.h"
@@ -348,7 +349,7 @@ TEST(CudaKernels, DrawTopKMatchesTheCpuSampler) {
   DeviceBuffer<int32_t> ids(64), out(1), draw(1);
   DeviceBuffer<float> vals(64);
   DeviceBuffer<uint64_t> dbits(static_cast<size_t>(rows));
-  DeviceBuffer<cuda::SampleSettings> settings(1);
+  DeviceBuffer<DrawSettings> settings(1);
   int32_t total = 0, edge = 0;
   for (int32_t k : {1, 7, 40, 64}) {
     for (float top_p : {1.0f, 0.9f, 0.3f}) {
@@ -359,7 +360,7 @@ TEST(CudaKernels, DrawTopKMatchesTheCpuSampler) {
         std::vector<uint64_t> bits(static_cast<size_t>(rows));
         for (uint64_t& b : bits) b = rng();
         MS_CUDA(cudaMemcpy(dbits.ptr, bits.data(), bits.size() * sizeof(uint64_t), cudaMemcpyHostToDevice));
-        const cuda::SampleSettings st{.temperature = temperature, .top_p = top_p};
+        const DrawSettings st{.temperature = temperature, .top_p = top_p};
         MS_CUDA(cudaMemcpy(settings.ptr, &st, sizeof st, cudaMemcpyHostToDevice));
         std::vector<std::pair<int32_t, float>> dist;
         for (int32_t r = 0; r < rows; ++r, ++total) {
@@ -889,6 +890,105 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       o.n_predict = 100;
       EXPECT_EQ(m.gpu->generate_speculative(long_prompt, o, nullptr), plain_end);
     }
+}
+
+// Speculative sampling on the device (a chain: speculative/chain_sampling.h). On float-weight
+// models (F32: the device's logits are the CPU's up to float summation order, so a draw lands on
+// the other side of an edge of its distribution about once in a million) the device emits the
+// host-driven resident step's tokens (run_resident_sampled, which tests/test_spec_chain_sampling.cpp
+// proves equal to the CPU Decoder's for a seed) for the self-draft with the full vocabulary (a
+// chain of 4; a chain of 3 cut from a tree of depth 4, whose draft draws past the chain are
+// skipped), with MicroSpec's (prompt and steps; steps only, whose first chain is placeholders) and
+// for a draft model, graphs on and off, with the same counts. On every model case the target
+// drafting for itself (every layer) has every draft accepted (q == p bit for bit: batch
+// invariance), two seeds give two texts, and greedy decoding after sampling is greedy again.
+TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
+  REQUIRE_GPU();
+  using Source = CandidateStreamParams::Source;
+  using Rows = CandidateStreamParams::KverRows;
+  struct Variant {
+    const char* name;
+    TreeParams tree;  // the CPU decoder's chain: top-k 1
+    int32_t draft_layers;
+    std::optional<PrunedVocabSpec> vocab;
+    bool draft_model = false;
+  };
+  const Variant variants[] = {
+      {"full, chain of 4", {3, 1, 4, 0}, 2, std::nullopt},
+      {"full, chain of 3 from a tree of depth 4", {4, 1, 3, 0}, 2, std::nullopt},
+      {"dynamic W 64", {3, 1, 4, 0}, 2, test::window_spec(64, Source::Both, Rows::Accepted)},
+      {"dynamic ext W 64", {3, 1, 4, 0}, 2, test::window_spec(64, Source::Ext, Rows::Accepted)},
+      {"draft model, full", {3, 1, 4, 0}, 0, std::nullopt, true}};
+  struct Launch {
+    cuda::Graphs graphs;
+    int32_t sync_every;
+    const char* name;
+  };
+  const Launch launches[] = {{cuda::Graphs::On, 4, "graph, sync every 4"}, {cuda::Graphs::Off, 1, "kernels, sync every step"}};
+  const SamplingParams sp{.temperature = 0.9f, .top_k = 20, .top_p = 0.95f, .seed = 4};
+  const int32_t n_predict = 40;
+  for (const char* arch : {"llama", "gemma3"}) {
+    TinyPair m(device_spec(arch, GgmlType::F32));
+    TinyPair draft(device_spec(arch, GgmlType::F16));
+    const std::vector<int32_t> prompt = random_tokens(7, m.cpu->config().n_vocab, 5);
+    for (const Variant& v : variants) {
+      int32_t accepted = 0;
+      const std::vector<int32_t> want = test::run_resident_sampled(
+          *m.cpu, prompt, n_predict, v.tree, v.draft_layers, v.vocab, v.draft_model ? draft.cpu.get() : nullptr, sp, &accepted);
+      for (const Launch& l : launches) {
+        SCOPED_TRACE(std::string(arch) + ", " + v.name + ", " + l.name);
+        cuda::SpecChainOptions o;
+        o.n_predict = n_predict;
+        o.depth = std::min(v.tree.depth + 1, v.tree.total_tokens);
+        o.draft_draws = v.tree.depth + 1;
+        o.draft_layers = v.draft_layers > 0 ? v.draft_layers : 1;
+        o.vocab = v.vocab;
+        o.draft_model = v.draft_model ? draft.gpu.get() : nullptr;
+        o.sampling = sp;
+        o.graphs = l.graphs;
+        o.sync_every = l.sync_every;
+        cuda::SpecChainStats st;
+        EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &st), want);
+        EXPECT_EQ(st.accepted_drafts, accepted);
+      }
+    }
+  }
+  for (const Case& c : kModelCases) {
+    SCOPED_TRACE(c.arch + " " + type_name(uint32_t(c.type)));
+    TinyPair m(device_spec(c.arch, c.type));
+    const std::vector<int32_t> prompt = random_tokens(7, m.cpu->config().n_vocab, 6);
+    cuda::PlainOptions g;
+    g.n_predict = n_predict;
+    const std::vector<int32_t> plain = m.gpu->generate_plain(prompt, g);
+    for (const std::optional<PrunedVocabSpec>& vocab :
+         {std::optional<PrunedVocabSpec>(), test::window_spec(64, Source::Both, Rows::Accepted)}) {
+      SCOPED_TRACE(vocab ? "dynamic W 64" : "full");
+      std::vector<std::vector<int32_t>> texts;
+      for (uint64_t seed : {1u, 2u}) {
+        cuda::SpecChainOptions o;
+        o.n_predict = n_predict;
+        o.depth = 4;
+        o.draft_layers = 3;  // every layer: the drafts' q is the verification's p
+        o.vocab = vocab;
+        o.sampling = SamplingParams{.temperature = 1.1f, .top_k = 40, .top_p = 1.0f, .seed = seed};
+        cuda::SpecChainStats st;
+        texts.push_back(m.gpu->generate_speculative(prompt, o, &st));
+        EXPECT_EQ(texts.back().size(), size_t(n_predict));
+        // A draft vocabulary's row holds fewer tokens than the full head's, so q differs from p there.
+        if (!vocab) EXPECT_EQ(st.accepted_drafts, 4 * st.steps) << "seed " << seed << ": q == p, every draft accepted";
+        EXPECT_GT(st.accepted_drafts, 0) << "seed " << seed;
+      }
+      EXPECT_NE(texts[0], texts[1]) << "two seeds, one text";
+      cuda::SpecChainOptions greedy;
+      greedy.n_predict = n_predict;
+      greedy.vocab = vocab;
+      EXPECT_EQ(m.gpu->generate_speculative(prompt, greedy), plain) << "greedy after sampling";
+    }
+    cuda::SpecChainOptions tree;
+    tree.tree = TreeShape{2, 2, 5};
+    tree.sampling = SamplingParams{.temperature = 1.0f, .top_k = 8, .seed = 1};
+    EXPECT_THROW(m.gpu->generate_speculative(prompt, tree), Error) << "a sampled tree";
+  }
 }
 
 // Greedy decoding of the CPU's tokens on a real file (SmolLM2: Q4_1 and Q8_0 weights), compared as

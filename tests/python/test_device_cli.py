@@ -42,6 +42,10 @@ def generate(*args):
     # sampling: the CPU sampler's draw from the top-k best (the defaults: top-k 40, top-p 0.95)
     ["--temp", "0.7", "--seed", "3"],
     ["--temp", "1.2", "--top-k", "64", "--top-p", "1", "--seed", "1"],
+    # speculative sampling on a chain: the self-draft with MicroSpec's window, a draft model, the head
+    ["--temp", "0.7", "--seed", "3", "--spec", "self", "--tree-topk", "1"],
+    ["--temp", "0.9", "--spec", "draft", "--draft-model", SMOL, "--tree-topk", "1", "--draft-vocab", "full"],
+    ["--temp", "0.9", "--top-k", "8", "--spec", "head", "--tree-topk", "1"],
 ])
 def test_accepted_settings_reach_the_device(args):
     p = generate(*args)
@@ -74,7 +78,8 @@ def test_a_prompts_file_reaches_the_device(tmp_path):
     (["--spec", "self", "--tree-topk", "1", "--draft-p-min", "20"], "--draft-p-min 0"),
     (["--temp", "0.7", "--top-k", "0"], "top_k must be in 1..64"),
     (["--temp", "0.7", "--top-k", "100"], "top_k must be in 1..64"),
-    (["--temp", "0.7", "--spec", "self", "--tree-topk", "1"], "greedy decoding only"),
+    (["--temp", "0.7", "--spec", "self", "--tree-topk", "2"], "samples speculatively with a chain (--tree-topk 1)"),
+    (["--temp", "0.7", "--top-k", "0", "--spec", "self", "--tree-topk", "1"], "top_k must be in 1..64"),
 ])
 def test_refused_settings_name_what_the_device_supports(args, says):
     p = generate(*args)
@@ -104,9 +109,10 @@ def serve(*args):
 def test_serve_reaches_the_device(args):
     """Started on a GPU machine: a greedy completion is `generate --device cuda`'s text (speculative or
     not, streamed or not: the device's greedy tokens, which equal the CPU's up to near ties); a sampled
-    one is its sample with the same seed (without speculation, said in the usage's note) and a top_k
-    the device cannot sample from gets 400 naming it; SIGTERM ends it with 0. Elsewhere the server
-    ends at start with the reason it has no device."""
+    one is generate's sample with the same seed and settings (speculative sampling with a chain; with a
+    tree, plain sampling, said in the usage's note) and a top_k the device cannot sample from gets 400
+    naming it; SIGTERM ends it with 0. Elsewhere the server ends at start with the reason it has no
+    device."""
     try:
         server = ServerProcess(SMOL, "--device", "cuda", *args, startup_timeout=300)
     except RuntimeError as e:
@@ -130,9 +136,10 @@ def test_serve_reaches_the_device(args):
         sampled = {"prompt": prompt, "max_tokens": n, "temperature": 0.8, "seed": 5}
         status, _, body = http(server, "POST", "/v1/completions", sampled, timeout=300)
         assert status == 200, body
-        p = generate_text("-p", prompt, "-n", n, "--temp", "0.8", "--seed", "5")
+        tree = "2" in args
+        p = generate_text("-p", prompt, "-n", n, "--temp", "0.8", "--seed", "5", *([] if tree else args))
         assert body["choices"][0]["text"] == p, (body, p)
-        assert ("note" in body["usage"]["microspec"]) == bool(args), body["usage"]
+        assert ("note" in body["usage"]["microspec"]) == tree, body["usage"]
         status, _, body = http(server, "POST", "/v1/completions", {**sampled, "top_k": 0})
         assert status == 400 and body["error"]["param"] == "top_k", body
     finally:
