@@ -901,7 +901,8 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
 // skipped), with MicroSpec's (prompt and steps; steps only, whose first chain is placeholders) and
 // for a draft model, graphs on and off, with the same counts. On every model case the target
 // drafting for itself (every layer) has every draft accepted (q == p bit for bit: batch
-// invariance), two seeds give two texts, and greedy decoding after sampling is greedy again.
+// invariance), two seeds give two texts, greedy decoding after sampling is greedy again, and an
+// EAGLE-3 head's sampled chain runs to the end (checked no further: no host-driven oracle yet).
 TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
   REQUIRE_GPU();
   using Source = CandidateStreamParams::Source;
@@ -927,6 +928,7 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
   const Launch launches[] = {{cuda::Graphs::On, 4, "graph, sync every 4"}, {cuda::Graphs::Off, 1, "kernels, sync every step"}};
   const SamplingParams sp{.temperature = 0.9f, .top_k = 20, .top_p = 0.95f, .seed = 4};
   const int32_t n_predict = 40;
+  const TinyHeadFile head_file;
   for (const char* arch : {"llama", "gemma3"}) {
     TinyPair m(device_spec(arch, GgmlType::F32));
     TinyPair draft(device_spec(arch, GgmlType::F16));
@@ -984,6 +986,19 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
       greedy.vocab = vocab;
       EXPECT_EQ(m.gpu->generate_speculative(prompt, greedy), plain) << "greedy after sampling";
     }
+    // An EAGLE-3 head drafts sampled chains too (its catch-up reads the accepted drafts and the
+    // drawn token that chain_sample_accept leaves in pred): a full text of in-range tokens.
+    const std::unique_ptr<cuda::DeviceEagleHead> head = head_file.on_device(m);
+    cuda::SpecChainOptions with_head;
+    with_head.n_predict = n_predict;
+    with_head.depth = 3;
+    with_head.draft_head = head.get();
+    with_head.sampling = SamplingParams{.temperature = 0.8f, .top_k = 16, .seed = 3};
+    cuda::SpecChainStats head_stats;
+    const std::vector<int32_t> head_text = m.gpu->generate_speculative(prompt, with_head, &head_stats);
+    EXPECT_EQ(head_text.size(), size_t(n_predict));
+    for (int32_t t : head_text) EXPECT_TRUE(t >= 0 && t < m.cpu->config().n_vocab) << t;
+    EXPECT_GT(head_stats.steps, 0);
     cuda::SpecChainOptions tree;
     tree.tree = TreeShape{2, 2, 5};
     tree.sampling = SamplingParams{.temperature = 1.0f, .top_k = 8, .seed = 1};
