@@ -48,33 +48,6 @@ inline std::vector<uint64_t> bits_of(uint64_t seed, size_t n) {
   return out;
 }
 
-// A chain step's arrays (chain_state.h) in host memory, for chain_commit.
-struct ChainArrays {
-  std::vector<int32_t> tokens, positions, parents, output_rows, pred, out_ids, step_counts;
-  int32_t n_past = 0, counter = 0, steps = 0;
-  VocabUpdate update;
-  ChainState state(int32_t depth, int32_t capacity) {
-    tokens.assign(size_t(depth + 1), 0);
-    positions = parents = output_rows = pred = tokens;
-    out_ids.assign(size_t(capacity), -2);
-    step_counts.assign(size_t(capacity), 0);
-    ChainState s;
-    s.tokens = tokens.data();
-    s.positions = positions.data();
-    s.parents = parents.data();
-    s.output_rows = output_rows.data();
-    s.pred = pred.data();
-    s.n_past = &n_past;
-    s.out_ids = out_ids.data();
-    s.counter = &counter;
-    s.update = &update;
-    s.steps = &steps;
-    s.step_counts = step_counts.data();
-    s.depth = depth;
-    return s;
-  }
-};
-
 // The resident sampled step on the host with CPU models doing the forwards: the self-draft (the
 // target's first draft_layers layers) or a draft model, the full head or a pruned vocabulary as the
 // device keeps it; each draft row and verification row ranked as top_k_rows ranks it, chain_draw

@@ -56,6 +56,34 @@ inline std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t
   return ids;
 }
 
+// A chain step's arrays (chain_state.h) in host memory, as the device keeps them; state() sizes
+// them (capacity: emitted tokens) and points a ChainState at them (the drafter's arrays unset).
+struct ChainArrays {
+  std::vector<int32_t> tokens, positions, parents, output_rows, pred, out_ids, step_counts;
+  int32_t n_past = 0, counter = 0, steps = 0;
+  VocabUpdate update;
+  ChainState state(int32_t depth, int32_t capacity) {
+    tokens.assign(size_t(depth + 1), 0);
+    positions = parents = output_rows = pred = tokens;
+    out_ids.assign(size_t(capacity), -2);
+    step_counts.assign(size_t(capacity), 0);
+    ChainState s;
+    s.tokens = tokens.data();
+    s.positions = positions.data();
+    s.parents = parents.data();
+    s.output_rows = output_rows.data();
+    s.pred = pred.data();
+    s.n_past = &n_past;
+    s.out_ids = out_ids.data();
+    s.counter = &counter;
+    s.update = &update;
+    s.steps = &steps;
+    s.step_counts = step_counts.data();
+    s.depth = depth;
+    return s;
+  }
+};
+
 // A separate draft model's side of a resident chain step on the host (speculative/chain_state.h):
 // its cache holds the prompt but its last token, which starts its first batch; draft d's forward
 // runs [the last committed token, tokens[0]] at d = 0, then tokens[d] in its pending slot d + 1.

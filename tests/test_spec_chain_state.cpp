@@ -64,10 +64,12 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   if (draft_model) dm.emplace(*draft_model, prompt, depth);
 
   // The device's arrays.
-  std::vector<int32_t> tokens(depth + 1), positions(depth + 1), parents(depth + 1), output_rows(depth + 1),
-      pred(depth + 1), out_ids(size_t(n_predict) + depth + 1);
-  int32_t n_past = 0, counter = 0, steps = 0;
-  VocabUpdate update;
+  test::ChainArrays arrays;
+  ChainState cs = arrays.state(depth, n_predict + depth + 1);
+  std::vector<int32_t>&tokens = arrays.tokens, &positions = arrays.positions, &parents = arrays.parents,
+                      &output_rows = arrays.output_rows, &pred = arrays.pred, &out_ids = arrays.out_ids;
+  int32_t &n_past = arrays.n_past, &counter = arrays.counter, &steps = arrays.steps;
+  VocabUpdate& update = arrays.update;
   std::vector<float> verify_logits;  // [depth + 1][V] of the last verification
 
   // The vocabulary as the device keeps it, beside the host-driven stream (made after the prefill).
@@ -129,26 +131,13 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
     pred.assign(size_t(depth + 1), 0);
     pred[0] = tokens[0];
   }
-  ChainState cs;
-  cs.tokens = tokens.data();
-  cs.positions = positions.data();
-  cs.parents = parents.data();
-  cs.output_rows = output_rows.data();
-  cs.pred = pred.data();
   cs.draft_rows = dv ? dv->rows_counter() : nullptr;
-  cs.n_past = &n_past;
-  cs.out_ids = out_ids.data();
-  cs.counter = &counter;
-  cs.update = &update;
-  cs.steps = &steps;
   if (dm) cs.draft = dm->batch();
   if (head)
     cs.head = HeadBatch{catch_positions.data(), catch_parents.data(), head_draft_positions.data(),
                         head_draft_parents.data(), &root_row, &head_n_past, head_slot_parents.data()};
-  cs.depth = depth;
   cs.kver_last_only = dv && dv->kver_last_only();
-  std::vector<int32_t> step_counts(out_ids.size());
-  cs.step_counts = step_counts.data();
+  const std::vector<int32_t>& step_counts = arrays.step_counts;
   chain_begin(cs);
   // The head's draft: the best of its row's logits over the draft vocabulary (the target's LM head).
   auto head_pick = [&](const float* normed_row) {

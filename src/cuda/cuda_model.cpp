@@ -940,7 +940,9 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     tree_.reset();
     tree_ = std::make_unique<DeviceTree>(*o.tree, stream_);
   }
-  out = speculate_resident(o, vocab, on_token, st);
+  const ChainStep step{o.depth, o.draft_layers, vocab, o.draft_model, o.draft_head, o.tree,
+                       sampled ? o.sampling.top_k : 0, sampled ? draft_draws : 0};
+  out = speculate_resident(o, step, on_token, st);
   if (o.draft_model) {
     // The device moved the drafter's cache (chain_accept): its host mirror follows.
     MS_CUDA(cudaMemcpyAsync(&drafter.n_past_, drafter.kv_.n_past, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
@@ -950,17 +952,10 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   return out;
 }
 
-std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, DeviceDraftVocab* vocab,
+std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, const ChainStep& step,
                                                    const TokenHandler& on_token, SpecChainStats& st) {
-  const bool sampled = !o.sampling.greedy();
-  const ChainStep step{o.depth,
-                       o.draft_layers,
-                       vocab,
-                       o.draft_model,
-                       o.draft_head,
-                       o.tree,
-                       sampled ? o.sampling.top_k : 0,
-                       sampled ? (o.draft_draws > 0 ? o.draft_draws : o.depth) : 0};
+  DeviceDraftVocab* vocab = step.vocab;
+  const bool sampled = step.sample_k > 0;
   // The most tokens a step emits, and the pending cache slots its batches take.
   const int32_t per_step = o.tree ? o.tree->max_emitted() : o.depth + 1;
   const int32_t step_slots = o.tree ? o.tree->pending_slots() : o.depth + 1;

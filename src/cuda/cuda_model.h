@@ -298,7 +298,8 @@ class CudaModel {
   // `limit` tokens, a stop id or the end of the context; ids holds every token emitted so far.
   void decode_until(int32_t limit, const std::vector<int32_t>& stop_ids, Graphs graphs, int32_t sync_every,
                     const TokenPick& pick, const TokenHandler& on_token, std::vector<int32_t>& ids);
-  std::vector<int32_t> speculate_resident(const SpecChainOptions& o, DeviceDraftVocab* vocab, const TokenHandler& on_token,
+  // The resident steps of generate_speculative (step: what each one runs, made from o).
+  std::vector<int32_t> speculate_resident(const SpecChainOptions& o, const ChainStep& step, const TokenHandler& on_token,
                                           SpecChainStats& st);
 
   ModelConfig config_;

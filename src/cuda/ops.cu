@@ -1180,8 +1180,7 @@ __global__ void k_top_k_rows(const float* x, int64_t ld, int64_t n, RowRange row
 // entries end at the first id -1 (past the non-NaN values) or -inf value (never sampled).
 __global__ void k_draw_top_k(const int32_t* ids, const float* values, int32_t k, const DrawSettings* settings,
                              const uint64_t* bits, const int32_t* draw, int32_t* out) {
-  int32_t n = 0;
-  while (n < k && ids[n] >= 0 && values[n] > -INFINITY) ++n;
+  const int32_t n = ranked_count(ids, values, k);
   if (n == 0) {
     *out = -1;
     return;

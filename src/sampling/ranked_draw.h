@@ -98,6 +98,15 @@ MS_HOST_DEVICE inline int32_t draw_from(int32_t n, const ProbOf& prob_of, uint64
   return last;
 }
 
+// The samplable entries of a ranked row as the device's top_k_rows leaves it (ids[k], values[k]:
+// best first, then id -1 past the non-NaN values; -inf is never sampled): up to the first id -1 or
+// -inf value.
+MS_HOST_DEVICE inline int32_t ranked_count(const int32_t* ids, const float* values, int32_t k) {
+  int32_t n = 0;
+  while (n < k && ids[n] >= 0 && values[n] > -INFINITY) ++n;
+  return n;
+}
+
 // Sampler::uniform: 24 random bits as a float in [0, 1).
 MS_HOST_DEVICE inline float uniform_of(uint64_t bits) { return static_cast<float>(bits >> 40) * 0x1.0p-24f; }
 

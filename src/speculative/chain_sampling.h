@@ -46,13 +46,6 @@ struct ChainSampling {
   int32_t* target_drawn = nullptr;         // [1] of them consumed (1 after the first token's draw)
 };
 
-// The samplable entries of a ranked row: up to the first id -1 or -inf value.
-MS_HOST_DEVICE inline int32_t ranked_count(const int32_t* ids, const float* values, int32_t k) {
-  int32_t n = 0;
-  while (n < k && ids[n] >= 0 && values[n] > -INFINITY) ++n;
-  return n;
-}
-
 // One ranked row's sampling distribution, kept: probs[i] for ids[i], i < n (0 past top-p's cut).
 struct RankedRowProbs {
   const int32_t* ids = nullptr;
@@ -115,11 +108,15 @@ MS_HOST_DEVICE inline int32_t chain_sample_accept(const ChainState& s, const Cha
       }
       // Rejected: p <- norm(max(0, p - q)), on p's support; a residual of 0 (p == q, a rejection
       // only rounding allows) keeps p.
+      float rest[64];  // max(0, p - q) per entry of p
       double residual = 0.0;
-      for (int32_t i = 0; i < p.n; ++i) residual += fmaxf(0.0f, p.probs[i] - q.of(p.ids[i]));
+      for (int32_t i = 0; i < p.n; ++i) {
+        rest[i] = fmaxf(0.0f, p.probs[i] - q.of(p.ids[i]));
+        residual += rest[i];
+      }
       if (residual > 0.0) {
         const double inv = 1.0 / residual;
-        for (int32_t i = 0; i < p.n; ++i) p.probs[i] = static_cast<float>(fmaxf(0.0f, p.probs[i] - q.of(p.ids[i])) * inv);
+        for (int32_t i = 0; i < p.n; ++i) p.probs[i] = static_cast<float>(rest[i] * inv);
       }
     }
     // The emitted token: a draw from p (the residual after a rejection).
