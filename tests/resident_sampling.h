@@ -12,6 +12,7 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "model/model.h"
@@ -49,14 +50,15 @@ inline std::vector<uint64_t> bits_of(uint64_t seed, size_t n) {
 }
 
 // The resident sampled step on the host with CPU models doing the forwards: the self-draft (the
-// target's first draft_layers layers) or a draft model, the full head or a pruned vocabulary as the
-// device keeps it; each draft row and verification row ranked as top_k_rows ranks it, chain_draw
+// target's first draft_layers layers), a draft model or an EAGLE-3 head (head_path: its file; its
+// rows scored by the target's LM head), the full head or a pruned vocabulary as the device keeps it; each draft row and verification row ranked as top_k_rows ranks it, chain_draw
 // after each draft forward, chain_sample_accept after the verification. tree: the CPU decoder's
 // chain (top-k 1; the device's depth is min(depth + 1, total_tokens)).
 inline std::vector<int32_t> run_resident_sampled(Model& model, const std::vector<int32_t>& prompt, int32_t n_predict,
                                           const TreeParams& tree, int32_t draft_layers,
                                           const std::optional<PrunedVocabSpec>& spec, Model* draft_model,
-                                          const SamplingParams& sp, int32_t* accepted_total) {
+                                          const std::string& head_path, const SamplingParams& sp,
+                                          int32_t* accepted_total) {
   const int32_t V = model.config().n_vocab, n_prompt = int32_t(prompt.size()), k = sp.top_k;
   const int32_t depth = std::min(tree.depth + 1, tree.total_tokens);
   KVCache kv = model.make_cache(512);
@@ -65,6 +67,12 @@ inline std::vector<int32_t> run_resident_sampled(Model& model, const std::vector
   Model& drafter = draft_model ? *draft_model : model;
   std::optional<ResidentDraftModel> dm;
   if (draft_model) dm.emplace(*draft_model, prompt, depth);
+  std::optional<ResidentHead> head;
+  std::span<const int32_t> feature_layers;  // what the forwards capture for the head
+  if (!head_path.empty()) {
+    head.emplace(head_path, model, depth);
+    feature_layers = head->feature_layers();
+  }
 
   ChainArrays arrays;
   ChainState cs = arrays.state(depth, n_predict + depth + 1);
@@ -82,7 +90,7 @@ inline std::vector<int32_t> run_resident_sampled(Model& model, const std::vector
 
   // Prefill: the first token is the target's draw 0 from the prompt's last row.
   b.set_sequence(prompt, 0, true);
-  model.forward(b, kv, out, {.logits = true});
+  model.forward(b, kv, out, {.logits = true, .capture_layers = feature_layers});
   kv.commit_prefix(n_prompt);
   arrays.n_past = n_prompt;
   rank_row(out.logits.data() + size_t(n_prompt - 1) * V, V, k, nullptr, target_ids.data(), target_values.data());
@@ -92,11 +100,16 @@ inline std::vector<int32_t> run_resident_sampled(Model& model, const std::vector
   arrays.out_ids[size_t(arrays.counter++)] = arrays.tokens[0];
   std::unique_ptr<test::ResidentVocab> dv;
   if (spec) dv = std::make_unique<test::ResidentVocab>(V, *spec, prompt, out.logits.data());
+  if (head) {
+    head->begin(prompt, out.layer_inputs.data());
+    arrays.pred[0] = arrays.tokens[0];
+    cs.head = head->batch();
+  }
   cs.draft_rows = dv ? dv->rows_counter() : nullptr;
   cs.kver_last_only = dv && dv->kver_last_only();
   chain_begin(cs);
 
-  std::vector<float> verify_logits, draft_logits;
+  std::vector<float> verify_logits, draft_logits(static_cast<size_t>(V));
   std::vector<int32_t> rows;
   *accepted_total = 0;
   while (arrays.counter < n_predict) {
@@ -106,21 +119,33 @@ inline std::vector<int32_t> run_resident_sampled(Model& model, const std::vector
       for (int32_t r = 0; r < arrays.update.n_rows; ++r) rows.push_back(arrays.update.first_row + r);
       dv->device_step(arrays.tokens.data() + 1, arrays.update.n_tree, verify_logits.data(), rows);
     }
-    // 2. Drafts: each row's k best over the draft head, then the draw.
+    // 2. Drafts: each row's k best over the draft head (the drafter's LM head, the target's for a
+    //    head), then the draw. A head's draft 0 is its catch-up's root row.
     for (int32_t d = 0; d < depth; ++d) {
-      if (dm)
-        dm->forward(d, arrays.tokens, /*logits=*/!dv, b, out);
-      else
-        self_draft_forward(model, kv, d, arrays.tokens.data(), arrays.positions.data(), arrays.parents.data(),
-                           draft_layers, !dv, b, out);
+      const float* hidden = nullptr;      // the row's normed output
+      const float* full_logits = nullptr;  // its logits over the full head
+      if (head) {
+        hidden = d == 0 ? head->catch_up(cs, arrays.pred, b) : head->draft(d, arrays.tokens, b);
+        if (!dv) {
+          model.lm_head(hidden, 1, draft_logits.data());
+          full_logits = draft_logits.data();
+        }
+      } else {
+        if (dm)
+          dm->forward(d, arrays.tokens, /*logits=*/!dv, b, out);
+        else
+          self_draft_forward(model, kv, d, arrays.tokens.data(), arrays.positions.data(), arrays.parents.data(),
+                             draft_layers, !dv, b, out);
+        hidden = out.hidden.data();
+        full_logits = out.logits.data();
+      }
       int32_t* ids = &draft_ids[size_t(d) * k];
       float* values = &draft_values[size_t(d) * k];
       if (!dv) {
-        rank_row(out.logits.data(), V, k, nullptr, ids, values);
+        rank_row(full_logits, V, k, nullptr, ids, values);
       } else {
         const int32_t n = dv->rows();
-        draft_logits.assign(size_t(std::max(n, 1)), 0.0f);
-        if (n > 0) drafter.lm_head_rows(out.hidden.data(), 1, dv->token_of_slot(), n, draft_logits.data());
+        if (n > 0) drafter.lm_head_rows(hidden, 1, dv->token_of_slot(), n, draft_logits.data());
         rank_row(draft_logits.data(), n, k, dv->token_of_slot(), ids, values);
       }
       chain_draw(cs, m, d);
@@ -131,16 +156,18 @@ inline std::vector<int32_t> run_resident_sampled(Model& model, const std::vector
     b.positions = arrays.positions;
     b.parents = arrays.parents;
     b.output_rows = arrays.output_rows;
-    model.forward(b, kv, out, {.logits = true});
+    model.forward(b, kv, out, {.logits = true, .capture_layers = feature_layers});
     for (int32_t i = 0; i <= depth; ++i)
       rank_row(out.logits.data() + size_t(i) * V, V, k, nullptr, &target_ids[size_t(i) * k],
                &target_values[size_t(i) * k]);
     verify_logits = out.logits;
     // 4. Acceptance: the caches keep what chain_sample_accept committed.
     const int32_t before = arrays.n_past, draft_before = dm ? dm->n_past : 0;
-    *accepted_total += chain_sample_accept(cs, m);
+    const int32_t accepted = chain_sample_accept(cs, m);
+    *accepted_total += accepted;
     kv.commit_prefix(arrays.n_past - before);
     if (dm) dm->kv.commit_prefix(dm->n_past - draft_before);
+    if (head) head->accepted(accepted, arrays.n_past, out.layer_inputs);
   }
   return std::vector<int32_t>(arrays.out_ids.begin(), arrays.out_ids.begin() + n_predict);
 }

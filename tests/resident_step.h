@@ -10,10 +10,14 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "draft_head/eagle3_head.h"
+#include "gguf/gguf.h"
 #include "math/select.h"
 #include "model/model.h"
+#include "speculative/chain_state.h"
 #include "vocab/candidate_stream.h"
 #include "vocab/draft_vocab.h"
 #include "vocab/window_state.h"
@@ -138,6 +142,107 @@ inline void self_draft_forward(Model& model, KVCache& kv, int32_t d, const int32
   b.start = d;
   model.forward(b, kv, out, {.logits = logits, .end_layer = draft_layers});
 }
+
+// An EAGLE-3 head's side of a resident chain step on the host (speculative/chain_state.h's
+// HeadBatch): its cache holds the prompt's rows but the last (the features at i with token i + 1);
+// each step's catch-up runs pred[0..depth] with the last verification's features, keeps its first
+// a rows (chain_head_caught_up) and leaves row a, the step's root, as the first pending slot;
+// draft d >= 1 runs tokens[d] in pending slot d, fed the previous row's pre-norm output. Each row's
+// normed output is what the target's LM head scores for the next draft.
+class ResidentHead {
+ public:
+  ResidentHead(const std::string& path, Model& target, int32_t depth)
+      : head_(std::make_unique<Eagle3Head>(GgufFile::open(path), target, target.n_batch())),
+        kv_(head_->make_cache(512)),
+        H_(target.config().n_embd),
+        F_(head_->config().n_features()),
+        depth_(depth),
+        catch_positions_(size_t(depth) + 1),
+        catch_parents_(size_t(depth) + 1),
+        draft_positions_(size_t(depth) + 1),
+        draft_parents_(size_t(depth) + 1),
+        slot_parents_(512, -2),
+        features_(size_t(depth + 1) * F_, 0.0f),
+        g_(size_t(depth + 1) * H_),
+        prenorm_(g_.size()),
+        normed_(g_.size()),
+        g_next_(size_t(H_)) {}
+
+  // After the prefill (prompt_features: its captured features, [prompt.size()][F]): the prompt's
+  // rows but the last into the cache; the first catch-up is row 0 alone, the prompt's last
+  // features with the first token.
+  void begin(const std::vector<int32_t>& prompt, const float* prompt_features) {
+    const int32_t n_prompt = int32_t(prompt.size());
+    if (n_prompt > 1) {
+      std::vector<float> fused(size_t(n_prompt) * H_), pre(fused.size()), nrm(fused.size());
+      Batch b;
+      b.set_sequence(std::span<const int32_t>(prompt).subspan(1), 0, false);
+      head_->fuse(prompt_features, n_prompt - 1, fused.data());
+      head_->forward(b, fused.data(), kv_, pre.data(), nrm.data());
+      kv_.commit_prefix(n_prompt - 1);
+    }
+    n_past_ = n_prompt - 1;
+    std::copy_n(prompt_features + size_t(n_prompt - 1) * F_, F_, features_.begin());
+  }
+
+  std::span<const int32_t> feature_layers() const { return head_->config().target_layers; }
+  HeadBatch batch() {
+    return HeadBatch{catch_positions_.data(), catch_parents_.data(), draft_positions_.data(), draft_parents_.data(),
+                     &root_row_, &n_past_, slot_parents_.data()};
+  }
+  int32_t n_past() const { return n_past_; }
+
+  // The catch-up over the last verification (pred, the chain's next tokens), then
+  // chain_head_caught_up; returns the root row's normed output ([H]), draft 0's.
+  const float* catch_up(const ChainState& cs, const std::vector<int32_t>& pred, Batch& b) {
+    b.clear();
+    b.tokens = pred;
+    b.positions = catch_positions_;
+    b.parents = catch_parents_;
+    EXPECT_EQ(kv_.n_past(), n_past_);
+    head_->fuse(features_.data(), depth_ + 1, g_.data());
+    head_->forward(b, g_.data(), kv_, prenorm_.data(), normed_.data());
+    const int32_t a = root_row_, root_position = catch_positions_[size_t(a)];
+    chain_head_caught_up(cs);
+    EXPECT_EQ(n_past_ - kv_.n_past(), a);
+    kv_.commit_prefix(a);
+    EXPECT_EQ(slot_parents_[size_t(n_past_)], -1) << "the root row's parent is cleared";
+    kv_.set_slot_meta(n_past_, root_position, -1);
+    std::copy_n(prenorm_.data() + size_t(a) * H_, H_, g_next_.begin());
+    return normed_.data() + size_t(a) * H_;
+  }
+  // Draft d >= 1: tokens[d] in pending slot d; returns its normed output ([H]), draft d's.
+  const float* draft(int32_t d, const std::vector<int32_t>& tokens, Batch& b) {
+    b.clear();
+    b.tokens = {tokens[size_t(d)]};
+    b.positions = {draft_positions_[size_t(d)]};
+    b.parents = {draft_parents_[size_t(d)]};
+    b.start = d;
+    head_->forward(b, g_next_.data(), kv_, prenorm_.data(), normed_.data());
+    std::copy_n(prenorm_.data(), H_, g_next_.begin());
+    return normed_.data();
+  }
+  // After the verification's acceptance (a drafts accepted, the target's cache at target_n_past):
+  // the root row committed; the next catch-up reads that verification's features.
+  void accepted(int32_t a, int32_t target_n_past, const std::vector<float>& verify_features) {
+    kv_.commit_prefix(1);
+    EXPECT_EQ(kv_.n_past(), n_past_);
+    EXPECT_EQ(n_past_, target_n_past - a - 1) << "the head's cache ends where the next catch-up starts";
+    features_ = verify_features;
+  }
+
+ private:
+  std::unique_ptr<Eagle3Head> head_;
+  KVCache kv_;
+  int32_t H_, F_, depth_;
+  int32_t n_past_ = 0, root_row_ = 0;  // HeadBatch's counters
+  std::vector<int32_t> catch_positions_, catch_parents_;  // [depth + 1]
+  std::vector<int32_t> draft_positions_, draft_parents_;  // [depth + 1]
+  std::vector<int32_t> slot_parents_;                     // [512] the cache's parent of each slot
+  std::vector<float> features_;                           // [depth + 1][F] the last verification's
+  std::vector<float> g_, prenorm_, normed_;               // [depth + 1][H]
+  std::vector<float> g_next_;                             // [H] the previous draft row's pre-norm output
+};
 
 // A pruned draft vocabulary (a window, with pinned ids for hybrid; Fixed: the pinned ids alone, a
 // window of one entry that nothing enters) in its device form and as the host-driven stream.

@@ -2,8 +2,8 @@
 // host: chain_draw and chain_sample_accept must be the CPU decoder's own draws and verification
 // (tree.h's pick_children and TreeSamplingVerifier) bit for bit, given the two samplers' random
 // bits in order; and the whole resident step, run with CPU models doing the forwards the device
-// launches (CudaModel::enqueue_chain_step's sampled variant), must emit the CPU Decoder's tokens
-// for a seed, draft vocabulary and drafter.
+// launches (CudaModel::enqueue_chain_step's sampled variant, enqueue_head_drafts' for an EAGLE-3
+// head), must emit the CPU Decoder's tokens for a seed, draft vocabulary and drafter.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +18,8 @@
 #include <tuple>
 #include <vector>
 
+#include "draft_head/eagle3_head.h"
+#include "draft_head/head_drafter.h"
 #include "engine/generator.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
@@ -31,6 +33,7 @@
 #include "vocab/draft_vocab.h"
 #include "resident_sampling.h"
 #include "resident_step.h"
+#include "tiny_head.h"
 #include "tiny_model.h"
 
 namespace microspec {
@@ -206,6 +209,12 @@ class ChainSamplingTiny : public ::testing::Test {
     tok_file_ = GgufFile::open(test::write_tiny_tokenizer(stem_ + "_tok.gguf", kVocab));
     paths_.push_back(stem_ + "_tok.gguf");
     tok_ = Tokenizer::from_gguf(*tok_file_);
+    // A random EAGLE-3 head reading all three layers' inputs and the stream after the last.
+    test::TinyHeadSpec head;
+    head.target_layers = {0, 2, 3};
+    head_path_ = stem_ + "_head.gguf";
+    paths_.push_back(head_path_);
+    test::write_tiny_head(head, head_path_);
   }
   void TearDown() override {
     for (const std::string& p : paths_) std::filesystem::remove(p);
@@ -222,7 +231,7 @@ class ChainSamplingTiny : public ::testing::Test {
     return test::load_tiny_model(spec, path);
   }
   static constexpr int32_t kVocab = 320;
-  std::string stem_;
+  std::string stem_, head_path_;
   std::vector<std::string> paths_;
   test::TinyLoaded target_, draft_;
   std::unique_ptr<GgufFile> tok_file_;
@@ -234,12 +243,13 @@ TEST_F(ChainSamplingTiny, ResidentSampledStepsEqualTheCpuDecoder) {
   using Rows = CandidateStreamParams::KverRows;
   const auto stream = test::window_spec;
   const auto pinned = test::with_every_7th;
+  enum class DraftBy { Self, DraftModel, Head };
   struct Variant {
     const char* name;
     TreeParams tree;
-    int32_t draft_layers;
+    int32_t draft_layers;  // the self-draft's
     std::optional<PrunedVocabSpec> vocab;
-    bool draft_model = false;
+    DraftBy drafter = DraftBy::Self;
   };
   const Variant variants[] = {
       {"full head, chain of 4", {3, 1, 4, 0}, 2, std::nullopt},
@@ -250,12 +260,17 @@ TEST_F(ChainSamplingTiny, ResidentSampledStepsEqualTheCpuDecoder) {
       {"dynamic W 5, K_ver of the last row", {2, 1, 3, 0}, 2, stream(5, Source::Both, Rows::Last)},
       {"hybrid W 16 + 20 pinned", {3, 1, 4, 0}, 2, pinned(stream(16, Source::Both, Rows::Accepted), 20, PrunedVocabSpec::Kind::Window)},
       {"freq: 40 fixed ids", {3, 1, 4, 0}, 2, pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed)},
-      {"draft model, full head", {3, 1, 4, 0}, 0, std::nullopt, true},
-      {"draft model, dynamic W 64", {3, 1, 4, 0}, 0, stream(64, Source::Both, Rows::Accepted), true}};
+      {"draft model, full head", {3, 1, 4, 0}, 0, std::nullopt, DraftBy::DraftModel},
+      {"draft model, dynamic W 64", {3, 1, 4, 0}, 0, stream(64, Source::Both, Rows::Accepted), DraftBy::DraftModel},
+      {"EAGLE-3 head, full head", {3, 1, 4, 0}, 0, std::nullopt, DraftBy::Head},
+      {"EAGLE-3 head, chain of 3 from a tree of depth 4", {4, 1, 3, 0}, 0, std::nullopt, DraftBy::Head},
+      {"EAGLE-3 head, dynamic W 64", {3, 1, 4, 0}, 0, stream(64, Source::Both, Rows::Accepted), DraftBy::Head},
+      {"EAGLE-3 head, dynamic ext W 64 (first chain from an empty vocabulary)", {3, 1, 4, 0}, 0,
+       stream(64, Source::Ext, Rows::Accepted), DraftBy::Head}};
   const std::vector<int32_t> prompt = {5, 17, 99, 3, 250, 41, 8, 77, 120};
   const int32_t n_predict = 40;
   Model& target = *target_.model;
-  int32_t accepted_partial = 0;
+  int32_t accepted_partial = 0, accepted_by_head = 0;
   for (const Variant& v : variants) {
     for (const auto& [temperature, top_k, top_p, seed] :
          std::vector<std::tuple<float, int, float, uint64_t>>{{0.8f, 8, 0.95f, 3}, {1.3f, 40, 1.0f, 11}}) {
@@ -263,13 +278,17 @@ TEST_F(ChainSamplingTiny, ResidentSampledStepsEqualTheCpuDecoder) {
       const SamplingParams sp{.temperature = temperature, .top_k = top_k, .top_p = top_p, .seed = seed};
       // The CPU decoder with the same drafter, chain and vocabulary.
       Generator gen(target, *tok_, 512);
-      Model& head_of = v.draft_model ? *draft_.model : target;  // the drafter's LM head scores the drafts
+      const bool draft_model = v.drafter == DraftBy::DraftModel;
+      Model& head_of = draft_model ? *draft_.model : target;  // the drafter's LM head scores the drafts
       DraftVocabulary vocab = !v.vocab                                         ? DraftVocabulary::full(kVocab)
                               : v.vocab->kind == PrunedVocabSpec::Kind::Fixed ? DraftVocabulary::packed(head_of, v.vocab->pinned)
                                                                               : DraftVocabulary::dynamic(head_of, v.vocab->window, v.vocab->pinned);
       std::unique_ptr<Drafter> drafter;
-      if (v.draft_model)
+      if (draft_model)
         drafter = std::make_unique<ModelDrafter>(*draft_.model, 512, std::move(vocab));
+      else if (v.drafter == DraftBy::Head)
+        drafter = std::make_unique<HeadDrafter>(
+            std::make_unique<Eagle3Head>(GgufFile::open(head_path_), target, target.n_batch()), target, 512, std::move(vocab));
       else
         drafter = std::make_unique<SelfDrafter>(target, gen.cache(), v.draft_layers, std::move(vocab));
       GenerateParams params;
@@ -279,15 +298,19 @@ TEST_F(ChainSamplingTiny, ResidentSampledStepsEqualTheCpuDecoder) {
       const SpecResult cpu = Decoder(gen, *tok_, drafter.get(), v.tree).generate(prompt, params);
       ASSERT_EQ(int32_t(cpu.gen.tokens.size()), n_predict);
       int32_t accepted = 0;
-      const std::vector<int32_t> resident = run_resident_sampled(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab,
-                                                                 v.draft_model ? draft_.model.get() : nullptr, sp, &accepted);
+      const std::vector<int32_t> resident =
+          run_resident_sampled(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab,
+                               draft_model ? draft_.model.get() : nullptr,
+                               v.drafter == DraftBy::Head ? head_path_ : std::string(), sp, &accepted);
       EXPECT_EQ(resident, cpu.gen.tokens);
       EXPECT_GE(std::set<int32_t>(resident.begin(), resident.end()).size(), 10u) << "a degenerate text tests little";
       if (v.draft_layers == 3) EXPECT_EQ(cpu.stats.accepted_draft, cpu.stats.steps * int64_t(v.tree.total_tokens));
       if (v.draft_layers == 2) accepted_partial += accepted;
+      if (v.drafter == DraftBy::Head) accepted_by_head += accepted;
     }
   }
   EXPECT_GT(accepted_partial, 0) << "no partial drafter ever agreed: only rejections were tested";
+  EXPECT_GT(accepted_by_head, 0) << "the head never had a draft accepted: its catch-up over accepted rows went untested";
 }
 
 }  // namespace

@@ -76,28 +76,18 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   std::unique_ptr<test::ResidentVocab> dv;
 
   // An EAGLE-3 head: its cache and arrays as the device keeps them, and the host-driven drafter.
-  std::unique_ptr<Eagle3Head> head;
+  std::optional<test::ResidentHead> head;
   std::unique_ptr<HeadDrafter> host_head;
-  std::span<const int32_t> feature_layers;
-  KVCache head_kv(1, 1, 1);
-  int32_t F = 0, H = model.config().n_embd, head_n_past = 0, root_row = 0;
-  std::vector<int32_t> catch_positions(depth + 1), catch_parents(depth + 1), head_draft_positions(depth + 1),
-      head_draft_parents(depth + 1), head_slot_parents(512, -2);
-  std::vector<float> step_features, g, prenorm, normed, g_next, head_logits;
+  std::span<const int32_t> feature_layers;  // what the forwards capture for the head
+  std::vector<float> head_logits;
   if (!head_path.empty()) {
-    head = std::make_unique<Eagle3Head>(GgufFile::open(head_path), model, model.n_batch());
     DraftVocabulary host_vocab = !spec                                         ? DraftVocabulary::full(V)
                                  : spec->kind == PrunedVocabSpec::Kind::Fixed ? DraftVocabulary::packed(model, spec->pinned)
                                  : DraftVocabulary::dynamic(model, spec->window, spec->pinned);
     host_head = std::make_unique<HeadDrafter>(std::make_unique<Eagle3Head>(GgufFile::open(head_path), model, model.n_batch()),
                                               model, 512, std::move(host_vocab));
-    feature_layers = head->config().target_layers;
-    F = head->config().n_features();
-    head_kv = head->make_cache(512);
-    g.resize(size_t(depth + 1) * H);
-    prenorm.resize(g.size());
-    normed.resize(g.size());
-    g_next.resize(size_t(H));
+    head.emplace(head_path, model, depth);
+    feature_layers = head->feature_layers();
     head_logits.resize(size_t(V));
   }
 
@@ -110,32 +100,18 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   tokens[0] = argmax(out.logits.data() + size_t(n_prompt - 1) * V, V);
   out_ids[counter++] = tokens[0];
   if (spec) dv = std::make_unique<test::ResidentVocab>(V, *spec, prompt, out.logits.data());
-  if (head) {
-    // The head's cache holds the prompt's rows but the last (features at i with token i + 1); the
-    // first catch-up is row 0 alone: the prompt's last features with the first token.
+  if (host_head) {
     std::vector<int32_t> prompt_top(size_t(n_prompt) * std::max(host_head->prompt_top_k(), 1));
     for (int32_t i = 0; i < n_prompt && host_head->prompt_top_k() > 0; ++i)
       top_k_indices(out.logits.data() + size_t(i) * V, V, host_head->prompt_top_k(), prompt_top.data() + size_t(i) * host_head->prompt_top_k());
     host_head->target_features(out.layer_inputs.data(), n_prompt);
     host_head->begin(prompt, std::span<const int32_t>(prompt_top).first(size_t(n_prompt) * host_head->prompt_top_k()));
-    std::vector<float> fused(size_t(n_prompt) * H), pre(fused.size()), nrm(fused.size());
-    if (n_prompt > 1) {
-      b.set_sequence(std::span<const int32_t>(prompt).subspan(1), 0, false);
-      head->fuse(out.layer_inputs.data(), n_prompt - 1, fused.data());
-      head->forward(b, fused.data(), head_kv, pre.data(), nrm.data());
-      head_kv.commit_prefix(n_prompt - 1);
-    }
-    head_n_past = n_prompt - 1;
-    step_features.assign(size_t(depth + 1) * F, 0.0f);
-    std::copy_n(out.layer_inputs.data() + size_t(n_prompt - 1) * F, F, step_features.begin());
-    pred.assign(size_t(depth + 1), 0);
+    head->begin(prompt, out.layer_inputs.data());
     pred[0] = tokens[0];
   }
   cs.draft_rows = dv ? dv->rows_counter() : nullptr;
   if (dm) cs.draft = dm->batch();
-  if (head)
-    cs.head = HeadBatch{catch_positions.data(), catch_parents.data(), head_draft_positions.data(),
-                        head_draft_parents.data(), &root_row, &head_n_past, head_slot_parents.data()};
+  if (head) cs.head = head->batch();
   cs.kver_last_only = dv && dv->kver_last_only();
   const std::vector<int32_t>& step_counts = arrays.step_counts;
   chain_begin(cs);
@@ -181,34 +157,9 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
     //    row d + 1.
     drafts_real = !dv || dv->rows() > 0;
     if (head) {
-      // The catch-up over the last verification (pred[i] with its row's features), then its first
-      // a rows committed: row a is the root row, in the first pending slot.
-      b.clear();
-      b.tokens = pred;
-      b.positions = catch_positions;
-      b.parents = catch_parents;
-      EXPECT_EQ(head_kv.n_past(), head_n_past);
-      head->fuse(step_features.data(), depth + 1, g.data());
-      head->forward(b, g.data(), head_kv, prenorm.data(), normed.data());
-      const int32_t a = root_row, root_position = catch_positions[size_t(a)];
-      chain_head_caught_up(cs);
-      EXPECT_EQ(head_n_past - head_kv.n_past(), a);
-      head_kv.commit_prefix(a);
-      EXPECT_EQ(head_slot_parents[size_t(head_n_past)], -1) << "the root row's parent is cleared";
-      head_kv.set_slot_meta(head_n_past, root_position, -1);
-      std::copy_n(prenorm.data() + size_t(a) * H, H, g_next.begin());
-      tokens[1] = head_pick(normed.data() + size_t(a) * H);
-      // Draft d runs tokens[d] in pending slot d, fed the previous row's output.
-      for (int32_t d = 1; d < depth; ++d) {
-        b.clear();
-        b.tokens = {tokens[d]};
-        b.positions = {head_draft_positions[size_t(d)]};
-        b.parents = {head_draft_parents[size_t(d)]};
-        b.start = d;
-        head->forward(b, g_next.data(), head_kv, prenorm.data(), normed.data());
-        std::copy_n(prenorm.data(), H, g_next.begin());
-        tokens[d + 1] = head_pick(normed.data());
-      }
+      // The catch-up over the last verification, then draft d >= 1 from tokens[d].
+      tokens[1] = head_pick(head->catch_up(cs, pred, b));
+      for (int32_t d = 1; d < depth; ++d) tokens[d + 1] = head_pick(head->draft(d, tokens, b));
       // The host-driven drafter's chain from the same root: the same tokens.
       host_tree = DraftTree{};
       host_head->propose(tokens[0], positions[0], TreeParams{depth - 1, 1, depth, 0}, nullptr, host_tree);
@@ -247,15 +198,12 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
     model.forward(b, kv, out, {.logits = true, .capture_layers = feature_layers});
     for (int32_t i = 0; i <= depth; ++i) pred[size_t(i)] = argmax(out.logits.data() + size_t(i) * V, V);
     verify_logits = out.logits;
-    if (head) step_features = out.layer_inputs;
     // 4. Acceptance: the cache keeps what chain_accept committed.
     const int32_t before = n_past, draft_before = dm ? dm->n_past : 0, root = tokens[0];
     last_accepted = chain_accept(cs);
     accepted_sum += last_accepted;
     if (head) {
-      head_kv.commit_prefix(1);  // the root row
-      EXPECT_EQ(head_kv.n_past(), head_n_past);
-      EXPECT_EQ(head_n_past, n_past - last_accepted - 1) << "the head's cache ends where the next catch-up starts";
+      head->accepted(last_accepted, n_past, out.layer_inputs);
       std::vector<int32_t> path;
       for (int32_t i = 0; i < last_accepted; ++i) path.push_back(i);
       host_head->target_features(out.layer_inputs.data(), depth + 1);

@@ -491,12 +491,14 @@ const Case kModelCases[] = {{"gemma3", GgmlType::Q8_0}, {"gemma3", GgmlType::Q4_
                             {"llama", GgmlType::Q4_1},  {"llama", GgmlType::Q5_0},  {"llama", GgmlType::BF16},
                             {"gemma3", GgmlType::F16},  {"qwen2", GgmlType::Q8_0}};
 
-// A random EAGLE-3 head (Q8_0, as the trained ones) for device_spec's targets: it reads the
-// inputs of layers 0 and 2 and the stream after the last layer.
+// A random EAGLE-3 head (Q8_0, as the trained ones; F32 where a test compares the device's draws
+// with the CPU's) for device_spec's targets: it reads the inputs of layers 0 and 2 and the stream
+// after the last layer.
 struct TinyHeadFile {
   std::string path;
-  TinyHeadFile() {
-    path = (std::filesystem::temp_directory_path() / ("microspec_cuda_head_" + std::to_string(::getpid()) + ".gguf"))
+  explicit TinyHeadFile(GgmlType type = GgmlType::Q8_0) {
+    path = (std::filesystem::temp_directory_path() /
+            ("microspec_cuda_head_" + std::to_string(::getpid()) + "_" + type_name(uint32_t(type)) + ".gguf"))
                .string();
     test::TinyHeadSpec h;
     h.n_embd = 256;
@@ -506,7 +508,7 @@ struct TinyHeadFile {
     h.n_head_kv = 2;
     h.head_dim = 64;
     h.n_ff = 512;
-    h.weight_type = GgmlType::Q8_0;
+    h.weight_type = type;
     test::write_tiny_head(h, path);
   }
   ~TinyHeadFile() { std::filesystem::remove(path); }
@@ -898,28 +900,31 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
 // host-driven resident step's tokens (run_resident_sampled, which tests/test_spec_chain_sampling.cpp
 // proves equal to the CPU Decoder's for a seed) for the self-draft with the full vocabulary (a
 // chain of 4; a chain of 3 cut from a tree of depth 4, whose draft draws past the chain are
-// skipped), with MicroSpec's (prompt and steps; steps only, whose first chain is placeholders) and
-// for a draft model, graphs on and off, with the same counts. On every model case the target
-// drafting for itself (every layer) has every draft accepted (q == p bit for bit: batch
-// invariance), two seeds give two texts, greedy decoding after sampling is greedy again, and an
-// EAGLE-3 head's sampled chain runs to the end (checked no further: no host-driven oracle yet).
+// skipped), with MicroSpec's (prompt and steps; steps only, whose first chain is placeholders), for
+// a draft model and for an EAGLE-3 head (F32 too), graphs on and off, with the same counts. On
+// every model case the target drafting for itself (every layer) has every draft accepted (q == p
+// bit for bit: batch invariance), two seeds give two texts, greedy decoding after sampling is
+// greedy again, and the Q8_0 head's sampled chain runs to the end with in-range tokens.
 TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
   REQUIRE_GPU();
   using Source = CandidateStreamParams::Source;
   using Rows = CandidateStreamParams::KverRows;
+  enum class Drafter { Self, Model, Head };
   struct Variant {
     const char* name;
     TreeParams tree;  // the CPU decoder's chain: top-k 1
     int32_t draft_layers;
     std::optional<PrunedVocabSpec> vocab;
-    bool draft_model = false;
+    Drafter drafter = Drafter::Self;
   };
   const Variant variants[] = {
       {"full, chain of 4", {3, 1, 4, 0}, 2, std::nullopt},
       {"full, chain of 3 from a tree of depth 4", {4, 1, 3, 0}, 2, std::nullopt},
       {"dynamic W 64", {3, 1, 4, 0}, 2, test::window_spec(64, Source::Both, Rows::Accepted)},
       {"dynamic ext W 64", {3, 1, 4, 0}, 2, test::window_spec(64, Source::Ext, Rows::Accepted)},
-      {"draft model, full", {3, 1, 4, 0}, 0, std::nullopt, true}};
+      {"draft model, full", {3, 1, 4, 0}, 0, std::nullopt, Drafter::Model},
+      {"EAGLE-3 head, full, chain of 3 from a tree of depth 4", {4, 1, 3, 0}, 0, std::nullopt, Drafter::Head},
+      {"EAGLE-3 head, dynamic W 64", {3, 1, 4, 0}, 0, test::window_spec(64, Source::Both, Rows::Accepted), Drafter::Head}};
   struct Launch {
     cuda::Graphs graphs;
     int32_t sync_every;
@@ -928,15 +933,17 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
   const Launch launches[] = {{cuda::Graphs::On, 4, "graph, sync every 4"}, {cuda::Graphs::Off, 1, "kernels, sync every step"}};
   const SamplingParams sp{.temperature = 0.9f, .top_k = 20, .top_p = 0.95f, .seed = 4};
   const int32_t n_predict = 40;
-  const TinyHeadFile head_file;
+  const TinyHeadFile head_file, f32_head_file(GgmlType::F32);
   for (const char* arch : {"llama", "gemma3"}) {
     TinyPair m(device_spec(arch, GgmlType::F32));
     TinyPair draft(device_spec(arch, GgmlType::F16));
+    const std::unique_ptr<cuda::DeviceEagleHead> f32_head = f32_head_file.on_device(m);
     const std::vector<int32_t> prompt = random_tokens(7, m.cpu->config().n_vocab, 5);
     for (const Variant& v : variants) {
       int32_t accepted = 0;
       const std::vector<int32_t> want = test::run_resident_sampled(
-          *m.cpu, prompt, n_predict, v.tree, v.draft_layers, v.vocab, v.draft_model ? draft.cpu.get() : nullptr, sp, &accepted);
+          *m.cpu, prompt, n_predict, v.tree, v.draft_layers, v.vocab, v.drafter == Drafter::Model ? draft.cpu.get() : nullptr,
+          v.drafter == Drafter::Head ? f32_head_file.path : std::string(), sp, &accepted);
       for (const Launch& l : launches) {
         SCOPED_TRACE(std::string(arch) + ", " + v.name + ", " + l.name);
         cuda::SpecChainOptions o;
@@ -945,7 +952,8 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
         o.draft_draws = v.tree.depth + 1;
         o.draft_layers = v.draft_layers > 0 ? v.draft_layers : 1;
         o.vocab = v.vocab;
-        o.draft_model = v.draft_model ? draft.gpu.get() : nullptr;
+        o.draft_model = v.drafter == Drafter::Model ? draft.gpu.get() : nullptr;
+        o.draft_head = v.drafter == Drafter::Head ? f32_head.get() : nullptr;
         o.sampling = sp;
         o.graphs = l.graphs;
         o.sync_every = l.sync_every;
@@ -986,8 +994,8 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
       greedy.vocab = vocab;
       EXPECT_EQ(m.gpu->generate_speculative(prompt, greedy), plain) << "greedy after sampling";
     }
-    // An EAGLE-3 head drafts sampled chains too (its catch-up reads the accepted drafts and the
-    // drawn token that chain_sample_accept leaves in pred): a full text of in-range tokens.
+    // The Q8_0 head drafts sampled chains on every target (its catch-up reads the accepted drafts
+    // and the drawn token that chain_sample_accept leaves in pred): a full text of in-range tokens.
     const std::unique_ptr<cuda::DeviceEagleHead> head = head_file.on_device(m);
     cuda::SpecChainOptions with_head;
     with_head.n_predict = n_predict;
