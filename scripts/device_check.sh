@@ -6,7 +6,7 @@
 # graph equal to plain greedy decoding), the CLI on SmolLM2 when it is staged under models/ (plain and
 # self-drafted with the full, the dynamic and the freq vocabulary, drafted by its EAGLE-3 head, and
 # self-drafted as a tree (top-k 4) with the full and the dynamic vocabulary: the same text; speculative sampling on the
-# device beside the CPU decoder's tokens for the same seed; --prompts-jsonl with a stop string, plain and self-drafted: the same tokens; `serve --device cuda`: a
+# device (a chain, a tree) beside the CPU decoder's tokens for the same seed; --prompts-jsonl with a stop string, plain and self-drafted: the same tokens; `serve --device cuda`: a
 # completion equal to generate's text), then the benchmark on a
 # Llama-3-8B-shaped model whose random BF16 weights are made in device memory.
 #
@@ -65,21 +65,25 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
   else
     echo "TEXTS DIFFER (see $LOG/cli_*.txt)"; status=1
   fi
-  echo "== speculative sampling (self-drafted chain, dynamic vocabulary, temperature 0.8, seed 5): the device against the CPU decoder (equal tokens unless float rounding moves a draw across an edge of its distribution)"
-  for where in cpu cuda; do
-    timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" -p "$P" --chat -n 96 --ignore-eos --device "$where" --json \
-      --spec self --tree-topk 1 --temp 0.8 --seed 5 >"$LOG/sampled_$where.json" 2>"$LOG/sampled_$where.err" ||
-      { status=1; tail -3 "$LOG/sampled_$where.err"; }
-  done
-  python3 - "$LOG/sampled_cpu.json" "$LOG/sampled_cuda.json" <<'EOF' || status=1
+  echo "== speculative sampling (self-drafted chain, then a tree of top-k 2, depth 3, 6 nodes; dynamic vocabulary, temperature 0.8, seed 5): the device against the CPU decoder (equal tokens unless float rounding moves a draw across an edge of its distribution)"
+  for shape in chain tree; do
+    drafts=(--tree-topk 1)
+    if [ "$shape" = tree ]; then drafts=(--tree-topk 2 --tree-depth 3 --tree-tokens 6); fi
+    for where in cpu cuda; do
+      timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" -p "$P" --chat -n 96 --ignore-eos --device "$where" --json \
+        --spec self "${drafts[@]}" --temp 0.8 --seed 5 >"$LOG/sampled_${shape}_$where.json" 2>"$LOG/sampled_${shape}_$where.err" ||
+        { status=1; tail -3 "$LOG/sampled_${shape}_$where.err"; }
+    done
+    python3 - "$shape" "$LOG/sampled_${shape}_cpu.json" "$LOG/sampled_${shape}_cuda.json" <<'EOF' || status=1
 import json, sys
-cpu, dev = (json.loads(open(f, encoding="utf-8").read().splitlines()[-1]) for f in sys.argv[1:3])
+cpu, dev = (json.loads(open(f, encoding="utf-8").read().splitlines()[-1]) for f in sys.argv[2:4])
 a, b = cpu["tokens"], dev["tokens"]
 same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-print(f"{same} of {len(a)} tokens equal; steps / accepted drafts: cpu {cpu['spec']['steps']} / {cpu['spec']['accepted_draft_tokens']},",
+print(f"{sys.argv[1]}: {same} of {len(a)} tokens equal; steps / accepted drafts: cpu {cpu['spec']['steps']} / {cpu['spec']['accepted_draft_tokens']},",
       f"device {dev['spec']['steps']} / {dev['spec']['accepted_draft_tokens']}")
 sys.exit(0 if len(b) == len(a) == 96 else 1)
 EOF
+  done
   echo "== --prompts-jsonl with a stop string on the device: plain and self-drafted give the same tokens"
   printf '%s\n' '{"prompt": "Name three rivers in Europe."}' '{"prompt": "def add(a, b):"}' >"$LOG/rows.jsonl"
   for mode in plain spec; do

@@ -42,6 +42,13 @@ inline void rank_row(const float* row, int32_t n, int32_t k, const int32_t* map,
   }
 }
 
+// The two settings the resident sampled steps are checked with: top-k 8 with top-p at a low
+// temperature, top-k 40 without top-p at a high one.
+inline std::vector<SamplingParams> sampled_settings() {
+  return {{.temperature = 0.8f, .top_k = 8, .top_p = 0.95f, .seed = 3},
+          {.temperature = 1.3f, .top_k = 40, .top_p = 1.0f, .seed = 11}};
+}
+
 inline std::vector<uint64_t> bits_of(uint64_t seed, size_t n) {
   std::mt19937_64 rng(seed);
   std::vector<uint64_t> out(n);

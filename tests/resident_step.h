@@ -43,6 +43,14 @@ inline std::optional<PrunedVocabSpec> with_every_7th(std::optional<PrunedVocabSp
   return p;
 }
 
+// The CPU drafter's vocabulary for a pruned spec (none: the full head) over head_of's LM head: what
+// the host-driven reference drafts with.
+inline DraftVocabulary host_draft_vocabulary(Model& head_of, const std::optional<PrunedVocabSpec>& spec) {
+  if (!spec) return DraftVocabulary::full(head_of.config().n_vocab);
+  if (spec->kind == PrunedVocabSpec::Kind::Fixed) return DraftVocabulary::packed(head_of, spec->pinned);
+  return DraftVocabulary::dynamic(head_of, spec->window, spec->pinned);
+}
+
 // Plain greedy decoding: n tokens after the prompt.
 inline std::vector<int32_t> plain_greedy(Model& model, const std::vector<int32_t>& prompt, int32_t n) {
   KVCache kv = model.make_cache(512);

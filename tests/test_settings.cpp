@@ -189,16 +189,22 @@ TEST(DeviceSettings, TheDeviceTakesChainsSelfDraftedTreesAndTopKSampling) {
   for (SpecMode mode : {SpecMode::Ngram, SpecMode::SelfNgram, SpecMode::DraftNgram, SpecMode::HeadNgram})
     EXPECT_NE(why(mode, 1).find("--spec self|draft|head"), std::string::npos) << name_of(mode);
   EXPECT_NE(why(SpecMode::Self, 1, 20).find("--draft-p-min 0"), std::string::npos);
-  // Speculative sampling: chains from any of the three drafters; a tree decodes greedily.
-  auto why_sampled = [](SpecMode mode, int32_t top_k) {
+  // Speculative sampling: chains from any of the three drafters; a self-drafted tree whose draft
+  // rows draw at most 512 tokens a step ((1 + depth x top-k) x top-k).
+  auto why_sampled = [](SpecMode mode, int32_t top_k, int32_t depth = 3) {
     SpecConfig c;
     c.mode = mode;
     c.tree.top_k = top_k;
+    c.tree.depth = depth;
     return cuda_spec_sampling_unsupported(c);
   };
   EXPECT_EQ(why_sampled(SpecMode::None, 4), "") << "no speculation";
   for (SpecMode mode : {SpecMode::Self, SpecMode::Draft, SpecMode::Head}) EXPECT_EQ(why_sampled(mode, 1), "") << name_of(mode);
-  EXPECT_NE(why_sampled(SpecMode::Self, 4).find("samples speculatively with a chain (--tree-topk 1)"), std::string::npos);
+  EXPECT_EQ(why_sampled(SpecMode::Self, 4), "") << "a tree of 13 draft rows: 52 draws";
+  EXPECT_EQ(why_sampled(SpecMode::Self, 8, 7), "") << "57 draft rows: 456 draws";
+  const std::string too_many = why_sampled(SpecMode::Self, 8, 8);
+  EXPECT_NE(too_many.find("at most 512 draft draws a step"), std::string::npos) << too_many;
+  EXPECT_NE(too_many.find("--tree-topk 8 --tree-depth 8 takes 520"), std::string::npos) << too_many;
 
   // Sampling: the CPU Sampler's draw with top-k on (1..64); a temperature whose inverse overflows
   // is greedy, as on the CPU.

@@ -15,7 +15,6 @@
 #include <random>
 #include <set>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "draft_head/eagle3_head.h"
@@ -272,17 +271,13 @@ TEST_F(ChainSamplingTiny, ResidentSampledStepsEqualTheCpuDecoder) {
   Model& target = *target_.model;
   int32_t accepted_partial = 0, accepted_by_head = 0;
   for (const Variant& v : variants) {
-    for (const auto& [temperature, top_k, top_p, seed] :
-         std::vector<std::tuple<float, int, float, uint64_t>>{{0.8f, 8, 0.95f, 3}, {1.3f, 40, 1.0f, 11}}) {
-      SCOPED_TRACE(std::string(v.name) + ", T " + std::to_string(temperature) + ", seed " + std::to_string(seed));
-      const SamplingParams sp{.temperature = temperature, .top_k = top_k, .top_p = top_p, .seed = seed};
+    for (const SamplingParams& sp : test::sampled_settings()) {
+      SCOPED_TRACE(std::string(v.name) + ", T " + std::to_string(sp.temperature) + ", seed " + std::to_string(sp.seed));
       // The CPU decoder with the same drafter, chain and vocabulary.
       Generator gen(target, *tok_, 512);
       const bool draft_model = v.drafter == DraftBy::DraftModel;
       Model& head_of = draft_model ? *draft_.model : target;  // the drafter's LM head scores the drafts
-      DraftVocabulary vocab = !v.vocab                                         ? DraftVocabulary::full(kVocab)
-                              : v.vocab->kind == PrunedVocabSpec::Kind::Fixed ? DraftVocabulary::packed(head_of, v.vocab->pinned)
-                                                                              : DraftVocabulary::dynamic(head_of, v.vocab->window, v.vocab->pinned);
+      DraftVocabulary vocab = test::host_draft_vocabulary(head_of, v.vocab);
       std::unique_ptr<Drafter> drafter;
       if (draft_model)
         drafter = std::make_unique<ModelDrafter>(*draft_.model, 512, std::move(vocab));

@@ -81,11 +81,8 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   std::span<const int32_t> feature_layers;  // what the forwards capture for the head
   std::vector<float> head_logits;
   if (!head_path.empty()) {
-    DraftVocabulary host_vocab = !spec                                         ? DraftVocabulary::full(V)
-                                 : spec->kind == PrunedVocabSpec::Kind::Fixed ? DraftVocabulary::packed(model, spec->pinned)
-                                 : DraftVocabulary::dynamic(model, spec->window, spec->pinned);
     host_head = std::make_unique<HeadDrafter>(std::make_unique<Eagle3Head>(GgufFile::open(head_path), model, model.n_batch()),
-                                              model, 512, std::move(host_vocab));
+                                              model, 512, test::host_draft_vocabulary(model, spec));
     head.emplace(head_path, model, depth);
     feature_layers = head->feature_layers();
     head_logits.resize(size_t(V));

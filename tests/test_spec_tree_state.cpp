@@ -23,59 +23,22 @@
 #include "speculative/decoder.h"
 #include "speculative/drafter.h"
 #include "speculative/tree.h"
+#include "speculative/tree_sampling.h"
 #include "speculative/tree_state.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "vocab/candidate_stream.h"
 #include "vocab/draft_vocab.h"
 #include "resident_step.h"
+#include "resident_tree.h"
 #include "tiny_model.h"
 
 namespace microspec {
 namespace {
 
-// A TreeState over host vectors, sized for a shape and a number of tokens to emit.
-struct HostTreeState {
-  std::vector<int32_t> draft_tokens, draft_positions, draft_parents, prop_token, cand_token, cand_parent, cand_depth,
-      cand_slot, cand_node, frontier, tokens, positions, parents, output_rows, pred, keep, out_ids,
-      step_counts;
-  std::vector<float> prop_logprob, cand_score;
-  int32_t n_nodes = 0, n_keep = 0, n_past = 0, counter = 0, steps = 0;
-  VocabUpdate update;
-  TreeState s;
-
-  HostTreeState(const TreeShape& shape, int32_t capacity)
-      : draft_tokens(size_t(shape.top_k)), draft_positions(draft_tokens.size()), draft_parents(draft_tokens.size()),
-        prop_token(size_t(shape.top_k) * shape.top_k), cand_token(size_t(shape.candidates())),
-        cand_parent(cand_token.size()), cand_depth(cand_token.size()), cand_slot(cand_token.size()),
-        cand_node(cand_token.size()), frontier(size_t(shape.top_k)), tokens(size_t(shape.verify_rows())),
-        positions(tokens.size()), parents(tokens.size()), output_rows(tokens.size()), pred(tokens.size()),
-        keep(size_t(shape.max_emitted())), out_ids(size_t(capacity)),
-        step_counts(size_t(capacity)), prop_logprob(prop_token.size()), cand_score(cand_token.size()) {
-    s = TreeState{draft_tokens.data(), draft_positions.data(), draft_parents.data(), prop_token.data(),
-                  prop_logprob.data(), cand_token.data(), cand_parent.data(), cand_depth.data(), cand_score.data(),
-                  cand_slot.data(), cand_node.data(), frontier.data(), tokens.data(), positions.data(),
-                  parents.data(), output_rows.data(), &n_nodes, pred.data(), keep.data(), &n_keep,
-                  &n_past, out_ids.data(), &counter, &update, &steps, step_counts.data(),
-                  shape, 0};
-  }
-  HostTreeState(const HostTreeState&) = delete;
-  HostTreeState& operator=(const HostTreeState&) = delete;
-
-  // The tree as DraftTree nodes (parents as node indices), from the verification batch.
-  DraftTree tree() const {
-    DraftTree t;
-    for (int32_t i = 1; i <= n_nodes; ++i)
-      t.nodes.push_back({tokens[size_t(i)], parents[size_t(i)] - 1, positions[size_t(i)] - positions[0], 0.0f, -1});
-    return t;
-  }
-  // The tokens from the root's child down to candidate c.
-  std::vector<int32_t> path_of(int32_t c) const {
-    std::vector<int32_t> path;
-    for (; c >= 0; c = cand_parent[size_t(c)]) path.insert(path.begin(), cand_token[size_t(c)]);
-    return path;
-  }
-};
+using test::HostTreeState;
+using test::run_tree;
+using test::TreeRun;
 
 // Proposals that depend only on the path to the node expanded: k distinct tokens of 40, with
 // log-probabilities <= 0 from a small set (ties and zeros included), best first; sometimes fewer
@@ -260,119 +223,33 @@ TEST(TreeState, ShapesWithoutAFixedSizeAreRefused) {
   EXPECT_EQ(s.max_emitted(), 7);
 }
 
-struct TreeRun {
-  std::vector<int32_t> emitted;
-  int32_t steps = 0, accepted = 0, nodes = 0;
-  std::vector<int32_t> step_counts;  // the count of tokens after each step
+// The shapes, drafters and vocabularies the resident tree step is run with (greedy and sampled).
+struct TreeVariant {
+  const char* name;
+  TreeParams tree;
+  int32_t draft_layers;  // of 3
+  std::optional<PrunedVocabSpec> vocab;
 };
-
-// The resident tree step on the host with the self-drafter (the target's first draft_layers
-// layers). spec: MicroSpec's window (its state advanced by the device's functions, the draft head
-// over its packed rows), a fixed set (Fixed: the pinned ids), or the full head.
-TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_t n_predict, const TreeParams& params,
-                 int32_t draft_layers, const std::optional<PrunedVocabSpec>& spec) {
-  const int32_t V = model.config().n_vocab, n_prompt = int32_t(prompt.size());
-  const TreeShape shape = params.fixed_shape();
-  const int32_t k = shape.top_k;
-  KVCache kv = model.make_cache(512);
-  Batch b;
-  ForwardOutput out;
-  HostTreeState h(shape, n_predict + shape.max_emitted());
-  std::vector<float> verify_logits;
-
-  std::unique_ptr<test::ResidentVocab> dv;  // the vocabulary as the device keeps it, beside the host-driven stream
-
-  b.set_sequence(prompt, 0, true);
-  model.forward(b, kv, out, {.logits = true});
-  kv.commit_prefix(n_prompt);
-  h.n_past = n_prompt;
-  h.tokens[0] = argmax(out.logits.data() + size_t(n_prompt - 1) * V, V);
-  h.out_ids[size_t(h.counter++)] = h.tokens[0];
-  if (spec) dv = std::make_unique<test::ResidentVocab>(V, *spec, prompt, out.logits.data());
-  h.s.kver_last_only = dv && dv->kver_last_only();
-  tree_begin(h.s);
-
-  TreeRun run;
-  std::vector<float> draft_logits;
-  std::vector<Proposal> props(static_cast<size_t>(k));
-  DraftTree last_tree;
-  std::vector<int32_t> last_path;  // accept_greedy's path through last_tree
-  while (h.counter < n_predict) {
-    // 1. The vocabulary's update from the previous verification as tree_accept recorded it (the
-    //    tree's tokens, the target's top K_ver at keep[first_row, + n_rows)); the host-driven
-    //    stream takes the CPU drafter's own rule (DraftVocabulary::accepted: the nodes in order, the rows of the root
-    //    and the accepted path, or the last alone) and must hold the same window.
-    if (dv && dv->takes_steps()) {
-      dv->device_step(h.tokens.data() + 1, h.update.n_tree, verify_logits.data(),
-                      std::span<const int32_t>(h.keep).subspan(size_t(h.update.first_row), size_t(h.update.n_rows)));
-      if (h.steps > 0) {
-        std::vector<int32_t> tree_tokens, rows = {0};
-        for (const TreeNode& n : last_tree.nodes) tree_tokens.push_back(n.token);
-        for (int32_t p : last_path) rows.push_back(p + 1);
-        if (dv->kver_last_only()) rows = {rows.back()};
-        dv->reference_step(tree_tokens, verify_logits.data(), rows);
-      }
-      dv->expect_same_window(h.steps);
-    }
-    // 2. The draft forwards, each row's k best over the draft vocabulary.
-    for (int32_t f = 0; f <= shape.depth; ++f) {
-      const int32_t n_rows = shape.draft_rows(f);
-      b.clear();
-      b.tokens.assign(h.draft_tokens.begin(), h.draft_tokens.begin() + n_rows);
-      b.positions.assign(h.draft_positions.begin(), h.draft_positions.begin() + n_rows);
-      b.parents.assign(h.draft_parents.begin(), h.draft_parents.begin() + n_rows);
-      for (int32_t i = 0; i < n_rows; ++i) b.output_rows.push_back(i);
-      b.start = shape.draft_start(f);
-      model.forward(b, kv, out, {.logits = !dv, .end_layer = draft_layers});
-      for (int32_t i = 0; i < n_rows; ++i) {
-        int32_t got = 0;
-        if (!dv) {
-          got = top_k_logprobs(out.logits.data() + size_t(i) * V, V, k, props.data());
-        } else if (dv->rows() > 0) {
-          const int32_t n = dv->rows();
-          draft_logits.resize(size_t(n));
-          model.lm_head_rows(out.hidden.data() + size_t(i) * model.config().n_embd, 1, dv->token_of_slot(), n,
-                             draft_logits.data());
-          got = top_k_logprobs(draft_logits.data(), n, k, props.data());
-          for (int32_t j = 0; j < got; ++j) props[size_t(j)].token = dv->token_of_slot()[size_t(props[size_t(j)].token)];
-        }
-        for (int32_t j = 0; j < k; ++j) {
-          h.prop_token[size_t(i * k + j)] = j < got ? props[size_t(j)].token : -1;
-          h.prop_logprob[size_t(i * k + j)] = j < got ? props[size_t(j)].logprob : 0.0f;
-        }
-      }
-      tree_absorb(h.s, f);
-    }
-    for (int32_t c = 0; c < shape.candidates(); ++c) tree_rank(h.s, c);
-    tree_lay_out_verification(h.s);
-    // 3. The verification of every row, then the acceptance and the cache's compaction.
-    b.clear();
-    b.tokens = h.tokens;
-    b.positions = h.positions;
-    b.parents = h.parents;
-    b.output_rows = h.output_rows;
-    model.forward(b, kv, out, {.logits = true});
-    for (int32_t r = 0; r < shape.verify_rows(); ++r) h.pred[size_t(r)] = argmax(out.logits.data() + size_t(r) * V, V);
-    verify_logits = out.logits;
-    last_tree = h.tree();
-    std::vector<int32_t> emitted;
-    accept_greedy(last_tree, std::span<const int32_t>(h.pred).first(size_t(last_tree.size()) + 1), last_path, emitted);
-    const int32_t before = h.counter;
-    const int32_t a = tree_accept(h.s);
-    EXPECT_EQ(std::vector<int32_t>(h.out_ids.begin() + before, h.out_ids.begin() + h.counter), emitted);
-    // The compaction (the device's kv_compact moves its n_past, which is the state's).
-    kv.commit(std::span<const int32_t>(h.keep).first(size_t(h.n_keep)));
-    h.n_past += h.n_keep;
-    tree_lay_out_root(h.s);
-    EXPECT_EQ(kv.n_past(), h.n_past);
-    EXPECT_EQ(h.counter, h.n_past - n_prompt + 1) << "every emitted token but the newest is in the cache";
-    run.accepted += a;
-    run.nodes += last_tree.size();
-  }
-  run.steps = h.steps;
-  run.emitted.assign(h.out_ids.begin(), h.out_ids.begin() + n_predict);
-  run.step_counts.assign(h.step_counts.begin(), h.step_counts.begin() + h.steps);
-  return run;
+std::vector<TreeVariant> tree_variants() {
+  using Source = CandidateStreamParams::Source;
+  using Rows = CandidateStreamParams::KverRows;
+  const auto stream = test::window_spec;   // a window (dynamic)
+  const auto pinned = test::with_every_7th;  // ids 7, 14, 21, ... beside it (hybrid) or alone (freq)
+  return {
+      {"full head, k 2 depth 3, 6 nodes", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2, std::nullopt},
+      {"full head, k 3 depth 2, every candidate", {.depth = 2, .top_k = 3, .total_tokens = 40}, 2, std::nullopt},
+      {"full head, k 4 depth 0 (the root's children only)", {.depth = 0, .top_k = 4, .total_tokens = 4}, 1, std::nullopt},
+      {"full head, chain of 4, every layer drafts", {.depth = 3, .top_k = 1, .total_tokens = 4}, 3, std::nullopt},
+      {"full head, k 3 depth 3, every layer drafts", {.depth = 3, .top_k = 3, .total_tokens = 10}, 3, std::nullopt},
+      {"dynamic W 64, k 3 depth 3", {.depth = 3, .top_k = 3, .total_tokens = 10}, 2, stream(64, Source::Both, Rows::Accepted)},
+      {"dynamic ext W 64 (the first tree from an empty vocabulary)", {.depth = 2, .top_k = 2, .total_tokens = 5}, 2,
+       stream(64, Source::Ext, Rows::Accepted)},
+      {"dynamic W 5, K_ver of the last row", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2, stream(5, Source::Both, Rows::Last)},
+      {"dynamic ctx", {.depth = 2, .top_k = 2, .total_tokens = 6}, 2, stream(3072, Source::Ctx, Rows::Accepted)},
+      {"hybrid W 16 + 20 pinned", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2,
+       pinned(stream(16, Source::Both, Rows::Accepted), 20, PrunedVocabSpec::Kind::Window)},
+      {"freq: 40 fixed ids", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2,
+       pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed)}};
 }
 
 class TreeStateTiny : public ::testing::Test {
@@ -403,38 +280,14 @@ class TreeStateTiny : public ::testing::Test {
 };
 
 TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
-  using Source = CandidateStreamParams::Source;
-  using Rows = CandidateStreamParams::KverRows;
-  const auto stream = test::window_spec;   // a window (dynamic)
-  const auto pinned = test::with_every_7th;  // ids 7, 14, 21, ... beside it (hybrid) or alone (freq)
-  struct Variant {
-    const char* name;
-    TreeParams tree;
-    int32_t draft_layers;  // of 3
-    std::optional<PrunedVocabSpec> vocab;
-  };
-  const Variant variants[] = {
-      {"full head, k 2 depth 3, 6 nodes", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2, std::nullopt},
-      {"full head, k 3 depth 2, every candidate", {.depth = 2, .top_k = 3, .total_tokens = 40}, 2, std::nullopt},
-      {"full head, k 4 depth 0 (the root's children only)", {.depth = 0, .top_k = 4, .total_tokens = 4}, 1, std::nullopt},
-      {"full head, chain of 4, every layer drafts", {.depth = 3, .top_k = 1, .total_tokens = 4}, 3, std::nullopt},
-      {"full head, k 3 depth 3, every layer drafts", {.depth = 3, .top_k = 3, .total_tokens = 10}, 3, std::nullopt},
-      {"dynamic W 64, k 3 depth 3", {.depth = 3, .top_k = 3, .total_tokens = 10}, 2, stream(64, Source::Both, Rows::Accepted)},
-      {"dynamic ext W 64 (the first tree from an empty vocabulary)", {.depth = 2, .top_k = 2, .total_tokens = 5}, 2,
-       stream(64, Source::Ext, Rows::Accepted)},
-      {"dynamic W 5, K_ver of the last row", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2, stream(5, Source::Both, Rows::Last)},
-      {"dynamic ctx", {.depth = 2, .top_k = 2, .total_tokens = 6}, 2, stream(3072, Source::Ctx, Rows::Accepted)},
-      {"hybrid W 16 + 20 pinned", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2,
-       pinned(stream(16, Source::Both, Rows::Accepted), 20, PrunedVocabSpec::Kind::Window)},
-      {"freq: 40 fixed ids", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2,
-       pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed)}};
+  const std::vector<TreeVariant> variants = tree_variants();
   const std::vector<int32_t> prompt = {5, 17, 99, 3, 250, 41, 8, 77, 120};
   const int32_t n_predict = 40;
   Model& target = *target_.model;
   const std::vector<int32_t> plain = test::plain_greedy(target, prompt, n_predict);
   EXPECT_GE(std::set<int32_t>(plain.begin(), plain.end()).size(), 10u) << "a degenerate text tests little";
   int32_t accepted_partial = 0, accepted_dynamic = 0;
-  for (const Variant& v : variants) {
+  for (const TreeVariant& v : variants) {
     SCOPED_TRACE(v.name);
     const TreeRun r = run_tree(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab);
     EXPECT_EQ(r.emitted, plain);
@@ -450,9 +303,7 @@ TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
     // same steps, nodes and accepted drafts, so the device's counts are the CPU path's.
     Generator gen(target, *tok_, 512);
     const int32_t V = target.config().n_vocab;
-    DraftVocabulary vocab = !v.vocab                                         ? DraftVocabulary::full(V)
-                            : v.vocab->kind == PrunedVocabSpec::Kind::Fixed ? DraftVocabulary::packed(target, v.vocab->pinned)
-                                                                             : DraftVocabulary::dynamic(target, v.vocab->window, v.vocab->pinned);
+    DraftVocabulary vocab = test::host_draft_vocabulary(target, v.vocab);
     SelfDrafter drafter(target, gen.cache(), v.draft_layers, std::move(vocab));
     GenerateParams params;
     params.max_new_tokens = n_predict;
@@ -473,6 +324,43 @@ TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
   }
   EXPECT_GT(accepted_partial, 0) << "no partial drafter ever agreed";
   EXPECT_GT(accepted_dynamic, 0) << "no draft from the packed rows was ever accepted";
+}
+
+// Speculative sampling on the resident tree (tree_sampling.h) emits the CPU Decoder's tokens for a
+// seed: the same drafts drawn without replacement, the same kept nodes and the same recursive
+// rejection sampling, with the same steps, nodes and accepted drafts.
+TEST_F(TreeStateTiny, ResidentSampledTreeStepsEqualTheCpuDecoder) {
+  const std::vector<TreeVariant> variants = tree_variants();
+  const std::vector<int32_t> prompt = {5, 17, 99, 3, 250, 41, 8, 77, 120};
+  const int32_t n_predict = 40;
+  Model& target = *target_.model;
+  const int32_t V = target.config().n_vocab;
+  int32_t accepted_partial = 0, siblings_accepted = 0;
+  for (const TreeVariant& v : variants) {
+    for (const SamplingParams& sp : test::sampled_settings()) {
+      SCOPED_TRACE(std::string(v.name) + ", T " + std::to_string(sp.temperature) + ", seed " + std::to_string(sp.seed));
+      const TreeRun r = run_tree(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab, sp);
+      Generator gen(target, *tok_, 512);
+      DraftVocabulary vocab = test::host_draft_vocabulary(target, v.vocab);
+      SelfDrafter drafter(target, gen.cache(), v.draft_layers, std::move(vocab));
+      GenerateParams params;
+      params.max_new_tokens = n_predict;
+      params.ignore_eos = true;
+      params.sampling = sp;
+      const SpecResult cpu = Decoder(gen, *tok_, &drafter, v.tree).generate(prompt, params);
+      ASSERT_EQ(int32_t(cpu.gen.tokens.size()), n_predict);
+      EXPECT_EQ(r.emitted, cpu.gen.tokens);
+      EXPECT_EQ(r.steps, cpu.stats.steps);
+      EXPECT_EQ(r.nodes, cpu.stats.drafted);
+      EXPECT_EQ(r.accepted, cpu.stats.accepted_draft);
+      EXPECT_GE(std::set<int32_t>(r.emitted.begin(), r.emitted.end()).size(), 10u) << "a degenerate text tests little";
+      if (v.draft_layers == 3) EXPECT_GE(r.accepted, r.steps) << "q == p: the first child is always accepted";
+      if (v.draft_layers == 2) accepted_partial += r.accepted;
+      siblings_accepted += r.later_siblings_accepted;
+    }
+  }
+  EXPECT_GT(accepted_partial, 0) << "no partial drafter ever agreed: only rejections were tested";
+  EXPECT_GT(siblings_accepted, 0) << "no child after a rejected sibling was ever accepted: q's renormalisation went untested";
 }
 
 }  // namespace

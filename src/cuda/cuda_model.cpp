@@ -255,7 +255,7 @@ void CudaModel::allocate_buffers() {
   max_draw_bits_ = 1 + options_.max_generate * options_.n_batch;
   d_draw_bits_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * size_t(max_draw_bits_)));
   d_top_ids_ = ints(64);
-  max_draft_bits_ = options_.max_generate * kMaxDraftDraws;
+  max_draft_bits_ = options_.max_generate * kMaxDraftDrawsPerStep;
   d_draft_bits_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * size_t(max_draft_bits_)));
   d_target_drawn_ = ints(1);
   d_draft_drawn_ = ints(1);
@@ -489,10 +489,10 @@ TokenPick CudaModel::begin_sampling(const SamplingParams& sampling, int32_t n_bi
 
 void CudaModel::begin_spec_sampling(const SamplingParams& sampling, int32_t steps, int32_t draws_per_step) {
   const int64_t n = int64_t(steps) * draws_per_step;
-  if (steps < 0 || draws_per_step < 0 || draws_per_step > kMaxDraftDraws || n > max_draft_bits_)
+  if (steps < 0 || draws_per_step < 0 || draws_per_step > kMaxDraftDrawsPerStep || n > max_draft_bits_)
     throw Error("speculative sampling: " + std::to_string(steps) + " steps of " + std::to_string(draws_per_step) +
                 " draft draws, room for " + std::to_string(max_draft_bits_) + " (at most " +
-                std::to_string(kMaxDraftDraws) + " a step)");
+                std::to_string(kMaxDraftDrawsPerStep) + " a step)");
   // The draft sampler's seed is the CPU decoder's (speculative/decoder.h).
   std::mt19937_64 rng(draft_sampler_seed(sampling.seed));
   std::vector<uint64_t> bits(static_cast<size_t>(n));
@@ -680,6 +680,11 @@ void CudaModel::enqueue_draft_draw(const ChainStep& step, int32_t d, const float
   chain_draw(chain_state(step), chain_sampling(step), d, stream);
 }
 
+TreeSampling CudaModel::tree_sampling(const ChainStep& step) const {
+  return TreeSampling{d_sample_settings_, step.sample_k, d_draft_top_ids_, d_draft_top_values_, d_verify_top_ids_,
+                      d_verify_top_values_, d_draft_bits_, d_draft_drawn_, d_draw_bits_, d_target_drawn_};
+}
+
 TreeState CudaModel::tree_state(const ChainStep& step) const {
   // The tree's own arrays, then the model's: the verification batch, the argmax, the keep list,
   // the cache's n_past, the emitted tokens and the counters (the fields in TreeState's order).
@@ -709,21 +714,42 @@ void CudaModel::enqueue_tree_step(const ChainStep& step) {
     const int32_t rows = shape.draft_rows(f);
     enqueue_forward(DeviceBatch{t.draft_tokens, t.draft_positions, t.draft_parents, rows, shape.draft_start(f)},
                     t.draft_out_rows, rows, {.logits = step.vocab == nullptr, .end_layer = step.draft_layers});
-    if (step.vocab) {
-      step.vocab->logits(hidden_, rows, act_scratch_);
+    if (step.vocab) step.vocab->logits(hidden_, rows, act_scratch_);
+    if (step.sample_k > 0) {
+      // Sampling: each row's sample_k best (at its pending slot's ranked row), then k draws from q.
+      const int64_t at = int64_t(shape.draft_start(f)) * step.sample_k;
+      if (step.vocab)
+        step.vocab->ranked(rows, step.sample_k, d_draft_top_ids_ + at, d_draft_top_values_ + at);
+      else
+        top_k_rows(logits_, V, V, RowRange{.max_rows = rows}, step.sample_k, d_draft_top_ids_ + at,
+                   d_draft_top_values_ + at, stream_);
+      tree_draw(st, tree_sampling(step), f, stream_);
+    } else if (step.vocab) {
       step.vocab->proposals(rows, k, t.prop_token, t.prop_logprob);
     } else {
       tree_proposals(logits_, V, V, nullptr, nullptr, rows, k, t.prop_token, t.prop_logprob, stream_);
     }
     tree_absorb(st, f, stream_);
   }
-  // 3. The kept nodes, then the verification of the root and every node with the tree's parent
-  //    mask (placeholder rows past the nodes are never accepted).
-  tree_finish(st, stream_);
+  // 3. The kept nodes (the best by score; sampling: the first made), then the verification of the
+  //    root and every node with the tree's parent mask (placeholder rows past the nodes are never
+  //    accepted): each row's argmax, or with sampling its sample_k best.
+  if (step.sample_k > 0)
+    tree_finish_first(st, stream_);
+  else
+    tree_finish(st, stream_);
   enqueue_forward(device_batch(0, shape.verify_rows(), 0), d_out_rows_, shape.verify_rows(), {.logits = true});
-  argmax_rows(logits_, shape.verify_rows(), V, d_argmax_out_, d_argmax_scratch_, stream_);
-  // 4. Acceptance, the cache compacted to the accepted path (n_past moves there), the next root.
-  tree_accept(st, stream_);
+  if (step.sample_k > 0)
+    top_k_rows(logits_, V, V, RowRange{.max_rows = shape.verify_rows()}, step.sample_k, d_verify_top_ids_,
+               d_verify_top_values_, stream_);
+  else
+    argmax_rows(logits_, shape.verify_rows(), V, d_argmax_out_, d_argmax_scratch_, stream_);
+  // 4. Acceptance (greedy, or recursive rejection sampling), the cache compacted to the accepted
+  //    path (n_past moves there), the next root.
+  if (step.sample_k > 0)
+    tree_sample_accept(st, tree_sampling(step), stream_);
+  else
+    tree_accept(st, stream_);
   kv_compact(kv_, d_keep_, t.n_keep, stream_);
   tree_lay_out_root(st, stream_);
 }
@@ -869,12 +895,16 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   if (o.draft_model && o.draft_head) throw Error("speculative decoding: a draft model or a draft head, not both");
   if (prompt.empty()) throw Error("generate: empty prompt");
   const bool sampled = !o.sampling.greedy();
-  const int32_t draft_draws = o.draft_draws > 0 ? o.draft_draws : o.depth;
-  if (sampled && o.tree)
-    throw Error("speculative sampling on the device drafts a chain (top-k 1); a draft tree is greedy only");
-  if (sampled && (draft_draws < o.depth || draft_draws > kMaxDraftDraws))
+  // The draft sampler's draws a step: a tree's k per draft row, a chain's draft_draws.
+  const int32_t draft_draws = o.tree ? tree_draft_draws(*o.tree) : o.draft_draws > 0 ? o.draft_draws : o.depth;
+  if (sampled && !o.tree && (draft_draws < o.depth || draft_draws > kMaxDraftDrawsPerStep))
     throw Error("speculative sampling: " + std::to_string(draft_draws) + " draft draws a step for a chain of " +
-                std::to_string(o.depth) + " (the chain's length up to " + std::to_string(kMaxDraftDraws) + ")");
+                std::to_string(o.depth) + " (the chain's length up to " + std::to_string(kMaxDraftDrawsPerStep) + ")");
+  if (sampled && o.tree && (draft_draws > kMaxDraftDrawsPerStep || o.tree->draft_slots() > options_.n_batch))
+    throw Error("speculative sampling on a draft tree of top-k " + std::to_string(o.tree->top_k) + " and depth " +
+                std::to_string(o.tree->depth) + ": its " + std::to_string(o.tree->draft_slots()) + " draft rows draw " +
+                std::to_string(draft_draws) + " tokens a step; at most " + std::to_string(kMaxDraftDrawsPerStep) +
+                " draws and " + std::to_string(options_.n_batch) + " rows (the batch)");
   // Checked here rather than inside a step that a graph captures.
   const bool vocab_steps = o.vocab && o.vocab->kind == PrunedVocabSpec::Kind::Window &&
                            o.vocab->window.stream.source != CandidateStreamParams::Source::Ctx;
@@ -889,10 +919,12 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     if (stats) *stats = st;
     return out;
   }
-  // Sampling's settings and random bits: the first token's draw, then at most depth + 1 target
-  // draws and draft_draws draft draws per step, each step emitting a token at least.
+  // Sampling's settings and random bits: the first token's draw, then at most one target draw per
+  // draft tried and one more per step (a chain's depth + 1, a tree's rows) and draft_draws draft
+  // draws per step, each step emitting a token at least.
   const int32_t limit = std::min(o.n_predict, options_.max_generate);
-  const TokenPick pick = begin_sampling(o.sampling, sampled ? 1 + limit * (o.depth + 1) : 0);
+  const int32_t target_draws = o.tree ? o.tree->verify_rows() : o.depth + 1;
+  const TokenPick pick = begin_sampling(o.sampling, sampled ? 1 + limit * target_draws : 0);
   if (sampled) begin_spec_sampling(o.sampling, limit, draft_draws);
 
   // The draft LM head over the drafter's rows: MicroSpec's packed ones (state on the device) or the

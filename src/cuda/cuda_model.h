@@ -37,9 +37,6 @@ struct CudaModelOptions {
   int32_t max_generate = 4096;  // capacity of the device's generated-token buffer
 };
 
-// Most draft-sampler draws a speculative sampling step may take (the CPU's chain: its tree depth
-// + 1, the depth at most 64).
-constexpr int32_t kMaxDraftDraws = 65;
 
 // A batch in host memory (the Batch of src/model, without depending on it).
 struct HostBatch {
@@ -117,9 +114,10 @@ class CudaModel;
 // catch-up over the last verification (speculative/chain_state.h), then one head row per draft,
 // each scored by the target's LM head through the draft vocabulary. draft_layers is then unused.
 //
-// With sampling (temperature > 0; a chain, top_k 1..64) the step is speculative sampling
-// (speculative/chain_sampling.h): each draft is the draft sampler's draw from its row's k best,
-// and the verification's k best per row feed rejection sampling in one device thread, so the
+// With sampling (temperature > 0, top_k 1..64) the step is speculative sampling
+// (speculative/chain_sampling.h; a tree's: tree_sampling.h): each draft is the draft sampler's
+// draw from its row's k best (a tree row's children: k draws without replacement), and the
+// verification's k best per row feed (recursive) rejection sampling in one device thread, so the
 // output has plain sampling's distribution. The random bits are the CPU decoder's two samplers'
 // (the seed's, and draft_sampler_seed's), consumed as the CPU consumes them, so equal
 // logits give the CPU decoder's tokens; draft_draws is the CPU's draft draws per step (its tree's
@@ -129,14 +127,14 @@ struct SpecChainOptions {
   std::vector<int32_t> stop_ids;  // generation ends after one of these (it is kept)
   int32_t draft_layers = 1;
   int32_t depth = 4;
-  std::optional<TreeShape> tree;  // a tree of this shape instead of a chain (self-draft only); depth is then unused
+  std::optional<TreeShape> tree;  // a tree of this shape instead of a chain (self-draft only); depth, draft_draws unused
   std::optional<PrunedVocabSpec> vocab;
   CudaModel* draft_model = nullptr;
   DeviceEagleHead* draft_head = nullptr;  // made for this model (its embeddings, its features)
   Graphs graphs = Graphs::On;  // replay the step as a captured CUDA graph
   int32_t sync_every = 4;      // steps between host checks for a stop token
-  SamplingParams sampling;     // greedy (the default) or speculative sampling (chains only)
-  int32_t draft_draws = 0;     // with sampling: the draft sampler's draws per step (>= depth; 0: depth)
+  SamplingParams sampling;     // greedy (the default) or speculative sampling
+  int32_t draft_draws = 0;     // with sampling on a chain: the draft sampler's draws per step (>= depth; 0: depth)
 };
 // The device's counts: the steps up to and including the one that emitted the last token the
 // generation kept (the stop token, the last one wanted, the one a TokenHandler ended with), as the
@@ -283,6 +281,7 @@ class CudaModel {
   DecodeState decode_state() const;
   ChainState chain_state(const ChainStep& step) const;
   ChainSampling chain_sampling(const ChainStep& step) const;
+  TreeSampling tree_sampling(const ChainStep& step) const;
   // A sampled chain's pick of draft d from the drafter's row: its sample_k best (the packed head's
   // or the full logits'), then chain_draw, on `stream`.
   void enqueue_draft_draw(const ChainStep& step, int32_t d, const float* full_logits, cudaStream_t stream);
@@ -344,7 +343,7 @@ class CudaModel {
   uint64_t* d_draw_bits_ = nullptr;              // [max_draw_bits_] its random bits (the target sampler's)
   int32_t* d_top_ids_ = nullptr;                 // [64] a sampled pick's ranked ids (values: top_values_)
   // Speculative sampling (speculative/chain_sampling.h).
-  int32_t max_draft_bits_ = 0;                   // max_generate * kMaxDraftDraws
+  int32_t max_draft_bits_ = 0;                   // max_generate * kMaxDraftDrawsPerStep
   uint64_t* d_draft_bits_ = nullptr;             // [max_draft_bits_] the draft sampler's random bits
   int32_t* d_target_drawn_ = nullptr;            // [1] target bits consumed
   int32_t* d_draft_drawn_ = nullptr;             // [1] draft bits consumed

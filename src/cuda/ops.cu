@@ -1310,6 +1310,9 @@ __global__ void k_tree_rank(TreeState st) {
 __global__ void k_tree_lay_out_verification(TreeState st) { ::microspec::tree_lay_out_verification(st); }
 __global__ void k_tree_accept(TreeState st) { ::microspec::tree_accept(st); }
 __global__ void k_tree_lay_out_root(TreeState st) { ::microspec::tree_lay_out_root(st); }
+__global__ void k_tree_draw(TreeState st, TreeSampling m, int32_t forward) { ::microspec::tree_draw(st, m, forward); }
+__global__ void k_tree_keep_first(TreeState st) { ::microspec::tree_keep_first(st); }
+__global__ void k_tree_sample_accept(TreeState st, TreeSampling m) { ::microspec::tree_sample_accept(st, m); }
 
 __device__ __forceinline__ float hash_uniform(uint64_t seed, uint64_t i) {
   uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
@@ -1639,6 +1642,36 @@ void tree_accept(const TreeState& st, cudaStream_t stream) {
 
 void tree_lay_out_root(const TreeState& st, cudaStream_t stream) {
   k_tree_lay_out_root<<<1, 1, 0, stream>>>(st);
+  MS_CUDA_LAUNCH();
+}
+
+namespace {
+void check_tree_sampling(const TreeState& st, const TreeSampling& m, const char* what) {
+  check_tree_shape(st, what);
+  if (m.k < 1 || m.k > 64)
+    throw Error(std::string("cuda ") + what + ": top-k " + std::to_string(m.k) + " outside 1..64");
+}
+}  // namespace
+
+void tree_draw(const TreeState& st, const TreeSampling& sampling, int32_t forward, cudaStream_t stream) {
+  check_tree_sampling(st, sampling, "tree_draw");
+  if (forward < 0 || forward > st.shape.depth)
+    throw Error("cuda tree_draw: forward " + std::to_string(forward) + " outside 0.." + std::to_string(st.shape.depth));
+  k_tree_draw<<<1, 1, 0, stream>>>(st, sampling, forward);
+  MS_CUDA_LAUNCH();
+}
+
+void tree_finish_first(const TreeState& st, cudaStream_t stream) {
+  check_tree_shape(st, "tree_finish_first");
+  k_tree_keep_first<<<1, 1, 0, stream>>>(st);
+  MS_CUDA_LAUNCH();
+  k_tree_lay_out_verification<<<1, 1, 0, stream>>>(st);
+  MS_CUDA_LAUNCH();
+}
+
+void tree_sample_accept(const TreeState& st, const TreeSampling& sampling, cudaStream_t stream) {
+  check_tree_sampling(st, sampling, "tree_sample_accept");
+  k_tree_sample_accept<<<1, 1, 0, stream>>>(st, sampling);
   MS_CUDA_LAUNCH();
 }
 

@@ -18,6 +18,7 @@
 #include "sampling/ranked_draw.h"
 #include "speculative/chain_sampling.h"
 #include "speculative/chain_state.h"
+#include "speculative/tree_sampling.h"
 #include "speculative/tree_state.h"
 #include "vocab/window_state.h"
 
@@ -261,6 +262,13 @@ void tree_absorb(const TreeState& st, int32_t forward, cudaStream_t stream);
 void tree_finish(const TreeState& st, cudaStream_t stream);
 void tree_accept(const TreeState& st, cudaStream_t stream);
 void tree_lay_out_root(const TreeState& st, cudaStream_t stream);
+// Speculative sampling on the tree (speculative/tree_sampling.h) in one device thread: tree_draw
+// after draft forward `forward`'s ranked rows (in place of its proposals), tree_finish_first
+// (tree_keep_first, then tree_lay_out_verification) in place of tree_finish, tree_sample_accept in
+// place of tree_accept after the verification's ranked rows.
+void tree_draw(const TreeState& st, const TreeSampling& sampling, int32_t forward, cudaStream_t stream);
+void tree_finish_first(const TreeState& st, cudaStream_t stream);
+void tree_sample_accept(const TreeState& st, const TreeSampling& sampling, cudaStream_t stream);
 
 // Fills n values of a 16-bit float type (BF16 or F16) with uniform(-scale, scale) from a hash of
 // (seed, index): random weights made on the device for benchmarks.

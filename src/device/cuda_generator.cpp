@@ -9,6 +9,7 @@
 #include "model/config.h"
 #include "speculative/drafter.h"
 #include "speculative/drafter_setup.h"
+#include "speculative/tree_sampling.h"
 #include "util/error.h"
 
 #if MICROSPEC_HAS_CUDA
@@ -30,9 +31,15 @@ std::string cuda_spec_unsupported(const SpecConfig& spec) {
 }
 
 std::string cuda_spec_sampling_unsupported(const SpecConfig& spec) {
-  if (!spec.enabled() || spec.tree.top_k == 1) return {};
-  return "--device cuda samples speculatively with a chain (--tree-topk 1); a draft tree there decodes greedily "
-         "(--temp 0)";
+  // A chain, or a tree whose draft rows' draws fit a step's (what cuda_spec_unsupported refuses,
+  // such as --draft-p-min, it names).
+  if (!spec.enabled() || spec.tree.top_k == 1 || spec.tree.p_min != 0 || spec.tree.total_tokens <= 0) return {};
+  const TreeShape shape = spec.tree.fixed_shape();
+  const int32_t draws = tree_draft_draws(shape);
+  if (draws <= kMaxDraftDrawsPerStep) return {};
+  return "--device cuda samples speculatively from a draft tree of at most " + std::to_string(kMaxDraftDrawsPerStep) +
+         " draft draws a step ((1 + depth x top-k) x top-k); --tree-topk " + std::to_string(shape.top_k) +
+         " --tree-depth " + std::to_string(shape.depth) + " takes " + std::to_string(draws);
 }
 
 void set_cuda_speculation(const SpecConfig& spec, const GgufFile& target, const Tokenizer& tokenizer,
@@ -154,8 +161,6 @@ SpecResult CudaGenerator::generate(const std::vector<int32_t>& prompt, const Gen
     return sink.push(id);
   };
   const bool drafts = speculative() && drafting == Drafting::Speculative;
-  if (drafts && !params.sampling.greedy() && d.options.spec_tree)
-    throw Error("--device cuda drafts trees for greedy decoding only: a sampled generation runs with Drafting::Plain");
   if (drafts) {
     cuda::SpecChainOptions so;
     so.n_predict = params.max_new_tokens;

@@ -43,7 +43,8 @@ struct CudaGeneratorOptions {
 std::string cuda_spec_unsupported(const SpecConfig& spec);
 
 // Why the device cannot sample speculatively with these settings ("" when it can, or when
-// speculation is off): speculative sampling there drafts chains (--tree-topk 1); a tree is greedy.
+// speculation is off): a chain always; a tree whose draft rows take at most kMaxDraftDrawsPerStep
+// draws a step (speculative/tree_sampling.h).
 std::string cuda_spec_sampling_unsupported(const SpecConfig& spec);
 
 // Fills o's speculative fields from the settings the CLI and the server parse: the chain or tree

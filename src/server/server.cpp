@@ -230,15 +230,17 @@ Backend cuda_backend(const ServerOptions& o, const GgufFile& file, const Tokeniz
                device->describe().c_str(), peak_memory_bytes() / (1024.0 * 1024.0));
   return Backend{
       .device = "cuda",
-      // Sampling is top-k's draw: speculative with a chain, plain with a tree.
+      // Sampling is top-k's draw, speculative with the chain or tree (plain with a tree too large
+      // to sample from on the device, said in the note).
       .admit =
-          [tree_is_greedy = !cuda_spec_sampling_unsupported(o.spec).empty()](CompletionRequest& r) {
+          [plain_when_sampled = !cuda_spec_sampling_unsupported(o.spec).empty()](CompletionRequest& r) {
             if (const std::string why = cuda_params_unsupported(r.params.sampling); !why.empty())
               throw ApiError(400, "Invalid 'top_k': this server runs on a GPU, where " + why + ".", "top_k",
                              "unsupported_parameter");
-            if (r.speculative && !r.params.sampling.greedy() && tree_is_greedy) {
+            if (r.speculative && !r.params.sampling.greedy() && plain_when_sampled) {
               r.speculative = false;
-              r.spec_note = "sampled requests decode without speculation on the GPU's draft tree";
+              r.spec_note = "sampled requests decode without speculation: the GPU's draft tree draws too many "
+                            "tokens a step to sample from";
             }
           },
       .generate =

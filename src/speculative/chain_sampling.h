@@ -65,6 +65,20 @@ struct RankedRowProbs {
       if (ids[i] == id) return probs[i];
     return 0.0f;
   }
+  // After a draft from q is rejected: this (p) <- norm(max(0, p - q)), on p's support; a residual
+  // of 0 (p == q, a rejection only rounding allows) keeps p. TreeSamplingVerifier's step.
+  MS_HOST_DEVICE void take_residual(const RankedRowProbs& q) {
+    float rest[64];  // max(0, p - q) per entry of p
+    double residual = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+      rest[i] = fmaxf(0.0f, probs[i] - q.of(ids[i]));
+      residual += rest[i];
+    }
+    if (residual > 0.0) {
+      const double inv = 1.0 / residual;
+      for (int32_t i = 0; i < n; ++i) probs[i] = static_cast<float>(rest[i] * inv);
+    }
+  }
 };
 
 // Draft d (d < depth): tokens[1 + d] = a draw from q at draft row d with the step's draw d of the
@@ -106,18 +120,7 @@ MS_HOST_DEVICE inline int32_t chain_sample_accept(const ChainState& s, const Cha
         s.pred[a] = x;
         continue;
       }
-      // Rejected: p <- norm(max(0, p - q)), on p's support; a residual of 0 (p == q, a rejection
-      // only rounding allows) keeps p.
-      float rest[64];  // max(0, p - q) per entry of p
-      double residual = 0.0;
-      for (int32_t i = 0; i < p.n; ++i) {
-        rest[i] = fmaxf(0.0f, p.probs[i] - q.of(p.ids[i]));
-        residual += rest[i];
-      }
-      if (residual > 0.0) {
-        const double inv = 1.0 / residual;
-        for (int32_t i = 0; i < p.n; ++i) p.probs[i] = static_cast<float>(rest[i] * inv);
-      }
+      p.take_residual(q);  // rejected: p <- norm(max(0, p - q))
     }
     // The emitted token: a draw from p (the residual after a rejection).
     token = p.ids[draw_from(p.n, [&p](int32_t i) { return p.probs[i]; }, m.target_bits[drawn++])];

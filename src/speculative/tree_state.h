@@ -71,9 +71,10 @@ struct TreeState {
   int32_t* draft_tokens = nullptr;     // [top_k]
   int32_t* draft_positions = nullptr;  // [top_k]
   int32_t* draft_parents = nullptr;    // [top_k] pending index of the parent, -1 = the prefix only
-  // The last draft forward's proposals, each row's k best, best first.
-  const int32_t* prop_token = nullptr;   // [top_k][top_k] token ids, -1 = none
-  const float* prop_logprob = nullptr;   // [top_k][top_k] <= 0
+  // The last draft forward's proposals: each row's k best, best first (or, sampling, its k draws:
+  // tree_sampling.h's tree_draw).
+  int32_t* prop_token = nullptr;   // [top_k][top_k] token ids, -1 = none
+  float* prop_logprob = nullptr;   // [top_k][top_k] <= 0
   // Every candidate of the step, in the order made.
   int32_t* cand_token = nullptr;   // [candidates] -1 = empty
   int32_t* cand_parent = nullptr;  // [candidates] candidate id, -1 = the root
@@ -209,6 +210,21 @@ MS_HOST_DEVICE inline void tree_lay_out_verification(const TreeState& s) {
   }
 }
 
+// After an acceptance that kept rows keep[0..a] (the root and the accepted path) and emitted
+// out_ids up to `count` (the accepted tokens, then next_root): records the keep list's length, the
+// next root, the vocabulary's update and the step's count. Returns a.
+MS_HOST_DEVICE inline int32_t tree_commit(const TreeState& s, int32_t a, int32_t count, int32_t next_root) {
+  *s.n_keep = a + 1;
+  *s.counter = count;
+  s.tokens[0] = next_root;
+  s.update->n_tree = *s.n_nodes;
+  s.update->first_row = s.kver_last_only ? a : 0;
+  s.update->n_rows = s.kver_last_only ? 1 : a + 1;
+  s.step_counts[*s.steps] = count;
+  *s.steps += 1;
+  return a;
+}
+
 // After the verification: accepts, emits, records the slots to keep and the vocabulary's update
 // (see the top of this file for what the caller does next). Returns the drafts accepted. out_ids
 // must have room for max_emitted() more entries.
@@ -225,15 +241,7 @@ MS_HOST_DEVICE inline int32_t tree_accept(const TreeState& s) {
     s.keep[++a] = next;
     row = next;
   }
-  *s.n_keep = a + 1;
-  *s.counter = count;
-  s.tokens[0] = s.pred[row];
-  s.update->n_tree = *s.n_nodes;
-  s.update->first_row = s.kver_last_only ? a : 0;
-  s.update->n_rows = s.kver_last_only ? 1 : a + 1;
-  s.step_counts[*s.steps] = count;
-  *s.steps += 1;
-  return a;
+  return tree_commit(s, a, count, s.pred[row]);
 }
 
 }  // namespace microspec

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -34,6 +35,7 @@
 #include "../tiny_head.h"
 #include "../resident_sampling.h"
 #include "../resident_step.h"
+#include "../resident_tree.h"
 #include "../tiny_model.h"
 #include "util/error.h"
 #include "vocab/candidate_stream.h"
@@ -901,7 +903,10 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
 // proves equal to the CPU Decoder's for a seed) for the self-draft with the full vocabulary (a
 // chain of 4; a chain of 3 cut from a tree of depth 4, whose draft draws past the chain are
 // skipped), with MicroSpec's (prompt and steps; steps only, whose first chain is placeholders), for
-// a draft model and for an EAGLE-3 head (F32 too), graphs on and off, with the same counts. On
+// a draft model and for an EAGLE-3 head (F32 too), and on self-drafted trees (the host-driven tree
+// step, run_tree, which tests/test_spec_tree_state.cpp proves equal to the CPU Decoder's: the same
+// draws without replacement, kept nodes and recursive rejection sampling), graphs on and off,
+// with the same counts. On
 // every model case the target drafting for itself (every layer) has every draft accepted (q == p
 // bit for bit: batch invariance), two seeds give two texts, greedy decoding after sampling is
 // greedy again, and the Q8_0 head's sampled chain runs to the end with in-range tokens.
@@ -962,6 +967,29 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
         EXPECT_EQ(st.accepted_drafts, accepted);
       }
     }
+    // Self-drafted trees (2 of 3 layers), the full head and MicroSpec's window.
+    for (const auto& [name, params, vocab] :
+         std::vector<std::tuple<const char*, TreeParams, std::optional<PrunedVocabSpec>>>{
+             {"tree k 2 depth 3, 6 nodes, full", {.depth = 3, .top_k = 2, .total_tokens = 6}, std::nullopt},
+             {"tree k 3 depth 2, 8 nodes, dynamic W 64", {.depth = 2, .top_k = 3, .total_tokens = 8},
+              test::window_spec(64, Source::Both, Rows::Accepted)}}) {
+      const test::TreeRun want = test::run_tree(*m.cpu, prompt, n_predict, params, 2, vocab, sp);
+      for (const Launch& l : launches) {
+        SCOPED_TRACE(std::string(arch) + ", " + name + ", " + l.name);
+        cuda::SpecChainOptions o;
+        o.n_predict = n_predict;
+        o.tree = params.fixed_shape();
+        o.draft_layers = 2;
+        o.vocab = vocab;
+        o.sampling = sp;
+        o.graphs = l.graphs;
+        o.sync_every = l.sync_every;
+        cuda::SpecChainStats st;
+        EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &st), want.emitted);
+        EXPECT_EQ(st.steps, want.steps);
+        EXPECT_EQ(st.accepted_drafts, want.accepted);
+      }
+    }
   }
   for (const Case& c : kModelCases) {
     SCOPED_TRACE(c.arch + " " + type_name(uint32_t(c.type)));
@@ -1008,9 +1036,9 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
     for (int32_t t : head_text) EXPECT_TRUE(t >= 0 && t < m.cpu->config().n_vocab) << t;
     EXPECT_GT(head_stats.steps, 0);
     cuda::SpecChainOptions tree;
-    tree.tree = TreeShape{2, 2, 5};
+    tree.tree = TreeShape{8, 8, 4};
     tree.sampling = SamplingParams{.temperature = 1.0f, .top_k = 8, .seed = 1};
-    EXPECT_THROW(m.gpu->generate_speculative(prompt, tree), Error) << "a sampled tree";
+    EXPECT_THROW(m.gpu->generate_speculative(prompt, tree), Error) << "a sampled tree of 520 draft draws a step";
   }
 }
 

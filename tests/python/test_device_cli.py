@@ -46,6 +46,9 @@ def generate(*args):
     ["--temp", "0.7", "--seed", "3", "--spec", "self", "--tree-topk", "1"],
     ["--temp", "0.9", "--spec", "draft", "--draft-model", SMOL, "--tree-topk", "1", "--draft-vocab", "full"],
     ["--temp", "0.9", "--top-k", "8", "--spec", "head", "--tree-topk", "1"],
+    # speculative sampling on a self-drafted tree: MicroSpec's window, the full head
+    ["--temp", "0.7", "--seed", "3", "--spec", "self", "--tree-topk", "2", "--tree-depth", "3", "--tree-tokens", "6"],
+    ["--temp", "1.0", "--top-k", "16", "--spec", "self", "--tree-topk", "4", "--tree-depth", "2", "--draft-vocab", "full"],
 ])
 def test_accepted_settings_reach_the_device(args):
     p = generate(*args)
@@ -78,7 +81,7 @@ def test_a_prompts_file_reaches_the_device(tmp_path):
     (["--spec", "self", "--tree-topk", "1", "--draft-p-min", "20"], "--draft-p-min 0"),
     (["--temp", "0.7", "--top-k", "0"], "top_k must be in 1..64"),
     (["--temp", "0.7", "--top-k", "100"], "top_k must be in 1..64"),
-    (["--temp", "0.7", "--spec", "self", "--tree-topk", "2"], "samples speculatively with a chain (--tree-topk 1)"),
+    (["--temp", "0.7", "--spec", "self", "--tree-topk", "8", "--tree-depth", "8"], "--tree-depth 8 takes 520"),
     (["--temp", "0.7", "--top-k", "0", "--spec", "self", "--tree-topk", "1"], "top_k must be in 1..64"),
 ])
 def test_refused_settings_name_what_the_device_supports(args, says):
@@ -109,8 +112,8 @@ def serve(*args):
 def test_serve_reaches_the_device(args):
     """Started on a GPU machine: a greedy completion is `generate --device cuda`'s text (speculative or
     not, streamed or not: the device's greedy tokens, which equal the CPU's up to near ties); a sampled
-    one is generate's sample with the same seed and settings (speculative sampling with a chain; with a
-    tree, plain sampling, said in the usage's note) and a top_k the device cannot sample from gets 400
+    one is generate's sample with the same seed and settings (speculative sampling with the chain or
+    the tree) and a top_k the device cannot sample from gets 400
     naming it; SIGTERM ends it with 0. Elsewhere the server ends at start with the reason it has no
     device."""
     try:
@@ -136,10 +139,9 @@ def test_serve_reaches_the_device(args):
         sampled = {"prompt": prompt, "max_tokens": n, "temperature": 0.8, "seed": 5}
         status, _, body = http(server, "POST", "/v1/completions", sampled, timeout=300)
         assert status == 200, body
-        tree = "--tree-topk" in args and args[args.index("--tree-topk") + 1] != "1"  # a tree samples plainly
-        p = generate_text("-p", prompt, "-n", n, "--temp", "0.8", "--seed", "5", *([] if tree else args))
+        p = generate_text("-p", prompt, "-n", n, "--temp", "0.8", "--seed", "5", *args)
         assert body["choices"][0]["text"] == p, (body, p)
-        assert ("note" in body["usage"]["microspec"]) == tree, body["usage"]
+        assert "note" not in body["usage"]["microspec"], body["usage"]
         status, _, body = http(server, "POST", "/v1/completions", {**sampled, "top_k": 0})
         assert status == 400 and body["error"]["param"] == "top_k", body
     finally:
