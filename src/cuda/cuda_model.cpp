@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -88,6 +89,13 @@ CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options)
   if (!device_available()) throw Error("--device cuda: no CUDA device is available");
   if (options_.n_batch < 1) throw Error("batch size must be >= 1");
   if (options_.n_ctx < 1) throw Error("context size must be >= 1");
+  // The random bits sampling may use: one per generated token and batch row, and the draft's
+  // kMaxDraftDrawsPerStep per step, indexed in int32.
+  if (options_.max_generate < 0 ||
+      (int64_t(options_.max_generate) + 1) * std::max(options_.n_batch, kMaxDraftDrawsPerStep) > INT32_MAX)
+    throw Error("generation capacity " + std::to_string(options_.max_generate) + " outside 0.." +
+                std::to_string(INT32_MAX / std::max(options_.n_batch, kMaxDraftDrawsPerStep) - 1) + " for a batch of " +
+                std::to_string(options_.n_batch));
   if (options_.n_ctx > attention_max_ctx())
     throw Error("context size " + std::to_string(options_.n_ctx) + " exceeds the CUDA backend's " +
                 std::to_string(attention_max_ctx()));

@@ -88,9 +88,9 @@ CudaGenerator::CudaGenerator(const GgufFile& target, const Tokenizer& tokenizer,
   cuda::CudaModelOptions opt;
   opt.n_ctx = options.n_ctx;
   opt.n_batch = options.n_batch;
-  // Room for the last speculative step's whole chain or tree path past n_predict (its extra
-  // tokens are dropped).
-  opt.max_generate = options.n_predict + 1 +
+  // No generation outlives the context; room for the last speculative step's whole chain or tree
+  // path past it (its extra tokens are dropped).
+  opt.max_generate = std::min(options.n_predict, options.n_ctx) + 1 +
                      (options.spec_tree ? options.spec_tree->max_emitted() : std::max(options.spec_chain, 0));
   // The head is read and checked before any device is touched.
   std::unique_ptr<GgufFile> head_file;

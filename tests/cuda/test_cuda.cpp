@@ -1336,6 +1336,11 @@ TEST(CudaModel, BadInputIsAnError) {
   tree_from_a_model.tree = TreeShape{2, 2, 4};
   tree_from_a_model.draft_model = m.gpu.get();
   EXPECT_THROW(m.gpu->generate_speculative(ok, tree_from_a_model, nullptr), Error);
+  // A generation capacity whose random bits the device could not index, refused at load.
+  cuda::CudaModelOptions huge;
+  huge.max_generate = 1 << 23;
+  const std::string e = test::error_of([&] { cuda::CudaModel::load(*m.file, huge); });
+  EXPECT_NE(e.find("generation capacity 8388608 outside 0.."), std::string::npos) << e;
 }
 
 }  // namespace
