@@ -390,6 +390,17 @@ int run(int argc, char** argv) {
               tree[0] - verify60, tree[1] - verify60, tree[2] - verify60);
   std::printf("| dynamic draft part vs full draft part | %.2fx | 0.47x |\n", (tree[2] - verify60) / (tree[0] - verify60));
   std::fflush(stdout);
+  // The EAGLE-2 setting with its drafter: the EAGLE-3 head drafts the same tree (its catch-up over
+  // the accepted rows, then four levels of 10 rows fed their parents' outputs), for each vocabulary.
+  double head_tree[3];  // [full, freq 32k, dynamic], graphs on
+  for (int v = 0; v < 3; ++v) head_tree[v] = step_ms(chain_vocabs[v], Graphs::On, head.get(), eagle2);
+  std::printf("| tree step, EAGLE-2 setting drafted by the EAGLE-3 head (catch-up + top-10 x 5 levels, 60 verified; device-resident), CUDA graphs on: full / freq 32k / dynamic vocabulary | %.2f / %.2f / %.2f ms | 8.98 / - / 7.65 ms |\n",
+              head_tree[0], head_tree[1], head_tree[2]);
+  std::printf("| its draft part (step less the 60-token verification): full / freq 32k / dynamic | %.2f / %.2f / %.2f ms | 2.51 / 1.56 / 1.19 ms |\n",
+              head_tree[0] - verify60, head_tree[1] - verify60, head_tree[2] - verify60);
+  std::printf("| head's dynamic draft part vs full draft part | %.2fx | 0.47x |\n",
+              (head_tree[2] - verify60) / (head_tree[0] - verify60));
+  std::fflush(stdout);
   // Speculative sampling on the same tree (dynamic vocabulary, graphs on): each row's 10 children
   // drawn without replacement and the recursive rejection sampling, in place of the best-first
   // proposals and the argmaxes.

@@ -10,12 +10,15 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "math/select.h"
 #include "model/model.h"
 #include "sampling/ranked_draw.h"
 #include "sampling/sampler.h"
+#include "draft_head/eagle3_head.h"
+#include "gguf/gguf.h"
 #include "speculative/tree.h"
 #include "speculative/tree_sampling.h"
 #include "speculative/tree_state.h"
@@ -53,6 +56,20 @@ struct HostTreeState {
   HostTreeState(const HostTreeState&) = delete;
   HostTreeState& operator=(const HostTreeState&) = delete;
 
+  // An EAGLE-3 head's arrays (TreeHeadBatch), its cache holding n_past rows.
+  std::vector<int32_t> catch_tokens, catch_rows, catch_positions, catch_parents, head_draft_positions, head_slot_parents;
+  int32_t head_root_row = 0, head_n_past = 0;
+  void attach_head(int32_t n_past) {
+    const size_t e = size_t(s.shape.max_emitted());
+    catch_tokens.assign(e, 0);
+    catch_rows = catch_positions = catch_parents = catch_tokens;
+    head_draft_positions.assign(size_t(s.shape.top_k), 0);
+    head_slot_parents.assign(512, -2);
+    head_n_past = n_past;
+    s.head = TreeHeadBatch{catch_tokens.data(),         catch_rows.data(), catch_positions.data(), catch_parents.data(),
+                           head_draft_positions.data(), &head_root_row,   &head_n_past,           head_slot_parents.data()};
+  }
+
   // The tree as DraftTree nodes (parents as node indices), from the verification batch.
   DraftTree tree() const {
     DraftTree t;
@@ -76,13 +93,14 @@ struct TreeRun {
 };
 
 // The resident tree step on the host with the self-drafter (the target's first draft_layers
-// layers). spec: MicroSpec's window (its state advanced by the device's functions, the draft head
+// layers), or an EAGLE-3 head (head_path: its file; its rows scored by the target's LM head). spec: MicroSpec's window (its state advanced by the device's functions, the draft head
 // over its packed rows), a fixed set (Fixed: the pinned ids), or the full head. sp: greedy (the
 // default), or speculative sampling (tree_sampling.h): each draft row and verification row ranked
 // as top_k_rows ranks it, tree_draw after each draft forward, tree_keep_first, tree_sample_accept.
 inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_t n_predict, const TreeParams& params,
-                 int32_t draft_layers, const std::optional<PrunedVocabSpec>& spec, const SamplingParams& sp = {}) {
-  const int32_t V = model.config().n_vocab, n_prompt = int32_t(prompt.size());
+                        int32_t draft_layers, const std::optional<PrunedVocabSpec>& spec, const SamplingParams& sp = {},
+                        const std::string& head_path = {}) {
+  const int32_t V = model.config().n_vocab, n_prompt = int32_t(prompt.size()), H = model.config().n_embd;
   const TreeShape shape = params.fixed_shape();
   const int32_t k = shape.top_k;
   KVCache kv = model.make_cache(512);
@@ -92,6 +110,28 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
   std::vector<float> verify_logits;
 
   std::unique_ptr<ResidentVocab> dv;  // the vocabulary as the device keeps it, beside the host-driven stream
+
+  // An EAGLE-3 head: its cache as the device keeps it, the features of the last verification's
+  // rows ([verify_rows][F]; at first the prompt's last at row 0) and each draft slot's pre-norm
+  // output ([draft_slots][H]).
+  std::unique_ptr<Eagle3Head> head;
+  KVCache head_kv(1, 1, 1);
+  std::span<const int32_t> feature_layers;
+  int32_t F = 0;
+  std::vector<float> verify_features, catch_features, g, prenorm, normed, slot_prenorm, head_logits;
+  if (!head_path.empty()) {
+    head = std::make_unique<Eagle3Head>(GgufFile::open(head_path), model, model.n_batch());
+    head_kv = head->make_cache(512);
+    feature_layers = head->config().target_layers;
+    F = head->config().n_features();
+    const size_t rows = size_t(std::max(shape.max_emitted(), k));
+    catch_features.resize(size_t(shape.max_emitted()) * F);
+    g.resize(rows * H);
+    prenorm.resize(g.size());
+    normed.resize(g.size());
+    slot_prenorm.resize(size_t(shape.draft_slots()) * H);
+    head_logits.resize(size_t(k) * V);
+  }
 
   // Speculative sampling's ranked rows and the samplers' bits (the target's: the first token's
   // draw, then at most one per node and one per step; the draft's: tree_draft_draws per step).
@@ -108,9 +148,23 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
                        target_values.data(), draft_bits.data(), &draft_drawn, target_bits.data(), &target_drawn};
 
   b.set_sequence(prompt, 0, true);
-  model.forward(b, kv, out, {.logits = true});
+  model.forward(b, kv, out, {.logits = true, .capture_layers = feature_layers});
   kv.commit_prefix(n_prompt);
   h.n_past = n_prompt;
+  if (head) {
+    // The head's cache takes the prompt's rows but the last (features at i with token i + 1).
+    if (n_prompt > 1) {
+      std::vector<float> fused(size_t(n_prompt) * H), pre(fused.size()), nrm(fused.size());
+      Batch pb;
+      pb.set_sequence(std::span<const int32_t>(prompt).subspan(1), 0, false);
+      head->fuse(out.layer_inputs.data(), n_prompt - 1, fused.data());
+      head->forward(pb, fused.data(), head_kv, pre.data(), nrm.data());
+      head_kv.commit_prefix(n_prompt - 1);
+    }
+    verify_features.assign(size_t(shape.verify_rows()) * F, 0.0f);
+    std::copy_n(out.layer_inputs.data() + size_t(n_prompt - 1) * F, F, verify_features.begin());
+    h.attach_head(n_prompt - 1);
+  }
   const float* last_row = out.logits.data() + size_t(n_prompt - 1) * V;
   if (sampled) {  // the first token is the target's draw 0
     rank_row(last_row, V, ks, nullptr, target_ids.data(), target_values.data());
@@ -148,25 +202,67 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
       dv->expect_same_window(h.steps);
     }
     // 2. The draft forwards, each row's k best over the draft vocabulary (sampling: its k draws).
+    //    The self-draft runs the root alone, then each level's frontier rows; a head runs its
+    //    catch-up (the root row is its row a), then the frontier rows fed their parents' outputs.
     for (int32_t f = 0; f <= shape.depth; ++f) {
       const int32_t n_rows = shape.draft_rows(f);
-      b.clear();
-      b.tokens.assign(h.draft_tokens.begin(), h.draft_tokens.begin() + n_rows);
-      b.positions.assign(h.draft_positions.begin(), h.draft_positions.begin() + n_rows);
-      b.parents.assign(h.draft_parents.begin(), h.draft_parents.begin() + n_rows);
-      for (int32_t i = 0; i < n_rows; ++i) b.output_rows.push_back(i);
-      b.start = shape.draft_start(f);
-      model.forward(b, kv, out, {.logits = !dv, .end_layer = draft_layers});
+      const float* hidden = nullptr;  // [n_rows][H] the rows' normed outputs
+      const float* full = nullptr;    // [n_rows][V] their logits over the full head
+      if (head && f == 0) {
+        const int32_t e = shape.max_emitted();
+        for (int32_t i = 0; i < e; ++i)
+          std::copy_n(verify_features.data() + size_t(h.catch_rows[size_t(i)]) * F, F, catch_features.data() + size_t(i) * F);
+        b.clear();
+        b.tokens = h.catch_tokens;
+        b.positions = h.catch_positions;
+        b.parents = h.catch_parents;
+        EXPECT_EQ(head_kv.n_past(), h.head_n_past);
+        head->fuse(catch_features.data(), e, g.data());
+        head->forward(b, g.data(), head_kv, prenorm.data(), normed.data());
+        const int32_t a = h.head_root_row, root_position = h.catch_positions[size_t(a)];
+        tree_head_caught_up(h.s);
+        EXPECT_EQ(h.head_n_past - head_kv.n_past(), a);
+        head_kv.commit_prefix(a);
+        EXPECT_EQ(h.head_slot_parents[size_t(h.head_n_past)], -1) << "the root row's parent is cleared";
+        head_kv.set_slot_meta(h.head_n_past, root_position, -1);
+        std::copy_n(prenorm.data() + size_t(a) * H, H, slot_prenorm.begin());
+        hidden = normed.data() + size_t(a) * H;
+      } else if (head) {
+        b.clear();
+        b.tokens.assign(h.draft_tokens.begin(), h.draft_tokens.end());
+        b.positions.assign(h.head_draft_positions.begin(), h.head_draft_positions.end());
+        b.parents.assign(h.draft_parents.begin(), h.draft_parents.end());
+        b.start = shape.draft_start(f);
+        for (int32_t i = 0; i < n_rows; ++i)
+          std::copy_n(slot_prenorm.data() + size_t(h.draft_parents[size_t(i)]) * H, H, g.data() + size_t(i) * H);
+        head->forward(b, g.data(), head_kv, prenorm.data(), normed.data());
+        std::copy_n(prenorm.data(), size_t(n_rows) * H, slot_prenorm.data() + size_t(b.start) * H);
+        hidden = normed.data();
+      } else {
+        b.clear();
+        b.tokens.assign(h.draft_tokens.begin(), h.draft_tokens.begin() + n_rows);
+        b.positions.assign(h.draft_positions.begin(), h.draft_positions.begin() + n_rows);
+        b.parents.assign(h.draft_parents.begin(), h.draft_parents.begin() + n_rows);
+        for (int32_t i = 0; i < n_rows; ++i) b.output_rows.push_back(i);
+        b.start = shape.draft_start(f);
+        model.forward(b, kv, out, {.logits = !dv, .end_layer = draft_layers});
+        hidden = out.hidden.data();
+        full = out.logits.data();
+      }
+      if (head && !dv) {
+        model.lm_head(hidden, n_rows, head_logits.data());
+        full = head_logits.data();
+      }
       for (int32_t i = 0; i < n_rows && sampled; ++i) {
         const size_t at = size_t(shape.draft_start(f) + i) * ks;
         if (!dv) {
-          rank_row(out.logits.data() + size_t(i) * V, V, ks, nullptr, &draft_ids[at], &draft_values[at]);
+          rank_row(full + size_t(i) * V, V, ks, nullptr, &draft_ids[at], &draft_values[at]);
           continue;
         }
         const int32_t n = dv->rows();
         draft_logits.resize(size_t(std::max(n, 1)));
         if (n > 0)
-          model.lm_head_rows(out.hidden.data() + size_t(i) * model.config().n_embd, 1, dv->token_of_slot(), n,
+          model.lm_head_rows(hidden + size_t(i) * H, 1, dv->token_of_slot(), n,
                              draft_logits.data());
         rank_row(draft_logits.data(), n, ks, dv->token_of_slot(), &draft_ids[at], &draft_values[at]);
       }
@@ -178,12 +274,11 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
       for (int32_t i = 0; i < n_rows; ++i) {
         int32_t got = 0;
         if (!dv) {
-          got = top_k_logprobs(out.logits.data() + size_t(i) * V, V, k, props.data());
+          got = top_k_logprobs(full + size_t(i) * V, V, k, props.data());
         } else if (dv->rows() > 0) {
           const int32_t n = dv->rows();
           draft_logits.resize(size_t(n));
-          model.lm_head_rows(out.hidden.data() + size_t(i) * model.config().n_embd, 1, dv->token_of_slot(), n,
-                             draft_logits.data());
+          model.lm_head_rows(hidden + size_t(i) * H, 1, dv->token_of_slot(), n, draft_logits.data());
           got = top_k_logprobs(draft_logits.data(), n, k, props.data());
           for (int32_t j = 0; j < got; ++j) props[size_t(j)].token = dv->token_of_slot()[size_t(props[size_t(j)].token)];
         }
@@ -205,8 +300,9 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
     b.positions = h.positions;
     b.parents = h.parents;
     b.output_rows = h.output_rows;
-    model.forward(b, kv, out, {.logits = true});
+    model.forward(b, kv, out, {.logits = true, .capture_layers = feature_layers});
     verify_logits = out.logits;
+    if (head) verify_features = out.layer_inputs;
     last_tree = h.tree();
     int32_t a = 0;
     if (sampled) {
@@ -224,11 +320,16 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
       a = tree_accept(h.s);
       EXPECT_EQ(std::vector<int32_t>(h.out_ids.begin() + before, h.out_ids.begin() + h.counter), emitted);
     }
+    if (head) {  // tree_commit kept the head's root row
+      head_kv.commit_prefix(1);
+      EXPECT_EQ(head_kv.n_past(), h.head_n_past);
+    }
     // The compaction (the device's kv_compact moves its n_past, which is the state's).
     kv.commit(std::span<const int32_t>(h.keep).first(size_t(h.n_keep)));
     h.n_past += h.n_keep;
     tree_lay_out_root(h.s);
     EXPECT_EQ(kv.n_past(), h.n_past);
+    if (head) EXPECT_EQ(h.head_n_past, h.n_past - a - 1) << "the head's cache ends where the next catch-up starts";
     EXPECT_EQ(h.counter, h.n_past - n_prompt + 1) << "every emitted token but the newest is in the cache";
     run.accepted += a;
     run.nodes += last_tree.size();

@@ -20,6 +20,8 @@
 #include "math/select.h"
 #include "engine/generator.h"
 #include "model/model.h"
+#include "draft_head/eagle3_head.h"
+#include "draft_head/head_drafter.h"
 #include "speculative/decoder.h"
 #include "speculative/drafter.h"
 #include "speculative/tree.h"
@@ -31,6 +33,7 @@
 #include "vocab/draft_vocab.h"
 #include "resident_step.h"
 #include "resident_tree.h"
+#include "tiny_head.h"
 #include "tiny_model.h"
 
 namespace microspec {
@@ -227,8 +230,9 @@ TEST(TreeState, ShapesWithoutAFixedSizeAreRefused) {
 struct TreeVariant {
   const char* name;
   TreeParams tree;
-  int32_t draft_layers;  // of 3
+  int32_t draft_layers;  // of 3 (the self-draft's)
   std::optional<PrunedVocabSpec> vocab;
+  enum class Drafter { Self, Head } drafter = Drafter::Self;  // the target's first layers, or an EAGLE-3 head
 };
 std::vector<TreeVariant> tree_variants() {
   using Source = CandidateStreamParams::Source;
@@ -249,7 +253,17 @@ std::vector<TreeVariant> tree_variants() {
       {"hybrid W 16 + 20 pinned", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2,
        pinned(stream(16, Source::Both, Rows::Accepted), 20, PrunedVocabSpec::Kind::Window)},
       {"freq: 40 fixed ids", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2,
-       pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed)}};
+       pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed)},
+      {"EAGLE-3 head, full head, k 2 depth 3, 6 nodes", {.depth = 3, .top_k = 2, .total_tokens = 6}, 0, std::nullopt,
+       TreeVariant::Drafter::Head},
+      {"EAGLE-3 head, full head, k 3 depth 2, every candidate", {.depth = 2, .top_k = 3, .total_tokens = 40}, 0,
+       std::nullopt, TreeVariant::Drafter::Head},
+      {"EAGLE-3 head, dynamic W 64, k 3 depth 3", {.depth = 3, .top_k = 3, .total_tokens = 10}, 0,
+       stream(64, Source::Both, Rows::Accepted), TreeVariant::Drafter::Head},
+      {"EAGLE-3 head, dynamic ext W 64 (the first tree from an empty vocabulary)",
+       {.depth = 2, .top_k = 2, .total_tokens = 5}, 0, stream(64, Source::Ext, Rows::Accepted), TreeVariant::Drafter::Head},
+      {"EAGLE-3 head, freq: 40 fixed ids", {.depth = 3, .top_k = 2, .total_tokens = 6}, 0,
+       pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed), TreeVariant::Drafter::Head}};
 }
 
 class TreeStateTiny : public ::testing::Test {
@@ -268,12 +282,31 @@ class TreeStateTiny : public ::testing::Test {
     tok_path_ = path_ + ".tok.gguf";
     tok_file_ = GgufFile::open(test::write_tiny_tokenizer(tok_path_, spec.n_vocab));
     tok_ = Tokenizer::from_gguf(*tok_file_);
+    // A random EAGLE-3 head reading all three layers' inputs and the stream after the last.
+    test::TinyHeadSpec head;
+    head.target_layers = {0, 2, 3};
+    head_path_ = path_ + ".head.gguf";
+    test::write_tiny_head(head, head_path_);
   }
   void TearDown() override {
     std::filesystem::remove(path_);
     std::filesystem::remove(tok_path_);
+    std::filesystem::remove(head_path_);
   }
-  std::string path_, tok_path_;
+  // The head file a variant drafts with ("" for the self-draft), and the CPU decoder's drafter for
+  // it over the same vocabulary.
+  std::string head_path(const TreeVariant& v) const {
+    return v.drafter == TreeVariant::Drafter::Head ? head_path_ : std::string();
+  }
+  std::unique_ptr<Drafter> cpu_drafter(const TreeVariant& v, Generator& gen) {
+    Model& target = *target_.model;
+    DraftVocabulary vocab = test::host_draft_vocabulary(target, v.vocab);
+    if (v.drafter == TreeVariant::Drafter::Head)
+      return std::make_unique<HeadDrafter>(std::make_unique<Eagle3Head>(GgufFile::open(head_path_), target, target.n_batch()),
+                                           target, 512, std::move(vocab));
+    return std::make_unique<SelfDrafter>(target, gen.cache(), v.draft_layers, std::move(vocab));
+  }
+  std::string path_, tok_path_, head_path_;
   test::TinyLoaded target_;
   std::unique_ptr<GgufFile> tok_file_;
   std::unique_ptr<Tokenizer> tok_;
@@ -289,7 +322,7 @@ TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
   int32_t accepted_partial = 0, accepted_dynamic = 0;
   for (const TreeVariant& v : variants) {
     SCOPED_TRACE(v.name);
-    const TreeRun r = run_tree(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab);
+    const TreeRun r = run_tree(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab, {}, head_path(v));
     EXPECT_EQ(r.emitted, plain);
     EXPECT_GT(r.steps, 0);
     EXPECT_GT(r.nodes, 0);
@@ -299,16 +332,14 @@ TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
       EXPECT_GE(r.accepted, r.steps) << "the target's own first token is always in its tree";
     if (v.draft_layers == 2 && !v.vocab) accepted_partial += r.accepted;
     if (v.vocab) accepted_dynamic += r.accepted;
-    // The CPU decoder with the same self-drafter, tree and vocabulary drafts the same trees: the
-    // same steps, nodes and accepted drafts, so the device's counts are the CPU path's.
+    // The CPU decoder with the same drafter, tree and vocabulary drafts the same trees: the same
+    // steps, nodes and accepted drafts, so the device's counts are the CPU path's.
     Generator gen(target, *tok_, 512);
-    const int32_t V = target.config().n_vocab;
-    DraftVocabulary vocab = test::host_draft_vocabulary(target, v.vocab);
-    SelfDrafter drafter(target, gen.cache(), v.draft_layers, std::move(vocab));
+    const std::unique_ptr<Drafter> drafter = cpu_drafter(v, gen);
     GenerateParams params;
     params.max_new_tokens = n_predict;
     params.ignore_eos = true;
-    Decoder decoder(gen, *tok_, &drafter, v.tree);
+    Decoder decoder(gen, *tok_, drafter.get(), v.tree);
     const SpecResult cpu = decoder.generate(prompt, params);
     EXPECT_EQ(cpu.gen.tokens, plain);
     EXPECT_EQ(cpu.stats.steps, r.steps);
@@ -335,19 +366,18 @@ TEST_F(TreeStateTiny, ResidentSampledTreeStepsEqualTheCpuDecoder) {
   const int32_t n_predict = 40;
   Model& target = *target_.model;
   const int32_t V = target.config().n_vocab;
-  int32_t accepted_partial = 0, siblings_accepted = 0;
+  int32_t accepted_partial = 0, siblings_accepted = 0, accepted_by_head = 0;
   for (const TreeVariant& v : variants) {
     for (const SamplingParams& sp : test::sampled_settings()) {
       SCOPED_TRACE(std::string(v.name) + ", T " + std::to_string(sp.temperature) + ", seed " + std::to_string(sp.seed));
-      const TreeRun r = run_tree(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab, sp);
+      const TreeRun r = run_tree(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab, sp, head_path(v));
       Generator gen(target, *tok_, 512);
-      DraftVocabulary vocab = test::host_draft_vocabulary(target, v.vocab);
-      SelfDrafter drafter(target, gen.cache(), v.draft_layers, std::move(vocab));
+      const std::unique_ptr<Drafter> drafter = cpu_drafter(v, gen);
       GenerateParams params;
       params.max_new_tokens = n_predict;
       params.ignore_eos = true;
       params.sampling = sp;
-      const SpecResult cpu = Decoder(gen, *tok_, &drafter, v.tree).generate(prompt, params);
+      const SpecResult cpu = Decoder(gen, *tok_, drafter.get(), v.tree).generate(prompt, params);
       ASSERT_EQ(int32_t(cpu.gen.tokens.size()), n_predict);
       EXPECT_EQ(r.emitted, cpu.gen.tokens);
       EXPECT_EQ(r.steps, cpu.stats.steps);
@@ -357,10 +387,12 @@ TEST_F(TreeStateTiny, ResidentSampledTreeStepsEqualTheCpuDecoder) {
       if (v.draft_layers == 3) EXPECT_GE(r.accepted, r.steps) << "q == p: the first child is always accepted";
       if (v.draft_layers == 2) accepted_partial += r.accepted;
       siblings_accepted += r.later_siblings_accepted;
+      if (v.drafter == TreeVariant::Drafter::Head) accepted_by_head += r.accepted;
     }
   }
   EXPECT_GT(accepted_partial, 0) << "no partial drafter ever agreed: only rejections were tested";
   EXPECT_GT(siblings_accepted, 0) << "no child after a rejected sibling was ever accepted: q's renormalisation went untested";
+  EXPECT_GT(accepted_by_head, 0) << "the head never had a draft accepted: its catch-up over kept rows went untested";
 }
 
 }  // namespace

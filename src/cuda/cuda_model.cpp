@@ -56,8 +56,22 @@ struct CudaModel::DeviceTree {
   int32_t* frontier = nullptr;         // [top_k]
   int32_t* n_nodes = nullptr;          // [1]
   int32_t* n_keep = nullptr;           // [1]
+  // An EAGLE-3 head's (tree_state.h's TreeHeadBatch and what passes between its rows), when
+  // head_features > 0.
+  int32_t head_features = 0;               // F: its features per row
+  int32_t* catch_tokens = nullptr;         // [max_emitted]
+  int32_t* catch_rows = nullptr;           // [max_emitted]
+  int32_t* catch_positions = nullptr;      // [max_emitted]
+  int32_t* catch_parents = nullptr;        // [max_emitted]
+  int32_t* head_draft_positions = nullptr; // [top_k]
+  int32_t* root_row = nullptr;             // [1]
+  float* catch_features = nullptr;         // [max_emitted][F] the catch-up's rows of the last verification's features
+  float* slot_prenorm = nullptr;           // [draft_slots][H] each draft slot's pre-norm output
+  float* head_g = nullptr;                 // [top_k][H] a level's hidden inputs: its parents' outputs
 
-  DeviceTree(const TreeShape& s, cudaStream_t stream) : shape(s) {
+  // head_features, n_embd: an EAGLE-3 head's F and H (0, 0: the self-draft's tree).
+  DeviceTree(const TreeShape& s, int32_t head_features_, int32_t n_embd, cudaStream_t stream)
+      : shape(s), head_features(head_features_) {
     auto ints = [&](int32_t n) { return static_cast<int32_t*>(memory.alloc(size_t(n) * sizeof(int32_t))); };
     auto floats = [&](int32_t n) { return static_cast<float*>(memory.alloc(size_t(n) * sizeof(float))); };
     const int32_t k = s.top_k, n_cand = s.candidates();
@@ -76,6 +90,18 @@ struct CudaModel::DeviceTree {
     frontier = ints(k);
     n_nodes = ints(1);
     n_keep = ints(1);
+    if (head_features > 0) {
+      const int32_t e = s.max_emitted();
+      catch_tokens = ints(e);
+      catch_rows = ints(e);
+      catch_positions = ints(e);
+      catch_parents = ints(e);
+      head_draft_positions = ints(k);
+      root_row = ints(1);
+      catch_features = floats(e * head_features);
+      slot_prenorm = floats(s.draft_slots() * n_embd);
+      head_g = floats(k * n_embd);
+    }
     std::vector<int32_t> iota(static_cast<size_t>(k));
     for (int32_t i = 0; i < k; ++i) iota[size_t(i)] = i;
     MS_CUDA(cudaMemcpyAsync(draft_out_rows, iota.data(), iota.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
@@ -701,7 +727,11 @@ TreeState CudaModel::tree_state(const ChainStep& step) const {
                    t.cand_parent, t.cand_depth, t.cand_score, t.cand_slot, t.cand_node, t.frontier,
                    d_tokens_, d_positions_, d_parents_, d_out_rows_, t.n_nodes, d_argmax_out_, d_keep_, t.n_keep,
                    kv_.n_past, d_out_ids_, d_counter_, d_update_, d_steps_, d_step_counts_, t.shape,
-                   step.vocab && step.vocab->kver_last_only()};
+                   step.vocab && step.vocab->kver_last_only(),
+                   step.head ? TreeHeadBatch{t.catch_tokens, t.catch_rows, t.catch_positions, t.catch_parents,
+                                             t.head_draft_positions, t.root_row, step.head->kv().n_past,
+                                             step.head->kv().parents}
+                             : TreeHeadBatch{}};
 }
 
 // One tree step, all on the device, in a fixed sequence of launches (a graph replays it):
@@ -716,13 +746,18 @@ void CudaModel::enqueue_tree_step(const ChainStep& step) {
   //    the copy stream.
   if (step.vocab) step.vocab->step(d_tokens_ + 1, logits_, d_update_, shape.total, shape.max_emitted(), d_keep_);
   // 2. The draft forwards through the self-draft's layers: the root alone, then each level's k
-  //    frontier rows in their own pending slots; each row's k best over the draft head become
-  //    candidates, and the next frontier is chosen on the device.
+  //    frontier rows in their own pending slots (a head's: its catch-up, whose root row proposes
+  //    the first level, then each level's rows fed their parents' outputs); each row's k best over
+  //    the draft head become candidates, and the next frontier is chosen on the device.
   for (int32_t f = 0; f <= shape.depth; ++f) {
     const int32_t rows = shape.draft_rows(f);
-    enqueue_forward(DeviceBatch{t.draft_tokens, t.draft_positions, t.draft_parents, rows, shape.draft_start(f)},
-                    t.draft_out_rows, rows, {.logits = step.vocab == nullptr, .end_layer = step.draft_layers});
-    if (step.vocab) step.vocab->logits(hidden_, rows, act_scratch_);
+    if (step.head) {
+      enqueue_head_tree_rows(step, f);
+    } else {
+      enqueue_forward(DeviceBatch{t.draft_tokens, t.draft_positions, t.draft_parents, rows, shape.draft_start(f)},
+                      t.draft_out_rows, rows, {.logits = step.vocab == nullptr, .end_layer = step.draft_layers});
+      if (step.vocab) step.vocab->logits(hidden_, rows, act_scratch_);
+    }
     if (step.sample_k > 0) {
       // Sampling: each row's sample_k best (at its pending slot's ranked row), then k draws from q.
       const int64_t at = int64_t(shape.draft_start(f)) * step.sample_k;
@@ -746,7 +781,8 @@ void CudaModel::enqueue_tree_step(const ChainStep& step) {
     tree_finish_first(st, stream_);
   else
     tree_finish(st, stream_);
-  enqueue_forward(device_batch(0, shape.verify_rows(), 0), d_out_rows_, shape.verify_rows(), {.logits = true});
+  enqueue_forward(device_batch(0, shape.verify_rows(), 0), d_out_rows_, shape.verify_rows(),
+                  {.logits = true, .capture = step.head ? &step.head->step_capture() : nullptr});
   if (step.sample_k > 0)
     top_k_rows(logits_, V, V, RowRange{.max_rows = shape.verify_rows()}, step.sample_k, d_verify_top_ids_,
                d_verify_top_values_, stream_);
@@ -824,6 +860,43 @@ void CudaModel::enqueue_chain_step(const ChainStep& step) {
     chain_accept(chain_state(step), stream_);
 }
 
+void CudaModel::enqueue_head_tree_rows(const ChainStep& step, int32_t forward) {
+  DeviceEagleHead& head = *step.head;
+  const DeviceTree& t = *tree_;
+  const TreeShape& shape = t.shape;
+  const TreeState st = tree_state(step);
+  const int32_t H = config_.n_embd, V = config_.n_vocab, k = shape.top_k;
+  const float* normed = nullptr;  // the rows the draft LM head scores
+  int32_t rows = 1;
+  if (forward == 0) {
+    // The catch-up: row i pairs the features of the last verification's row catch_rows[i] with
+    // catch_tokens[i]; the rows before the root row are committed, the root row stays pending.
+    const int32_t e = shape.max_emitted();
+    select_rows(head.step_capture().rows, t.head_features, t.catch_rows, e, t.catch_features, stream_);
+    head.enqueue_forward(DeviceBatch{t.catch_tokens, t.catch_positions, t.catch_parents, e, 0}, t.catch_features,
+                         nullptr, stream_);
+    tree_head_caught_up(st, stream_);
+    select_rows(head.prenorm(), H, t.root_row, 1, t.slot_prenorm, stream_);  // slot 0: the root
+    select_rows(head.normed(), H, t.root_row, 1, head.step_hidden(), stream_);
+    normed = head.step_hidden();
+  } else {
+    // The level's rows in their pending slots, each fed its parent slot's output.
+    const int32_t start = shape.draft_start(forward);
+    rows = k;
+    select_rows(t.slot_prenorm, H, t.draft_parents, k, t.head_g, stream_);
+    head.enqueue_forward(DeviceBatch{t.draft_tokens, t.head_draft_positions, t.draft_parents, k, start}, nullptr,
+                         t.head_g, stream_);
+    MS_CUDA(cudaMemcpyAsync(t.slot_prenorm + int64_t(start) * H, head.prenorm(), size_t(k) * H * sizeof(float),
+                            cudaMemcpyDeviceToDevice, stream_));
+    normed = head.normed();
+  }
+  // Scored by the target's LM head: the draft vocabulary's packed rows, or every row into logits_.
+  if (step.vocab)
+    step.vocab->logits(normed, rows, act_scratch_);
+  else
+    matmul(output_, RowSelection{nullptr, V}, normed, H, rows, logits_, V, Store::Overwrite, act_scratch_, stream_);
+}
+
 void CudaModel::enqueue_head_drafts(const ChainStep& step) {
   DeviceEagleHead& head = *step.head;
   const int32_t depth = step.depth, H = config_.n_embd, V = config_.n_vocab;
@@ -862,8 +935,8 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
                                                      SpecChainStats* stats, const TokenHandler& on_token) {
   if (o.tree) {
     const TreeShape& t = *o.tree;
-    if (o.draft_model || o.draft_head)
-      throw Error("a draft tree on the device is drafted by the self-draft only; a draft model or head drafts a chain");
+    if (o.draft_model)
+      throw Error("a draft tree on the device is drafted by the self-draft or an EAGLE-3 head; a draft model drafts a chain");
     if (!t.valid())
       throw Error("draft tree of top-k " + std::to_string(t.top_k) + ", depth " + std::to_string(t.depth) + " and " +
                   std::to_string(t.total) + " nodes: top-k and depth must be in 1..64 and 0..64, the nodes in 1..the " +
@@ -891,11 +964,13 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
       throw Error("draft head: made for a target of hidden size " + std::to_string(h.config().n_embd) +
                   " reading layers up to " + std::to_string(layers.empty() ? 0 : layers.back()) + ", this one has " +
                   std::to_string(config_.n_embd) + " and " + std::to_string(config_.n_layer) + " layers");
-    if (h.max_rows() < o.depth + 1 || h.kv().n_ctx < options_.n_ctx ||
+    // A chain's forwards take depth + 1 rows; a tree's its catch-up, a level's and the verification's.
+    const int32_t head_rows = o.tree ? std::max({o.tree->max_emitted(), o.tree->top_k, o.tree->verify_rows()}) : o.depth + 1;
+    if (h.max_rows() < head_rows || h.kv().n_ctx < options_.n_ctx ||
         h.max_prompt() < static_cast<int32_t>(prompt.size()))
       throw Error("draft head: its rows (" + std::to_string(h.max_rows()) + "), cache (" + std::to_string(h.kv().n_ctx) +
-                  ") and prompt room (" + std::to_string(h.max_prompt()) + ") must hold the chain's " +
-                  std::to_string(o.depth + 1) + " rows, the target's context (" + std::to_string(options_.n_ctx) +
+                  ") and prompt room (" + std::to_string(h.max_prompt()) + ") must hold the step's " +
+                  std::to_string(head_rows) + " rows, the target's context (" + std::to_string(options_.n_ctx) +
                   ") and the prompt (" + std::to_string(prompt.size()) + ")");
   } else if (o.draft_layers < 1 || o.draft_layers > config_.n_layer) {
     throw Error("draft layers " + std::to_string(o.draft_layers) + " outside 1.." + std::to_string(config_.n_layer));
@@ -961,7 +1036,8 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   if (o.draft_head) {
     // The head's cache takes the prompt's rows but the last; its first catch-up is the root row.
     o.draft_head->begin(prompt, stream_);
-    o.draft_head->prepare_first_catch_up(int32_t(prompt.size()), d_tokens_, d_argmax_out_, o.depth + 1, stream_);
+    o.draft_head->prepare_first_catch_up(int32_t(prompt.size()), d_tokens_, d_argmax_out_,
+                                         o.tree ? o.tree->max_emitted() : o.depth + 1, stream_);
   }
   if (o.draft_model) {
     // The draft model's cache holds the prompt but its last token, which starts its first batch
@@ -976,9 +1052,10 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     MS_CUDA(cudaMemcpyAsync(drafter.d_tokens_, &prompt.back(), sizeof(int32_t), cudaMemcpyHostToDevice,
                             drafter.stream_));
   }
-  if (o.tree && (!tree_ || !(tree_->shape == *o.tree))) {
+  const int32_t head_features = o.draft_head ? o.draft_head->config().n_features() : 0;
+  if (o.tree && (!tree_ || !(tree_->shape == *o.tree) || tree_->head_features != head_features)) {
     tree_.reset();
-    tree_ = std::make_unique<DeviceTree>(*o.tree, stream_);
+    tree_ = std::make_unique<DeviceTree>(*o.tree, head_features, config_.n_embd, stream_);
   }
   const ChainStep step{o.depth, o.draft_layers, vocab, o.draft_model, o.draft_head, o.tree,
                        sampled ? o.sampling.top_k : 0, sampled ? draft_draws : 0};

@@ -1310,6 +1310,7 @@ __global__ void k_tree_rank(TreeState st) {
 __global__ void k_tree_lay_out_verification(TreeState st) { ::microspec::tree_lay_out_verification(st); }
 __global__ void k_tree_accept(TreeState st) { ::microspec::tree_accept(st); }
 __global__ void k_tree_lay_out_root(TreeState st) { ::microspec::tree_lay_out_root(st); }
+__global__ void k_tree_head_caught_up(TreeState st) { ::microspec::tree_head_caught_up(st); }
 __global__ void k_tree_draw(TreeState st, TreeSampling m, int32_t forward) { ::microspec::tree_draw(st, m, forward); }
 __global__ void k_tree_keep_first(TreeState st) { ::microspec::tree_keep_first(st); }
 __global__ void k_tree_sample_accept(TreeState st, TreeSampling m) { ::microspec::tree_sample_accept(st, m); }
@@ -1642,6 +1643,12 @@ void tree_accept(const TreeState& st, cudaStream_t stream) {
 
 void tree_lay_out_root(const TreeState& st, cudaStream_t stream) {
   k_tree_lay_out_root<<<1, 1, 0, stream>>>(st);
+  MS_CUDA_LAUNCH();
+}
+
+void tree_head_caught_up(const TreeState& st, cudaStream_t stream) {
+  if (!st.head.n_past) throw Error("cuda tree_head_caught_up: the tree has no draft head");
+  k_tree_head_caught_up<<<1, 1, 0, stream>>>(st);
   MS_CUDA_LAUNCH();
 }
 

@@ -262,6 +262,8 @@ void tree_absorb(const TreeState& st, int32_t forward, cudaStream_t stream);
 void tree_finish(const TreeState& st, cudaStream_t stream);
 void tree_accept(const TreeState& st, cudaStream_t stream);
 void tree_lay_out_root(const TreeState& st, cudaStream_t stream);
+// tree_head_caught_up in one device thread, after an EAGLE-3 head's catch-up forward of a tree step.
+void tree_head_caught_up(const TreeState& st, cudaStream_t stream);
 // Speculative sampling on the tree (speculative/tree_sampling.h) in one device thread: tree_draw
 // after draft forward `forward`'s ranked rows (in place of its proposals), tree_finish_first
 // (tree_keep_first, then tree_lay_out_verification) in place of tree_finish, tree_sample_accept in

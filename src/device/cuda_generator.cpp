@@ -22,11 +22,11 @@ namespace microspec {
 std::string cuda_spec_unsupported(const SpecConfig& spec) {
   if (!spec.enabled()) return {};
   // A chain from the target's own first layers, a draft model or an EAGLE-3 head; a tree from the
-  // target's own first layers; greedy trees only.
+  // target's own first layers or the head.
   const bool drafter = spec.mode == SpecMode::Self || spec.mode == SpecMode::Draft || spec.mode == SpecMode::Head;
-  const bool shape = spec.tree.top_k == 1 || spec.mode == SpecMode::Self;
+  const bool shape = spec.tree.top_k == 1 || spec.mode == SpecMode::Self || spec.mode == SpecMode::Head;
   if (drafter && shape && spec.tree.p_min == 0) return {};
-  return "--device cuda speculates with --spec self|draft|head --tree-topk 1 (a chain) or --spec self "
+  return "--device cuda speculates with --spec self|draft|head --tree-topk 1 (a chain) or --spec self|head "
          "--tree-topk K (a tree), --draft-p-min 0 only";
 }
 

@@ -38,6 +38,20 @@
 // advances n_past by n_keep (the device's kv_compact; n_past is the cache's own counter), and
 // tree_lay_out_root places the next root at the new n_past: draft forward 0's row and
 // verification row 0, which is also a plain decode step's batch (the context's end).
+//
+// An EAGLE-3 head (draft_head/eagle3_head.h) drafts the tree instead of the self-draft with
+// TreeHeadBatch's arrays (chain_state.h's head design, widened to a tree). Its cache keeps one row
+// per committed position i (the target's features at i with the token at i + 1). A step starts
+// with a catch-up forward of max_emitted() rows over the previous verification: row i pairs the
+// features of verification row keep[i] with the token emitted after it (the accepted nodes'
+// tokens, then the bonus token at row a; rows past a are placeholders: features of row 0, token
+// 0), so rows 0..a-1 are the accepted text's rows and row a is the new root row, which proposes
+// the root's children (draft forward 0). tree_head_caught_up commits rows 0..a-1, leaving the root
+// row as the head's pending slot 0, its parent cleared; draft forward f >= 1 then runs the
+// frontier's rows in the head's pending slots draft_start(f) + i with the same parents as the
+// self-draft's rows, each fed its parent row's pre-norm output, at the head's positions (the
+// target's - 1). tree_commit keeps the root row and lays out the next catch-up. After the prompt
+// the first catch-up is row 0 alone (the prompt's last features with the first token).
 #include <cstdint>
 
 #include "speculative/chain_state.h"
@@ -64,6 +78,19 @@ struct TreeShape {
     return top_k >= 1 && top_k <= 64 && depth >= 0 && depth <= 64 && total >= 1 && total <= candidates();
   }
   bool operator==(const TreeShape& o) const { return top_k == o.top_k && depth == o.depth && total == o.total; }
+};
+
+// An EAGLE-3 head's arrays when it drafts the tree (see the top of this file); all null for the
+// self-draft.
+struct TreeHeadBatch {
+  int32_t* catch_tokens = nullptr;     // [max_emitted] the token emitted after each catch-up row, 0: placeholder
+  int32_t* catch_rows = nullptr;       // [max_emitted] the verification row whose features it pairs (0: placeholder)
+  int32_t* catch_positions = nullptr;  // [max_emitted] the head's n_past + i
+  int32_t* catch_parents = nullptr;    // [max_emitted] i - 1
+  int32_t* draft_positions = nullptr;  // [top_k] the next draft forward's rows at the head's positions
+  int32_t* root_row = nullptr;         // [1] a: the catch-up row that is the step's root
+  int32_t* n_past = nullptr;           // [1] its committed cache rows
+  int32_t* slot_parents = nullptr;     // [n_ctx] its cache's parent of each slot (the root row's is cleared)
 };
 
 struct TreeState {
@@ -100,7 +127,31 @@ struct TreeState {
   int32_t* step_counts = nullptr;  // [capacity] *counter after each step
   TreeShape shape;
   int32_t kver_last_only = 0;  // 1: K_ver of the last accepted row only
+  TreeHeadBatch head;          // an EAGLE-3 head's; all null for the self-draft
 };
+
+// An EAGLE-3 head's next catch-up, after a step that kept rows keep[0..a] and emitted their next
+// tokens into out_ids[count - a - 1, count): the root row committed, rows 0..a pairing the kept
+// rows' features with those tokens, placeholders past them.
+MS_HOST_DEVICE inline void tree_head_lay_out_catch_up(const TreeState& s, int32_t a, int32_t count) {
+  const TreeHeadBatch& h = s.head;
+  *h.root_row = a;
+  for (int32_t i = 0; i < s.shape.max_emitted(); ++i) {
+    const bool real = i <= a;
+    h.catch_rows[i] = real ? s.keep[i] : 0;
+    h.catch_tokens[i] = real ? s.out_ids[count - a - 1 + i] : 0;
+    h.catch_positions[i] = *h.n_past + i;
+  }
+}
+
+// After an EAGLE-3 head's catch-up forward: commits its rows before the root row (a of them), so
+// the root row is the first pending slot, and clears that slot's parent (it was row a - 1 of the
+// catch-up, now committed).
+MS_HOST_DEVICE inline void tree_head_caught_up(const TreeState& s) {
+  const TreeHeadBatch& h = s.head;
+  *h.n_past += *h.root_row;
+  h.slot_parents[*h.n_past] = -1;
+}
 
 // The root (tokens[0]) at n_past: draft forward 0's row and verification row 0.
 MS_HOST_DEVICE inline void tree_lay_out_root(const TreeState& s) {
@@ -113,12 +164,19 @@ MS_HOST_DEVICE inline void tree_lay_out_root(const TreeState& s) {
 
 // After the prompt (tokens[0], out_ids[0] and *counter are the prompt's argmax, already emitted):
 // what never moves (output rows), the root, no update pending.
+// With a head, its cache holds the prompt's rows but the last, and the first catch-up is the root
+// row alone (the caller leaves the prompt's last features at verification row 0's).
 MS_HOST_DEVICE inline void tree_begin(const TreeState& s) {
   for (int32_t i = 0; i < s.shape.verify_rows(); ++i) s.output_rows[i] = i;
   tree_lay_out_root(s);
   *s.update = VocabUpdate{};
   *s.n_keep = 0;
   *s.steps = 0;
+  if (s.head.n_past) {
+    for (int32_t i = 0; i < s.shape.max_emitted(); ++i) s.head.catch_parents[i] = i - 1;
+    s.keep[0] = 0;
+    tree_head_lay_out_catch_up(s, 0, *s.counter);
+  }
 }
 
 // Whether candidate a ranks before candidate b: a higher score, then the earlier id.
@@ -178,6 +236,8 @@ MS_HOST_DEVICE inline void tree_absorb(const TreeState& s, int32_t forward) {
     s.draft_positions[i] = n_past + s.cand_depth[c];
     s.draft_parents[i] = parent < 0 ? 0 : s.cand_slot[parent];
   }
+  if (s.head.n_past)  // the head's rows: one position behind the target's
+    for (int32_t i = 0; i < k; ++i) s.head.draft_positions[i] = s.draft_positions[i] - 1;
 }
 
 // Marks candidate c kept (cand_node[c] = 1) when it is among the `total` best, else -1.
@@ -217,6 +277,10 @@ MS_HOST_DEVICE inline int32_t tree_commit(const TreeState& s, int32_t a, int32_t
   *s.n_keep = a + 1;
   *s.counter = count;
   s.tokens[0] = next_root;
+  if (s.head.n_past) {  // the root row is kept; the next catch-up follows it
+    *s.head.n_past += 1;
+    tree_head_lay_out_catch_up(s, a, count);
+  }
   s.update->n_tree = *s.n_nodes;
   s.update->first_row = s.kver_last_only ? a : 0;
   s.update->n_rows = s.kver_last_only ? 1 : a + 1;

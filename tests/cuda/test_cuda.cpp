@@ -731,7 +731,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
   using Rows = CandidateStreamParams::KverRows;
   // Tree: the self-draft's EAGLE-2 tree (speculative/tree_state.h, CudaModel::enqueue_tree_step),
   // whose CPU side is tests/test_spec_tree_state.cpp.
-  enum class Drafter { Self, Model, Head, Tree };
+  enum class Drafter { Self, Model, Head, Tree, HeadTree };  // HeadTree: an EAGLE-3 head drafts the tree
   struct Variant {
     const char* name;
     int32_t depth;
@@ -776,7 +776,12 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       {"tree k 2 depth 3, dynamic W 5, K_ver last row, in line", 0, dynamic(5, Source::Both, Rows::Last, false),
        Drafter::Tree, 2, {2, 3, 6}},
       {"tree k 2 depth 3, freq: 40 fixed ids", 0, fixed(40), Drafter::Tree, 2, {2, 3, 6}},
-      {"tree k 2 depth 3, hybrid W 16 + 24 pinned", 0, hybrid(16, 24), Drafter::Tree, 2, {2, 3, 6}}};
+      {"tree k 2 depth 3, hybrid W 16 + 24 pinned", 0, hybrid(16, 24), Drafter::Tree, 2, {2, 3, 6}},
+      {"EAGLE-3 head tree k 2 depth 3, 6 nodes, full", 0, std::nullopt, Drafter::HeadTree, 2, {2, 3, 6}},
+      {"EAGLE-3 head tree k 3 depth 2, dynamic W 64", 0, dynamic(64, Source::Both, Rows::Accepted, true),
+       Drafter::HeadTree, 2, {3, 2, 8}},
+      {"EAGLE-3 head tree k 2 depth 2, dynamic ext W 64", 0, dynamic(64, Source::Ext, Rows::Accepted, true),
+       Drafter::HeadTree, 2, {2, 2, 5}}};
   const TinyHeadFile head_file;
   struct Launch {
     cuda::Graphs graphs;
@@ -806,8 +811,8 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
         o.graphs = l.graphs;
         o.sync_every = l.sync_every;
         if (v.drafter == Drafter::Model) o.draft_model = draft.gpu.get();
-        if (v.drafter == Drafter::Head) o.draft_head = head.get();
-        if (v.drafter == Drafter::Tree) o.tree = v.tree;
+        if (v.drafter == Drafter::Head || v.drafter == Drafter::HeadTree) o.draft_head = head.get();
+        if (v.drafter == Drafter::Tree || v.drafter == Drafter::HeadTree) o.tree = v.tree;
         cuda::SpecChainStats st;
         EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &st), plain);
         EXPECT_GT(st.steps, 0);
@@ -967,20 +972,31 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
         EXPECT_EQ(st.accepted_drafts, accepted);
       }
     }
-    // Self-drafted trees (2 of 3 layers), the full head and MicroSpec's window.
-    for (const auto& [name, params, vocab] :
-         std::vector<std::tuple<const char*, TreeParams, std::optional<PrunedVocabSpec>>>{
-             {"tree k 2 depth 3, 6 nodes, full", {.depth = 3, .top_k = 2, .total_tokens = 6}, std::nullopt},
-             {"tree k 3 depth 2, 8 nodes, dynamic W 64", {.depth = 2, .top_k = 3, .total_tokens = 8},
-              test::window_spec(64, Source::Both, Rows::Accepted)}}) {
-      const test::TreeRun want = test::run_tree(*m.cpu, prompt, n_predict, params, 2, vocab, sp);
+    // Trees drafted by 2 of 3 layers or by the F32 head, the full head and MicroSpec's window.
+    struct TreeCase {
+      const char* name;
+      TreeParams params;
+      std::optional<PrunedVocabSpec> vocab;
+      Drafter drafter;
+    };
+    for (const TreeCase& tc : {
+             TreeCase{"tree k 2 depth 3, 6 nodes, full", {.depth = 3, .top_k = 2, .total_tokens = 6}, std::nullopt,
+                      Drafter::Self},
+             TreeCase{"tree k 3 depth 2, 8 nodes, dynamic W 64", {.depth = 2, .top_k = 3, .total_tokens = 8},
+                      test::window_spec(64, Source::Both, Rows::Accepted), Drafter::Self},
+             TreeCase{"EAGLE-3 head tree k 2 depth 3, 6 nodes, dynamic W 64", {.depth = 3, .top_k = 2, .total_tokens = 6},
+                      test::window_spec(64, Source::Both, Rows::Accepted), Drafter::Head}}) {
+      const bool by_head = tc.drafter == Drafter::Head;
+      const test::TreeRun want = test::run_tree(*m.cpu, prompt, n_predict, tc.params, 2, tc.vocab, sp,
+                                                by_head ? f32_head_file.path : std::string());
       for (const Launch& l : launches) {
-        SCOPED_TRACE(std::string(arch) + ", " + name + ", " + l.name);
+        SCOPED_TRACE(std::string(arch) + ", " + tc.name + ", " + l.name);
         cuda::SpecChainOptions o;
         o.n_predict = n_predict;
-        o.tree = params.fixed_shape();
+        o.tree = tc.params.fixed_shape();
         o.draft_layers = 2;
-        o.vocab = vocab;
+        o.draft_head = by_head ? f32_head.get() : nullptr;
+        o.vocab = tc.vocab;
         o.sampling = sp;
         o.graphs = l.graphs;
         o.sync_every = l.sync_every;

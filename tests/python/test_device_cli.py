@@ -49,6 +49,9 @@ def generate(*args):
     # speculative sampling on a self-drafted tree: MicroSpec's window, the full head
     ["--temp", "0.7", "--seed", "3", "--spec", "self", "--tree-topk", "2", "--tree-depth", "3", "--tree-tokens", "6"],
     ["--temp", "1.0", "--top-k", "16", "--spec", "self", "--tree-topk", "4", "--tree-depth", "2", "--draft-vocab", "full"],
+    # a tree drafted by the EAGLE-3 head, greedy and sampled
+    ["--spec", "head", "--tree-topk", "3", "--tree-depth", "3", "--tree-tokens", "8"],
+    ["--temp", "0.8", "--spec", "head", "--tree-topk", "2", "--tree-depth", "3", "--tree-tokens", "6", "--draft-vocab", "full"],
 ])
 def test_accepted_settings_reach_the_device(args):
     p = generate(*args)
@@ -72,8 +75,7 @@ def test_a_prompts_file_reaches_the_device(tmp_path):
 @pytest.mark.parametrize("args, says", [
     (["--spec", "self", "--tree-topk", "1", "--draft-vocab", "freq", "--freq-file", "/nonexistent/x.freq.bin"],
      "/nonexistent/x.freq.bin"),
-    (["--spec", "draft", "--draft-model", SMOL, "--tree-topk", "2"], "--spec self --tree-topk K"),
-    (["--spec", "head", "--tree-topk", "2"], "--spec self --tree-topk K"),
+    (["--spec", "draft", "--draft-model", SMOL, "--tree-topk", "2"], "--spec self|head --tree-topk K"),
     (["--spec", "ngram"], "--spec self|draft|head"),
     (["--spec", "head", "--tree-topk", "1", "--draft-head", "/nonexistent/h.gguf"], "/nonexistent/h.gguf"),
     # Gemma's head on SmolLM2: refused with both hidden sizes, before any device is asked for
@@ -151,7 +153,7 @@ def test_serve_reaches_the_device(args):
 @pytest.mark.parametrize("args, says", [
     (["--parallel", "2"], "--parallel 1"),
     (["--spec", "ngram"], "--spec self|draft|head"),
-    (["--spec", "head", "--tree-topk", "2"], "--spec self --tree-topk K"),
+    (["--spec", "draft", "--draft-model", SMOL, "--tree-topk", "2"], "--spec self|head --tree-topk K"),
     (["--spec", "self", "--tree-topk", "1", "--draft-vocab", "freq", "--freq-file", "/nonexistent/x.freq.bin"],
      "/nonexistent/x.freq.bin"),
 ])
