@@ -74,7 +74,7 @@ inline std::vector<int32_t> run_resident_sampled(Model& model, const std::vector
   Model& drafter = draft_model ? *draft_model : model;
   std::optional<ResidentDraftModel> dm;
   if (draft_model) dm.emplace(*draft_model, prompt, depth);
-  std::optional<ResidentHead> head;
+  std::optional<ResidentChainHead> head;
   std::span<const int32_t> feature_layers;  // what the forwards capture for the head
   if (!head_path.empty()) {
     head.emplace(head_path, model, depth);
@@ -158,12 +158,7 @@ inline std::vector<int32_t> run_resident_sampled(Model& model, const std::vector
       chain_draw(cs, m, d);
     }
     // 3. Verification: every row's k best.
-    b.clear();
-    b.tokens = arrays.tokens;
-    b.positions = arrays.positions;
-    b.parents = arrays.parents;
-    b.output_rows = arrays.output_rows;
-    model.forward(b, kv, out, {.logits = true, .capture_layers = feature_layers});
+    verify_forward(model, kv, arrays.tokens, arrays.positions, arrays.parents, arrays.output_rows, feature_layers, b, out);
     for (int32_t i = 0; i <= depth; ++i)
       rank_row(out.logits.data() + size_t(i) * V, V, k, nullptr, &target_ids[size_t(i) * k],
                &target_values[size_t(i) * k]);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "draft_head/eagle3_head.h"
+#include "engine/generator.h"
 #include "gguf/gguf.h"
 #include "math/select.h"
 #include "model/model.h"
@@ -49,6 +51,30 @@ inline DraftVocabulary host_draft_vocabulary(Model& head_of, const std::optional
   if (!spec) return DraftVocabulary::full(head_of.config().n_vocab);
   if (spec->kind == PrunedVocabSpec::Kind::Fixed) return DraftVocabulary::packed(head_of, spec->pinned);
   return DraftVocabulary::dynamic(head_of, spec->window, spec->pinned);
+}
+
+// What the CPU decoder is asked for beside a resident run: n tokens whatever the end-of-generation
+// tokens, greedy or with sp's sampling.
+inline GenerateParams fixed_length(int32_t n, const SamplingParams& sp = {}) {
+  GenerateParams params;
+  params.max_new_tokens = n;
+  params.ignore_eos = true;
+  params.sampling = sp;
+  return params;
+}
+
+// A resident step's verification: the target's forward over the step's batch arrays (every row
+// an output row), capturing a draft head's features (capture: its layers; empty: none).
+inline void verify_forward(Model& model, KVCache& kv, const std::vector<int32_t>& tokens,
+                           const std::vector<int32_t>& positions, const std::vector<int32_t>& parents,
+                           const std::vector<int32_t>& output_rows, std::span<const int32_t> capture, Batch& b,
+                           ForwardOutput& out) {
+  b.clear();
+  b.tokens = tokens;
+  b.positions = positions;
+  b.parents = parents;
+  b.output_rows = output_rows;
+  model.forward(b, kv, out, {.logits = true, .capture_layers = capture});
 }
 
 // Plain greedy decoding: n tokens after the prompt.
@@ -151,54 +177,115 @@ inline void self_draft_forward(Model& model, KVCache& kv, int32_t d, const int32
   model.forward(b, kv, out, {.logits = logits, .end_layer = draft_layers});
 }
 
-// An EAGLE-3 head's side of a resident chain step on the host (speculative/chain_state.h's
-// HeadBatch): its cache holds the prompt's rows but the last (the features at i with token i + 1);
-// each step's catch-up runs pred[0..depth] with the last verification's features, keeps its first
-// a rows (chain_head_caught_up) and leaves row a, the step's root, as the first pending slot;
-// draft d >= 1 runs tokens[d] in pending slot d, fed the previous row's pre-norm output. Each row's
-// normed output is what the target's LM head scores for the next draft.
+// Where a step's state keeps an EAGLE-3 head's counters (chain_state.h's HeadBatch, tree_state.h's
+// TreeHeadBatch).
+struct HeadCounters {
+  const int32_t* n_past = nullptr;        // [1] its committed cache rows
+  const int32_t* root_row = nullptr;      // [1] the catch-up row that is the step's root
+  const int32_t* slot_parents = nullptr;  // [n_ctx] its cache's parent of each slot
+};
+
+// An EAGLE-3 head's forwards in a resident step on the host, as the device runs them (chain_state.h
+// and tree_state.h share the design): its cache holds the prompt's rows but the last (the features
+// at i with token i + 1); each step's catch-up runs the rows the state laid out, after which the
+// state's function commits the rows before the root row a and clears its parent, and the root
+// row's output drafts first; further draft rows run in pending slots, each fed a pre-norm output
+// of an earlier row. Each row's normed output is what the target's LM head scores.
 class ResidentHead {
  public:
-  ResidentHead(const std::string& path, Model& target, int32_t depth)
+  // max_rows: the most rows one forward takes.
+  ResidentHead(const std::string& path, Model& target, int32_t max_rows)
       : head_(std::make_unique<Eagle3Head>(GgufFile::open(path), target, target.n_batch())),
         kv_(head_->make_cache(512)),
         H_(target.config().n_embd),
-        F_(head_->config().n_features()),
-        depth_(depth),
+        g_(size_t(max_rows) * H_),
+        prenorm_(g_.size()),
+        normed_(g_.size()) {}
+
+  std::span<const int32_t> feature_layers() const { return head_->config().target_layers; }
+  int32_t n_features() const { return head_->config().n_features(); }
+
+  // After the prefill (prompt_features: its captured features, [prompt.size()][F]): the prompt's
+  // rows but the last into the cache.
+  void begin(const std::vector<int32_t>& prompt, const float* prompt_features) {
+    const int32_t n_prompt = int32_t(prompt.size());
+    if (n_prompt < 2) return;
+    std::vector<float> fused(size_t(n_prompt) * H_), pre(fused.size()), nrm(fused.size());
+    Batch b;
+    b.set_sequence(std::span<const int32_t>(prompt).subspan(1), 0, false);
+    head_->fuse(prompt_features, n_prompt - 1, fused.data());
+    head_->forward(b, fused.data(), kv_, pre.data(), nrm.data());
+    kv_.commit_prefix(n_prompt - 1);
+  }
+  // The catch-up: b's rows (tokens, positions, parents) fused from features ([b.size()][F]), then
+  // caught_up() (the state's function: n_past advanced by the root row a, that slot's parent
+  // cleared) and the cache's commit of the a rows before the root row. Returns the root row's
+  // normed output ([H]); root_prenorm() is its pre-norm output.
+  const float* catch_up(const Batch& b, const float* features, const HeadCounters& c,
+                        const std::function<void()>& caught_up) {
+    EXPECT_EQ(kv_.n_past(), *c.n_past);
+    head_->fuse(features, b.size(), g_.data());
+    head_->forward(b, g_.data(), kv_, prenorm_.data(), normed_.data());
+    const int32_t a = *c.root_row, root_position = b.positions[size_t(a)];
+    caught_up();
+    EXPECT_EQ(*c.n_past - kv_.n_past(), a);
+    kv_.commit_prefix(a);
+    EXPECT_EQ(c.slot_parents[size_t(*c.n_past)], -1) << "the root row's parent is cleared";
+    kv_.set_slot_meta(*c.n_past, root_position, -1);
+    root_prenorm_ = prenorm_.data() + size_t(a) * H_;
+    return normed_.data() + size_t(a) * H_;
+  }
+  const float* root_prenorm() const { return root_prenorm_; }
+  // Draft rows: b's rows in their pending slots, fed g ([b.size()][H]). Returns their normed
+  // outputs ([n][H]); prenorm() holds their pre-norm outputs.
+  const float* draft_rows(const Batch& b, const float* g) {
+    head_->forward(b, g, kv_, prenorm_.data(), normed_.data());
+    return normed_.data();
+  }
+  const float* prenorm() const { return prenorm_.data(); }
+  // After the verification's acceptance: the root row committed (the state's n_past counts it).
+  void keep_root(const HeadCounters& c) {
+    kv_.commit_prefix(1);
+    EXPECT_EQ(kv_.n_past(), *c.n_past);
+  }
+
+ private:
+  std::unique_ptr<Eagle3Head> head_;
+  KVCache kv_;
+  int32_t H_;
+  std::vector<float> g_, prenorm_, normed_;  // [max_rows][H]
+  const float* root_prenorm_ = nullptr;      // [H] in prenorm_
+};
+
+// The head's side of a resident chain step (chain_state.h's HeadBatch): the catch-up runs
+// pred[0..depth] with the last verification's features (row i with row i); draft d >= 1 runs
+// tokens[d] in pending slot d, fed the previous row's pre-norm output.
+class ResidentChainHead {
+ public:
+  ResidentChainHead(const std::string& path, Model& target, int32_t depth)
+      : head_(path, target, depth + 1),
+        H_(target.config().n_embd),
+        F_(head_.n_features()),
         catch_positions_(size_t(depth) + 1),
         catch_parents_(size_t(depth) + 1),
         draft_positions_(size_t(depth) + 1),
         draft_parents_(size_t(depth) + 1),
         slot_parents_(512, -2),
         features_(size_t(depth + 1) * F_, 0.0f),
-        g_(size_t(depth + 1) * H_),
-        prenorm_(g_.size()),
-        normed_(g_.size()),
         g_next_(size_t(H_)) {}
 
-  // After the prefill (prompt_features: its captured features, [prompt.size()][F]): the prompt's
-  // rows but the last into the cache; the first catch-up is row 0 alone, the prompt's last
-  // features with the first token.
+  // After the prefill: the prompt's rows in the cache; the first catch-up is row 0 alone, the
+  // prompt's last features with the first token.
   void begin(const std::vector<int32_t>& prompt, const float* prompt_features) {
-    const int32_t n_prompt = int32_t(prompt.size());
-    if (n_prompt > 1) {
-      std::vector<float> fused(size_t(n_prompt) * H_), pre(fused.size()), nrm(fused.size());
-      Batch b;
-      b.set_sequence(std::span<const int32_t>(prompt).subspan(1), 0, false);
-      head_->fuse(prompt_features, n_prompt - 1, fused.data());
-      head_->forward(b, fused.data(), kv_, pre.data(), nrm.data());
-      kv_.commit_prefix(n_prompt - 1);
-    }
-    n_past_ = n_prompt - 1;
-    std::copy_n(prompt_features + size_t(n_prompt - 1) * F_, F_, features_.begin());
+    head_.begin(prompt, prompt_features);
+    n_past_ = int32_t(prompt.size()) - 1;
+    std::copy_n(prompt_features + size_t(n_past_) * F_, F_, features_.begin());
   }
-
-  std::span<const int32_t> feature_layers() const { return head_->config().target_layers; }
+  std::span<const int32_t> feature_layers() const { return head_.feature_layers(); }
   HeadBatch batch() {
     return HeadBatch{catch_positions_.data(), catch_parents_.data(), draft_positions_.data(), draft_parents_.data(),
                      &root_row_, &n_past_, slot_parents_.data()};
   }
-  int32_t n_past() const { return n_past_; }
 
   // The catch-up over the last verification (pred, the chain's next tokens), then
   // chain_head_caught_up; returns the root row's normed output ([H]), draft 0's.
@@ -207,17 +294,9 @@ class ResidentHead {
     b.tokens = pred;
     b.positions = catch_positions_;
     b.parents = catch_parents_;
-    EXPECT_EQ(kv_.n_past(), n_past_);
-    head_->fuse(features_.data(), depth_ + 1, g_.data());
-    head_->forward(b, g_.data(), kv_, prenorm_.data(), normed_.data());
-    const int32_t a = root_row_, root_position = catch_positions_[size_t(a)];
-    chain_head_caught_up(cs);
-    EXPECT_EQ(n_past_ - kv_.n_past(), a);
-    kv_.commit_prefix(a);
-    EXPECT_EQ(slot_parents_[size_t(n_past_)], -1) << "the root row's parent is cleared";
-    kv_.set_slot_meta(n_past_, root_position, -1);
-    std::copy_n(prenorm_.data() + size_t(a) * H_, H_, g_next_.begin());
-    return normed_.data() + size_t(a) * H_;
+    const float* root = head_.catch_up(b, features_.data(), counters(), [&] { chain_head_caught_up(cs); });
+    std::copy_n(head_.root_prenorm(), H_, g_next_.begin());
+    return root;
   }
   // Draft d >= 1: tokens[d] in pending slot d; returns its normed output ([H]), draft d's.
   const float* draft(int32_t d, const std::vector<int32_t>& tokens, Batch& b) {
@@ -226,29 +305,28 @@ class ResidentHead {
     b.positions = {draft_positions_[size_t(d)]};
     b.parents = {draft_parents_[size_t(d)]};
     b.start = d;
-    head_->forward(b, g_next_.data(), kv_, prenorm_.data(), normed_.data());
-    std::copy_n(prenorm_.data(), H_, g_next_.begin());
-    return normed_.data();
+    const float* normed = head_.draft_rows(b, g_next_.data());
+    std::copy_n(head_.prenorm(), H_, g_next_.begin());
+    return normed;
   }
   // After the verification's acceptance (a drafts accepted, the target's cache at target_n_past):
   // the root row committed; the next catch-up reads that verification's features.
   void accepted(int32_t a, int32_t target_n_past, const std::vector<float>& verify_features) {
-    kv_.commit_prefix(1);
-    EXPECT_EQ(kv_.n_past(), n_past_);
+    head_.keep_root(counters());
     EXPECT_EQ(n_past_, target_n_past - a - 1) << "the head's cache ends where the next catch-up starts";
     features_ = verify_features;
   }
 
  private:
-  std::unique_ptr<Eagle3Head> head_;
-  KVCache kv_;
-  int32_t H_, F_, depth_;
+  HeadCounters counters() const { return HeadCounters{&n_past_, &root_row_, slot_parents_.data()}; }
+
+  ResidentHead head_;
+  int32_t H_, F_;
   int32_t n_past_ = 0, root_row_ = 0;  // HeadBatch's counters
   std::vector<int32_t> catch_positions_, catch_parents_;  // [depth + 1]
   std::vector<int32_t> draft_positions_, draft_parents_;  // [depth + 1]
   std::vector<int32_t> slot_parents_;                     // [512] the cache's parent of each slot
   std::vector<float> features_;                           // [depth + 1][F] the last verification's
-  std::vector<float> g_, prenorm_, normed_;               // [depth + 1][H]
   std::vector<float> g_next_;                             // [H] the previous draft row's pre-norm output
 };
 

@@ -17,8 +17,6 @@
 #include "model/model.h"
 #include "sampling/ranked_draw.h"
 #include "sampling/sampler.h"
-#include "draft_head/eagle3_head.h"
-#include "gguf/gguf.h"
 #include "speculative/tree.h"
 #include "speculative/tree_sampling.h"
 #include "speculative/tree_state.h"
@@ -69,6 +67,7 @@ struct HostTreeState {
     s.head = TreeHeadBatch{catch_tokens.data(),         catch_rows.data(), catch_positions.data(), catch_parents.data(),
                            head_draft_positions.data(), &head_root_row,   &head_n_past,           head_slot_parents.data()};
   }
+  HeadCounters head_counters() const { return HeadCounters{&head_n_past, &head_root_row, head_slot_parents.data()}; }
 
   // The tree as DraftTree nodes (parents as node indices), from the verification batch.
   DraftTree tree() const {
@@ -111,25 +110,21 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
 
   std::unique_ptr<ResidentVocab> dv;  // the vocabulary as the device keeps it, beside the host-driven stream
 
-  // An EAGLE-3 head: its cache as the device keeps it, the features of the last verification's
-  // rows ([verify_rows][F]; at first the prompt's last at row 0) and each draft slot's pre-norm
-  // output ([draft_slots][H]).
-  std::unique_ptr<Eagle3Head> head;
-  KVCache head_kv(1, 1, 1);
+  // An EAGLE-3 head: its forwards as the device runs them, the features of the last verification's
+  // rows ([verify_rows][F]; at first the prompt's last at row 0), the catch-up's rows of them
+  // ([max_emitted][F]), each draft slot's pre-norm output ([draft_slots][H]) and a level's hidden
+  // inputs ([top_k][H]).
+  std::optional<ResidentHead> head;
   std::span<const int32_t> feature_layers;
   int32_t F = 0;
-  std::vector<float> verify_features, catch_features, g, prenorm, normed, slot_prenorm, head_logits;
+  std::vector<float> verify_features, catch_features, slot_prenorm, level_g, head_logits;
   if (!head_path.empty()) {
-    head = std::make_unique<Eagle3Head>(GgufFile::open(head_path), model, model.n_batch());
-    head_kv = head->make_cache(512);
-    feature_layers = head->config().target_layers;
-    F = head->config().n_features();
-    const size_t rows = size_t(std::max(shape.max_emitted(), k));
+    head.emplace(head_path, model, std::max(shape.max_emitted(), k));
+    feature_layers = head->feature_layers();
+    F = head->n_features();
     catch_features.resize(size_t(shape.max_emitted()) * F);
-    g.resize(rows * H);
-    prenorm.resize(g.size());
-    normed.resize(g.size());
     slot_prenorm.resize(size_t(shape.draft_slots()) * H);
+    level_g.resize(size_t(k) * H);
     head_logits.resize(size_t(k) * V);
   }
 
@@ -152,15 +147,7 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
   kv.commit_prefix(n_prompt);
   h.n_past = n_prompt;
   if (head) {
-    // The head's cache takes the prompt's rows but the last (features at i with token i + 1).
-    if (n_prompt > 1) {
-      std::vector<float> fused(size_t(n_prompt) * H), pre(fused.size()), nrm(fused.size());
-      Batch pb;
-      pb.set_sequence(std::span<const int32_t>(prompt).subspan(1), 0, false);
-      head->fuse(out.layer_inputs.data(), n_prompt - 1, fused.data());
-      head->forward(pb, fused.data(), head_kv, pre.data(), nrm.data());
-      head_kv.commit_prefix(n_prompt - 1);
-    }
+    head->begin(prompt, out.layer_inputs.data());
     verify_features.assign(size_t(shape.verify_rows()) * F, 0.0f);
     std::copy_n(out.layer_inputs.data() + size_t(n_prompt - 1) * F, F, verify_features.begin());
     h.attach_head(n_prompt - 1);
@@ -216,17 +203,8 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
         b.tokens = h.catch_tokens;
         b.positions = h.catch_positions;
         b.parents = h.catch_parents;
-        EXPECT_EQ(head_kv.n_past(), h.head_n_past);
-        head->fuse(catch_features.data(), e, g.data());
-        head->forward(b, g.data(), head_kv, prenorm.data(), normed.data());
-        const int32_t a = h.head_root_row, root_position = h.catch_positions[size_t(a)];
-        tree_head_caught_up(h.s);
-        EXPECT_EQ(h.head_n_past - head_kv.n_past(), a);
-        head_kv.commit_prefix(a);
-        EXPECT_EQ(h.head_slot_parents[size_t(h.head_n_past)], -1) << "the root row's parent is cleared";
-        head_kv.set_slot_meta(h.head_n_past, root_position, -1);
-        std::copy_n(prenorm.data() + size_t(a) * H, H, slot_prenorm.begin());
-        hidden = normed.data() + size_t(a) * H;
+        hidden = head->catch_up(b, catch_features.data(), h.head_counters(), [&] { tree_head_caught_up(h.s); });
+        std::copy_n(head->root_prenorm(), H, slot_prenorm.begin());  // slot 0: the root
       } else if (head) {
         b.clear();
         b.tokens.assign(h.draft_tokens.begin(), h.draft_tokens.end());
@@ -234,10 +212,9 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
         b.parents.assign(h.draft_parents.begin(), h.draft_parents.end());
         b.start = shape.draft_start(f);
         for (int32_t i = 0; i < n_rows; ++i)
-          std::copy_n(slot_prenorm.data() + size_t(h.draft_parents[size_t(i)]) * H, H, g.data() + size_t(i) * H);
-        head->forward(b, g.data(), head_kv, prenorm.data(), normed.data());
-        std::copy_n(prenorm.data(), size_t(n_rows) * H, slot_prenorm.data() + size_t(b.start) * H);
-        hidden = normed.data();
+          std::copy_n(slot_prenorm.data() + size_t(h.draft_parents[size_t(i)]) * H, H, level_g.data() + size_t(i) * H);
+        hidden = head->draft_rows(b, level_g.data());
+        std::copy_n(head->prenorm(), size_t(n_rows) * H, slot_prenorm.data() + size_t(b.start) * H);
       } else {
         b.clear();
         b.tokens.assign(h.draft_tokens.begin(), h.draft_tokens.begin() + n_rows);
@@ -295,12 +272,7 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
       for (int32_t c = 0; c < shape.candidates(); ++c) tree_rank(h.s, c);
     tree_lay_out_verification(h.s);
     // 3. The verification of every row, then the acceptance and the cache's compaction.
-    b.clear();
-    b.tokens = h.tokens;
-    b.positions = h.positions;
-    b.parents = h.parents;
-    b.output_rows = h.output_rows;
-    model.forward(b, kv, out, {.logits = true, .capture_layers = feature_layers});
+    verify_forward(model, kv, h.tokens, h.positions, h.parents, h.output_rows, feature_layers, b, out);
     verify_logits = out.logits;
     if (head) verify_features = out.layer_inputs;
     last_tree = h.tree();
@@ -320,10 +292,7 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
       a = tree_accept(h.s);
       EXPECT_EQ(std::vector<int32_t>(h.out_ids.begin() + before, h.out_ids.begin() + h.counter), emitted);
     }
-    if (head) {  // tree_commit kept the head's root row
-      head_kv.commit_prefix(1);
-      EXPECT_EQ(head_kv.n_past(), h.head_n_past);
-    }
+    if (head) head->keep_root(h.head_counters());  // tree_commit kept the head's root row
     // The compaction (the device's kv_compact moves its n_past, which is the state's).
     kv.commit(std::span<const int32_t>(h.keep).first(size_t(h.n_keep)));
     h.n_past += h.n_keep;

@@ -286,11 +286,7 @@ TEST_F(ChainSamplingTiny, ResidentSampledStepsEqualTheCpuDecoder) {
             std::make_unique<Eagle3Head>(GgufFile::open(head_path_), target, target.n_batch()), target, 512, std::move(vocab));
       else
         drafter = std::make_unique<SelfDrafter>(target, gen.cache(), v.draft_layers, std::move(vocab));
-      GenerateParams params;
-      params.max_new_tokens = n_predict;
-      params.ignore_eos = true;
-      params.sampling = sp;
-      const SpecResult cpu = Decoder(gen, *tok_, drafter.get(), v.tree).generate(prompt, params);
+      const SpecResult cpu = Decoder(gen, *tok_, drafter.get(), v.tree).generate(prompt, test::fixed_length(n_predict, sp));
       ASSERT_EQ(int32_t(cpu.gen.tokens.size()), n_predict);
       int32_t accepted = 0;
       const std::vector<int32_t> resident =

@@ -76,7 +76,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
   std::unique_ptr<test::ResidentVocab> dv;
 
   // An EAGLE-3 head: its cache and arrays as the device keeps them, and the host-driven drafter.
-  std::optional<test::ResidentHead> head;
+  std::optional<test::ResidentChainHead> head;
   std::unique_ptr<HeadDrafter> host_head;
   std::span<const int32_t> feature_layers;  // what the forwards capture for the head
   std::vector<float> head_logits;
@@ -187,12 +187,7 @@ ResidentRun run_resident(Model& model, const std::vector<int32_t>& prompt, int32
       tokens[d + 1] = dv->token_of_slot()[size_t(argmax(draft_logits.data(), n))];
     }
     // 3. Verification of the whole chain.
-    b.clear();
-    b.tokens = tokens;
-    b.positions = positions;
-    b.parents = parents;
-    b.output_rows = output_rows;
-    model.forward(b, kv, out, {.logits = true, .capture_layers = feature_layers});
+    test::verify_forward(model, kv, tokens, positions, parents, output_rows, feature_layers, b, out);
     for (int32_t i = 0; i <= depth; ++i) pred[size_t(i)] = argmax(out.logits.data() + size_t(i) * V, V);
     verify_logits = out.logits;
     // 4. Acceptance: the cache keeps what chain_accept committed.

@@ -336,19 +336,15 @@ TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
     // steps, nodes and accepted drafts, so the device's counts are the CPU path's.
     Generator gen(target, *tok_, 512);
     const std::unique_ptr<Drafter> drafter = cpu_drafter(v, gen);
-    GenerateParams params;
-    params.max_new_tokens = n_predict;
-    params.ignore_eos = true;
     Decoder decoder(gen, *tok_, drafter.get(), v.tree);
-    const SpecResult cpu = decoder.generate(prompt, params);
+    const SpecResult cpu = decoder.generate(prompt, test::fixed_length(n_predict));
     EXPECT_EQ(cpu.gen.tokens, plain);
     EXPECT_EQ(cpu.stats.steps, r.steps);
     EXPECT_EQ(cpu.stats.drafted, r.nodes);
     EXPECT_EQ(cpu.stats.accepted_draft, r.accepted);
     // A text that ends earlier (18 tokens): the device's counts from the step log
     // (chain_totals_until, as CudaModel reports them) are the CPU's for that text.
-    params.max_new_tokens = 18;
-    const SpecResult short_cpu = decoder.generate(prompt, params);
+    const SpecResult short_cpu = decoder.generate(prompt, test::fixed_length(18));
     const ChainTotals cut = chain_totals_until(r.step_counts.data(), r.steps, 18);
     EXPECT_EQ(cut.steps, short_cpu.stats.steps);
     EXPECT_EQ(cut.accepted, short_cpu.stats.accepted_draft);
@@ -373,11 +369,7 @@ TEST_F(TreeStateTiny, ResidentSampledTreeStepsEqualTheCpuDecoder) {
       const TreeRun r = run_tree(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab, sp, head_path(v));
       Generator gen(target, *tok_, 512);
       const std::unique_ptr<Drafter> drafter = cpu_drafter(v, gen);
-      GenerateParams params;
-      params.max_new_tokens = n_predict;
-      params.ignore_eos = true;
-      params.sampling = sp;
-      const SpecResult cpu = Decoder(gen, *tok_, drafter.get(), v.tree).generate(prompt, params);
+      const SpecResult cpu = Decoder(gen, *tok_, drafter.get(), v.tree).generate(prompt, test::fixed_length(n_predict, sp));
       ASSERT_EQ(int32_t(cpu.gen.tokens.size()), n_predict);
       EXPECT_EQ(r.emitted, cpu.gen.tokens);
       EXPECT_EQ(r.steps, cpu.stats.steps);

@@ -739,6 +739,7 @@ void CudaModel::enqueue_tree_step(const ChainStep& step) {
   const DeviceTree& t = *tree_;
   const TreeShape& shape = t.shape;
   const TreeState st = tree_state(step);
+  const TreeSampling ts = tree_sampling(step);  // read with sampling only
   const int32_t k = shape.top_k, V = config_.n_vocab;
   // 1. The draft vocabulary's update from the previous verification (an empty one after the
   //    prompt): the tree's tokens (verification rows 1..n_nodes) and the target's top K_ver at the
@@ -752,7 +753,7 @@ void CudaModel::enqueue_tree_step(const ChainStep& step) {
   for (int32_t f = 0; f <= shape.depth; ++f) {
     const int32_t rows = shape.draft_rows(f);
     if (step.head) {
-      enqueue_head_tree_rows(step, f);
+      enqueue_head_tree_rows(step, st, f);
     } else {
       enqueue_forward(DeviceBatch{t.draft_tokens, t.draft_positions, t.draft_parents, rows, shape.draft_start(f)},
                       t.draft_out_rows, rows, {.logits = step.vocab == nullptr, .end_layer = step.draft_layers});
@@ -766,7 +767,7 @@ void CudaModel::enqueue_tree_step(const ChainStep& step) {
       else
         top_k_rows(logits_, V, V, RowRange{.max_rows = rows}, step.sample_k, d_draft_top_ids_ + at,
                    d_draft_top_values_ + at, stream_);
-      tree_draw(st, tree_sampling(step), f, stream_);
+      tree_draw(st, ts, f, stream_);
     } else if (step.vocab) {
       step.vocab->proposals(rows, k, t.prop_token, t.prop_logprob);
     } else {
@@ -791,7 +792,7 @@ void CudaModel::enqueue_tree_step(const ChainStep& step) {
   // 4. Acceptance (greedy, or recursive rejection sampling), the cache compacted to the accepted
   //    path (n_past moves there), the next root.
   if (step.sample_k > 0)
-    tree_sample_accept(st, tree_sampling(step), stream_);
+    tree_sample_accept(st, ts, stream_);
   else
     tree_accept(st, stream_);
   kv_compact(kv_, d_keep_, t.n_keep, stream_);
@@ -860,11 +861,10 @@ void CudaModel::enqueue_chain_step(const ChainStep& step) {
     chain_accept(chain_state(step), stream_);
 }
 
-void CudaModel::enqueue_head_tree_rows(const ChainStep& step, int32_t forward) {
+void CudaModel::enqueue_head_tree_rows(const ChainStep& step, const TreeState& st, int32_t forward) {
   DeviceEagleHead& head = *step.head;
   const DeviceTree& t = *tree_;
   const TreeShape& shape = t.shape;
-  const TreeState st = tree_state(step);
   const int32_t H = config_.n_embd, V = config_.n_vocab, k = shape.top_k;
   const float* normed = nullptr;  // the rows the draft LM head scores
   int32_t rows = 1;

@@ -274,7 +274,7 @@ class CudaModel {
   void enqueue_head_drafts(const ChainStep& step);
   // A draft head's rows of tree draft forward `forward` (0: its catch-up, whose root row proposes
   // the first level), scored by the LM head: the draft vocabulary's logits, or logits_.
-  void enqueue_head_tree_rows(const ChainStep& step, int32_t forward);
+  void enqueue_head_tree_rows(const ChainStep& step, const TreeState& st, int32_t forward);
   // Captures what `enqueue` launches on stream_ as an instantiated graph.
   cudaGraphExec_t capture(const std::function<void()>& enqueue);
   // Runs `steps` of what `enqueue` launches: replays `graph` (captured on first use) with graphs

@@ -207,14 +207,20 @@ MS_HOST_DEVICE inline ChainTotals chain_totals_until(const int32_t* step_counts,
   return t;
 }
 
-// After an EAGLE-3 head's catch-up forward: commits its rows before the root row (a of them), so
-// the root row is the first pending slot, clears that slot's parent (it was row a - 1 of the
-// catch-up, now committed) and lays out the drafts' rows behind it.
+// An EAGLE-3 head's catch-up forward done (the chain's and the tree's): commits its rows before
+// the root row (root_row of them), so the root row is the first pending slot, and clears that
+// slot's parent (it was row root_row - 1 of the catch-up, now committed). Returns the new n_past.
+MS_HOST_DEVICE inline int32_t head_commit_before_root(int32_t* n_past, int32_t root_row, int32_t* slot_parents) {
+  *n_past += root_row;
+  slot_parents[*n_past] = -1;
+  return *n_past;
+}
+
+// After an EAGLE-3 head's catch-up forward: head_commit_before_root, then the drafts' rows laid out
+// behind the root row.
 MS_HOST_DEVICE inline void chain_head_caught_up(const ChainState& s) {
   const HeadBatch& h = s.head;
-  const int32_t n_past = *h.n_past + *h.root_row;
-  *h.n_past = n_past;
-  h.slot_parents[n_past] = -1;
+  const int32_t n_past = head_commit_before_root(h.n_past, *h.root_row, h.slot_parents);
   for (int32_t d = 1; d <= s.depth; ++d) h.draft_positions[d] = n_past + d;
 }
 

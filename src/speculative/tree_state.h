@@ -144,13 +144,9 @@ MS_HOST_DEVICE inline void tree_head_lay_out_catch_up(const TreeState& s, int32_
   }
 }
 
-// After an EAGLE-3 head's catch-up forward: commits its rows before the root row (a of them), so
-// the root row is the first pending slot, and clears that slot's parent (it was row a - 1 of the
-// catch-up, now committed).
+// After an EAGLE-3 head's catch-up forward of a tree step: head_commit_before_root (chain_state.h).
 MS_HOST_DEVICE inline void tree_head_caught_up(const TreeState& s) {
-  const TreeHeadBatch& h = s.head;
-  *h.n_past += *h.root_row;
-  h.slot_parents[*h.n_past] = -1;
+  head_commit_before_root(s.head.n_past, *s.head.root_row, s.head.slot_parents);
 }
 
 // The root (tokens[0]) at n_past: draft forward 0's row and verification row 0.
