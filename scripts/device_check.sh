@@ -5,7 +5,8 @@
 # greedy tokens equal to the CPU's, the device-resident speculative step with and without its CUDA
 # graph equal to plain greedy decoding), the CLI on SmolLM2 when it is staged under models/ (plain and
 # self-drafted with the full, the dynamic and the freq vocabulary, drafted by its EAGLE-3 head, and
-# drafted as a tree (top-k 4) by the target's first layers with the full and the dynamic vocabulary and by the head: the same text; speculative sampling on the
+# drafted as a tree (top-k 4) by the target's first layers with the full and the dynamic vocabulary, by the head and by a
+# draft model: the same text; speculative sampling on the
 # device (a chain, a tree) beside the CPU decoder's tokens for the same seed; --prompts-jsonl with a stop string, plain and self-drafted: the same tokens; `serve --device cuda`: a
 # completion equal to generate's text), then the benchmark on a
 # Llama-3-8B-shaped model whose random BF16 weights are made in device memory.
@@ -43,14 +44,15 @@ if [ "$status" -ne 0 ]; then echo "CUDA tests FAILED (status $status): see tests
 
 SMOL=models/smollm2-135m-instruct-q4_1.gguf  # with its .freq.bin (scripts/make_freq.sh) beside it
 if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
-  echo "== generate --device cuda on SmolLM2 (96 tokens): plain, self-draft with the full, dynamic and freq vocabularies, its EAGLE-3 head (models/heads/) with the dynamic one, self-drafted trees (top-k 4, depth 3, 12 nodes) with the full and the dynamic one, the head's tree with the dynamic one"
+  echo "== generate --device cuda on SmolLM2 (96 tokens): plain, self-draft with the full, dynamic and freq vocabularies, its EAGLE-3 head (models/heads/) with the dynamic one, self-drafted trees (top-k 4, depth 3, 12 nodes) with the full and the dynamic one, the head's tree and a draft model's (SmolLM2 itself) with the dynamic one"
   P="Write a short story about a lighthouse keeper."
-  for vocab in plain full dynamic freq head tree_full tree_dynamic tree_head; do
+  for vocab in plain full dynamic freq head tree_full tree_dynamic tree_head tree_draft; do
     spec=()
     case "$vocab" in
       plain) ;;
       head) spec=(--spec head --tree-topk 1) ;;
       tree_head) spec=(--spec head --tree-topk 4 --tree-depth 3 --tree-tokens 12) ;;
+      tree_draft) spec=(--spec draft --draft-model "$SMOL" --tree-topk 4 --tree-depth 3 --tree-tokens 12) ;;
       tree_*) spec=(--spec self --tree-topk 4 --tree-depth 3 --tree-tokens 12 --draft-vocab "${vocab#tree_}") ;;
       *) spec=(--spec self --tree-topk 1 --draft-vocab "$vocab") ;;
     esac
@@ -61,8 +63,9 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
   if [ -s "$LOG/cli_plain.txt" ] && cmp -s "$LOG/cli_plain.txt" "$LOG/cli_full.txt" &&
      cmp -s "$LOG/cli_plain.txt" "$LOG/cli_dynamic.txt" && cmp -s "$LOG/cli_plain.txt" "$LOG/cli_freq.txt" &&
      cmp -s "$LOG/cli_plain.txt" "$LOG/cli_head.txt" && cmp -s "$LOG/cli_plain.txt" "$LOG/cli_tree_full.txt" &&
-     cmp -s "$LOG/cli_plain.txt" "$LOG/cli_tree_dynamic.txt" && cmp -s "$LOG/cli_plain.txt" "$LOG/cli_tree_head.txt"; then
-    echo "same text from all eight"
+     cmp -s "$LOG/cli_plain.txt" "$LOG/cli_tree_dynamic.txt" && cmp -s "$LOG/cli_plain.txt" "$LOG/cli_tree_head.txt" &&
+     cmp -s "$LOG/cli_plain.txt" "$LOG/cli_tree_draft.txt"; then
+    echo "same text from all nine"
   else
     echo "TEXTS DIFFER (see $LOG/cli_*.txt)"; status=1
   fi

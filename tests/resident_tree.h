@@ -69,6 +69,20 @@ struct HostTreeState {
   }
   HeadCounters head_counters() const { return HeadCounters{&head_n_past, &head_root_row, head_slot_parents.data()}; }
 
+  // A separate draft model's arrays (TreeDraftModel), its cache holding n_past slots and `newest`
+  // the committed token after them.
+  std::vector<int32_t> dm_first, dm_first_positions, dm_first_parents, dm_parents, dm_keep;
+  int32_t dm_first_output = 0, dm_n_past = 0;
+  void attach_draft_model(int32_t n_past, int32_t newest) {
+    dm_first = {newest, 0};
+    dm_first_positions = dm_first_parents = dm_first;
+    dm_parents.assign(size_t(s.shape.top_k), 0);
+    dm_keep.assign(size_t(s.shape.max_emitted()), 0);
+    dm_n_past = n_past;
+    s.draft = TreeDraftModel{dm_first.data(), dm_first_positions.data(), dm_first_parents.data(), &dm_first_output,
+                             dm_parents.data(),  dm_keep.data(),          &dm_n_past};
+  }
+
   // The tree as DraftTree nodes (parents as node indices), from the verification batch.
   DraftTree tree() const {
     DraftTree t;
@@ -92,14 +106,18 @@ struct TreeRun {
 };
 
 // The resident tree step on the host with the self-drafter (the target's first draft_layers
-// layers), or an EAGLE-3 head (head_path: its file; its rows scored by the target's LM head). spec: MicroSpec's window (its state advanced by the device's functions, the draft head
-// over its packed rows), a fixed set (Fixed: the pinned ids), or the full head. sp: greedy (the
-// default), or speculative sampling (tree_sampling.h): each draft row and verification row ranked
-// as top_k_rows ranks it, tree_draw after each draft forward, tree_keep_first, tree_sample_accept.
+// layers), an EAGLE-3 head (head_path: its file; its rows scored by the target's LM head) or a
+// separate draft model (draft_model: its rows scored by its own LM head). spec: MicroSpec's window
+// (its state advanced by the device's functions, the draft head over its packed rows), a fixed set
+// (Fixed: the pinned ids), or the full head. sp: greedy (the default), or speculative sampling
+// (tree_sampling.h): each draft row and verification row ranked as top_k_rows ranks it, tree_draw
+// after each draft forward, tree_keep_first, tree_sample_accept.
 inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_t n_predict, const TreeParams& params,
                         int32_t draft_layers, const std::optional<PrunedVocabSpec>& spec, const SamplingParams& sp = {},
-                        const std::string& head_path = {}) {
+                        const std::string& head_path = {}, Model* draft_model = nullptr) {
   const int32_t V = model.config().n_vocab, n_prompt = int32_t(prompt.size()), H = model.config().n_embd;
+  Model& scorer = draft_model ? *draft_model : model;  // whose LM head scores the drafts
+  const int32_t H_draft = scorer.config().n_embd;
   const TreeShape shape = params.fixed_shape();
   const int32_t k = shape.top_k;
   KVCache kv = model.make_cache(512);
@@ -141,6 +159,18 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
   int32_t draft_drawn = 0, target_drawn = 0;
   const TreeSampling m{&settings,          ks, draft_ids.data(), draft_values.data(), target_ids.data(),
                        target_values.data(), draft_bits.data(), &draft_drawn, target_bits.data(), &target_drawn};
+
+  // A draft model's cache: the prompt but its last token (its first forward runs it with the root).
+  std::optional<KVCache> draft_kv;
+  if (draft_model) {
+    draft_kv.emplace(draft_model->make_cache(512));
+    h.attach_draft_model(n_prompt - 1, prompt.back());
+    if (n_prompt > 1) {
+      b.set_sequence(std::span<const int32_t>(prompt).first(size_t(n_prompt - 1)), 0, false);
+      draft_model->forward(b, *draft_kv, out, {});
+      draft_kv->commit_prefix(n_prompt - 1);
+    }
+  }
 
   b.set_sequence(prompt, 0, true);
   model.forward(b, kv, out, {.logits = true, .capture_layers = feature_layers});
@@ -190,7 +220,9 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
     }
     // 2. The draft forwards, each row's k best over the draft vocabulary (sampling: its k draws).
     //    The self-draft runs the root alone, then each level's frontier rows; a head runs its
-    //    catch-up (the root row is its row a), then the frontier rows fed their parents' outputs.
+    //    catch-up (the root row is its row a), then the frontier rows fed their parents' outputs;
+    //    a draft model runs the newest committed token with the root, then the frontier rows one
+    //    slot further on.
     for (int32_t f = 0; f <= shape.depth; ++f) {
       const int32_t n_rows = shape.draft_rows(f);
       const float* hidden = nullptr;  // [n_rows][H] the rows' normed outputs
@@ -215,6 +247,23 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
           std::copy_n(slot_prenorm.data() + size_t(h.draft_parents[size_t(i)]) * H, H, level_g.data() + size_t(i) * H);
         hidden = head->draft_rows(b, level_g.data());
         std::copy_n(head->prenorm(), size_t(n_rows) * H, slot_prenorm.data() + size_t(b.start) * H);
+      } else if (draft_model) {
+        b.clear();
+        if (f == 0) {
+          b.tokens = h.dm_first;
+          b.positions = h.dm_first_positions;
+          b.parents = h.dm_first_parents;
+          b.output_rows = {h.dm_first_output};
+        } else {
+          b.tokens.assign(h.draft_tokens.begin(), h.draft_tokens.begin() + n_rows);
+          b.positions.assign(h.draft_positions.begin(), h.draft_positions.begin() + n_rows);
+          b.parents.assign(h.dm_parents.begin(), h.dm_parents.begin() + n_rows);
+          for (int32_t i = 0; i < n_rows; ++i) b.output_rows.push_back(i);
+          b.start = shape.draft_start(f) + 1;
+        }
+        draft_model->forward(b, *draft_kv, out, {.logits = !dv});
+        hidden = out.hidden.data();
+        full = out.logits.data();
       } else {
         b.clear();
         b.tokens.assign(h.draft_tokens.begin(), h.draft_tokens.begin() + n_rows);
@@ -239,8 +288,7 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
         const int32_t n = dv->rows();
         draft_logits.resize(size_t(std::max(n, 1)));
         if (n > 0)
-          model.lm_head_rows(hidden + size_t(i) * H, 1, dv->token_of_slot(), n,
-                             draft_logits.data());
+          scorer.lm_head_rows(hidden + size_t(i) * H_draft, 1, dv->token_of_slot(), n, draft_logits.data());
         rank_row(draft_logits.data(), n, ks, dv->token_of_slot(), &draft_ids[at], &draft_values[at]);
       }
       if (sampled) {
@@ -255,7 +303,7 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
         } else if (dv->rows() > 0) {
           const int32_t n = dv->rows();
           draft_logits.resize(size_t(n));
-          model.lm_head_rows(hidden + size_t(i) * H, 1, dv->token_of_slot(), n, draft_logits.data());
+          scorer.lm_head_rows(hidden + size_t(i) * H_draft, 1, dv->token_of_slot(), n, draft_logits.data());
           got = top_k_logprobs(draft_logits.data(), n, k, props.data());
           for (int32_t j = 0; j < got; ++j) props[size_t(j)].token = dv->token_of_slot()[size_t(props[size_t(j)].token)];
         }
@@ -298,6 +346,12 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
     h.n_past += h.n_keep;
     tree_lay_out_root(h.s);
     EXPECT_EQ(kv.n_past(), h.n_past);
+    if (draft_model) {  // its cache keeps the accepted text but the newest token
+      draft_kv->commit(std::span<const int32_t>(h.dm_keep).first(size_t(h.n_keep)));
+      h.dm_n_past += h.n_keep;
+      EXPECT_EQ(draft_kv->n_past(), h.dm_n_past);
+      EXPECT_EQ(h.dm_n_past, h.n_past - 1) << "the draft model's cache is one token behind the target's";
+    }
     if (head) EXPECT_EQ(h.head_n_past, h.n_past - a - 1) << "the head's cache ends where the next catch-up starts";
     EXPECT_EQ(h.counter, h.n_past - n_prompt + 1) << "every emitted token but the newest is in the cache";
     run.accepted += a;

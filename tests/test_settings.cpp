@@ -171,9 +171,9 @@ TEST(SpecSettings, DraftModelLoadsWithTheTargetsKernels) {
   EXPECT_EQ(plain.draft_model(), nullptr);
 }
 
-// generate and serve refuse what the device cannot run before any device is asked for: chains
-// from the self-draft, a draft model or a head, trees from the self-draft; sampling with top-k on.
-TEST(DeviceSettings, TheDeviceTakesChainsSelfDraftedTreesAndTopKSampling) {
+// generate and serve refuse what the device cannot run before any device is asked for: chains and
+// trees from the self-draft, a draft model or a head; sampling with top-k on.
+TEST(DeviceSettings, TheDeviceTakesChainsTreesAndTopKSampling) {
   auto why = [](SpecMode mode, int32_t top_k, int32_t p_min = 0) {
     SpecConfig c;
     c.mode = mode;
@@ -185,7 +185,7 @@ TEST(DeviceSettings, TheDeviceTakesChainsSelfDraftedTreesAndTopKSampling) {
   for (SpecMode mode : {SpecMode::Self, SpecMode::Draft, SpecMode::Head}) EXPECT_EQ(why(mode, 1), "") << name_of(mode);
   EXPECT_EQ(why(SpecMode::Self, 4), "") << "a self-drafted tree";
   EXPECT_EQ(why(SpecMode::Head, 4), "") << "a tree drafted by an EAGLE-3 head";
-  EXPECT_NE(why(SpecMode::Draft, 4).find("--spec self|head --tree-topk K (a tree)"), std::string::npos);
+  EXPECT_EQ(why(SpecMode::Draft, 4), "") << "a tree drafted by a draft model";
   for (SpecMode mode : {SpecMode::Ngram, SpecMode::SelfNgram, SpecMode::DraftNgram, SpecMode::HeadNgram})
     EXPECT_NE(why(mode, 1).find("--spec self|draft|head"), std::string::npos) << name_of(mode);
   EXPECT_NE(why(SpecMode::Self, 1, 20).find("--draft-p-min 0"), std::string::npos);

@@ -230,9 +230,11 @@ TEST(TreeState, ShapesWithoutAFixedSizeAreRefused) {
 struct TreeVariant {
   const char* name;
   TreeParams tree;
-  int32_t draft_layers;  // of 3 (the self-draft's)
+  int32_t draft_layers;  // of 3 (the self-draft's; a draft model's: 3 for the target itself, 2 for its Q4_1 copy)
   std::optional<PrunedVocabSpec> vocab;
-  enum class Drafter { Self, Head } drafter = Drafter::Self;  // the target's first layers, or an EAGLE-3 head
+  // The target's first layers, an EAGLE-3 head, the target as its own draft model, or the
+  // target's weights in Q4_1 as a separate draft model.
+  enum class Drafter { Self, Head, TargetAsDraftModel, DraftModel } drafter = Drafter::Self;
 };
 std::vector<TreeVariant> tree_variants() {
   using Source = CandidateStreamParams::Source;
@@ -263,7 +265,19 @@ std::vector<TreeVariant> tree_variants() {
       {"EAGLE-3 head, dynamic ext W 64 (the first tree from an empty vocabulary)",
        {.depth = 2, .top_k = 2, .total_tokens = 5}, 0, stream(64, Source::Ext, Rows::Accepted), TreeVariant::Drafter::Head},
       {"EAGLE-3 head, freq: 40 fixed ids", {.depth = 3, .top_k = 2, .total_tokens = 6}, 0,
-       pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed), TreeVariant::Drafter::Head}};
+       pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed), TreeVariant::Drafter::Head},
+      {"the target as its own draft model, chain of 4", {.depth = 3, .top_k = 1, .total_tokens = 4}, 3, std::nullopt,
+       TreeVariant::Drafter::TargetAsDraftModel},
+      {"the target as its own draft model, k 3 depth 3", {.depth = 3, .top_k = 3, .total_tokens = 10}, 3, std::nullopt,
+       TreeVariant::Drafter::TargetAsDraftModel},
+      {"draft model, full head, k 2 depth 3, 6 nodes", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2, std::nullopt,
+       TreeVariant::Drafter::DraftModel},
+      {"draft model, full head, k 3 depth 2, every candidate", {.depth = 2, .top_k = 3, .total_tokens = 40}, 2,
+       std::nullopt, TreeVariant::Drafter::DraftModel},
+      {"draft model, dynamic W 64, k 3 depth 3", {.depth = 3, .top_k = 3, .total_tokens = 10}, 2,
+       stream(64, Source::Both, Rows::Accepted), TreeVariant::Drafter::DraftModel},
+      {"draft model, freq: 40 fixed ids", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2,
+       pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed), TreeVariant::Drafter::DraftModel}};
 }
 
 class TreeStateTiny : public ::testing::Test {
@@ -279,6 +293,10 @@ class TreeStateTiny : public ::testing::Test {
     spec.weight_type = GgmlType::Q8_0;
     spec.untied_output = true;  // a tied random model only repeats its last token
     target_ = test::load_tiny_model(spec, path_);
+    // The same weights in Q4_1: a draft model that agrees with the target often, not always.
+    draft_path_ = path_ + ".draft.gguf";
+    spec.weight_type = GgmlType::Q4_1;
+    draft_ = test::load_tiny_model(spec, draft_path_);
     tok_path_ = path_ + ".tok.gguf";
     tok_file_ = GgufFile::open(test::write_tiny_tokenizer(tok_path_, spec.n_vocab));
     tok_ = Tokenizer::from_gguf(*tok_file_);
@@ -292,22 +310,31 @@ class TreeStateTiny : public ::testing::Test {
     std::filesystem::remove(path_);
     std::filesystem::remove(tok_path_);
     std::filesystem::remove(head_path_);
+    std::filesystem::remove(draft_path_);
   }
   // The head file a variant drafts with ("" for the self-draft), and the CPU decoder's drafter for
   // it over the same vocabulary.
   std::string head_path(const TreeVariant& v) const {
     return v.drafter == TreeVariant::Drafter::Head ? head_path_ : std::string();
   }
+  // The separate draft model a variant drafts with (null for the self-draft and the head).
+  Model* draft_model(const TreeVariant& v) const {
+    return v.drafter == TreeVariant::Drafter::TargetAsDraftModel ? target_.model.get()
+           : v.drafter == TreeVariant::Drafter::DraftModel       ? draft_.model.get()
+                                                                 : nullptr;
+  }
   std::unique_ptr<Drafter> cpu_drafter(const TreeVariant& v, Generator& gen) {
     Model& target = *target_.model;
+    if (Model* dm = draft_model(v))  // its own LM head scores its drafts
+      return std::make_unique<ModelDrafter>(*dm, 512, test::host_draft_vocabulary(*dm, v.vocab));
     DraftVocabulary vocab = test::host_draft_vocabulary(target, v.vocab);
     if (v.drafter == TreeVariant::Drafter::Head)
       return std::make_unique<HeadDrafter>(std::make_unique<Eagle3Head>(GgufFile::open(head_path_), target, target.n_batch()),
                                            target, 512, std::move(vocab));
     return std::make_unique<SelfDrafter>(target, gen.cache(), v.draft_layers, std::move(vocab));
   }
-  std::string path_, tok_path_, head_path_;
-  test::TinyLoaded target_;
+  std::string path_, tok_path_, head_path_, draft_path_;
+  test::TinyLoaded target_, draft_;
   std::unique_ptr<GgufFile> tok_file_;
   std::unique_ptr<Tokenizer> tok_;
 };
@@ -319,10 +346,10 @@ TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
   Model& target = *target_.model;
   const std::vector<int32_t> plain = test::plain_greedy(target, prompt, n_predict);
   EXPECT_GE(std::set<int32_t>(plain.begin(), plain.end()).size(), 10u) << "a degenerate text tests little";
-  int32_t accepted_partial = 0, accepted_dynamic = 0;
+  int32_t accepted_partial = 0, accepted_dynamic = 0, accepted_by_draft_model = 0;
   for (const TreeVariant& v : variants) {
     SCOPED_TRACE(v.name);
-    const TreeRun r = run_tree(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab, {}, head_path(v));
+    const TreeRun r = run_tree(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab, {}, head_path(v), draft_model(v));
     EXPECT_EQ(r.emitted, plain);
     EXPECT_GT(r.steps, 0);
     EXPECT_GT(r.nodes, 0);
@@ -332,6 +359,7 @@ TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
       EXPECT_GE(r.accepted, r.steps) << "the target's own first token is always in its tree";
     if (v.draft_layers == 2 && !v.vocab) accepted_partial += r.accepted;
     if (v.vocab) accepted_dynamic += r.accepted;
+    if (v.drafter == TreeVariant::Drafter::DraftModel) accepted_by_draft_model += r.accepted;
     // The CPU decoder with the same drafter, tree and vocabulary drafts the same trees: the same
     // steps, nodes and accepted drafts, so the device's counts are the CPU path's.
     Generator gen(target, *tok_, 512);
@@ -351,6 +379,7 @@ TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
   }
   EXPECT_GT(accepted_partial, 0) << "no partial drafter ever agreed";
   EXPECT_GT(accepted_dynamic, 0) << "no draft from the packed rows was ever accepted";
+  EXPECT_GT(accepted_by_draft_model, 0) << "the draft model never agreed: its kept slots went untested";
 }
 
 // Speculative sampling on the resident tree (tree_sampling.h) emits the CPU Decoder's tokens for a
@@ -362,11 +391,11 @@ TEST_F(TreeStateTiny, ResidentSampledTreeStepsEqualTheCpuDecoder) {
   const int32_t n_predict = 40;
   Model& target = *target_.model;
   const int32_t V = target.config().n_vocab;
-  int32_t accepted_partial = 0, siblings_accepted = 0, accepted_by_head = 0;
+  int32_t accepted_partial = 0, siblings_accepted = 0, accepted_by_head = 0, accepted_by_draft_model = 0;
   for (const TreeVariant& v : variants) {
     for (const SamplingParams& sp : test::sampled_settings()) {
       SCOPED_TRACE(std::string(v.name) + ", T " + std::to_string(sp.temperature) + ", seed " + std::to_string(sp.seed));
-      const TreeRun r = run_tree(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab, sp, head_path(v));
+      const TreeRun r = run_tree(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab, sp, head_path(v), draft_model(v));
       Generator gen(target, *tok_, 512);
       const std::unique_ptr<Drafter> drafter = cpu_drafter(v, gen);
       const SpecResult cpu = Decoder(gen, *tok_, drafter.get(), v.tree).generate(prompt, test::fixed_length(n_predict, sp));
@@ -380,11 +409,13 @@ TEST_F(TreeStateTiny, ResidentSampledTreeStepsEqualTheCpuDecoder) {
       if (v.draft_layers == 2) accepted_partial += r.accepted;
       siblings_accepted += r.later_siblings_accepted;
       if (v.drafter == TreeVariant::Drafter::Head) accepted_by_head += r.accepted;
+      if (v.drafter == TreeVariant::Drafter::DraftModel) accepted_by_draft_model += r.accepted;
     }
   }
   EXPECT_GT(accepted_partial, 0) << "no partial drafter ever agreed: only rejections were tested";
   EXPECT_GT(siblings_accepted, 0) << "no child after a rejected sibling was ever accepted: q's renormalisation went untested";
   EXPECT_GT(accepted_by_head, 0) << "the head never had a draft accepted: its catch-up over kept rows went untested";
+  EXPECT_GT(accepted_by_draft_model, 0) << "the draft model never had a draft accepted: its kept slots went untested";
 }
 
 }  // namespace

@@ -334,7 +334,7 @@ void add_generate_command(CLI::App& app) {
       "replaces --seed for that row; prints one JSON line per prompt");
   cmd->add_option("--device", args->device,
                   "cpu, or cuda: decoding on the GPU, greedy or sampled (top-k 1..64), plain or speculative (a chain, or a "
-                  "tree from the self-draft or the head; builds with MICROSPEC_CUDA)")
+                  "tree from the self-draft, a draft model or the head; builds with MICROSPEC_CUDA)")
       ->capture_default_str();
   add_spec_options(*cmd, args->spec);
   cmd->callback([args] { run_generate(*args); });

@@ -45,8 +45,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1/* and /metrics");
   cmd->add_option("--device", s.device,
                   "cpu, or cuda: the GPU serves one request at a time (--parallel 1), greedy or sampled (top_k "
-                  "1..64, else 400), plain or speculative (a chain, or a tree from the self-draft or the head; builds with "
-                  "MICROSPEC_CUDA)")
+                  "1..64, else 400), plain or speculative (a chain, or a tree from the self-draft, a draft model or the head; "
+                  "builds with MICROSPEC_CUDA)")
       ->capture_default_str();
   cmd->add_option("--alias", s.model_name, "model id in /v1/models and answers (default: file name)");
   cmd->add_option("--parallel", s.parallel,

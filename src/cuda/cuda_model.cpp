@@ -68,6 +68,13 @@ struct CudaModel::DeviceTree {
   float* catch_features = nullptr;         // [max_emitted][F] the catch-up's rows of the last verification's features
   float* slot_prenorm = nullptr;           // [draft_slots][H] each draft slot's pre-norm output
   float* head_g = nullptr;                 // [top_k][H] a level's hidden inputs: its parents' outputs
+  // A separate draft model's (tree_state.h's TreeDraftModel; its n_past is its cache's).
+  int32_t* dm_first = nullptr;             // [2]
+  int32_t* dm_first_positions = nullptr;   // [2]
+  int32_t* dm_first_parents = nullptr;     // [2]
+  int32_t* dm_first_output = nullptr;      // [1]
+  int32_t* dm_parents = nullptr;           // [top_k]
+  int32_t* dm_keep = nullptr;              // [max_emitted]
 
   // head_features, n_embd: an EAGLE-3 head's F and H (0, 0: the self-draft's tree).
   DeviceTree(const TreeShape& s, int32_t head_features_, int32_t n_embd, cudaStream_t stream)
@@ -90,6 +97,12 @@ struct CudaModel::DeviceTree {
     frontier = ints(k);
     n_nodes = ints(1);
     n_keep = ints(1);
+    dm_first = ints(2);
+    dm_first_positions = ints(2);
+    dm_first_parents = ints(2);
+    dm_first_output = ints(1);
+    dm_parents = ints(k);
+    dm_keep = ints(s.max_emitted());
     if (head_features > 0) {
       const int32_t e = s.max_emitted();
       catch_tokens = ints(e);
@@ -731,7 +744,11 @@ TreeState CudaModel::tree_state(const ChainStep& step) const {
                    step.head ? TreeHeadBatch{t.catch_tokens, t.catch_rows, t.catch_positions, t.catch_parents,
                                              t.head_draft_positions, t.root_row, step.head->kv().n_past,
                                              step.head->kv().parents}
-                             : TreeHeadBatch{}};
+                             : TreeHeadBatch{},
+                   step.draft_model ? TreeDraftModel{t.dm_first, t.dm_first_positions, t.dm_first_parents,
+                                                     t.dm_first_output, t.dm_parents, t.dm_keep,
+                                                     step.draft_model->kv_.n_past}
+                                    : TreeDraftModel{}};
 }
 
 // One tree step, all on the device, in a fixed sequence of launches (a graph replays it):
@@ -741,19 +758,37 @@ void CudaModel::enqueue_tree_step(const ChainStep& step) {
   const TreeState st = tree_state(step);
   const TreeSampling ts = tree_sampling(step);  // read with sampling only
   const int32_t k = shape.top_k, V = config_.n_vocab;
+  // A draft model drafts on its own stream (the vocabulary's too), forked here and joined before
+  // the verification; the self-draft and a head draft on the target's.
+  CudaModel& drafter = step.draft_model ? *step.draft_model : *this;
+  const cudaStream_t ds = drafter.stream_;
+  if (step.draft_model) {
+    MS_CUDA(cudaEventRecord(ev_fork_, stream_));
+    MS_CUDA(cudaStreamWaitEvent(ds, ev_fork_, 0));
+  }
   // 1. The draft vocabulary's update from the previous verification (an empty one after the
   //    prompt): the tree's tokens (verification rows 1..n_nodes) and the target's top K_ver at the
   //    accepted rows (the keep list) tree_accept chose; its gather overlaps the root's forward on
   //    the copy stream.
   if (step.vocab) step.vocab->step(d_tokens_ + 1, logits_, d_update_, shape.total, shape.max_emitted(), d_keep_);
-  // 2. The draft forwards through the self-draft's layers: the root alone, then each level's k
+  // 2. The draft forwards: the self-draft's layers over the root alone, then each level's k
   //    frontier rows in their own pending slots (a head's: its catch-up, whose root row proposes
-  //    the first level, then each level's rows fed their parents' outputs); each row's k best over
-  //    the draft head become candidates, and the next frontier is chosen on the device.
+  //    the first level, then each level's rows fed their parents' outputs; a draft model's: the
+  //    newest committed token with the root, then each level's rows one slot further on); each
+  //    row's k best over the draft head become candidates, and the next frontier is chosen on the
+  //    device.
+  const TreeDraftModel& dm = st.draft;
   for (int32_t f = 0; f <= shape.depth; ++f) {
     const int32_t rows = shape.draft_rows(f);
     if (step.head) {
       enqueue_head_tree_rows(step, st, f);
+    } else if (step.draft_model) {
+      const DeviceBatch batch = f == 0 ? DeviceBatch{dm.first, dm.first_positions, dm.first_parents, 2, 0}
+                                       : DeviceBatch{t.draft_tokens, t.draft_positions, dm.parents, rows,
+                                                     shape.draft_start(f) + 1};
+      drafter.enqueue_forward(batch, f == 0 ? dm.first_output : t.draft_out_rows, rows,
+                              {.logits = step.vocab == nullptr});
+      if (step.vocab) step.vocab->logits(drafter.hidden_, rows, drafter.act_scratch_);
     } else {
       enqueue_forward(DeviceBatch{t.draft_tokens, t.draft_positions, t.draft_parents, rows, shape.draft_start(f)},
                       t.draft_out_rows, rows, {.logits = step.vocab == nullptr, .end_layer = step.draft_layers});
@@ -765,23 +800,27 @@ void CudaModel::enqueue_tree_step(const ChainStep& step) {
       if (step.vocab)
         step.vocab->ranked(rows, step.sample_k, d_draft_top_ids_ + at, d_draft_top_values_ + at);
       else
-        top_k_rows(logits_, V, V, RowRange{.max_rows = rows}, step.sample_k, d_draft_top_ids_ + at,
-                   d_draft_top_values_ + at, stream_);
-      tree_draw(st, ts, f, stream_);
+        top_k_rows(drafter.logits_, V, V, RowRange{.max_rows = rows}, step.sample_k, d_draft_top_ids_ + at,
+                   d_draft_top_values_ + at, ds);
+      tree_draw(st, ts, f, ds);
     } else if (step.vocab) {
       step.vocab->proposals(rows, k, t.prop_token, t.prop_logprob);
     } else {
-      tree_proposals(logits_, V, V, nullptr, nullptr, rows, k, t.prop_token, t.prop_logprob, stream_);
+      tree_proposals(drafter.logits_, V, V, nullptr, nullptr, rows, k, t.prop_token, t.prop_logprob, ds);
     }
-    tree_absorb(st, f, stream_);
+    tree_absorb(st, f, ds);
   }
   // 3. The kept nodes (the best by score; sampling: the first made), then the verification of the
   //    root and every node with the tree's parent mask (placeholder rows past the nodes are never
   //    accepted): each row's argmax, or with sampling its sample_k best.
   if (step.sample_k > 0)
-    tree_finish_first(st, stream_);
+    tree_finish_first(st, ds);
   else
-    tree_finish(st, stream_);
+    tree_finish(st, ds);
+  if (step.draft_model) {
+    MS_CUDA(cudaEventRecord(ev_join_, ds));
+    MS_CUDA(cudaStreamWaitEvent(stream_, ev_join_, 0));
+  }
   enqueue_forward(device_batch(0, shape.verify_rows(), 0), d_out_rows_, shape.verify_rows(),
                   {.logits = true, .capture = step.head ? &step.head->step_capture() : nullptr});
   if (step.sample_k > 0)
@@ -796,6 +835,7 @@ void CudaModel::enqueue_tree_step(const ChainStep& step) {
   else
     tree_accept(st, stream_);
   kv_compact(kv_, d_keep_, t.n_keep, stream_);
+  if (step.draft_model) kv_compact(drafter.kv_, dm.keep, t.n_keep, stream_);  // one token behind again
   tree_lay_out_root(st, stream_);
 }
 
@@ -935,8 +975,6 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
                                                      SpecChainStats* stats, const TokenHandler& on_token) {
   if (o.tree) {
     const TreeShape& t = *o.tree;
-    if (o.draft_model)
-      throw Error("a draft tree on the device is drafted by the self-draft or an EAGLE-3 head; a draft model drafts a chain");
     if (!t.valid())
       throw Error("draft tree of top-k " + std::to_string(t.top_k) + ", depth " + std::to_string(t.depth) + " and " +
                   std::to_string(t.total) + " nodes: top-k and depth must be in 1..64 and 0..64, the nodes in 1..the " +
@@ -953,10 +991,12 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
     if (drafter.config_.n_vocab != config_.n_vocab)
       throw Error("draft model: vocabulary of " + std::to_string(drafter.config_.n_vocab) + " tokens, the target's has " +
                   std::to_string(config_.n_vocab));
-    if (drafter.options_.n_ctx < options_.n_ctx || drafter.options_.n_batch < o.depth + 1)
+    // A chain's first forward takes depth + 1 rows; a tree's two, a level's top-k.
+    const int32_t draft_rows = o.tree ? std::max(2, o.tree->top_k) : o.depth + 1;
+    if (drafter.options_.n_ctx < options_.n_ctx || drafter.options_.n_batch < draft_rows)
       throw Error("draft model: its context (" + std::to_string(drafter.options_.n_ctx) + ") must hold the target's (" +
                   std::to_string(options_.n_ctx) + ") and its batch (" + std::to_string(drafter.options_.n_batch) +
-                  ") the chain's " + std::to_string(o.depth + 1) + " tokens");
+                  ") the step's " + std::to_string(draft_rows) + " rows");
   } else if (o.draft_head) {
     const DeviceEagleHead& h = *o.draft_head;
     const std::vector<int32_t>& layers = h.config().target_layers;
@@ -1047,15 +1087,18 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
       drafter.prefill_for_decode(prompt.first(size_t(n_prompt - 1)));
     else
       drafter.truncate(0);
-    // Pageable source: staged before the call returns; the drafter's stream is synchronized
-    // before the first step.
-    MS_CUDA(cudaMemcpyAsync(drafter.d_tokens_, &prompt.back(), sizeof(int32_t), cudaMemcpyHostToDevice,
-                            drafter.stream_));
   }
   const int32_t head_features = o.draft_head ? o.draft_head->config().n_features() : 0;
   if (o.tree && (!tree_ || !(tree_->shape == *o.tree) || tree_->head_features != head_features)) {
     tree_.reset();
     tree_ = std::make_unique<DeviceTree>(*o.tree, head_features, config_.n_embd, stream_);
+  }
+  if (o.draft_model) {
+    // The prompt's last token starts the draft model's first forward (a chain's batch, a tree's
+    // TreeDraftModel::first). Pageable source: staged before the call returns; the drafter's
+    // stream is synchronized before the first step.
+    int32_t* first = o.tree ? tree_->dm_first : drafter.d_tokens_;
+    MS_CUDA(cudaMemcpyAsync(first, &prompt.back(), sizeof(int32_t), cudaMemcpyHostToDevice, drafter.stream_));
   }
   const ChainStep step{o.depth, o.draft_layers, vocab, o.draft_model, o.draft_head, o.tree,
                        sampled ? o.sampling.top_k : 0, sampled ? draft_draws : 0};

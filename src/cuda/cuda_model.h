@@ -99,12 +99,13 @@ class CudaModel;
 //
 // With draft_model the drafter is a separate model with the target's vocabulary (its own cache, on
 // its own stream, forked from and joined to the target's by events inside the step), kept one token
-// behind the target so that every step has the same shape (speculative/chain_state.h);
-// draft_layers is then unused.
+// behind the target so that every step has the same shape (speculative/chain_state.h, a tree's:
+// tree_state.h); draft_layers is then unused.
 //
-// With tree the self-drafter (or draft_head) drafts an EAGLE-2 tree of that fixed shape instead of
-// a chain (speculative/tree_state.h): the root's forward (a head's: its catch-up), then one forward
-// of the k frontier rows per level, each row's k best over the draft head (full or pruned) with
+// With tree the self-drafter (or draft_model, or draft_head) drafts an EAGLE-2 tree of that fixed
+// shape instead of a chain (speculative/tree_state.h): the root's forward (a draft model's: the
+// newest committed token with the root; a head's: its catch-up), then one forward of the k
+// frontier rows per level, each row's k best over the draft head (full or pruned) with
 // their log-probabilities, the frontier and the kept nodes chosen on the device; the verification
 // runs every node with the tree's parent mask, and the cache keeps the accepted path (kv_compact,
 // its count on the device). The whole step is one fixed launch sequence, captured as a graph like
@@ -128,7 +129,7 @@ struct SpecChainOptions {
   std::vector<int32_t> stop_ids;  // generation ends after one of these (it is kept)
   int32_t draft_layers = 1;
   int32_t depth = 4;
-  std::optional<TreeShape> tree;  // a tree of this shape instead of a chain (not from a draft model); depth, draft_draws unused
+  std::optional<TreeShape> tree;  // a tree of this shape instead of a chain; depth, draft_draws unused
   std::optional<PrunedVocabSpec> vocab;
   CudaModel* draft_model = nullptr;
   DeviceEagleHead* draft_head = nullptr;  // made for this model (its embeddings, its features)
@@ -229,7 +230,7 @@ class CudaModel {
     DeviceDraftVocab* vocab = nullptr;  // null: the full vocabulary's draft head
     CudaModel* draft_model = nullptr;   // null: the self-draft (or the head)
     DeviceEagleHead* head = nullptr;    // an EAGLE-3 head drafts
-    std::optional<TreeShape> tree;      // the self-draft or the head drafts a tree of this shape (depth unused)
+    std::optional<TreeShape> tree;      // the drafter drafts a tree of this shape (depth unused)
     int32_t sample_k = 0;               // > 0: speculative sampling from each row's sample_k best
     int32_t draft_draws = 0;            // with sample_k: the draft sampler's draws per step
     // What a captured graph of the step was made for: objects by serial, not address.

@@ -21,13 +21,11 @@ namespace microspec {
 
 std::string cuda_spec_unsupported(const SpecConfig& spec) {
   if (!spec.enabled()) return {};
-  // A chain from the target's own first layers, a draft model or an EAGLE-3 head; a tree from the
-  // target's own first layers or the head.
+  // A chain or a tree from the target's own first layers, a draft model or an EAGLE-3 head.
   const bool drafter = spec.mode == SpecMode::Self || spec.mode == SpecMode::Draft || spec.mode == SpecMode::Head;
-  const bool shape = spec.tree.top_k == 1 || spec.mode == SpecMode::Self || spec.mode == SpecMode::Head;
-  if (drafter && shape && spec.tree.p_min == 0) return {};
-  return "--device cuda speculates with --spec self|draft|head --tree-topk 1 (a chain) or --spec self|head "
-         "--tree-topk K (a tree), --draft-p-min 0 only";
+  if (drafter && spec.tree.p_min == 0) return {};
+  return "--device cuda speculates with --spec self|draft|head (a chain with --tree-topk 1, a tree with "
+         "--tree-topk K), --draft-p-min 0 only";
 }
 
 std::string cuda_spec_sampling_unsupported(const SpecConfig& spec) {

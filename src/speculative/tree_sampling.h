@@ -101,15 +101,6 @@ MS_HOST_DEVICE inline void tree_keep_first(const TreeState& s) {
   }
 }
 
-// The pending slot of the draft row that expanded verification row `row` (the root's: 0), after
-// tree_lay_out_verification (cand_node: node indices); -1 when the node was not expanded.
-MS_HOST_DEVICE inline int32_t tree_draft_slot_of_row(const TreeState& s, int32_t row) {
-  if (row == 0) return 0;
-  for (int32_t c = 0; c < s.shape.candidates(); ++c)
-    if (s.cand_node[c] == row - 1) return s.cand_slot[c];
-  return -1;
-}
-
 // After the verification's ranked rows: accepts nodes by recursive rejection sampling (see the top
 // of this file), emits the accepted tokens and the drawn one, records the kept rows, the next root
 // and the vocabulary's update (tree_commit). Returns the drafts accepted; the drawn token is -1

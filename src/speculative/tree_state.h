@@ -52,6 +52,16 @@
 // self-draft's rows, each fed its parent row's pre-norm output, at the head's positions (the
 // target's - 1). tree_commit keeps the root row and lays out the next catch-up. After the prompt
 // the first catch-up is row 0 alone (the prompt's last features with the first token).
+//
+// A separate draft model drafts the tree with TreeDraftModel's arrays (the chain's design,
+// chain_state.h: its cache one token behind the target's, so every step has one shape). Its
+// pending slots are the self-draft's shifted by one: draft forward 0 runs two rows, the newest
+// committed token at position n_past - 1 (slot 0) and the root at n_past (slot 1, its output
+// proposing level 0); draft forward f >= 1 runs the frontier's rows at the self-draft's positions
+// in slots draft_start(f) + 1 + i, each row's parent the self-draft's + 1. After the acceptance
+// of a nodes p_1..p_a its cache keeps a + 1 slots, the target's count: 0, 1, then 1 + the slot of
+// each of p_1..p_{a-1} (each was expanded: its child was accepted), which leaves its n_past at
+// the target's - 1 again, the newest accepted token (p_a's, or the root's) to run first next step.
 #include <cstdint>
 
 #include "speculative/chain_state.h"
@@ -93,6 +103,18 @@ struct TreeHeadBatch {
   int32_t* slot_parents = nullptr;     // [n_ctx] its cache's parent of each slot (the root row's is cleared)
 };
 
+// A separate draft model's arrays when it drafts the tree (see the top of this file); all null for
+// the other drafters.
+struct TreeDraftModel {
+  int32_t* first = nullptr;            // [2] draft forward 0's tokens: the newest committed token, then the root
+  int32_t* first_positions = nullptr;  // [2] n_past - 1, n_past (the target's n_past)
+  int32_t* first_parents = nullptr;    // [2] -1, 0
+  int32_t* first_output = nullptr;     // [1] 1: the root's row
+  int32_t* parents = nullptr;          // [top_k] a level forward's rows: their parents' pending slots in its cache
+  int32_t* keep = nullptr;             // [max_emitted] pending slots its cache keeps (n_keep of them, as the target's)
+  int32_t* n_past = nullptr;           // [1] its committed cache slots: the target's n_past - 1
+};
+
 struct TreeState {
   // The next draft forward's rows (forward 0: row 0 only).
   int32_t* draft_tokens = nullptr;     // [top_k]
@@ -128,6 +150,7 @@ struct TreeState {
   TreeShape shape;
   int32_t kver_last_only = 0;  // 1: K_ver of the last accepted row only
   TreeHeadBatch head;          // an EAGLE-3 head's; all null for the self-draft
+  TreeDraftModel draft;        // a separate draft model's; all null for the other drafters
 };
 
 // An EAGLE-3 head's next catch-up, after a step that kept rows keep[0..a] and emitted their next
@@ -149,21 +172,35 @@ MS_HOST_DEVICE inline void tree_head_caught_up(const TreeState& s) {
   head_commit_before_root(s.head.n_past, *s.head.root_row, s.head.slot_parents);
 }
 
-// The root (tokens[0]) at n_past: draft forward 0's row and verification row 0.
+// The root (tokens[0]) at n_past: draft forward 0's row and verification row 0 (a draft model's
+// forward 0: the newest committed token, which tree_commit left in draft.first[0], then the root).
 MS_HOST_DEVICE inline void tree_lay_out_root(const TreeState& s) {
   s.draft_tokens[0] = s.tokens[0];
   s.draft_positions[0] = *s.n_past;
   s.draft_parents[0] = -1;
   s.positions[0] = *s.n_past;
   s.parents[0] = -1;
+  const TreeDraftModel& d = s.draft;
+  if (d.n_past) {
+    d.first[1] = s.tokens[0];
+    d.first_positions[0] = *s.n_past - 1;
+    d.first_positions[1] = *s.n_past;
+  }
 }
 
 // After the prompt (tokens[0], out_ids[0] and *counter are the prompt's argmax, already emitted):
 // what never moves (output rows), the root, no update pending.
 // With a head, its cache holds the prompt's rows but the last, and the first catch-up is the root
-// row alone (the caller leaves the prompt's last features at verification row 0's).
+// row alone (the caller leaves the prompt's last features at verification row 0's). With a draft
+// model, its cache holds the prompt but the last token, which the caller left in draft.first[0].
 MS_HOST_DEVICE inline void tree_begin(const TreeState& s) {
   for (int32_t i = 0; i < s.shape.verify_rows(); ++i) s.output_rows[i] = i;
+  const TreeDraftModel& d = s.draft;
+  if (d.n_past) {
+    d.first_parents[0] = -1;
+    d.first_parents[1] = 0;
+    *d.first_output = 1;
+  }
   tree_lay_out_root(s);
   *s.update = VocabUpdate{};
   *s.n_keep = 0;
@@ -234,6 +271,8 @@ MS_HOST_DEVICE inline void tree_absorb(const TreeState& s, int32_t forward) {
   }
   if (s.head.n_past)  // the head's rows: one position behind the target's
     for (int32_t i = 0; i < k; ++i) s.head.draft_positions[i] = s.draft_positions[i] - 1;
+  if (s.draft.n_past)  // a draft model's slots: the self-draft's behind its newest committed token
+    for (int32_t i = 0; i < k; ++i) s.draft.parents[i] = s.draft_parents[i] + 1;
 }
 
 // Marks candidate c kept (cand_node[c] = 1) when it is among the `total` best, else -1.
@@ -266,12 +305,27 @@ MS_HOST_DEVICE inline void tree_lay_out_verification(const TreeState& s) {
   }
 }
 
+// The pending slot of the draft row that expanded verification row `row` (the root's: 0), after
+// tree_lay_out_verification (cand_node: node indices); -1 when the node was not expanded.
+MS_HOST_DEVICE inline int32_t tree_draft_slot_of_row(const TreeState& s, int32_t row) {
+  if (row == 0) return 0;
+  for (int32_t c = 0; c < s.shape.candidates(); ++c)
+    if (s.cand_node[c] == row - 1) return s.cand_slot[c];
+  return -1;
+}
+
 // After an acceptance that kept rows keep[0..a] (the root and the accepted path) and emitted
 // out_ids up to `count` (the accepted tokens, then next_root): records the keep list's length, the
-// next root, the vocabulary's update and the step's count. Returns a.
+// next root, a draft model's slots to keep and its next first token, the vocabulary's update and
+// the step's count. Returns a.
 MS_HOST_DEVICE inline int32_t tree_commit(const TreeState& s, int32_t a, int32_t count, int32_t next_root) {
   *s.n_keep = a + 1;
   *s.counter = count;
+  const TreeDraftModel& d = s.draft;
+  if (d.n_past) {  // a + 1 slots: the newest committed token's, then the root's and p_1..p_{a-1}'s, one further on
+    for (int32_t i = 0; i <= a; ++i) d.keep[i] = i == 0 ? 0 : 1 + tree_draft_slot_of_row(s, s.keep[i - 1]);
+    d.first[0] = s.tokens[s.keep[a]];  // the newest accepted token (the root's when a = 0)
+  }
   s.tokens[0] = next_root;
   if (s.head.n_past) {  // the root row is kept; the next catch-up follows it
     *s.head.n_past += 1;

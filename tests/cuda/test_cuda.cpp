@@ -713,8 +713,8 @@ TEST(CudaModel, PlainTokensEqualCpu) {
   }
 }
 
-
-// exactly the device's plain greedy tokens: every kernel is batch invariant, so this is bitwise.
+// Speculative decoding on the device (chains and trees from the self-draft, a draft model and an
+// EAGLE-3 head) gives exactly the device's plain greedy tokens: every kernel is batch invariant, so this is bitwise.
 // The step is device-resident; each variant runs replayed as a CUDA graph and launched kernel by
 // kernel, with host checks every step or every 4 steps. Variants: the full
 // vocabulary's draft head (chains of 1 and 4; and every layer drafting, so every chain must be
@@ -723,15 +723,17 @@ TEST(CudaModel, PlainTokensEqualCpu) {
 // smaller than the prompt and the gather in line, prompt only; and a separate draft model (the
 // target's weights drawn again in another format: it agrees often, not always, so chains are cut
 // and fully accepted; its cache stays one token behind the target's), with both vocabularies.
-// Then, on one model, with the self-drafter and a draft model: a stop token, and a prompt that
-// leaves too little context for whole chains, both equal to plain greedy decoding.
+// Trees: the self-draft's, the head's and a draft model's, with both vocabularies.
+// Then, on one model, with the self-drafter and a draft model (chains and trees): a stop token, and
+// a prompt that leaves too little context for whole chains, both equal to plain greedy decoding.
 TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
   REQUIRE_GPU();
   using Source = CandidateStreamParams::Source;
   using Rows = CandidateStreamParams::KverRows;
   // Tree: the self-draft's EAGLE-2 tree (speculative/tree_state.h, CudaModel::enqueue_tree_step),
-  // whose CPU side is tests/test_spec_tree_state.cpp.
-  enum class Drafter { Self, Model, Head, Tree, HeadTree };  // HeadTree: an EAGLE-3 head drafts the tree
+  // whose CPU side is tests/test_spec_tree_state.cpp; HeadTree and ModelTree: an EAGLE-3 head's and
+  // a draft model's.
+  enum class Drafter { Self, Model, Head, Tree, HeadTree, ModelTree };
   struct Variant {
     const char* name;
     int32_t depth;
@@ -781,7 +783,11 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       {"EAGLE-3 head tree k 3 depth 2, dynamic W 64", 0, dynamic(64, Source::Both, Rows::Accepted, true),
        Drafter::HeadTree, 2, {3, 2, 8}},
       {"EAGLE-3 head tree k 2 depth 2, dynamic ext W 64", 0, dynamic(64, Source::Ext, Rows::Accepted, true),
-       Drafter::HeadTree, 2, {2, 2, 5}}};
+       Drafter::HeadTree, 2, {2, 2, 5}},
+      {"draft model tree k 2 depth 3, 6 nodes, full", 0, std::nullopt, Drafter::ModelTree, 2, {2, 3, 6}},
+      {"draft model tree k 3 depth 2, dynamic W 64", 0, dynamic(64, Source::Both, Rows::Accepted, true),
+       Drafter::ModelTree, 2, {3, 2, 8}},
+      {"draft model tree k 1 depth 3, freq: 40 fixed ids", 0, fixed(40), Drafter::ModelTree, 2, {1, 3, 4}}};
   const TinyHeadFile head_file;
   struct Launch {
     cuda::Graphs graphs;
@@ -810,9 +816,10 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
         o.vocab = v.vocab;
         o.graphs = l.graphs;
         o.sync_every = l.sync_every;
-        if (v.drafter == Drafter::Model) o.draft_model = draft.gpu.get();
+        if (v.drafter == Drafter::Model || v.drafter == Drafter::ModelTree) o.draft_model = draft.gpu.get();
         if (v.drafter == Drafter::Head || v.drafter == Drafter::HeadTree) o.draft_head = head.get();
-        if (v.drafter == Drafter::Tree || v.drafter == Drafter::HeadTree) o.tree = v.tree;
+        if (v.drafter == Drafter::Tree || v.drafter == Drafter::HeadTree || v.drafter == Drafter::ModelTree)
+          o.tree = v.tree;
         cuda::SpecChainStats st;
         EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &st), plain);
         EXPECT_GT(st.steps, 0);
@@ -822,7 +829,7 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
         const int32_t chain = v.drafter == Drafter::Tree ? (v.tree.top_k == 1 ? v.tree.depth + 1 : 0) : v.depth;
         if (v.draft_layers == 3 && chain > 0) EXPECT_EQ(st.accepted_drafts, chain * st.steps) << "the target's own chain";
         if (v.draft_layers == 3) EXPECT_GE(st.accepted_drafts, st.steps) << "the target's own token";
-        if (v.drafter == Drafter::Model) draft_model_accepted += st.accepted_drafts;
+        if (v.drafter == Drafter::Model || v.drafter == Drafter::ModelTree) draft_model_accepted += st.accepted_drafts;
         if (v.drafter == Drafter::Tree && v.draft_layers == 2) tree_accepted += st.accepted_drafts;
         // The same counts whenever the host looks: the steps up to the one that emitted the 40th token.
         if (first_launch) {
@@ -842,21 +849,22 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
   const int32_t V = m.cpu->config().n_vocab;
   for (const Launch& l : launches)
     for (const std::optional<PrunedVocabSpec>& vocab : {std::optional<PrunedVocabSpec>(), dynamic(64, Source::Both, Rows::Accepted, true)})
-    for (Drafter drafter : {Drafter::Self, Drafter::Model, Drafter::Head, Drafter::Tree}) {
+    for (Drafter drafter : {Drafter::Self, Drafter::Model, Drafter::Head, Drafter::Tree, Drafter::ModelTree}) {
       SCOPED_TRACE(std::string(l.name) + (vocab ? ", dynamic" : ", full") +
-                   (drafter == Drafter::Model  ? ", draft model"
-                    : drafter == Drafter::Head ? ", EAGLE-3 head"
-                    : drafter == Drafter::Tree ? ", tree k 3 depth 3, 10 nodes"
-                                               : ""));
+                   (drafter == Drafter::Model       ? ", draft model"
+                    : drafter == Drafter::Head      ? ", EAGLE-3 head"
+                    : drafter == Drafter::Tree      ? ", tree k 3 depth 3, 10 nodes"
+                    : drafter == Drafter::ModelTree ? ", draft model tree k 3 depth 3, 10 nodes"
+                                                    : ""));
       cuda::SpecChainOptions o;
       o.draft_layers = 2;
       o.depth = 4;
       o.vocab = vocab;
       o.graphs = l.graphs;
       o.sync_every = l.sync_every;
-      if (drafter == Drafter::Model) o.draft_model = draft.gpu.get();
+      if (drafter == Drafter::Model || drafter == Drafter::ModelTree) o.draft_model = draft.gpu.get();
       if (drafter == Drafter::Head) o.draft_head = head.get();
-      if (drafter == Drafter::Tree) o.tree = TreeShape{3, 3, 10};
+      if (drafter == Drafter::Tree || drafter == Drafter::ModelTree) o.tree = TreeShape{3, 3, 10};
       // A stop token: the output ends with its first occurrence.
       const std::vector<int32_t> prompt = random_tokens(7, V, 9);
       cuda::PlainOptions g;
@@ -908,8 +916,8 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
 // proves equal to the CPU Decoder's for a seed) for the self-draft with the full vocabulary (a
 // chain of 4; a chain of 3 cut from a tree of depth 4, whose draft draws past the chain are
 // skipped), with MicroSpec's (prompt and steps; steps only, whose first chain is placeholders), for
-// a draft model and for an EAGLE-3 head (F32 too), and on self-drafted trees (the host-driven tree
-// step, run_tree, which tests/test_spec_tree_state.cpp proves equal to the CPU Decoder's: the same
+// a draft model and for an EAGLE-3 head (F32 too), and on trees drafted by the self-draft, the F32
+// head and a draft model (the host-driven tree step, run_tree, which tests/test_spec_tree_state.cpp proves equal to the CPU Decoder's: the same
 // draws without replacement, kept nodes and recursive rejection sampling), graphs on and off,
 // with the same counts. On
 // every model case the target drafting for itself (every layer) has every draft accepted (q == p
@@ -972,7 +980,8 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
         EXPECT_EQ(st.accepted_drafts, accepted);
       }
     }
-    // Trees drafted by 2 of 3 layers or by the F32 head, the full head and MicroSpec's window.
+    // Trees drafted by 2 of 3 layers, the F32 head or the F16 draft model, the full head and
+    // MicroSpec's window.
     struct TreeCase {
       const char* name;
       TreeParams params;
@@ -985,10 +994,13 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
              TreeCase{"tree k 3 depth 2, 8 nodes, dynamic W 64", {.depth = 2, .top_k = 3, .total_tokens = 8},
                       test::window_spec(64, Source::Both, Rows::Accepted), Drafter::Self},
              TreeCase{"EAGLE-3 head tree k 2 depth 3, 6 nodes, dynamic W 64", {.depth = 3, .top_k = 2, .total_tokens = 6},
-                      test::window_spec(64, Source::Both, Rows::Accepted), Drafter::Head}}) {
-      const bool by_head = tc.drafter == Drafter::Head;
+                      test::window_spec(64, Source::Both, Rows::Accepted), Drafter::Head},
+             TreeCase{"draft model tree k 2 depth 3, 6 nodes, full", {.depth = 3, .top_k = 2, .total_tokens = 6},
+                      std::nullopt, Drafter::Model}}) {
+      const bool by_head = tc.drafter == Drafter::Head, by_model = tc.drafter == Drafter::Model;
       const test::TreeRun want = test::run_tree(*m.cpu, prompt, n_predict, tc.params, 2, tc.vocab, sp,
-                                                by_head ? f32_head_file.path : std::string());
+                                                by_head ? f32_head_file.path : std::string(),
+                                                by_model ? draft.cpu.get() : nullptr);
       for (const Launch& l : launches) {
         SCOPED_TRACE(std::string(arch) + ", " + tc.name + ", " + l.name);
         cuda::SpecChainOptions o;
@@ -996,6 +1008,7 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
         o.tree = tc.params.fixed_shape();
         o.draft_layers = 2;
         o.draft_head = by_head ? f32_head.get() : nullptr;
+        o.draft_model = by_model ? draft.gpu.get() : nullptr;
         o.vocab = tc.vocab;
         o.sampling = sp;
         o.graphs = l.graphs;
@@ -1348,10 +1361,10 @@ TEST(CudaModel, BadInputIsAnError) {
   EXPECT_THROW(m.gpu->generate_speculative(ok, tree, nullptr), Error);
   tree.tree = TreeShape{2, 65, 4};  // deeper than any TreeParams
   EXPECT_THROW(m.gpu->generate_speculative(ok, tree, nullptr), Error);
-  cuda::SpecChainOptions tree_from_a_model = tree;
-  tree_from_a_model.tree = TreeShape{2, 2, 4};
-  tree_from_a_model.draft_model = m.gpu.get();
-  EXPECT_THROW(m.gpu->generate_speculative(ok, tree_from_a_model, nullptr), Error);
+  cuda::SpecChainOptions tree_from_itself = tree;  // a draft model that is the target itself
+  tree_from_itself.tree = TreeShape{2, 2, 4};
+  tree_from_itself.draft_model = m.gpu.get();
+  EXPECT_THROW(m.gpu->generate_speculative(ok, tree_from_itself, nullptr), Error);
   // A generation capacity whose random bits the device could not index, refused at load.
   cuda::CudaModelOptions huge;
   huge.max_generate = 1 << 23;

@@ -52,6 +52,9 @@ def generate(*args):
     # a tree drafted by the EAGLE-3 head, greedy and sampled
     ["--spec", "head", "--tree-topk", "3", "--tree-depth", "3", "--tree-tokens", "8"],
     ["--temp", "0.8", "--spec", "head", "--tree-topk", "2", "--tree-depth", "3", "--tree-tokens", "6", "--draft-vocab", "full"],
+    # a tree drafted by a separate draft model, greedy and sampled
+    ["--spec", "draft", "--draft-model", SMOL, "--tree-topk", "3", "--tree-depth", "2", "--tree-tokens", "8"],
+    ["--temp", "0.8", "--spec", "draft", "--draft-model", SMOL, "--tree-topk", "2", "--tree-depth", "3", "--draft-vocab", "full"],
 ])
 def test_accepted_settings_reach_the_device(args):
     p = generate(*args)
@@ -75,7 +78,6 @@ def test_a_prompts_file_reaches_the_device(tmp_path):
 @pytest.mark.parametrize("args, says", [
     (["--spec", "self", "--tree-topk", "1", "--draft-vocab", "freq", "--freq-file", "/nonexistent/x.freq.bin"],
      "/nonexistent/x.freq.bin"),
-    (["--spec", "draft", "--draft-model", SMOL, "--tree-topk", "2"], "--spec self|head --tree-topk K"),
     (["--spec", "ngram"], "--spec self|draft|head"),
     (["--spec", "head", "--tree-topk", "1", "--draft-head", "/nonexistent/h.gguf"], "/nonexistent/h.gguf"),
     # Gemma's head on SmolLM2: refused with both hidden sizes, before any device is asked for
@@ -110,6 +112,7 @@ def serve(*args):
     [],
     ["--spec", "self", "--tree-topk", "1"],
     ["--spec", "self", "--tree-topk", "2", "--tree-depth", "3", "--tree-tokens", "6", "--draft-vocab", "full"],
+    ["--spec", "draft", "--draft-model", SMOL, "--tree-topk", "2", "--tree-depth", "3", "--tree-tokens", "6"],
 ])
 def test_serve_reaches_the_device(args):
     """Started on a GPU machine: a greedy completion is `generate --device cuda`'s text (speculative or
@@ -153,7 +156,7 @@ def test_serve_reaches_the_device(args):
 @pytest.mark.parametrize("args, says", [
     (["--parallel", "2"], "--parallel 1"),
     (["--spec", "ngram"], "--spec self|draft|head"),
-    (["--spec", "draft", "--draft-model", SMOL, "--tree-topk", "2"], "--spec self|head --tree-topk K"),
+    (["--spec", "self", "--tree-topk", "2", "--draft-p-min", "20"], "--draft-p-min 0"),
     (["--spec", "self", "--tree-topk", "1", "--draft-vocab", "freq", "--freq-file", "/nonexistent/x.freq.bin"],
      "/nonexistent/x.freq.bin"),
 ])
