@@ -29,7 +29,7 @@ namespace microspec::test {
 // A TreeState over host vectors, sized for a shape and a number of tokens to emit.
 struct HostTreeState {
   std::vector<int32_t> draft_tokens, draft_positions, draft_parents, prop_token, cand_token, cand_parent, cand_depth,
-      cand_slot, cand_node, frontier, tokens, positions, parents, output_rows, pred, keep, out_ids,
+      cand_slot, cand_node, frontier, tokens, positions, parents, output_rows, row_slot, pred, keep, out_ids,
       step_counts;
   std::vector<float> prop_logprob, cand_score;
   int32_t n_nodes = 0, n_keep = 0, n_past = 0, counter = 0, steps = 0;
@@ -41,13 +41,14 @@ struct HostTreeState {
         prop_token(size_t(shape.top_k) * shape.top_k), cand_token(size_t(shape.candidates())),
         cand_parent(cand_token.size()), cand_depth(cand_token.size()), cand_slot(cand_token.size()),
         cand_node(cand_token.size()), frontier(size_t(shape.top_k)), tokens(size_t(shape.verify_rows())),
-        positions(tokens.size()), parents(tokens.size()), output_rows(tokens.size()), pred(tokens.size()),
+        positions(tokens.size()), parents(tokens.size()), output_rows(tokens.size()), row_slot(tokens.size()),
+        pred(tokens.size()),
         keep(size_t(shape.max_emitted())), out_ids(size_t(capacity)),
         step_counts(size_t(capacity)), prop_logprob(prop_token.size()), cand_score(cand_token.size()) {
     s = TreeState{draft_tokens.data(), draft_positions.data(), draft_parents.data(), prop_token.data(),
                   prop_logprob.data(), cand_token.data(), cand_parent.data(), cand_depth.data(), cand_score.data(),
                   cand_slot.data(), cand_node.data(), frontier.data(), tokens.data(), positions.data(),
-                  parents.data(), output_rows.data(), &n_nodes, pred.data(), keep.data(), &n_keep,
+                  parents.data(), output_rows.data(), &n_nodes, row_slot.data(), pred.data(), keep.data(), &n_keep,
                   &n_past, out_ids.data(), &counter, &update, &steps, step_counts.data(),
                   shape, 0};
   }

@@ -55,6 +55,7 @@ struct CudaModel::DeviceTree {
   int32_t* cand_node = nullptr;        // [candidates]
   int32_t* frontier = nullptr;         // [top_k]
   int32_t* n_nodes = nullptr;          // [1]
+  int32_t* row_slot = nullptr;         // [1 + total]
   int32_t* n_keep = nullptr;           // [1]
   // An EAGLE-3 head's (tree_state.h's TreeHeadBatch and what passes between its rows), when
   // head_features > 0.
@@ -96,6 +97,7 @@ struct CudaModel::DeviceTree {
     cand_node = ints(n_cand);
     frontier = ints(k);
     n_nodes = ints(1);
+    row_slot = ints(s.verify_rows());
     n_keep = ints(1);
     dm_first = ints(2);
     dm_first_positions = ints(2);
@@ -738,7 +740,7 @@ TreeState CudaModel::tree_state(const ChainStep& step) const {
   const DeviceTree& t = *tree_;
   return TreeState{t.draft_tokens, t.draft_positions, t.draft_parents, t.prop_token, t.prop_logprob, t.cand_token,
                    t.cand_parent, t.cand_depth, t.cand_score, t.cand_slot, t.cand_node, t.frontier,
-                   d_tokens_, d_positions_, d_parents_, d_out_rows_, t.n_nodes, d_argmax_out_, d_keep_, t.n_keep,
+                   d_tokens_, d_positions_, d_parents_, d_out_rows_, t.n_nodes, t.row_slot, d_argmax_out_, d_keep_, t.n_keep,
                    kv_.n_past, d_out_ids_, d_counter_, d_update_, d_steps_, d_step_counts_, t.shape,
                    step.vocab && step.vocab->kver_last_only(),
                    step.head ? TreeHeadBatch{t.catch_tokens, t.catch_rows, t.catch_positions, t.catch_parents,

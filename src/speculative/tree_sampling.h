@@ -120,7 +120,7 @@ MS_HOST_DEVICE inline int32_t tree_sample_accept(const TreeState& s, const TreeS
       return 0;
     }();
     if (first_child > 0) {
-      const int32_t slot = tree_draft_slot_of_row(s, row);
+      const int32_t slot = s.row_slot[row];
       RankedRowProbs q(m.draft_ids + slot * m.k, m.draft_values + slot * m.k, m.k, settings);
       for (int32_t i = first_child; i <= *s.n_nodes; ++i) {
         if (s.parents[i] != row) continue;

@@ -138,6 +138,7 @@ struct TreeState {
   int32_t* parents = nullptr;      // [1 + total] pending index (row) of the parent
   int32_t* output_rows = nullptr;  // [1 + total] i
   int32_t* n_nodes = nullptr;      // [1] nodes in the tree (rows past 1 + n_nodes are placeholders)
+  int32_t* row_slot = nullptr;     // [1 + total] pending slot of the draft row that expanded row i (the root's: 0), -1: none
   const int32_t* pred = nullptr;   // [1 + total] the target's argmax per verification row
   int32_t* keep = nullptr;         // [depth + 2] pending slots the cache keeps, in order (= the accepted rows)
   int32_t* n_keep = nullptr;       // [1]
@@ -284,7 +285,7 @@ MS_HOST_DEVICE inline void tree_rank(const TreeState& s, int32_t c) {
 }
 
 // Numbers the kept candidates (tree_rank) as nodes in candidate order and lays out the
-// verification batch.
+// verification batch, with the draft slot that expanded each row (row_slot).
 MS_HOST_DEVICE inline void tree_lay_out_verification(const TreeState& s) {
   const int32_t n_past = *s.n_past;
   int32_t n = 0;
@@ -295,23 +296,17 @@ MS_HOST_DEVICE inline void tree_lay_out_verification(const TreeState& s) {
     s.tokens[1 + n] = s.cand_token[c];
     s.positions[1 + n] = n_past + s.cand_depth[c];
     s.parents[1 + n] = parent < 0 ? 0 : 1 + s.cand_node[parent];
+    s.row_slot[1 + n] = s.cand_slot[c];
     ++n;
   }
   *s.n_nodes = n;
+  s.row_slot[0] = 0;
   for (int32_t i = 1 + n; i < s.shape.verify_rows(); ++i) {
     s.tokens[i] = 0;
     s.positions[i] = n_past + 1;
     s.parents[i] = 0;
+    s.row_slot[i] = -1;
   }
-}
-
-// The pending slot of the draft row that expanded verification row `row` (the root's: 0), after
-// tree_lay_out_verification (cand_node: node indices); -1 when the node was not expanded.
-MS_HOST_DEVICE inline int32_t tree_draft_slot_of_row(const TreeState& s, int32_t row) {
-  if (row == 0) return 0;
-  for (int32_t c = 0; c < s.shape.candidates(); ++c)
-    if (s.cand_node[c] == row - 1) return s.cand_slot[c];
-  return -1;
 }
 
 // After an acceptance that kept rows keep[0..a] (the root and the accepted path) and emitted
@@ -323,7 +318,7 @@ MS_HOST_DEVICE inline int32_t tree_commit(const TreeState& s, int32_t a, int32_t
   *s.counter = count;
   const TreeDraftModel& d = s.draft;
   if (d.n_past) {  // a + 1 slots: the newest committed token's, then the root's and p_1..p_{a-1}'s, one further on
-    for (int32_t i = 0; i <= a; ++i) d.keep[i] = i == 0 ? 0 : 1 + tree_draft_slot_of_row(s, s.keep[i - 1]);
+    for (int32_t i = 0; i <= a; ++i) d.keep[i] = i == 0 ? 0 : 1 + s.row_slot[s.keep[i - 1]];
     d.first[0] = s.tokens[s.keep[a]];  // the newest accepted token (the root's when a = 0)
   }
   s.tokens[0] = next_root;
