@@ -69,11 +69,8 @@ struct CudaModel::DeviceTree {
   float* catch_features = nullptr;         // [max_emitted][F] the catch-up's rows of the last verification's features
   float* slot_prenorm = nullptr;           // [draft_slots][H] each draft slot's pre-norm output
   float* head_g = nullptr;                 // [top_k][H] a level's hidden inputs: its parents' outputs
-  // A separate draft model's (tree_state.h's TreeDraftModel; its n_past is its cache's).
-  int32_t* dm_first = nullptr;             // [2]
-  int32_t* dm_first_positions = nullptr;   // [2]
-  int32_t* dm_first_parents = nullptr;     // [2]
-  int32_t* dm_first_output = nullptr;      // [1]
+  // A separate draft model's (tree_state.h's TreeDraftModel; its first forward's arrays are the
+  // draft model's own batch buffers, as a chain's, and its n_past is its cache's).
   int32_t* dm_parents = nullptr;           // [top_k]
   int32_t* dm_keep = nullptr;              // [max_emitted]
 
@@ -99,10 +96,6 @@ struct CudaModel::DeviceTree {
     n_nodes = ints(1);
     row_slot = ints(s.verify_rows());
     n_keep = ints(1);
-    dm_first = ints(2);
-    dm_first_positions = ints(2);
-    dm_first_parents = ints(2);
-    dm_first_output = ints(1);
     dm_parents = ints(k);
     dm_keep = ints(s.max_emitted());
     if (head_features > 0) {
@@ -747,10 +740,20 @@ TreeState CudaModel::tree_state(const ChainStep& step) const {
                                              t.head_draft_positions, t.root_row, step.head->kv().n_past,
                                              step.head->kv().parents}
                              : TreeHeadBatch{},
-                   step.draft_model ? TreeDraftModel{t.dm_first, t.dm_first_positions, t.dm_first_parents,
-                                                     t.dm_first_output, t.dm_parents, t.dm_keep,
-                                                     step.draft_model->kv_.n_past}
+                   step.draft_model ? TreeDraftModel{step.draft_model->d_tokens_, step.draft_model->d_positions_,
+                                                     step.draft_model->d_parents_, step.draft_model->d_out_rows_,
+                                                     t.dm_parents, t.dm_keep, step.draft_model->kv_.n_past}
                                     : TreeDraftModel{}};
+}
+
+void CudaModel::fork_to(const CudaModel& drafter) {
+  MS_CUDA(cudaEventRecord(ev_fork_, stream_));
+  MS_CUDA(cudaStreamWaitEvent(drafter.stream_, ev_fork_, 0));
+}
+
+void CudaModel::join_from(const CudaModel& drafter) {
+  MS_CUDA(cudaEventRecord(ev_join_, drafter.stream_));
+  MS_CUDA(cudaStreamWaitEvent(stream_, ev_join_, 0));
 }
 
 // One tree step, all on the device, in a fixed sequence of launches (a graph replays it):
@@ -764,10 +767,7 @@ void CudaModel::enqueue_tree_step(const ChainStep& step) {
   // the verification; the self-draft and a head draft on the target's.
   CudaModel& drafter = step.draft_model ? *step.draft_model : *this;
   const cudaStream_t ds = drafter.stream_;
-  if (step.draft_model) {
-    MS_CUDA(cudaEventRecord(ev_fork_, stream_));
-    MS_CUDA(cudaStreamWaitEvent(ds, ev_fork_, 0));
-  }
+  if (step.draft_model) fork_to(drafter);
   // 1. The draft vocabulary's update from the previous verification (an empty one after the
   //    prompt): the tree's tokens (verification rows 1..n_nodes) and the target's top K_ver at the
   //    accepted rows (the keep list) tree_accept chose; its gather overlaps the root's forward on
@@ -819,10 +819,7 @@ void CudaModel::enqueue_tree_step(const ChainStep& step) {
     tree_finish_first(st, ds);
   else
     tree_finish(st, ds);
-  if (step.draft_model) {
-    MS_CUDA(cudaEventRecord(ev_join_, ds));
-    MS_CUDA(cudaStreamWaitEvent(stream_, ev_join_, 0));
-  }
+  if (step.draft_model) join_from(drafter);
   enqueue_forward(device_batch(0, shape.verify_rows(), 0), d_out_rows_, shape.verify_rows(),
                   {.logits = true, .capture = step.head ? &step.head->step_capture() : nullptr});
   if (step.sample_k > 0)
@@ -846,10 +843,7 @@ void CudaModel::enqueue_chain_step(const ChainStep& step) {
   const int32_t depth = step.depth;
   // A draft model works on its own stream, forked here and joined before the verification.
   CudaModel& drafter = step.draft_model ? *step.draft_model : *this;
-  if (step.draft_model) {
-    MS_CUDA(cudaEventRecord(ev_fork_, stream_));
-    MS_CUDA(cudaStreamWaitEvent(drafter.stream_, ev_fork_, 0));
-  }
+  if (step.draft_model) fork_to(drafter);
   // 1. The draft vocabulary's update from the previous verification (an empty one after the
   //    prompt): the chain's drafts and the target's top K_ver at the rows chain_accept chose. Its
   //    gather runs on the copy stream, overlapping draft 0's backbone.
@@ -881,10 +875,7 @@ void CudaModel::enqueue_chain_step(const ChainStep& step) {
     else
       argmax_rows(drafter.logits_, 1, config_.n_vocab, next, drafter.d_argmax_scratch_, drafter.stream_);
   }
-  if (step.draft_model) {
-    MS_CUDA(cudaEventRecord(ev_join_, drafter.stream_));
-    MS_CUDA(cudaStreamWaitEvent(stream_, ev_join_, 0));
-  }
+  if (step.draft_model) join_from(drafter);
   // 3. Verification: every layer over the whole chain, the target's argmax per row, or with
   //    sampling its sample_k best (and, for a draft head, the features of every row: the next
   //    catch-up's).
@@ -1089,18 +1080,15 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
       drafter.prefill_for_decode(prompt.first(size_t(n_prompt - 1)));
     else
       drafter.truncate(0);
+    // Pageable source: staged before the call returns; the drafter's stream is synchronized
+    // before the first step.
+    MS_CUDA(cudaMemcpyAsync(drafter.d_tokens_, &prompt.back(), sizeof(int32_t), cudaMemcpyHostToDevice,
+                            drafter.stream_));
   }
   const int32_t head_features = o.draft_head ? o.draft_head->config().n_features() : 0;
   if (o.tree && (!tree_ || !(tree_->shape == *o.tree) || tree_->head_features != head_features)) {
     tree_.reset();
     tree_ = std::make_unique<DeviceTree>(*o.tree, head_features, config_.n_embd, stream_);
-  }
-  if (o.draft_model) {
-    // The prompt's last token starts the draft model's first forward (a chain's batch, a tree's
-    // TreeDraftModel::first). Pageable source: staged before the call returns; the drafter's
-    // stream is synchronized before the first step.
-    int32_t* first = o.tree ? tree_->dm_first : drafter.d_tokens_;
-    MS_CUDA(cudaMemcpyAsync(first, &prompt.back(), sizeof(int32_t), cudaMemcpyHostToDevice, drafter.stream_));
   }
   const ChainStep step{o.depth, o.draft_layers, vocab, o.draft_model, o.draft_head, o.tree,
                        sampled ? o.sampling.top_k : 0, sampled ? draft_draws : 0};

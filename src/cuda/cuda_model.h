@@ -276,6 +276,10 @@ class CudaModel {
   // A draft head's rows of tree draft forward `forward` (0: its catch-up, whose root row proposes
   // the first level), scored by the LM head: the draft vocabulary's logits, or logits_.
   void enqueue_head_tree_rows(const ChainStep& step, const TreeState& st, int32_t forward);
+  // A draft model's stream inside a step: it waits for what stream_ launched so far (fork_to), and
+  // stream_ waits for what it launched (join_from); events, so a captured graph holds both.
+  void fork_to(const CudaModel& drafter);
+  void join_from(const CudaModel& drafter);
   // Captures what `enqueue` launches on stream_ as an instantiated graph.
   cudaGraphExec_t capture(const std::function<void()>& enqueue);
   // Runs `steps` of what `enqueue` launches: replays `graph` (captured on first use) with graphs
