@@ -122,6 +122,21 @@ struct ChainArrays {
   }
 };
 
+// A separate draft model's cache as a resident step starts it (a chain's and a tree's): the
+// prompt but its last token, which the step's first draft forward runs with the root.
+inline KVCache draft_cache_one_behind(Model& m, const std::vector<int32_t>& prompt) {
+  KVCache kv = m.make_cache(512);
+  const int32_t n_prompt = int32_t(prompt.size());
+  if (n_prompt > 1) {
+    Batch b;
+    ForwardOutput out;
+    b.set_sequence(std::span<const int32_t>(prompt).first(size_t(n_prompt - 1)), 0, false);
+    m.forward(b, kv, out, {});
+    kv.commit_prefix(n_prompt - 1);
+  }
+  return kv;
+}
+
 // A separate draft model's side of a resident chain step on the host (speculative/chain_state.h):
 // its cache holds the prompt but its last token, which starts its first batch; draft d's forward
 // runs [the last committed token, tokens[0]] at d = 0, then tokens[d] in its pending slot d + 1.
@@ -132,15 +147,8 @@ struct ResidentDraftModel {
   int32_t n_past = 0;
 
   ResidentDraftModel(Model& m, const std::vector<int32_t>& prompt, int32_t depth)
-      : model(m), kv(m.make_cache(512)), first(2), positions(size_t(depth) + 1), parents(size_t(depth) + 1), output_rows(2) {
-    const int32_t n_prompt = int32_t(prompt.size());
-    if (n_prompt > 1) {
-      Batch b;
-      ForwardOutput out;
-      b.set_sequence(std::span<const int32_t>(prompt).first(size_t(n_prompt - 1)), 0, false);
-      model.forward(b, kv, out, {});
-      kv.commit_prefix(n_prompt - 1);
-    }
+      : model(m), kv(draft_cache_one_behind(m, prompt)), first(2), positions(size_t(depth) + 1),
+        parents(size_t(depth) + 1), output_rows(2) {
     first[0] = prompt.back();
   }
   DraftModelBatch batch() { return DraftModelBatch{first.data(), positions.data(), parents.data(), output_rows.data(), &n_past}; }

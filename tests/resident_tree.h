@@ -164,13 +164,8 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
   // A draft model's cache: the prompt but its last token (its first forward runs it with the root).
   std::optional<KVCache> draft_kv;
   if (draft_model) {
-    draft_kv.emplace(draft_model->make_cache(512));
+    draft_kv.emplace(draft_cache_one_behind(*draft_model, prompt));
     h.attach_draft_model(n_prompt - 1, prompt.back());
-    if (n_prompt > 1) {
-      b.set_sequence(std::span<const int32_t>(prompt).first(size_t(n_prompt - 1)), 0, false);
-      draft_model->forward(b, *draft_kv, out, {});
-      draft_kv->commit_prefix(n_prompt - 1);
-    }
   }
 
   b.set_sequence(prompt, 0, true);
