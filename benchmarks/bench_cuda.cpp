@@ -8,7 +8,9 @@
 // chain and the EAGLE-3 head's end to end (device-resident) with the full, a fixed 32k and the
 // dynamic vocabulary, CUDA graphs on and off; last, the device's EAGLE-2 tree step in the issue's
 // setting (top-k 10, five draft forwards, 60 verified tokens) drafted by one layer of the target,
-// with the same three vocabularies, graphs on (and off for the dynamic one).
+// with the same three vocabularies, graphs on (and off for the dynamic one), then by the EAGLE-3
+// head; and last a separate draft model of Llama-3.2-1B's shape drafting the chain and the tree
+// with the full and the dynamic vocabulary.
 //
 //   bench_cuda [--layers N] [--steps N] [--reps N] [--profile-steps N]
 // --profile-steps N: only a prompt and N decode steps (graphs off) between cudaProfilerStart/Stop,
@@ -84,6 +86,18 @@ ModelConfig llama3_8b(int32_t n_layer) {
   c.rope_base_local = 500000.0f;
   c.attn_scale = 1.0f / std::sqrt(128.0f);
   c.layer_is_sliding.assign(n_layer, 0);
+  return c;
+}
+
+// Llama-3.2-1B's shape, the 8B's usual draft model (the same 128,256-token vocabulary; its
+// output matrix drawn apart from its embeddings, where the real file ties them).
+ModelConfig llama32_1b(int32_t n_layer) {
+  ModelConfig c = llama3_8b(n_layer);
+  c.n_embd = 2048;
+  c.head_dim = 64;
+  c.n_ff = 8192;
+  c.n_rot = 64;
+  c.attn_scale = 1.0f / std::sqrt(64.0f);
   return c;
 }
 
@@ -294,11 +308,17 @@ int run(int argc, char** argv) {
   PrunedVocabSpec freq32k;
   freq32k.kind = PrunedVocabSpec::Kind::Fixed;
   for (int32_t i = 0; i < 32768; ++i) freq32k.pinned.push_back(i);
-  auto step_ms = [&](const std::optional<PrunedVocabSpec>& vocab, Graphs graphs, DeviceEagleHead* draft_head,
+  // Who drafts: the target's first layers (neither set), an EAGLE-3 head or a separate model.
+  struct Drafter {
+    DeviceEagleHead* head = nullptr;
+    CudaModel* model = nullptr;
+  };
+  auto step_ms = [&](const std::optional<PrunedVocabSpec>& vocab, Graphs graphs, Drafter drafter,
                      std::optional<TreeShape> tree = std::nullopt, const SamplingParams& sampled = {}) {
     SpecChainOptions so;
     so.draft_layers = tree ? 1 : std::min(4, cfg.n_layer);
-    so.draft_head = draft_head;
+    so.draft_head = drafter.head;
+    so.draft_model = drafter.model;
     so.depth = 5;
     so.tree = tree;
     so.graphs = graphs;
@@ -326,12 +346,12 @@ int run(int argc, char** argv) {
   const std::optional<PrunedVocabSpec> chain_vocabs[3] = {std::nullopt, freq32k, PrunedVocabSpec{}};
   for (int v = 0; v < 3; ++v)
     for (Graphs g : {Graphs::Off, Graphs::On}) {
-      chain[v][g == Graphs::On] = step_ms(chain_vocabs[v], g, nullptr);
-      head_chain[v][g == Graphs::On] = step_ms(chain_vocabs[v], g, head.get());
+      chain[v][g == Graphs::On] = step_ms(chain_vocabs[v], g, {});
+      head_chain[v][g == Graphs::On] = step_ms(chain_vocabs[v], g, {.head = head.get()});
     }
   // Speculative sampling on the same chain (MicroSpec's window, graphs on): the draws and the
   // rejection sampling in place of the argmaxes.
-  const double chain_sampled = step_ms(PrunedVocabSpec{}, Graphs::On, nullptr, std::nullopt, sampling);
+  const double chain_sampled = step_ms(PrunedVocabSpec{}, Graphs::On, {}, std::nullopt, sampling);
 
   // The cost model: depth 5 of (EAGLE layer + LM head) on 10 rows.
   const double draft_full = 5 * (head10 + full10), draft_32k = 5 * (head10 + p32k), draft_3k = 5 * (head10 + p3k);
@@ -381,8 +401,8 @@ int run(int argc, char** argv) {
   const TreeShape eagle2{.top_k = 10, .depth = 4, .total = 60};
   // Graphs on for each vocabulary, off for the dynamic one only (device time is scarce).
   double tree[3];  // [full, freq 32k, dynamic], graphs on
-  for (int v = 0; v < 3; ++v) tree[v] = step_ms(chain_vocabs[v], Graphs::On, nullptr, eagle2);
-  const double tree_dynamic_off = step_ms(chain_vocabs[2], Graphs::Off, nullptr, eagle2);
+  for (int v = 0; v < 3; ++v) tree[v] = step_ms(chain_vocabs[v], Graphs::On, {}, eagle2);
+  const double tree_dynamic_off = step_ms(chain_vocabs[2], Graphs::Off, {}, eagle2);
   std::printf("| tree step, EAGLE-2 setting (1 target layer drafts top-10 x 5 forwards, 60 verified; device-resident), CUDA graphs on: full / freq 32k / dynamic vocabulary | %.2f / %.2f / %.2f ms | 8.98 / - / 7.65 ms |\n",
               tree[0], tree[1], tree[2]);
   std::printf("| the same, dynamic vocabulary, CUDA graphs off | %.2f ms | - |\n", tree_dynamic_off);
@@ -393,7 +413,7 @@ int run(int argc, char** argv) {
   // The EAGLE-2 setting with its drafter: the EAGLE-3 head drafts the same tree (its catch-up over
   // the accepted rows, then four levels of 10 rows fed their parents' outputs), for each vocabulary.
   double head_tree[3];  // [full, freq 32k, dynamic], graphs on
-  for (int v = 0; v < 3; ++v) head_tree[v] = step_ms(chain_vocabs[v], Graphs::On, head.get(), eagle2);
+  for (int v = 0; v < 3; ++v) head_tree[v] = step_ms(chain_vocabs[v], Graphs::On, {.head = head.get()}, eagle2);
   std::printf("| tree step, EAGLE-2 setting drafted by the EAGLE-3 head (catch-up + top-10 x 5 levels, 60 verified; device-resident), CUDA graphs on: full / freq 32k / dynamic vocabulary | %.2f / %.2f / %.2f ms | 8.98 / - / 7.65 ms |\n",
               head_tree[0], head_tree[1], head_tree[2]);
   std::printf("| its draft part (step less the 60-token verification): full / freq 32k / dynamic | %.2f / %.2f / %.2f ms | 2.51 / 1.56 / 1.19 ms |\n",
@@ -404,9 +424,27 @@ int run(int argc, char** argv) {
   // Speculative sampling on the same tree (dynamic vocabulary, graphs on): each row's 10 children
   // drawn without replacement and the recursive rejection sampling, in place of the best-first
   // proposals and the argmaxes.
-  const double tree_sampled = step_ms(chain_vocabs[2], Graphs::On, nullptr, eagle2, sampling);
+  const double tree_sampled = step_ms(chain_vocabs[2], Graphs::On, {}, eagle2, sampling);
   std::printf("| the same tree, dynamic vocabulary, speculative sampling (top-k 40, top-p 0.95, T 0.8), CUDA graphs on | %.2f ms (%.3f ms over greedy) | - |\n",
               tree_sampled, tree_sampled - tree[2]);
+  std::fflush(stdout);
+
+  // A separate draft model of Llama-3.2-1B's shape (half the target's layers, random BF16 weights,
+  // its own cache and stream, one token behind the target's): the chain of 5 (its first forward
+  // runs the newest accepted token and the root, then one row per draft) and the EAGLE-2 tree
+  // (two rows, then four levels of 10), full against MicroSpec's dynamic vocabulary, graphs on.
+  auto draft = CudaModel::random(llama32_1b(std::max(1, n_layer / 2)), GgmlType::BF16, 43, opt);
+  double dm_chain[2], dm_tree[2];  // [full, dynamic], graphs on
+  for (int v = 0; v < 2; ++v) {
+    dm_chain[v] = step_ms(chain_vocabs[2 * v], Graphs::On, {.model = draft.get()});
+    dm_tree[v] = step_ms(chain_vocabs[2 * v], Graphs::On, {.model = draft.get()}, eagle2);
+  }
+  std::printf("| draft model of Llama-3.2-1B's shape (%d layers, %.2f GB), chain step (5 drafts, all verify; device-resident), CUDA graphs on: full / dynamic vocabulary | %.2f / %.2f ms | - |\n",
+              draft->config().n_layer, draft->weight_bytes() / 1e9, dm_chain[0], dm_chain[1]);
+  std::printf("| the same draft model, tree step in the EAGLE-2 setting (top-10 x 5 forwards, 60 verified), CUDA graphs on: full / dynamic vocabulary | %.2f / %.2f ms | 8.98 / 7.65 ms |\n",
+              dm_tree[0], dm_tree[1]);
+  std::printf("| its draft part (step less the 60-token verification): full / dynamic; dynamic vs full | %.2f / %.2f ms; %.2fx | 2.51 / 1.19 ms; 0.47x |\n",
+              dm_tree[0] - verify60, dm_tree[1] - verify60, (dm_tree[1] - verify60) / (dm_tree[0] - verify60));
   cudaFree(hidden);
   cudaFree(logits);
   cudaFree(scratch);
