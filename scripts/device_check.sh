@@ -9,7 +9,8 @@
 # draft model: the same text; speculative sampling on the
 # device (a chain, a tree) beside the CPU decoder's tokens for the same seed; --prompts-jsonl with a stop string, plain and self-drafted: the same tokens; `serve --device cuda`: a
 # completion equal to generate's text), then the benchmark on a
-# Llama-3-8B-shaped model whose random BF16 weights are made in device memory.
+# Llama-3-8B-shaped model whose random BF16 weights are made in device memory (its last rows: a
+# Llama-3.2-1B-shaped draft model drafting for it).
 #
 #   scripts/device_check.sh [BIN_DIR]     (default: build-cuda)
 #
