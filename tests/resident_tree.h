@@ -70,18 +70,16 @@ struct HostTreeState {
   }
   HeadCounters head_counters() const { return HeadCounters{&head_n_past, &head_root_row, head_slot_parents.data()}; }
 
-  // A separate draft model's arrays (TreeDraftModel), its cache holding n_past slots and `newest`
-  // the committed token after them.
+  // A separate draft model's arrays (TreeDraftModel), `newest` the committed token its cache lacks.
   std::vector<int32_t> dm_first, dm_first_positions, dm_first_parents, dm_parents, dm_keep;
-  int32_t dm_first_output = 0, dm_n_past = 0;
-  void attach_draft_model(int32_t n_past, int32_t newest) {
+  int32_t dm_first_output = 0;
+  void attach_draft_model(int32_t newest) {
     dm_first = {newest, 0};
     dm_first_positions = dm_first_parents = dm_first;
     dm_parents.assign(size_t(s.shape.top_k), 0);
     dm_keep.assign(size_t(s.shape.max_emitted()), 0);
-    dm_n_past = n_past;
     s.draft = TreeDraftModel{dm_first.data(), dm_first_positions.data(), dm_first_parents.data(), &dm_first_output,
-                             dm_parents.data(),  dm_keep.data(),          &dm_n_past};
+                             dm_parents.data(), dm_keep.data()};
   }
 
   // The tree as DraftTree nodes (parents as node indices), from the verification batch.
@@ -165,7 +163,7 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
   std::optional<KVCache> draft_kv;
   if (draft_model) {
     draft_kv.emplace(draft_cache_one_behind(*draft_model, prompt));
-    h.attach_draft_model(n_prompt - 1, prompt.back());
+    h.attach_draft_model(prompt.back());
   }
 
   b.set_sequence(prompt, 0, true);
@@ -344,9 +342,7 @@ inline TreeRun run_tree(Model& model, const std::vector<int32_t>& prompt, int32_
     EXPECT_EQ(kv.n_past(), h.n_past);
     if (draft_model) {  // its cache keeps the accepted text but the newest token
       draft_kv->commit(std::span<const int32_t>(h.dm_keep).first(size_t(h.n_keep)));
-      h.dm_n_past += h.n_keep;
-      EXPECT_EQ(draft_kv->n_past(), h.dm_n_past);
-      EXPECT_EQ(h.dm_n_past, h.n_past - 1) << "the draft model's cache is one token behind the target's";
+      EXPECT_EQ(draft_kv->n_past(), h.n_past - 1) << "the draft model's cache is one token behind the target's";
     }
     if (head) EXPECT_EQ(h.head_n_past, h.n_past - a - 1) << "the head's cache ends where the next catch-up starts";
     EXPECT_EQ(h.counter, h.n_past - n_prompt + 1) << "every emitted token but the newest is in the cache";

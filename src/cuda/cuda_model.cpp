@@ -70,7 +70,7 @@ struct CudaModel::DeviceTree {
   float* slot_prenorm = nullptr;           // [draft_slots][H] each draft slot's pre-norm output
   float* head_g = nullptr;                 // [top_k][H] a level's hidden inputs: its parents' outputs
   // A separate draft model's (tree_state.h's TreeDraftModel; its first forward's arrays are the
-  // draft model's own batch buffers, as a chain's, and its n_past is its cache's).
+  // draft model's own batch buffers, as a chain's; kv_compact moves its cache's n_past).
   int32_t* dm_parents = nullptr;           // [top_k]
   int32_t* dm_keep = nullptr;              // [max_emitted]
 
@@ -742,7 +742,7 @@ TreeState CudaModel::tree_state(const ChainStep& step) const {
                              : TreeHeadBatch{},
                    step.draft_model ? TreeDraftModel{step.draft_model->d_tokens_, step.draft_model->d_positions_,
                                                      step.draft_model->d_parents_, step.draft_model->d_out_rows_,
-                                                     t.dm_parents, t.dm_keep, step.draft_model->kv_.n_past}
+                                                     t.dm_parents, t.dm_keep}
                                     : TreeDraftModel{}};
 }
 

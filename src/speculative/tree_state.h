@@ -104,15 +104,15 @@ struct TreeHeadBatch {
 };
 
 // A separate draft model's arrays when it drafts the tree (see the top of this file); all null for
-// the other drafters.
+// the other drafters (first tells them apart).
 struct TreeDraftModel {
   int32_t* first = nullptr;            // [2] draft forward 0's tokens: the newest committed token, then the root
   int32_t* first_positions = nullptr;  // [2] n_past - 1, n_past (the target's n_past)
   int32_t* first_parents = nullptr;    // [2] -1, 0
   int32_t* first_output = nullptr;     // [1] 1: the root's row
   int32_t* parents = nullptr;          // [top_k] a level forward's rows: their parents' pending slots in its cache
-  int32_t* keep = nullptr;             // [max_emitted] pending slots its cache keeps (n_keep of them, as the target's)
-  int32_t* n_past = nullptr;           // [1] its committed cache slots: the target's n_past - 1
+  int32_t* keep = nullptr;             // [max_emitted] pending slots its cache keeps (n_keep of them, as the target's;
+                                       // its cache's compaction moves its n_past to the target's - 1)
 };
 
 struct TreeState {
@@ -182,7 +182,7 @@ MS_HOST_DEVICE inline void tree_lay_out_root(const TreeState& s) {
   s.positions[0] = *s.n_past;
   s.parents[0] = -1;
   const TreeDraftModel& d = s.draft;
-  if (d.n_past) {
+  if (d.first) {
     d.first[1] = s.tokens[0];
     d.first_positions[0] = *s.n_past - 1;
     d.first_positions[1] = *s.n_past;
@@ -197,7 +197,7 @@ MS_HOST_DEVICE inline void tree_lay_out_root(const TreeState& s) {
 MS_HOST_DEVICE inline void tree_begin(const TreeState& s) {
   for (int32_t i = 0; i < s.shape.verify_rows(); ++i) s.output_rows[i] = i;
   const TreeDraftModel& d = s.draft;
-  if (d.n_past) {
+  if (d.first) {
     d.first_parents[0] = -1;
     d.first_parents[1] = 0;
     *d.first_output = 1;
@@ -272,7 +272,7 @@ MS_HOST_DEVICE inline void tree_absorb(const TreeState& s, int32_t forward) {
   }
   if (s.head.n_past)  // the head's rows: one position behind the target's
     for (int32_t i = 0; i < k; ++i) s.head.draft_positions[i] = s.draft_positions[i] - 1;
-  if (s.draft.n_past)  // a draft model's slots: the self-draft's behind its newest committed token
+  if (s.draft.first)  // a draft model's slots: the self-draft's behind its newest committed token
     for (int32_t i = 0; i < k; ++i) s.draft.parents[i] = s.draft_parents[i] + 1;
 }
 
@@ -317,7 +317,7 @@ MS_HOST_DEVICE inline int32_t tree_commit(const TreeState& s, int32_t a, int32_t
   *s.n_keep = a + 1;
   *s.counter = count;
   const TreeDraftModel& d = s.draft;
-  if (d.n_past) {  // a + 1 slots: the newest committed token's, then the root's and p_1..p_{a-1}'s, one further on
+  if (d.first) {  // a + 1 slots: the newest committed token's, then the root's and p_1..p_{a-1}'s, one further on
     for (int32_t i = 0; i <= a; ++i) d.keep[i] = i == 0 ? 0 : 1 + s.row_slot[s.keep[i - 1]];
     d.first[0] = s.tokens[s.keep[a]];  // the newest accepted token (the root's when a = 0)
   }
