@@ -228,56 +228,61 @@ TEST(TreeState, ShapesWithoutAFixedSizeAreRefused) {
 
 // The shapes, drafters and vocabularies the resident tree step is run with (greedy and sampled).
 struct TreeVariant {
-  const char* name;
+  std::string name;
   TreeParams tree;
-  int32_t draft_layers;  // of 3 (the self-draft's; a draft model's: 3 for the target itself, 2 for its Q4_1 copy)
+  int32_t draft_layers;  // of 3 (the self-draft's; 0 for the other drafters)
   std::optional<PrunedVocabSpec> vocab;
   // The target's first layers, an EAGLE-3 head, the target as its own draft model, or the
   // target's weights in Q4_1 as a separate draft model.
   enum class Drafter { Self, Head, TargetAsDraftModel, DraftModel } drafter = Drafter::Self;
+  // The drafter is the whole target (every layer, or the target as its own draft model): its
+  // first child at each row is the target's own token.
+  bool drafts_as_the_target() const {
+    return drafter == Drafter::TargetAsDraftModel || (drafter == Drafter::Self && draft_layers == 3);
+  }
+  bool partial_self_draft() const { return drafter == Drafter::Self && draft_layers == 2; }
 };
+// The settings every drafter runs: the full head with 6 nodes and with every candidate,
+// MicroSpec's window (also from an empty vocabulary), freq. draft_layers: the self-draft's.
+std::vector<TreeVariant> drafter_variants(const std::string& who, TreeVariant::Drafter drafter, int32_t draft_layers) {
+  using Source = CandidateStreamParams::Source;
+  using Rows = CandidateStreamParams::KverRows;
+  const auto stream = test::window_spec;
+  const int32_t l = draft_layers;
+  return {{who + "full head, k 2 depth 3, 6 nodes", {.depth = 3, .top_k = 2, .total_tokens = 6}, l, std::nullopt, drafter},
+          {who + "full head, k 3 depth 2, every candidate", {.depth = 2, .top_k = 3, .total_tokens = 40}, l, std::nullopt,
+           drafter},
+          {who + "dynamic W 64, k 3 depth 3", {.depth = 3, .top_k = 3, .total_tokens = 10}, l,
+           stream(64, Source::Both, Rows::Accepted), drafter},
+          {who + "dynamic ext W 64 (the first tree from an empty vocabulary)", {.depth = 2, .top_k = 2, .total_tokens = 5},
+           l, stream(64, Source::Ext, Rows::Accepted), drafter},
+          {who + "freq: 40 fixed ids", {.depth = 3, .top_k = 2, .total_tokens = 6}, l,
+           test::with_every_7th(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed), drafter}};
+}
 std::vector<TreeVariant> tree_variants() {
   using Source = CandidateStreamParams::Source;
   using Rows = CandidateStreamParams::KverRows;
+  using Drafter = TreeVariant::Drafter;
   const auto stream = test::window_spec;   // a window (dynamic)
   const auto pinned = test::with_every_7th;  // ids 7, 14, 21, ... beside it (hybrid) or alone (freq)
-  return {
-      {"full head, k 2 depth 3, 6 nodes", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2, std::nullopt},
-      {"full head, k 3 depth 2, every candidate", {.depth = 2, .top_k = 3, .total_tokens = 40}, 2, std::nullopt},
+  // The self-draft's own: other depths and layer counts, the window's other settings, hybrid.
+  std::vector<TreeVariant> v = {
       {"full head, k 4 depth 0 (the root's children only)", {.depth = 0, .top_k = 4, .total_tokens = 4}, 1, std::nullopt},
       {"full head, chain of 4, every layer drafts", {.depth = 3, .top_k = 1, .total_tokens = 4}, 3, std::nullopt},
       {"full head, k 3 depth 3, every layer drafts", {.depth = 3, .top_k = 3, .total_tokens = 10}, 3, std::nullopt},
-      {"dynamic W 64, k 3 depth 3", {.depth = 3, .top_k = 3, .total_tokens = 10}, 2, stream(64, Source::Both, Rows::Accepted)},
-      {"dynamic ext W 64 (the first tree from an empty vocabulary)", {.depth = 2, .top_k = 2, .total_tokens = 5}, 2,
-       stream(64, Source::Ext, Rows::Accepted)},
       {"dynamic W 5, K_ver of the last row", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2, stream(5, Source::Both, Rows::Last)},
       {"dynamic ctx", {.depth = 2, .top_k = 2, .total_tokens = 6}, 2, stream(3072, Source::Ctx, Rows::Accepted)},
       {"hybrid W 16 + 20 pinned", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2,
        pinned(stream(16, Source::Both, Rows::Accepted), 20, PrunedVocabSpec::Kind::Window)},
-      {"freq: 40 fixed ids", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2,
-       pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed)},
-      {"EAGLE-3 head, full head, k 2 depth 3, 6 nodes", {.depth = 3, .top_k = 2, .total_tokens = 6}, 0, std::nullopt,
-       TreeVariant::Drafter::Head},
-      {"EAGLE-3 head, full head, k 3 depth 2, every candidate", {.depth = 2, .top_k = 3, .total_tokens = 40}, 0,
-       std::nullopt, TreeVariant::Drafter::Head},
-      {"EAGLE-3 head, dynamic W 64, k 3 depth 3", {.depth = 3, .top_k = 3, .total_tokens = 10}, 0,
-       stream(64, Source::Both, Rows::Accepted), TreeVariant::Drafter::Head},
-      {"EAGLE-3 head, dynamic ext W 64 (the first tree from an empty vocabulary)",
-       {.depth = 2, .top_k = 2, .total_tokens = 5}, 0, stream(64, Source::Ext, Rows::Accepted), TreeVariant::Drafter::Head},
-      {"EAGLE-3 head, freq: 40 fixed ids", {.depth = 3, .top_k = 2, .total_tokens = 6}, 0,
-       pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed), TreeVariant::Drafter::Head},
-      {"the target as its own draft model, chain of 4", {.depth = 3, .top_k = 1, .total_tokens = 4}, 3, std::nullopt,
-       TreeVariant::Drafter::TargetAsDraftModel},
-      {"the target as its own draft model, k 3 depth 3", {.depth = 3, .top_k = 3, .total_tokens = 10}, 3, std::nullopt,
-       TreeVariant::Drafter::TargetAsDraftModel},
-      {"draft model, full head, k 2 depth 3, 6 nodes", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2, std::nullopt,
-       TreeVariant::Drafter::DraftModel},
-      {"draft model, full head, k 3 depth 2, every candidate", {.depth = 2, .top_k = 3, .total_tokens = 40}, 2,
-       std::nullopt, TreeVariant::Drafter::DraftModel},
-      {"draft model, dynamic W 64, k 3 depth 3", {.depth = 3, .top_k = 3, .total_tokens = 10}, 2,
-       stream(64, Source::Both, Rows::Accepted), TreeVariant::Drafter::DraftModel},
-      {"draft model, freq: 40 fixed ids", {.depth = 3, .top_k = 2, .total_tokens = 6}, 2,
-       pinned(stream(16, Source::Both, Rows::Accepted), 40, PrunedVocabSpec::Kind::Fixed), TreeVariant::Drafter::DraftModel}};
+      {"the target as its own draft model, chain of 4", {.depth = 3, .top_k = 1, .total_tokens = 4}, 0, std::nullopt,
+       Drafter::TargetAsDraftModel},
+      {"the target as its own draft model, k 3 depth 3", {.depth = 3, .top_k = 3, .total_tokens = 10}, 0, std::nullopt,
+       Drafter::TargetAsDraftModel}};
+  for (const std::vector<TreeVariant>& common :
+       {drafter_variants("", Drafter::Self, 2), drafter_variants("EAGLE-3 head, ", Drafter::Head, 0),
+        drafter_variants("draft model, ", Drafter::DraftModel, 0)})
+    v.insert(v.end(), common.begin(), common.end());
+  return v;
 }
 
 class TreeStateTiny : public ::testing::Test {
@@ -353,11 +358,11 @@ TEST_F(TreeStateTiny, ResidentTreeStepsEqualPlainGreedyDecoding) {
     EXPECT_EQ(r.emitted, plain);
     EXPECT_GT(r.steps, 0);
     EXPECT_GT(r.nodes, 0);
-    if (v.draft_layers == 3 && v.tree.top_k == 1)
+    if (v.drafts_as_the_target() && v.tree.top_k == 1)
       EXPECT_EQ(r.accepted, (v.tree.depth + 1) * r.steps) << "the target drafting its own chain";
-    if (v.draft_layers == 3 && v.tree.top_k > 1)
+    if (v.drafts_as_the_target() && v.tree.top_k > 1)
       EXPECT_GE(r.accepted, r.steps) << "the target's own first token is always in its tree";
-    if (v.draft_layers == 2 && !v.vocab) accepted_partial += r.accepted;
+    if (v.partial_self_draft() && !v.vocab) accepted_partial += r.accepted;
     if (v.vocab) accepted_dynamic += r.accepted;
     if (v.drafter == TreeVariant::Drafter::DraftModel) accepted_by_draft_model += r.accepted;
     // The CPU decoder with the same drafter, tree and vocabulary drafts the same trees: the same
@@ -394,7 +399,7 @@ TEST_F(TreeStateTiny, ResidentSampledTreeStepsEqualTheCpuDecoder) {
   int32_t accepted_partial = 0, siblings_accepted = 0, accepted_by_head = 0, accepted_by_draft_model = 0;
   for (const TreeVariant& v : variants) {
     for (const SamplingParams& sp : test::sampled_settings()) {
-      SCOPED_TRACE(std::string(v.name) + ", T " + std::to_string(sp.temperature) + ", seed " + std::to_string(sp.seed));
+      SCOPED_TRACE(v.name + ", T " + std::to_string(sp.temperature) + ", seed " + std::to_string(sp.seed));
       const TreeRun r = run_tree(target, prompt, n_predict, v.tree, v.draft_layers, v.vocab, sp, head_path(v), draft_model(v));
       Generator gen(target, *tok_, 512);
       const std::unique_ptr<Drafter> drafter = cpu_drafter(v, gen);
@@ -405,8 +410,8 @@ TEST_F(TreeStateTiny, ResidentSampledTreeStepsEqualTheCpuDecoder) {
       EXPECT_EQ(r.nodes, cpu.stats.drafted);
       EXPECT_EQ(r.accepted, cpu.stats.accepted_draft);
       EXPECT_GE(std::set<int32_t>(r.emitted.begin(), r.emitted.end()).size(), 10u) << "a degenerate text tests little";
-      if (v.draft_layers == 3) EXPECT_GE(r.accepted, r.steps) << "q == p: the first child is always accepted";
-      if (v.draft_layers == 2) accepted_partial += r.accepted;
+      if (v.drafts_as_the_target()) EXPECT_GE(r.accepted, r.steps) << "q == p: the first child is always accepted";
+      if (v.partial_self_draft()) accepted_partial += r.accepted;
       siblings_accepted += r.later_siblings_accepted;
       if (v.drafter == TreeVariant::Drafter::Head) accepted_by_head += r.accepted;
       if (v.drafter == TreeVariant::Drafter::DraftModel) accepted_by_draft_model += r.accepted;
