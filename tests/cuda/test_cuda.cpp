@@ -730,17 +730,17 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
   REQUIRE_GPU();
   using Source = CandidateStreamParams::Source;
   using Rows = CandidateStreamParams::KverRows;
-  // Tree: the self-draft's EAGLE-2 tree (speculative/tree_state.h, CudaModel::enqueue_tree_step),
-  // whose CPU side is tests/test_spec_tree_state.cpp; HeadTree and ModelTree: an EAGLE-3 head's and
-  // a draft model's.
-  enum class Drafter { Self, Model, Head, Tree, HeadTree, ModelTree };
+  // The target's first layers, a draft model or an EAGLE-3 head, drafting a chain or an EAGLE-2
+  // tree (speculative/tree_state.h, CudaModel::enqueue_tree_step, whose CPU side is
+  // tests/test_spec_tree_state.cpp).
+  enum class Drafter { Self, Model, Head };
   struct Variant {
     const char* name;
-    int32_t depth;
+    int32_t depth;  // the chain's (unused with a tree)
     std::optional<PrunedVocabSpec> vocab;
     Drafter drafter;
-    int32_t draft_layers = 2;  // of 3
-    TreeShape tree{};          // Drafter::Tree's shape (depth is then unused)
+    int32_t draft_layers = 2;        // of 3 (the self-draft's)
+    std::optional<TreeShape> tree{};  // a tree of this shape instead of a chain
   };
   auto dynamic = [](int32_t w_max, Source source, Rows rows, bool async) {
     std::optional<PrunedVocabSpec> p = test::window_spec(w_max, source, rows);
@@ -769,25 +769,25 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
       {"EAGLE-3 head, full, depth 4", 4, std::nullopt, Drafter::Head},
       {"EAGLE-3 head, dynamic W 64", 4, dynamic(64, Source::Both, Rows::Accepted, true), Drafter::Head},
       {"EAGLE-3 head, freq: 40 fixed ids", 3, fixed(40), Drafter::Head},
-      {"tree k 2 depth 3, 6 nodes, full", 0, std::nullopt, Drafter::Tree, 2, {2, 3, 6}},
-      {"tree k 4 depth 1, every candidate, full", 0, std::nullopt, Drafter::Tree, 2, {4, 1, 20}},
-      {"tree k 1 depth 3, every layer drafts, full", 0, std::nullopt, Drafter::Tree, 3, {1, 3, 4}},
-      {"tree k 3 depth 2, every layer drafts, full", 0, std::nullopt, Drafter::Tree, 3, {3, 2, 8}},
-      {"tree k 3 depth 2, dynamic W 64", 0, dynamic(64, Source::Both, Rows::Accepted, true), Drafter::Tree, 2, {3, 2, 8}},
-      {"tree k 2 depth 2, dynamic ext W 64", 0, dynamic(64, Source::Ext, Rows::Accepted, true), Drafter::Tree, 2, {2, 2, 5}},
+      {"tree k 2 depth 3, 6 nodes, full", 0, std::nullopt, Drafter::Self, 2, TreeShape{2, 3, 6}},
+      {"tree k 4 depth 1, every candidate, full", 0, std::nullopt, Drafter::Self, 2, TreeShape{4, 1, 20}},
+      {"tree k 1 depth 3, every layer drafts, full", 0, std::nullopt, Drafter::Self, 3, TreeShape{1, 3, 4}},
+      {"tree k 3 depth 2, every layer drafts, full", 0, std::nullopt, Drafter::Self, 3, TreeShape{3, 2, 8}},
+      {"tree k 3 depth 2, dynamic W 64", 0, dynamic(64, Source::Both, Rows::Accepted, true), Drafter::Self, 2, TreeShape{3, 2, 8}},
+      {"tree k 2 depth 2, dynamic ext W 64", 0, dynamic(64, Source::Ext, Rows::Accepted, true), Drafter::Self, 2, TreeShape{2, 2, 5}},
       {"tree k 2 depth 3, dynamic W 5, K_ver last row, in line", 0, dynamic(5, Source::Both, Rows::Last, false),
-       Drafter::Tree, 2, {2, 3, 6}},
-      {"tree k 2 depth 3, freq: 40 fixed ids", 0, fixed(40), Drafter::Tree, 2, {2, 3, 6}},
-      {"tree k 2 depth 3, hybrid W 16 + 24 pinned", 0, hybrid(16, 24), Drafter::Tree, 2, {2, 3, 6}},
-      {"EAGLE-3 head tree k 2 depth 3, 6 nodes, full", 0, std::nullopt, Drafter::HeadTree, 2, {2, 3, 6}},
+       Drafter::Self, 2, TreeShape{2, 3, 6}},
+      {"tree k 2 depth 3, freq: 40 fixed ids", 0, fixed(40), Drafter::Self, 2, TreeShape{2, 3, 6}},
+      {"tree k 2 depth 3, hybrid W 16 + 24 pinned", 0, hybrid(16, 24), Drafter::Self, 2, TreeShape{2, 3, 6}},
+      {"EAGLE-3 head tree k 2 depth 3, 6 nodes, full", 0, std::nullopt, Drafter::Head, 2, TreeShape{2, 3, 6}},
       {"EAGLE-3 head tree k 3 depth 2, dynamic W 64", 0, dynamic(64, Source::Both, Rows::Accepted, true),
-       Drafter::HeadTree, 2, {3, 2, 8}},
+       Drafter::Head, 2, TreeShape{3, 2, 8}},
       {"EAGLE-3 head tree k 2 depth 2, dynamic ext W 64", 0, dynamic(64, Source::Ext, Rows::Accepted, true),
-       Drafter::HeadTree, 2, {2, 2, 5}},
-      {"draft model tree k 2 depth 3, 6 nodes, full", 0, std::nullopt, Drafter::ModelTree, 2, {2, 3, 6}},
+       Drafter::Head, 2, TreeShape{2, 2, 5}},
+      {"draft model tree k 2 depth 3, 6 nodes, full", 0, std::nullopt, Drafter::Model, 2, TreeShape{2, 3, 6}},
       {"draft model tree k 3 depth 2, dynamic W 64", 0, dynamic(64, Source::Both, Rows::Accepted, true),
-       Drafter::ModelTree, 2, {3, 2, 8}},
-      {"draft model tree k 1 depth 3, freq: 40 fixed ids", 0, fixed(40), Drafter::ModelTree, 2, {1, 3, 4}}};
+       Drafter::Model, 2, TreeShape{3, 2, 8}},
+      {"draft model tree k 1 depth 3, freq: 40 fixed ids", 0, fixed(40), Drafter::Model, 2, TreeShape{1, 3, 4}}};
   const TinyHeadFile head_file;
   struct Launch {
     cuda::Graphs graphs;
@@ -816,21 +816,20 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
         o.vocab = v.vocab;
         o.graphs = l.graphs;
         o.sync_every = l.sync_every;
-        if (v.drafter == Drafter::Model || v.drafter == Drafter::ModelTree) o.draft_model = draft.gpu.get();
-        if (v.drafter == Drafter::Head || v.drafter == Drafter::HeadTree) o.draft_head = head.get();
-        if (v.drafter == Drafter::Tree || v.drafter == Drafter::HeadTree || v.drafter == Drafter::ModelTree)
-          o.tree = v.tree;
+        if (v.drafter == Drafter::Model) o.draft_model = draft.gpu.get();
+        if (v.drafter == Drafter::Head) o.draft_head = head.get();
+        o.tree = v.tree;
         cuda::SpecChainStats st;
         EXPECT_EQ(m.gpu->generate_speculative(prompt, o, &st), plain);
         EXPECT_GT(st.steps, 0);
         EXPECT_LE(st.steps, 40);
         // The target drafting for itself: a chain accepted whole, and in a tree at least its own
         // first token.
-        const int32_t chain = v.drafter == Drafter::Tree ? (v.tree.top_k == 1 ? v.tree.depth + 1 : 0) : v.depth;
+        const int32_t chain = v.tree ? (v.tree->top_k == 1 ? v.tree->depth + 1 : 0) : v.depth;
         if (v.draft_layers == 3 && chain > 0) EXPECT_EQ(st.accepted_drafts, chain * st.steps) << "the target's own chain";
         if (v.draft_layers == 3) EXPECT_GE(st.accepted_drafts, st.steps) << "the target's own token";
-        if (v.drafter == Drafter::Model || v.drafter == Drafter::ModelTree) draft_model_accepted += st.accepted_drafts;
-        if (v.drafter == Drafter::Tree && v.draft_layers == 2) tree_accepted += st.accepted_drafts;
+        if (v.drafter == Drafter::Model) draft_model_accepted += st.accepted_drafts;
+        if (v.drafter == Drafter::Self && v.tree && v.draft_layers == 2) tree_accepted += st.accepted_drafts;
         // The same counts whenever the host looks: the steps up to the one that emitted the 40th token.
         if (first_launch) {
           EXPECT_EQ(st.steps, first_launch->steps);
@@ -849,22 +848,23 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
   const int32_t V = m.cpu->config().n_vocab;
   for (const Launch& l : launches)
     for (const std::optional<PrunedVocabSpec>& vocab : {std::optional<PrunedVocabSpec>(), dynamic(64, Source::Both, Rows::Accepted, true)})
-    for (Drafter drafter : {Drafter::Self, Drafter::Model, Drafter::Head, Drafter::Tree, Drafter::ModelTree}) {
-      SCOPED_TRACE(std::string(l.name) + (vocab ? ", dynamic" : ", full") +
-                   (drafter == Drafter::Model       ? ", draft model"
-                    : drafter == Drafter::Head      ? ", EAGLE-3 head"
-                    : drafter == Drafter::Tree      ? ", tree k 3 depth 3, 10 nodes"
-                    : drafter == Drafter::ModelTree ? ", draft model tree k 3 depth 3, 10 nodes"
-                                                    : ""));
+    for (const Variant& d : {Variant{"self-draft, chain of 4", 4, std::nullopt, Drafter::Self},
+                             Variant{"draft model, chain of 4", 4, std::nullopt, Drafter::Model},
+                             Variant{"EAGLE-3 head, chain of 4", 4, std::nullopt, Drafter::Head},
+                             Variant{"self-draft, tree k 3 depth 3, 10 nodes", 4, std::nullopt, Drafter::Self, 2,
+                                     TreeShape{3, 3, 10}},
+                             Variant{"draft model, tree k 3 depth 3, 10 nodes", 4, std::nullopt, Drafter::Model, 2,
+                                     TreeShape{3, 3, 10}}}) {
+      SCOPED_TRACE(std::string(l.name) + (vocab ? ", dynamic, " : ", full, ") + d.name);
       cuda::SpecChainOptions o;
-      o.draft_layers = 2;
-      o.depth = 4;
+      o.draft_layers = d.draft_layers;
+      o.depth = d.depth;
       o.vocab = vocab;
       o.graphs = l.graphs;
       o.sync_every = l.sync_every;
-      if (drafter == Drafter::Model || drafter == Drafter::ModelTree) o.draft_model = draft.gpu.get();
-      if (drafter == Drafter::Head) o.draft_head = head.get();
-      if (drafter == Drafter::Tree || drafter == Drafter::ModelTree) o.tree = TreeShape{3, 3, 10};
+      if (d.drafter == Drafter::Model) o.draft_model = draft.gpu.get();
+      if (d.drafter == Drafter::Head) o.draft_head = head.get();
+      o.tree = d.tree;
       // A stop token: the output ends with its first occurrence.
       const std::vector<int32_t> prompt = random_tokens(7, V, 9);
       cuda::PlainOptions g;
