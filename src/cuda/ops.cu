@@ -362,6 +362,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const int lane = threadIdx.x % kWarp;
   const int64_t j0 = (int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp) * R;
   if (j0 >= n_rows) return;
+  if (row_ids) pdl_wait();  // the ids may be the previous kernel's output: only the weights load early
   const uint8_t* wr[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -536,6 +537,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane / 4, q = lane % 4;
   const int64_t row0 = int64_t(blockIdx.x) * kMmaRows;
+  if (row_ids) pdl_wait();  // the ids may be the previous kernel's output: only the weights load early
   const uint8_t* wr[2];  // this lane's rows g and g + 8 (clamped: rows past the end are read, not written)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -781,8 +783,9 @@ __global__ void k_gather_rows(GgmlType type, const uint8_t* w, size_t stride, in
 
 constexpr int kNormThreads = 1024;  // one row per block: a decode step's row is one block, so go wide
 
-__global__ void k_rms_norm(const float* x, float* y, int32_t rows_per_group, int64_t group_stride, int32_t dim,
-                           const float* weight, float eps) {
+__global__ void __launch_bounds__(kNormThreads)
+    k_rms_norm(const float* x, float* y, int32_t rows_per_group, int64_t group_stride, int32_t dim,
+               const float* weight, float eps) {
   pdl_trigger();
   pdl_wait();
   const int32_t g = blockIdx.x / rows_per_group, r = blockIdx.x % rows_per_group;
@@ -1130,8 +1133,9 @@ __device__ void block_top_k(const float* x, int64_t n, int32_t k, bool keep_neg_
 }
 
 // Order-preserving key of (value, index): larger value first, then lower index; 0 = nothing.
+// -0 and +0 take one key, so their tie goes to the lower index as in the CPU's argmax.
 __device__ __forceinline__ unsigned long long argmax_key(float v, int64_t i) {
-  const uint32_t u = __float_as_uint(v);
+  const uint32_t u = v == 0.0f ? 0u : __float_as_uint(v);
   const uint32_t ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   return (static_cast<unsigned long long>(ordered) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
 }
@@ -1161,8 +1165,9 @@ __global__ void k_argmax_final(const unsigned long long* keys, int32_t n_rows, i
 }
 
 // The row's k best (block_top_k, -inf kept); block r takes row first + r of the range.
-__global__ void k_top_k_rows(const float* x, int64_t ld, int64_t n, RowRange rows, int32_t k, int32_t* ids,
-                             float* values) {
+__global__ void __launch_bounds__(kSelectThreads)
+    k_top_k_rows(const float* x, int64_t ld, int64_t n, RowRange rows, int32_t k, int32_t* ids,
+                 float* values) {
   const int32_t r = blockIdx.x;
   const int32_t count = rows.count ? *rows.count : rows.max_rows;
   if (r >= count) return;
@@ -1222,8 +1227,9 @@ __global__ void k_gather_packed_rows(const uint8_t* full, size_t stride, const R
   }
 }
 
-__global__ void k_packed_argmax(const float* logits, int64_t ld, const int32_t* n_rows, const int32_t* token_of_slot,
-                                int32_t if_empty, int32_t* out) {
+__global__ void __launch_bounds__(kSelectThreads)
+    k_packed_argmax(const float* logits, int64_t ld, const int32_t* n_rows, const int32_t* token_of_slot,
+                    int32_t if_empty, int32_t* out) {
   const float* row = logits + int64_t(blockIdx.x) * ld;
   const int32_t n = *n_rows;
   float bv = 0.0f;
@@ -1236,8 +1242,9 @@ __global__ void k_packed_argmax(const float* logits, int64_t ld, const int32_t* 
 
 // The k best of the first *n_rows values of each row (block_top_k, -inf kept), as token_of_slot's
 // ids; block r takes row r.
-__global__ void k_packed_top_k(const float* logits, int64_t ld, const int32_t* n_rows, const int32_t* token_of_slot,
-                               int32_t k, int32_t* ids, float* values) {
+__global__ void __launch_bounds__(kSelectThreads)
+    k_packed_top_k(const float* logits, int64_t ld, const int32_t* n_rows, const int32_t* token_of_slot,
+                   int32_t k, int32_t* ids, float* values) {
   const float* row = logits + int64_t(blockIdx.x) * ld;
   ids += int64_t(blockIdx.x) * k;
   values += int64_t(blockIdx.x) * k;
@@ -1249,8 +1256,9 @@ __global__ void k_packed_top_k(const float* logits, int64_t ld, const int32_t* n
 
 // top_k_logprobs (speculative/tree.cpp) per row: the largest value, the sum of exp(v - max) in
 // double, then the k best (block_top_k).
-__global__ void k_tree_proposals(const float* logits, int64_t ld, int64_t n_fixed, const int32_t* n_valid,
-                                 const int32_t* ids, int32_t k, int32_t* tokens, float* logprobs) {
+__global__ void __launch_bounds__(kSelectThreads)
+    k_tree_proposals(const float* logits, int64_t ld, int64_t n_fixed, const int32_t* n_valid,
+                     const int32_t* ids, int32_t k, int32_t* tokens, float* logprobs) {
   __shared__ float s_max[kSelectThreads / kWarp];
   __shared__ double s_sum[kSelectThreads / kWarp];
   const float* row = logits + int64_t(blockIdx.x) * ld;

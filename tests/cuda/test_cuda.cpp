@@ -27,6 +27,7 @@
 #include "kernels/kernels.h"
 #include "kernels/matmul.h"
 #include "kernels/threadpool.h"
+#include "math/select.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
 #include "speculative/tree.h"
@@ -282,6 +283,18 @@ TEST(CudaKernels, ArgmaxAndTopKFollowTheCpuOrder) {
   const std::vector<int32_t> got = out.to_host();
   EXPECT_EQ(got[0], 123);
   EXPECT_EQ(got[1], 4242);
+  {
+    // A maximum of zero: -0 at index 3 and +0 at index 9 tie, and the CPU takes the lower index.
+    std::vector<float> zeros(1000, -1.0f);
+    zeros[3] = -0.0f;
+    zeros[9] = 0.0f;
+    DeviceBuffer<float> dz(zeros);
+    DeviceBuffer<int32_t> zero_out(1);
+    DeviceBuffer<uint64_t> zero_scratch(1);
+    cuda::argmax_rows(dz.ptr, 1, int64_t(zeros.size()), zero_out.ptr, zero_scratch.ptr, nullptr);
+    EXPECT_EQ(zero_out.to_host()[0], argmax(zeros.data(), int64_t(zeros.size())));
+    EXPECT_EQ(zero_out.to_host()[0], 3);
+  }
 
   const int32_t k = 20;
   std::vector<int32_t> order;
