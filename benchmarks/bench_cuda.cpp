@@ -252,11 +252,11 @@ int run(int argc, char** argv) {
   MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&head_positions), 10 * 4));
   MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&head_parents), 10 * 4));
   MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&head_g), sizeof(float) * 10 * cfg.n_embd));
-  MS_CUDA(cudaMemcpy(head_tokens, t10.data(), 10 * 4, cudaMemcpyHostToDevice));
+  cuda::upload(head_tokens, t10.data(), 10 * 4);
   std::vector<int32_t> head_pos10(10);
   for (int32_t i = 0; i < 10; ++i) head_pos10[i] = p10[i] - model->n_past();  // the head's cache is empty
-  MS_CUDA(cudaMemcpy(head_positions, head_pos10.data(), 10 * 4, cudaMemcpyHostToDevice));
-  MS_CUDA(cudaMemcpy(head_parents, par10.data(), 10 * 4, cudaMemcpyHostToDevice));
+  cuda::upload(head_positions, head_pos10.data(), 10 * 4);
+  cuda::upload(head_parents, par10.data(), 10 * 4);
   fill_random_f32(head_g, 10 * int64_t(cfg.n_embd), 0.0f, 1.0f, 9, s);
   const double head10 = time_ms(s, reps, [&] {
     head->enqueue_forward(DeviceBatch{head_tokens, head_positions, head_parents, 10, 0}, nullptr, head_g, s);
@@ -273,18 +273,18 @@ int run(int argc, char** argv) {
   // thread, the gather of the entered rows on the copy stream, joined), and the draft head over
   // the 3,072 packed slots with its argmax over the active ones, 10 rows.
   DeviceDraftVocab vocab(full, PrunedVocabSpec{}, {.max_prompt = int32_t(prompt.size()), .max_rows = 10}, s);
-  MS_CUDA(cudaMemcpy(vocab.prompt_ids(), prompt.data(), prompt.size() * 4, cudaMemcpyHostToDevice));
+  cuda::upload(vocab.prompt_ids(), prompt.data(), prompt.size() * 4);
   std::vector<int32_t> host_ids(size_t(4096) * 60);
   for (size_t i = 0; i < host_ids.size(); ++i) host_ids[i] = int32_t((int64_t(i) * 2654435761LL) % cfg.n_vocab);
-  MS_CUDA(cudaMemcpy(vocab.prompt_top(), host_ids.data(), prompt.size() * 3 * 4, cudaMemcpyHostToDevice));
+  cuda::upload(vocab.prompt_top(), host_ids.data(), prompt.size() * 3 * 4);
   int32_t *tree_ids = nullptr, *best = nullptr;
   VocabUpdate* update = nullptr;
   MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&tree_ids), host_ids.size() * 4));
   MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&best), 10 * 4));
   MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&update), sizeof(VocabUpdate)));
-  MS_CUDA(cudaMemcpy(tree_ids, host_ids.data(), host_ids.size() * 4, cudaMemcpyHostToDevice));
+  cuda::upload(tree_ids, host_ids.data(), host_ids.size() * 4);
   const VocabUpdate six_rows{.n_tree = 60, .first_row = 0, .n_rows = 6};
-  MS_CUDA(cudaMemcpy(update, &six_rows, sizeof(six_rows), cudaMemcpyHostToDevice));
+  cuda::upload(update, &six_rows, sizeof(six_rows));
   vocab.begin(int32_t(prompt.size()));
   fill_random_f32(logits, 6 * int64_t(cfg.n_vocab), 0.0f, 1.0f, 11, s);
   int32_t round = 0;

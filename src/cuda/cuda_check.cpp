@@ -31,6 +31,11 @@ std::string device_description() {
          std::to_string(p.totalGlobalMem >> 30) + " GiB)";
 }
 
+void upload(void* dst, const void* src, size_t bytes) {
+  MS_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  MS_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
+}
+
 uint64_t next_object_serial() {
   static std::atomic<uint64_t> next{1};
   return next++;

@@ -17,6 +17,12 @@ bool device_available();
 // "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)" for device 0; throws when there is none.
 std::string device_description();
 
+// Copies `bytes` from host memory to the device and returns once they are there. A cudaMemcpy
+// from pageable memory may return as soon as the bytes are staged, with the transfer still on the
+// legacy default stream; the backend's streams are non-blocking (they do not wait for that stream),
+// so a kernel launched on one of them next could read the destination before the copy lands.
+void upload(void* dst, const void* src, size_t bytes);
+
 // A number no other object of this process has had (1, 2, ...): what a cache of captured graphs
 // keys an object by, since a freed object's address may be reused.
 uint64_t next_object_serial();

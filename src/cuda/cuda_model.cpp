@@ -211,7 +211,7 @@ std::unique_ptr<CudaModel> CudaModel::load(const GgufFile& f, const CudaModelOpt
         bias.insert(bias.end(), b, b + n);
       }
       float* dst = static_cast<float*>(m->alloc(bias.size() * sizeof(float)));
-      MS_CUDA(cudaMemcpy(dst, bias.data(), bias.size() * sizeof(float), cudaMemcpyHostToDevice));
+      upload(dst, bias.data(), bias.size() * sizeof(float));
       L.qkv_bias = dst;
     }
     if (gemma) {
@@ -1069,8 +1069,10 @@ std::vector<int32_t> CudaModel::generate_speculative(std::span<const int32_t> pr
   if (o.draft_head) {
     // The head's cache takes the prompt's rows but the last; its first catch-up is the root row.
     o.draft_head->begin(prompt, stream_);
-    o.draft_head->prepare_first_catch_up(int32_t(prompt.size()), d_tokens_, d_argmax_out_,
-                                         o.tree ? o.tree->max_emitted() : o.depth + 1, stream_);
+    // A chain's catch-up reads its tokens from the argmax rows (the prompt's argmax first, then
+    // zeros); a tree's from catch_tokens (tree_begin), so it takes the first row only.
+    o.draft_head->prepare_first_catch_up(int32_t(prompt.size()), d_tokens_, d_argmax_out_, o.tree ? 1 : o.depth + 1,
+                                         stream_);
   }
   if (o.draft_model) {
     // The draft model's cache holds the prompt but its last token, which starts its first batch
@@ -1143,8 +1145,8 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, co
       else
         enqueue_chain_step(step);
     });
-    // Device to pageable host memory: the copy returns once done, after the steps.
     MS_CUDA(cudaMemcpyAsync(&produced, d_counter_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    MS_CUDA(cudaStreamSynchronize(stream_));  // the host reads it now
     n_past_ = n_past_at_start + produced - 1;
     done = fetch_emitted(produced, limit, o.stop_ids, on_token, ids);
   }
@@ -1158,13 +1160,15 @@ std::vector<int32_t> CudaModel::speculate_resident(const SpecChainOptions& o, co
   }
   if (!done) decode_until(limit, o.stop_ids, o.graphs, o.sync_every, TokenPick{.sample_k = step.sample_k}, on_token, ids);
   // The counts of the steps that emitted the tokens kept (steps may have run past them until the
-  // host looked). Device to pageable host memory: each copy returns once done.
+  // host looked).
   int32_t n_steps = 0;
   MS_CUDA(cudaMemcpyAsync(&n_steps, d_steps_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  MS_CUDA(cudaStreamSynchronize(stream_));
   std::vector<int32_t> step_counts(static_cast<size_t>(n_steps));
   if (n_steps > 0)
     MS_CUDA(cudaMemcpyAsync(step_counts.data(), d_step_counts_, step_counts.size() * sizeof(int32_t),
                             cudaMemcpyDeviceToHost, stream_));
+  MS_CUDA(cudaStreamSynchronize(stream_));
   const ChainTotals totals = chain_totals_until(step_counts.data(), n_steps, int32_t(ids.size()));
   st.steps = totals.steps;
   st.accepted_drafts = totals.accepted;

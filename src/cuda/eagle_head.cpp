@@ -145,9 +145,9 @@ void DeviceEagleHead::allocate(cudaStream_t stream) {
   // positions c.. and parents -1, 0, 1, ...).
   std::vector<int32_t> counting(static_cast<size_t>(max_prompt_));
   std::iota(counting.begin(), counting.end(), 0);
-  MS_CUDA(cudaMemcpy(prompt_positions_, counting.data(), counting.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  cuda::upload(prompt_positions_, counting.data(), counting.size() * sizeof(int32_t));
   for (int32_t& v : counting) v -= 1;
-  MS_CUDA(cudaMemcpy(prompt_parents_, counting.data(), counting.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  cuda::upload(prompt_parents_, counting.data(), counting.size() * sizeof(int32_t));
   MS_CUDA(cudaMemsetAsync(kv_.n_past, 0, sizeof(int32_t), stream));
   MS_CUDA(cudaMemsetAsync(kv_.parents, 0xFF, sizeof(int32_t) * n_ctx_, stream));
   MS_CUDA(cudaMemsetAsync(step_capture_.rows, 0, R * F * sizeof(float), stream));

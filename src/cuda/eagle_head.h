@@ -86,8 +86,9 @@ class DeviceEagleHead {
   float* step_g() const { return step_g_; }            // [H] the hidden input of the next draft row
   float* step_hidden() const { return step_hidden_; }  // [H] the normed row the draft LM head scores
   // After begin(): the first catch-up is the prompt's last features (row 0) with the token the
-  // prompt's argmax left in first_token (device), its other rows finite placeholders; pred: the
-  // catch-up's token array ([rows], where the verification's argmax goes), rows <= max_rows().
+  // prompt's argmax left in first_token (device), its other rows finite placeholders; pred: a
+  // chain's catch-up token array ([rows], where the verification's argmax goes; rows <= max_rows()
+  // and the array's length). A tree's catch-up reads its own tokens (tree_begin): it passes 1 row.
   void prepare_first_catch_up(int32_t n_prompt, const int32_t* first_token, int32_t* pred, int32_t rows,
                               cudaStream_t stream);
 

@@ -43,7 +43,7 @@ std::vector<DeviceMatrix> WeightUploader::stacked(const std::vector<std::string>
     while (j < ts.size() && ts[j]->type == ts[i]->type) bytes += ts[j]->n_bytes, total_rows += rows[j], ++j;
     uint8_t* dst = static_cast<uint8_t*>(alloc_(bytes));
     for (size_t k = i, off = 0; k < j; off += ts[k]->n_bytes, ++k)
-      MS_CUDA(cudaMemcpy(dst + off, ts[k]->data, ts[k]->n_bytes, cudaMemcpyHostToDevice));
+      upload(dst + off, ts[k]->data, ts[k]->n_bytes);
     bytes_ += bytes;
     parts.push_back(DeviceMatrix{ts[i]->type, dst, total_rows, cols, row_bytes(ts[i]->type, cols)});
     i = j;
@@ -57,7 +57,7 @@ const float* WeightUploader::vector(const std::string& name, int64_t n) {
   if (t->type != GgmlType::F32 || t->ne.size() != 1 || t->ne[0] != n)
     throw Error(f_.name() + ": tensor '" + name + "' must be F32 [" + std::to_string(n) + "]");
   void* p = alloc_(t->n_bytes);
-  MS_CUDA(cudaMemcpy(p, t->data, t->n_bytes, cudaMemcpyHostToDevice));
+  upload(p, t->data, t->n_bytes);
   bytes_ += t->n_bytes;
   return static_cast<const float*>(p);
 }

@@ -57,7 +57,7 @@ struct DeviceBuffer {
   size_t n = 0;
   explicit DeviceBuffer(size_t count) : n(count) { MS_CUDA(cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(count, 1) * sizeof(T))); }
   DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
-    MS_CUDA(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    cuda::upload(ptr, host.data(), host.size() * sizeof(T));
   }
   ~DeviceBuffer() { cudaFree(ptr); }
   std::vector<T> to_host() const {
@@ -374,9 +374,9 @@ TEST(CudaKernels, DrawTopKMatchesTheCpuSampler) {
         std::mt19937_64 rng(p.seed);
         std::vector<uint64_t> bits(static_cast<size_t>(rows));
         for (uint64_t& b : bits) b = rng();
-        MS_CUDA(cudaMemcpy(dbits.ptr, bits.data(), bits.size() * sizeof(uint64_t), cudaMemcpyHostToDevice));
+        cuda::upload(dbits.ptr, bits.data(), bits.size() * sizeof(uint64_t));
         const DrawSettings st{.temperature = temperature, .top_p = top_p};
-        MS_CUDA(cudaMemcpy(settings.ptr, &st, sizeof st, cudaMemcpyHostToDevice));
+        cuda::upload(settings.ptr, &st, sizeof st);
         std::vector<std::pair<int32_t, float>> dist;
         for (int32_t r = 0; r < rows; ++r, ++total) {
           std::vector<float> x = normal_floats(size_t(n), unsigned(1000 + total), r % 2 ? 3.0f : 0.5f);
@@ -386,8 +386,8 @@ TEST(CudaKernels, DrawTopKMatchesTheCpuSampler) {
             for (int64_t i = 5; i < n; ++i) x[size_t(i)] = -INFINITY;  // fewer samplable values than k
           if (r == 3) x[10] = NAN, x[20] = -INFINITY;
           if (r == 8) x[30] = x[600] = INFINITY;
-          MS_CUDA(cudaMemcpy(drow.ptr, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
-          MS_CUDA(cudaMemcpy(draw.ptr, &r, sizeof r, cudaMemcpyHostToDevice));
+          cuda::upload(drow.ptr, x.data(), x.size() * sizeof(float));
+          cuda::upload(draw.ptr, &r, sizeof r);
           cuda::top_k_rows(drow.ptr, n, n, cuda::RowRange{}, k, ids.ptr, vals.ptr, nullptr);
           cuda::draw_top_k(ids.ptr, vals.ptr, k, settings.ptr, dbits.ptr, draw.ptr, out.ptr, nullptr);
           const int32_t got = out.to_host()[0];
@@ -406,7 +406,7 @@ TEST(CudaKernels, DrawTopKMatchesTheCpuSampler) {
   EXPECT_LE(edge, total / 100) << "tokens that differed at an edge of the distribution, of " << total;
   // A row with nothing samplable gives -1 (the host reports it).
   const std::vector<float> dead(size_t(n), -INFINITY);
-  MS_CUDA(cudaMemcpy(drow.ptr, dead.data(), dead.size() * sizeof(float), cudaMemcpyHostToDevice));
+  cuda::upload(drow.ptr, dead.data(), dead.size() * sizeof(float));
   cuda::top_k_rows(drow.ptr, n, n, cuda::RowRange{}, 5, ids.ptr, vals.ptr, nullptr);
   cuda::draw_top_k(ids.ptr, vals.ptr, 5, settings.ptr, dbits.ptr, nullptr, out.ptr, nullptr);
   EXPECT_EQ(out.to_host()[0], -1);
@@ -1299,9 +1299,9 @@ TEST(CudaModel, DynamicVocabularyStateEqualsCpu) {
     p.async_gather = v.async;
     cuda::DeviceDraftVocab dev(m.gpu->output_matrix(), spec, {.max_prompt = n_prompt, .max_rows = n_hidden},
                                m.gpu->stream());
-    MS_CUDA(cudaMemcpy(dev.prompt_ids(), prompt.data(), prompt.size() * 4, cudaMemcpyHostToDevice));
+    cuda::upload(dev.prompt_ids(), prompt.data(), prompt.size() * 4);
     if (dev.prompt_top_k() > 0)
-      MS_CUDA(cudaMemcpy(dev.prompt_top(), prompt_top.data(), prompt_top.size() * 4, cudaMemcpyHostToDevice));
+      cuda::upload(dev.prompt_top(), prompt_top.data(), prompt_top.size() * 4);
     CandidateStream cpu(V, fixed ? CandidateStreamParams{.w_max = 1} : p.stream, spec.pinned);
     PackedHead cpu_head(m.cpu->output_matrix(), cpu.window().capacity(), false);
     if (!fixed) ASSERT_EQ(dev.capacity(), cpu_head.capacity());  // a fixed one has no window entry
