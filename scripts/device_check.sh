@@ -26,10 +26,18 @@ mkdir -p "$LOG"
 # Shared libraries a build machine's binaries need and the GPU machine may lack (copied beside them).
 if [ -d "$BIN/lib" ]; then export LD_LIBRARY_PATH="$PWD/$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
 # Each phase has its own time limit in seconds (status 124: it ran out), so a hang in one still
-# leaves the others' results in the one device call.
-TESTS_LIMIT=300
-CLI_LIMIT=60
+# leaves the others' results in the one device call; every limit is also cut to what is left of
+# CHECK_LIMIT, so the whole check ends inside one device call (at most 600 s) and its logs come back.
+TESTS_LIMIT=180
+CLI_LIMIT=45
 BENCH_LIMIT=240
+CHECK_LIMIT=540
+# limit N: N seconds, or what is left of CHECK_LIMIT when that is less (at least 1).
+limit() {
+  local left=$((CHECK_LIMIT - SECONDS))
+  if [ "$left" -lt 1 ]; then left=1; fi
+  if [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
 
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC')"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
@@ -39,7 +47,7 @@ echo "== CUDA-vs-CPU tests"
 # larger than one device call carries); without them those tests skip by name.
 export MICROSPEC_SOURCE_DIR="$PWD"
 status=0
-timeout "$TESTS_LIMIT" "$BIN/microspec_tests" --gtest_filter='Cuda*' >"$LOG/tests.log" 2>&1 || status=$?
+timeout "$(limit "$TESTS_LIMIT")" "$BIN/microspec_tests" --gtest_filter='Cuda*' >"$LOG/tests.log" 2>&1 || status=$?
 grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|^\[  PASSED|^\[ real model|Failure' "$LOG/tests.log" | head -40
 if [ "$status" -ne 0 ]; then echo "CUDA tests FAILED (status $status): see tests.log"; fi
 
@@ -57,7 +65,7 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
       tree_*) spec=(--spec self --tree-topk 4 --tree-depth 3 --tree-tokens 12 --draft-vocab "${vocab#tree_}") ;;
       *) spec=(--spec self --tree-topk 1 --draft-vocab "$vocab") ;;
     esac
-    timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" -p "$P" --chat -n 96 --ignore-eos --device cuda "${spec[@]}" \
+    timeout "$(limit "$CLI_LIMIT")" "$BIN/microspec" generate -m "$SMOL" -p "$P" --chat -n 96 --ignore-eos --device cuda "${spec[@]}" \
       >"$LOG/cli_$vocab.txt" 2>"$LOG/cli_$vocab.err" || { status=1; tail -3 "$LOG/cli_$vocab.err"; }
     echo "$vocab: $(tail -1 "$LOG/cli_$vocab.err")"
   done
@@ -75,7 +83,7 @@ if [ -f "$SMOL" ] && [ -x "$BIN/microspec" ]; then
     drafts=(--tree-topk 1)
     if [ "$shape" = tree ]; then drafts=(--tree-topk 2 --tree-depth 3 --tree-tokens 6); fi
     for where in cpu cuda; do
-      timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" -p "$P" --chat -n 96 --ignore-eos --device "$where" --json \
+      timeout "$(limit "$CLI_LIMIT")" "$BIN/microspec" generate -m "$SMOL" -p "$P" --chat -n 96 --ignore-eos --device "$where" --json \
         --spec self "${drafts[@]}" --temp 0.8 --seed 5 >"$LOG/sampled_${shape}_$where.json" 2>"$LOG/sampled_${shape}_$where.err" ||
         { status=1; tail -3 "$LOG/sampled_${shape}_$where.err"; }
     done
@@ -94,7 +102,7 @@ EOF
   for mode in plain spec; do
     extra=()
     if [ "$mode" = spec ]; then extra=(--spec self --tree-topk 1); fi
-    timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" --prompts-jsonl "$LOG/rows.jsonl" -n 48 --stop $'\n\n' --device cuda \
+    timeout "$(limit "$CLI_LIMIT")" "$BIN/microspec" generate -m "$SMOL" --prompts-jsonl "$LOG/rows.jsonl" -n 48 --stop $'\n\n' --device cuda \
       "${extra[@]}" >"$LOG/json_$mode.txt" 2>"$LOG/json_$mode.err" || { status=1; tail -3 "$LOG/json_$mode.err"; }
     grep -o '"tokens":\[[^]]*\]' "$LOG/json_$mode.txt" >"$LOG/json_${mode}_tokens.txt" || true
   done
@@ -106,9 +114,9 @@ EOF
     echo "JSON TOKENS DIFFER (see $LOG/json_*.txt)"; status=1
   fi
   echo "== serve --device cuda (self-drafted chain, dynamic vocabulary): a greedy completion is generate's text, streamed or not; a sampled one (speculative) generate --spec self --tree-topk 1 --temp 0.8 --seed 5's; top_k 0 gets 400"
-  timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" -p "$P" -n 48 --device cuda --json \
+  timeout "$(limit "$CLI_LIMIT")" "$BIN/microspec" generate -m "$SMOL" -p "$P" -n 48 --device cuda --json \
     >"$LOG/serve_expected.json" 2>/dev/null || status=1
-  timeout "$CLI_LIMIT" "$BIN/microspec" generate -m "$SMOL" -p "$P" -n 48 --device cuda --json --temp 0.8 --seed 5 \
+  timeout "$(limit "$CLI_LIMIT")" "$BIN/microspec" generate -m "$SMOL" -p "$P" -n 48 --device cuda --json --temp 0.8 --seed 5 \
     --spec self --tree-topk 1 >"$LOG/serve_sampled.json" 2>/dev/null || status=1
   "$BIN/microspec" serve -m "$SMOL" --port 0 --device cuda --spec self --tree-topk 1 2>"$LOG/serve.err" &
   pid=$!
@@ -119,7 +127,7 @@ EOF
     sleep 0.1
   done
   if [ -n "$port" ]; then
-    timeout "$CLI_LIMIT" python3 - "$port" "$P" "$LOG/serve_expected.json" "$LOG/serve_sampled.json" <<'EOF' || status=1
+    timeout "$(limit "$CLI_LIMIT")" python3 - "$port" "$P" "$LOG/serve_expected.json" "$LOG/serve_sampled.json" <<'EOF' || status=1
 import json, sys, urllib.error, urllib.request
 port, prompt = sys.argv[1], sys.argv[2]
 expected = json.load(open(sys.argv[3], encoding="utf-8"))["text"]
@@ -155,5 +163,5 @@ EOF
 fi
 
 echo "== Llama-3-8B-shaped benchmark (random BF16 weights in device memory)"
-timeout "$BENCH_LIMIT" "$BIN/bench_cuda" "${@:2}" 2>&1 | tee "$LOG/bench.log"
+timeout "$(limit "$BENCH_LIMIT")" "$BIN/bench_cuda" "${@:2}" 2>&1 | tee "$LOG/bench.log"
 exit "$status"
