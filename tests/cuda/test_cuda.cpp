@@ -659,10 +659,11 @@ std::vector<int32_t> expect_device_decode(cuda::CudaModel& gpu, const std::vecto
 // the comparison ends at that step. Sampled decoding likewise draws what the CPU's sampled
 // decoding draws with the same seed and settings (top-k 40, top-p 0.95, temperature 0.9), until a
 // draw that lies within the logits' tolerance of an edge of the distribution; seeds give other
-// texts, and a greedy run after sampled ones is greedy again (the decode graph is captured per
-// pick).
+// texts wherever the CPU's do (on some cases it does not: top-p keeps one token at every step), and
+// a greedy run after sampled ones is greedy again (the decode graph is captured per pick).
 TEST(CudaModel, PlainTokensEqualCpu) {
   REQUIRE_GPU();
+  int32_t cases_with_two_texts = 0;  // where the CPU's two seeds give two texts
   for (const Case& c : kModelCases) {
     SCOPED_TRACE(c.arch + " " + type_name(uint32_t(c.type)));
     TinyPair m(device_spec(c.arch, c.type));
@@ -678,24 +679,26 @@ TEST(CudaModel, PlainTokensEqualCpu) {
     });
     cuda::PlainOptions greedy;
     greedy.n_predict = n_predict;
-    expect_device_decode(*m.gpu, prompt, greedy, want, margin, slack);
+    // The device's own tokens from here on (they may part from the CPU's at a near tie).
+    const std::vector<int32_t> mine = expect_device_decode(*m.gpu, prompt, greedy, want, margin, slack);
+    ASSERT_GE(mine.size(), 4u);
     // A stop id ends generation after it.
     cuda::PlainOptions o;
     o.n_predict = 6;
-    o.stop_ids = {want[2]};
+    o.stop_ids = {mine[2]};
     const std::vector<int32_t> stopped = m.gpu->generate_plain(prompt, o);
-    const size_t first = size_t(std::find(want.begin(), want.end(), want[2]) - want.begin());
-    EXPECT_EQ(stopped, std::vector<int32_t>(want.begin(), want.begin() + first + 1));
+    const size_t first = size_t(std::find(mine.begin(), mine.end(), mine[2]) - mine.begin());
+    EXPECT_EQ(stopped, std::vector<int32_t>(mine.begin(), mine.begin() + first + 1));
     // A token handler that ends the text with the fourth token.
     o.stop_ids.clear();
     int32_t seen = 0;
     EXPECT_EQ(m.gpu->generate_plain(prompt, o, [&](int32_t) { return ++seen < 4; }),
-              std::vector<int32_t>(want.begin(), want.begin() + 4));
+              std::vector<int32_t>(mine.begin(), mine.begin() + 4));
     EXPECT_EQ(seen, 4);
 
     // Sampled.
     const std::vector<int32_t> greedy_before = m.gpu->generate_plain(prompt, greedy);
-    std::vector<std::vector<int32_t>> texts;
+    std::vector<std::vector<int32_t>> texts, cpu_texts;
     for (uint64_t seed : {1u, 2u}) {
       SCOPED_TRACE("seed " + std::to_string(seed));
       const SamplingParams p{.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = seed};
@@ -715,8 +718,13 @@ TEST(CudaModel, PlainTokensEqualCpu) {
       sampled.n_predict = n_predict;
       sampled.sampling = p;
       texts.push_back(expect_device_decode(*m.gpu, prompt, sampled, drawn, draw_edge, draw_slack));
+      cpu_texts.push_back(drawn);
     }
-    EXPECT_NE(texts[0], texts[1]) << "two seeds, one text";
+    // Some tiny models put all of top-p's mass on one token at every step: one text whatever the seed.
+    if (cpu_texts[0] != cpu_texts[1]) {
+      EXPECT_NE(texts[0], texts[1]) << "two seeds, one text (the CPU's differ)";
+      ++cases_with_two_texts;
+    }
     EXPECT_EQ(m.gpu->generate_plain(prompt, greedy), greedy_before) << "greedy after sampling";
     cuda::PlainOptions bad;
     bad.sampling = SamplingParams{.temperature = 0.5f, .top_k = 65};
@@ -724,6 +732,7 @@ TEST(CudaModel, PlainTokensEqualCpu) {
     bad.sampling.top_k = 0;
     EXPECT_THROW(m.gpu->generate_plain(prompt, bad), Error);
   }
+  EXPECT_GT(cases_with_two_texts, 0) << "no model case tells the seeds apart";
 }
 
 // Speculative decoding on the device (chains and trees from the self-draft, a draft model and an
@@ -934,8 +943,8 @@ TEST(CudaModel, SpeculativeChainEqualsPlainGreedy) {
 // draws without replacement, kept nodes and recursive rejection sampling), graphs on and off,
 // with the same counts. On
 // every model case the target drafting for itself (every layer) has every draft accepted (q == p
-// bit for bit: batch invariance), two seeds give two texts, greedy decoding after sampling is
-// greedy again, and the Q8_0 head's sampled chain runs to the end with in-range tokens.
+// bit for bit: batch invariance), two seeds give two texts wherever the host-driven step's do,
+// greedy decoding after sampling is greedy again, and the Q8_0 head's sampled chain runs to the end with in-range tokens.
 TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
   REQUIRE_GPU();
   using Source = CandidateStreamParams::Source;
@@ -1033,6 +1042,7 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
       }
     }
   }
+  int32_t cases_with_two_texts = 0;  // where the host-driven step's two seeds give two texts
   for (const Case& c : kModelCases) {
     SCOPED_TRACE(c.arch + " " + type_name(uint32_t(c.type)));
     TinyPair m(device_spec(c.arch, c.type));
@@ -1043,7 +1053,7 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
     for (const std::optional<PrunedVocabSpec>& vocab :
          {std::optional<PrunedVocabSpec>(), test::window_spec(64, Source::Both, Rows::Accepted)}) {
       SCOPED_TRACE(vocab ? "dynamic W 64" : "full");
-      std::vector<std::vector<int32_t>> texts;
+      std::vector<std::vector<int32_t>> texts, host_texts;
       for (uint64_t seed : {1u, 2u}) {
         cuda::SpecChainOptions o;
         o.n_predict = n_predict;
@@ -1051,6 +1061,9 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
         o.draft_layers = 3;  // every layer: the drafts' q is the verification's p
         o.vocab = vocab;
         o.sampling = SamplingParams{.temperature = 1.1f, .top_k = 40, .top_p = 1.0f, .seed = seed};
+        int32_t host_accepted = 0;
+        host_texts.push_back(test::run_resident_sampled(*m.cpu, prompt, n_predict, TreeParams{3, 1, 4, 0}, 3, vocab,
+                                                        nullptr, "", o.sampling, &host_accepted));
         cuda::SpecChainStats st;
         texts.push_back(m.gpu->generate_speculative(prompt, o, &st));
         EXPECT_EQ(texts.back().size(), size_t(n_predict));
@@ -1058,7 +1071,12 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
         if (!vocab) EXPECT_EQ(st.accepted_drafts, 4 * st.steps) << "seed " << seed << ": q == p, every draft accepted";
         EXPECT_GT(st.accepted_drafts, 0) << "seed " << seed;
       }
-      EXPECT_NE(texts[0], texts[1]) << "two seeds, one text";
+      // Some tiny models put nearly all the mass on one token at every step: one text whatever the
+      // seed (the host-driven step on the CPU tells).
+      if (host_texts[0] != host_texts[1]) {
+        EXPECT_NE(texts[0], texts[1]) << "two seeds, one text (the host-driven step's differ)";
+        ++cases_with_two_texts;
+      }
       cuda::SpecChainOptions greedy;
       greedy.n_predict = n_predict;
       greedy.vocab = vocab;
@@ -1082,6 +1100,7 @@ TEST(CudaModel, SpeculativeSamplingFollowsTheCpuDecoder) {
     tree.sampling = SamplingParams{.temperature = 1.0f, .top_k = 8, .seed = 1};
     EXPECT_THROW(m.gpu->generate_speculative(prompt, tree), Error) << "a sampled tree of 520 draft draws a step";
   }
+  EXPECT_GT(cases_with_two_texts, 0) << "no model case tells the seeds apart";
 }
 
 // Greedy decoding of the CPU's tokens on a real file (SmolLM2: Q4_1 and Q8_0 weights), compared as
