@@ -99,12 +99,12 @@ print(f"{sys.argv[1]}: {same} of {len(a)} tokens equal; steps / accepted drafts:
 sys.exit(0 if len(b) == len(a) == 96 else 1)
 EOF
   done
-  echo "== --prompts-jsonl with a stop string on the device: plain and self-drafted give the same tokens"
+  echo "== --prompts-jsonl with a stop string on the device (chat template: without it the rows end in a few tokens): plain and self-drafted give the same tokens"
   printf '%s\n' '{"prompt": "Name three rivers in Europe."}' '{"prompt": "def add(a, b):"}' >"$LOG/rows.jsonl"
   for mode in plain spec; do
     extra=()
     if [ "$mode" = spec ]; then extra=(--spec self --tree-topk 1); fi
-    timeout "$(limit "$CLI_LIMIT")" "$BIN/microspec" generate -m "$SMOL" --prompts-jsonl "$LOG/rows.jsonl" -n 48 --stop $'\n\n' --device cuda \
+    timeout "$(limit "$CLI_LIMIT")" "$BIN/microspec" generate -m "$SMOL" --prompts-jsonl "$LOG/rows.jsonl" --chat -n 48 --stop $'\n\n' --device cuda \
       "${extra[@]}" >"$LOG/json_$mode.txt" 2>"$LOG/json_$mode.err" || { status=1; tail -3 "$LOG/json_$mode.err"; }
     grep -o '"tokens":\[[^]]*\]' "$LOG/json_$mode.txt" >"$LOG/json_${mode}_tokens.txt" || true
   done
@@ -116,11 +116,15 @@ EOF
     echo "JSON TOKENS DIFFER (see $LOG/json_*.txt)"; status=1
   fi
   echo "== serve --device cuda (self-drafted chain, dynamic vocabulary): a greedy completion is generate's text, streamed or not; a sampled one (speculative) generate --spec self --tree-topk 1 --temp 0.8 --seed 5's; top_k 0 gets 400"
-  timeout "$(limit "$CLI_LIMIT")" "$BIN/microspec" generate -m "$SMOL" -p "$P" -n 48 --device cuda --json \
-    >"$LOG/serve_expected.json" 2>/dev/null || status=1
-  timeout "$(limit "$CLI_LIMIT")" "$BIN/microspec" generate -m "$SMOL" -p "$P" -n 48 --device cuda --json --temp 0.8 --seed 5 \
-    --spec self --tree-topk 1 >"$LOG/serve_sampled.json" 2>/dev/null || status=1
-  "$BIN/microspec" serve -m "$SMOL" --port 0 --device cuda --spec self --tree-topk 1 2>"$LOG/serve.err" &
+  # A completion (no chat template) of a text to continue: the instruction above, raw, ends at once.
+  P2="Once upon a time, a lighthouse keeper"
+  timeout "$(limit "$CLI_LIMIT")" "$BIN/microspec" generate -m "$SMOL" -p "$P2" -n 48 --device cuda --json \
+    >"$LOG/serve_expected.json" 2>"$LOG/serve_expected.err" || status=1
+  timeout "$(limit "$CLI_LIMIT")" "$BIN/microspec" generate -m "$SMOL" -p "$P2" -n 48 --device cuda --json --temp 0.8 --seed 5 \
+    --spec self --tree-topk 1 >"$LOG/serve_sampled.json" 2>"$LOG/serve_sampled.err" || status=1
+  # Under a time limit of its own: shutting down waits for generations in flight, which a hang would hold.
+  timeout -k 5 "$(limit 120)" "$BIN/microspec" serve -m "$SMOL" --port 0 --device cuda --spec self --tree-topk 1 \
+    2>"$LOG/serve.err" &
   pid=$!
   port=""
   for _ in $(seq 1 600); do
@@ -129,11 +133,13 @@ EOF
     sleep 0.1
   done
   if [ -n "$port" ]; then
-    timeout "$(limit "$CLI_LIMIT")" python3 - "$port" "$P" "$LOG/serve_expected.json" "$LOG/serve_sampled.json" <<'EOF' || status=1
+    timeout "$(limit "$CLI_LIMIT")" python3 - "$port" "$P2" "$LOG/serve_expected.json" "$LOG/serve_sampled.json" <<'EOF' || status=1
 import json, sys, urllib.error, urllib.request
 port, prompt = sys.argv[1], sys.argv[2]
 expected = json.load(open(sys.argv[3], encoding="utf-8"))["text"]
 sampled = json.load(open(sys.argv[4], encoding="utf-8"))["text"]
+if not expected or not sampled:
+    print("generate gave an empty text: nothing to compare"); sys.exit(1)
 def post(body):
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(), method="POST")
     try:
