@@ -548,13 +548,19 @@ float logit_tolerance(GgmlType t) {
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16 ? 1e-3f : 3e-2f;
 }
 
-// The argmax of every row agrees (rows of n values).
-void expect_same_argmax(const std::vector<float>& got, const std::vector<float>& want, int32_t n,
+// The argmax of every row agrees (rows of n values), but where the CPU's best two lie within `tol`
+// of the row's largest |logit| (a near tie, which either side may take): there the device's pick
+// must be within `tol` of the CPU's best on the CPU's logits.
+void expect_same_argmax(const std::vector<float>& got, const std::vector<float>& want, int32_t n, float tol,
                         const std::string& what) {
   for (size_t r = 0; r * n < want.size(); ++r) {
+    const auto row = want.begin() + r * n;
     const auto g = std::max_element(got.begin() + r * n, got.begin() + (r + 1) * n) - (got.begin() + r * n);
-    const auto w = std::max_element(want.begin() + r * n, want.begin() + (r + 1) * n) - (want.begin() + r * n);
-    EXPECT_EQ(g, w) << what << " row " << r;
+    const auto w = std::max_element(row, row + n) - row;
+    if (g == w) continue;
+    float scale = 0.0f;
+    for (auto it = row; it != row + n; ++it) scale = std::max(scale, std::fabs(*it));
+    EXPECT_LT(row[w] - row[g], tol * scale) << what << " row " << r << ": device " << g << ", CPU " << w;
   }
 }
 
@@ -579,7 +585,7 @@ TEST(CudaModel, TreeForwardAndCompactionMatchCpu) {
     m.gpu->logits_to_host(b.size(), got);
     const float tol = logit_tolerance(c.type);
     EXPECT_LT(rel_max_diff(got, out.logits), tol) << "prefix";
-    expect_same_argmax(got, out.logits, V, "prefix");
+    expect_same_argmax(got, out.logits, V, tol, "prefix");
 
     // Tree: 0 <- {1, 2}, 1 <- {3}, 2 <- {4, 5}, 3 <- {6}.
     b.clear();
@@ -591,7 +597,7 @@ TEST(CudaModel, TreeForwardAndCompactionMatchCpu) {
     m.gpu->forward(cuda::HostBatch{b.tokens, b.positions, b.parents, b.output_rows, 0}, {.logits = true});
     m.gpu->logits_to_host(7, got);
     EXPECT_LT(rel_max_diff(got, out.logits), tol) << "tree";
-    expect_same_argmax(got, out.logits, V, "tree");
+    expect_same_argmax(got, out.logits, V, tol, "tree");
 
     const std::vector<int32_t> path = {0, 1, 3, 6};
     kv.commit(path);
@@ -603,7 +609,7 @@ TEST(CudaModel, TreeForwardAndCompactionMatchCpu) {
     m.gpu->forward(cuda::HostBatch{b.tokens, b.positions, b.parents, b.output_rows, 0}, {.logits = true});
     m.gpu->logits_to_host(1, got);
     EXPECT_LT(rel_max_diff(got, out.logits), tol) << "after compaction";
-    expect_same_argmax(got, out.logits, V, "after compaction");
+    expect_same_argmax(got, out.logits, V, tol, "after compaction");
   }
 }
 
