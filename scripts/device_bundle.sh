@@ -139,7 +139,7 @@ if [ "$with_model" = 1 ]; then
   early=("${model_parts[@]}")
 fi
 
-total=$(du -cb "$PARTS_DIR" | tail -1 | cut -f1)
+total=$(find "$PARTS_DIR" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
 n=$((${#early[@]} + 1))
 echo "device_bundle: ${#early[@]} model part(s) before the last call, then $LAST (binaries: $bin_bytes bytes); $total bytes in $n call(s) of at most $part_bytes bytes (the tree is $tree_bytes)"
 echo "device calls, back to back while the machine stays warm (carry the one path each names; the last runs the check, at most 9 minutes):"
@@ -149,6 +149,4 @@ for ((i = 0; i < ${#early[@]}; ++i)); do
   if ((i == 0)); then cmd="rm -rf $STAGING && $cmd"; fi
   echo "  carry [\"$p\"]: $cmd"
 done
-staging_arg=
-if [ "$STAGING" != /tmp/device-parts ]; then staging_arg=" --staging $STAGING"; fi
-echo "  carry [\"$LAST\"]: bash scripts/device_bundle.sh --unpack $LAST$staging_arg && bash scripts/device_check.sh $OUT_DIR/bin"
+echo "  carry [\"$LAST\"]: bash scripts/device_bundle.sh --unpack $LAST --staging $STAGING && bash scripts/device_check.sh $OUT_DIR/bin"

@@ -16,8 +16,8 @@
 #
 # The binaries are built beforehand (cmake with MICROSPEC_CUDA=ON; the GPU machine may lack the
 # build's dev packages): scripts/device_bundle.sh packs them, their libraries and SmolLM2 for the
-# device calls, prints those calls, and (--unpack, in the last) unpacks them there. Full logs go to $OUT (or results/device_check/) and a short
-# summary to stdout.
+# device calls, prints those calls, and (--unpack, in the last) unpacks them there. Full logs go to
+# $OUT (or results/device_check/) and a short summary to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-build-cuda}
