@@ -140,6 +140,7 @@ int run(const Args& a) {
   Batch b;
   ForwardOutput out;
   DraftTree tree;
+  std::vector<int32_t> tree_tokens;  // [tree nodes]
   std::vector<float> logits;
   const std::vector<int32_t> path = {0, 1, 2};  // 3 of the chain's 4 tokens accepted
   for (Variant& v : variants) {
@@ -164,7 +165,7 @@ int run(const Args& a) {
       const int32_t root = draw_id();
       if (s == 0 && v.vocab.packed_head()) gathered0 = v.vocab.packed_head()->rows_gathered();
       const auto t0 = Clock::now();
-      v.vocab.accepted(root, tree, path, verify.data());
+      v.vocab.accepted(node_tokens(tree, tree_tokens), path, verify.data());
       const double upd = ms_since(t0);
       const auto t1 = Clock::now();
       b.clear();

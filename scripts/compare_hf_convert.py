@@ -8,7 +8,8 @@ only one side has, values that differ, tensors that differ in name, type, shape 
 The fixtures' tokenizers are trained here, so llama.cpp's pre-tokenizer detection (a hash of known
 tokenizers' output) cannot know them: the converter is told the name microspec derived from the
 tokenizer.json's regex (the same family's name) instead. Expected differences: general.name,
-keys only one converter writes, Gemma's norm weights (+1 in F16 there, in F32 here), and the Gemma
+keys only one converter writes (microspec's llama.attention.sliding_window for Mistral, whose
+window llama.cpp's converter drops), Gemma's norm weights (+1 in F16 there, in F32 here), and the Gemma
 fixture's SentencePiece-style tokenizer, which llama.cpp's converter (without a tokenizer.model)
 writes as a byte-level one.
 """

@@ -20,12 +20,16 @@ pre-tokenizer, special tokens and chat template. Saved with save_pretrained:
   qwen3   bfloat16, Q/K norms, no QKV bias, explicit head_dim, tied, Qwen's byte-level BPE
   gemma2  float16, attention and final logit soft-capping at values that bite (0.5 and 2.0),
           sliding window 8 on alternate layers, sandwich norms, tied, Gemma's tokenizer kind
-  mistral float32, Mistral 7B v0.1's kind (sliding window 4096, beyond these sequences), a
-          Llama-2-style SentencePiece tokenizer with BOS
+  mistral float32, Mistral 7B v0.1's kind with a sliding window of 16 (on every layer; the
+          24-token sequences and the 8 + 24-token greedy runs go past it), a Llama-2-style
+          SentencePiece tokenizer with BOS
 Goldens per folder (golden.json): transformers' token ids for every corpus text (special tokens
 added as the tokenizer does), and transformers' float32 logits under teacher forcing for two token
 sequences (golden_logits.npy, [2, T, vocab]); models saved in BF16/F16 are evaluated in float32 on
-the weights as saved (rounded), so the goldens are exactly what the saved files compute.
+the weights as saved (rounded), so the goldens are exactly what the saved files compute. For the
+families in GREEDY also "greedy": transformers' greedy continuations (model.generate, checked
+against argmax of full forwards) of prompts drawn until GREEDY_RUNS of them keep a top-2 margin
+>= GREEDY_MARGIN at every step, so the F16 KV cache's rounding cannot flip a token.
 """
 import json
 import pathlib
@@ -40,6 +44,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 OUT = REPO / "tests" / "data" / "hf"
 TEXTS = [t["text"] for t in json.loads((REPO / "tests/python/tokenizer_texts.json").read_text())["texts"] if "text" in t]
 SEQ_LEN, N_SEQ = 24, 2
+GREEDY, GREEDY_RUNS, GREEDY_PROMPT, GREEDY_NEW, GREEDY_MARGIN = {"mistral"}, 5, 8, 24, 0.02
 
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -189,7 +194,7 @@ def make_model(family, vocab):
                                         rms_norm_eps=1e-6, tie_word_embeddings=True)
         return transformers.Gemma2ForCausalLM(cfg), torch.float16
     if family == "mistral":
-        cfg = transformers.MistralConfig(**common, sliding_window=4096, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        cfg = transformers.MistralConfig(**common, sliding_window=16, rms_norm_eps=1e-5, tie_word_embeddings=False,
                                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         return transformers.MistralForCausalLM(cfg), torch.float32
     cfg = transformers.Gemma3TextConfig(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
@@ -211,6 +216,30 @@ def randomize(model, seed):
                 p.copy_(0.05 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(0.08 * torch.randn(p.shape, generator=g))
+
+
+def greedy_runs(model, rng, n_tok):
+    """Prompts (BOS, then random ids) and transformers' greedy continuations, kept only when every
+    step's top-2 margin is >= GREEDY_MARGIN and no step picks EOS; each continuation is the argmax
+    of a full forward over the whole sequence at every step, and equals model.generate's (which
+    runs on transformers' sliding-window cache)."""
+    runs = []
+    while len(runs) < GREEDY_RUNS:
+        prompt = [1] + [int(t) for t in rng.integers(3, n_tok, GREEDY_PROMPT - 1)]
+        ids, margins = list(prompt), []
+        with torch.no_grad():
+            for _ in range(GREEDY_NEW):
+                last = model(torch.tensor([ids])).logits[0, -1].float()  # [vocab]
+                top2 = torch.topk(last, 2).values
+                margins.append(float(top2[0] - top2[1]))
+                ids.append(int(last.argmax()))
+        if min(margins) < GREEDY_MARGIN or model.config.eos_token_id in ids[len(prompt):]:
+            continue
+        with torch.no_grad():
+            generated = model.generate(torch.tensor([prompt]), max_new_tokens=GREEDY_NEW, do_sample=False)[0]
+        assert generated.tolist() == ids, "generate() and full forwards disagree"
+        runs.append({"prompt": prompt, "continuation": ids[len(prompt):], "min_margin": min(margins)})
+    return runs
 
 
 def build(family, seed):
@@ -240,6 +269,8 @@ def build(family, seed):
         "sequences": seqs,
         "texts": [{"text": t, "ids": reloaded(t)["input_ids"]} for t in TEXTS],
     }
+    if family in GREEDY:
+        golden["greedy"] = greedy_runs(model, rng, n_tok)
     (out / "golden.json").write_text(json.dumps(golden, ensure_ascii=False))
     np.save(out / "golden_logits.npy", logits)
     files = sorted(p.name for p in out.iterdir())

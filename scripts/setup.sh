@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(build-essential cmake pkg-config libcli11-dev nlohmann-json3-dev libpcre2-dev
               libgtest-dev libgmock-dev clang libclang-rt-14-dev python3-pip
               fortunes fortunes-de fortunes-es fortunes-zh
-              libboost-dev chromium)
+              libboost-dev chromium qemu-user)  # qemu-user: test_front_door.py runs the binary on a CPU without AVX2
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -13,7 +13,7 @@
 #include "bench/dataset.h"
 #include "bench/metrics.h"
 #include "bench/runner.h"
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
 

@@ -10,7 +10,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "kernels/types.h"
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 
 namespace microspec {
 namespace {

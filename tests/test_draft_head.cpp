@@ -13,14 +13,14 @@
 #include <vector>
 
 #include "draft_head/eagle3_head.h"
-#include "draft_head/head_drafter.h"
 #include "engine/generator.h"
+#include "engine/speculative_decoder.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "speculative/decoder.h"
-#include "test_helpers.h"
-#include "tiny_head.h"
-#include "tiny_model.h"
+#include "speculative/head_drafter.h"
+#include "support/test_helpers.h"
+#include "support/tiny_head.h"
+#include "support/tiny_model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace microspec {

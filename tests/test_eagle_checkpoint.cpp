@@ -1,4 +1,4 @@
-// Published EAGLE heads (checkpoint/eagle_checkpoint.h): Hugging Face-layout checkpoints written by
+// Published EAGLE heads (draft_head/eagle_checkpoint.h): Hugging Face-layout checkpoints written by
 // scripts/make_eagle_checkpoint_fixtures.py (torch.save'd pytorch_model.bin, random weights) convert
 // into head GGUFs whose C++ forward equals a PyTorch forward in Hugging Face's own conventions
 // (rotate-half RoPE on the unpermuted rows, llama3 rope scaling), draft losslessly (speculative
@@ -16,15 +16,15 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/eagle_checkpoint.h"
 #include "draft_head/eagle3_head.h"
-#include "draft_head/head_drafter.h"
+#include "draft_head/eagle_checkpoint.h"
 #include "engine/generator.h"
+#include "engine/speculative_decoder.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "speculative/decoder.h"
-#include "test_helpers.h"
-#include "tiny_model.h"
+#include "speculative/head_drafter.h"
+#include "support/test_helpers.h"
+#include "support/tiny_model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace microspec {

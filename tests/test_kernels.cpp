@@ -19,7 +19,7 @@
 #include "kernels/matmul.h"
 #include "kernels/repack.h"
 #include "kernels/threadpool.h"
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 #include "util/error.h"
 
 namespace microspec {

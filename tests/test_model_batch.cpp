@@ -13,8 +13,8 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "test_helpers.h"
-#include "tiny_model.h"
+#include "support/test_helpers.h"
+#include "support/tiny_model.h"
 #include "util/error.h"
 
 namespace microspec {
@@ -195,14 +195,16 @@ TEST(ModelBatch, MixedSequencesGiveTheirOwnLogitsGemma3) {
 }
 
 // The newer architectures on tiny files: phi3 rotates each sequence with the LongRoPE factors its
-// own cache calls for, gemma2 soft-caps and slides (window 8) inside a mixed call; qwen3's q/k norms.
+// own cache calls for, gemma2 soft-caps and slides (window 8) inside a mixed call; qwen3's q/k norms;
+// "mistral", a llama file with Mistral's window (8, every layer).
 TEST(ModelBatch, MixedSequencesGiveTheirOwnLogitsTinyArchitectures) {
-  for (const char* arch : {"phi3", "gemma2", "qwen3"}) {
+  for (const std::string arch : {"phi3", "gemma2", "qwen3", "mistral"}) {
     test::TinyModelSpec spec;
-    spec.arch = arch;
+    spec.arch = arch == "mistral" ? "llama" : arch;
+    spec.llama_window = arch == "mistral";
     spec.n_layer = 4;
     const std::string path =
-        (std::filesystem::temp_directory_path() / ("microspec_batch_" + spec.arch + ".gguf")).string();
+        (std::filesystem::temp_directory_path() / ("microspec_batch_" + arch + ".gguf")).string();
     test::write_tiny_model(spec, path);
     SCOPED_TRACE(arch);
     check_mixed_batch(path, 40);

@@ -11,7 +11,7 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "tiny_model.h"
+#include "support/tiny_model.h"
 #include "util/error.h"
 
 namespace microspec {
@@ -85,6 +85,40 @@ TEST(ModelTiny, GlobalLayerSeesEverything) {
   EXPECT_GT(max_abs_diff(base, last_logits(*t.model, seq)), 1e-5f);
 }
 
+// Mistral's window (llama.attention.sliding_window) slides every layer: a one-layer model's last
+// token (position 39) sees positions 39 - 7 .. 39 and not 39 - 8 (i - j < window, as transformers
+// masks); three layers reach 3 * 7 back. The same file without the key sees everything (llama.cpp).
+TEST(ModelTiny, MistralWindowOnEveryLlamaLayer) {
+  for (const int32_t n_layer : {1, 3}) {
+    test::TinyModelSpec spec;
+    spec.arch = "llama";
+    spec.llama_window = true;
+    spec.n_layer = n_layer;
+    Tiny t(spec);
+    ASSERT_EQ(t.model->config().sliding_window, 8);
+    for (int32_t il = 0; il < n_layer; ++il) EXPECT_TRUE(t.model->config().layer_is_sliding[il]);
+    const std::vector<int32_t> seq = random_tokens(40, spec.n_vocab, 7);
+    const std::vector<float> base = last_logits(*t.model, seq);
+    const auto moved_by = [&](int32_t back) {
+      std::vector<int32_t> changed = seq;
+      changed[39 - back] = (changed[39 - back] + 1) % spec.n_vocab;
+      return max_abs_diff(base, last_logits(*t.model, changed));
+    };
+    const int32_t reach = n_layer * 7;
+    EXPECT_GT(moved_by(reach), 1e-4f) << n_layer << " layers";
+    EXPECT_EQ(moved_by(reach + 1), 0.0f) << n_layer << " layers";
+  }
+  test::TinyModelSpec spec;
+  spec.arch = "llama";
+  spec.n_layer = 1;
+  Tiny t(spec);  // no window key: the whole context
+  EXPECT_EQ(t.model->config().sliding_window, 0);
+  std::vector<int32_t> seq = random_tokens(40, spec.n_vocab, 7);
+  const std::vector<float> base = last_logits(*t.model, seq);
+  seq[1] = (seq[1] + 1) % spec.n_vocab;
+  EXPECT_GT(max_abs_diff(base, last_logits(*t.model, seq)), 1e-5f);
+}
+
 // A token tree whose nodes sit past the window edge (prefix 30 tokens, window 8) gives each node
 // the logits of its path run alone; then commit a path and continue.
 void check_tree(const test::TinyModelSpec& spec) {
@@ -152,6 +186,13 @@ TEST(ModelTiny, TreeLlama) {
   test::TinyModelSpec spec;
   spec.arch = "llama";
   spec.weight_type = GgmlType::Q4_1;
+  check_tree(spec);
+}
+
+TEST(ModelTiny, TreeStraddlingMistralWindow) {
+  test::TinyModelSpec spec;
+  spec.arch = "llama";
+  spec.llama_window = true;
   check_tree(spec);
 }
 

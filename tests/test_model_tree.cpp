@@ -9,7 +9,7 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 #include "util/error.h"
 
 namespace microspec {

@@ -13,7 +13,7 @@
 #include "checkpoint/pickle.h"
 #include "checkpoint/pytorch_checkpoint.h"
 #include "checkpoint/zip_reader.h"
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 
 namespace microspec {
 namespace {

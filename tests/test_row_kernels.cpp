@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 
 namespace microspec {
 namespace {

@@ -9,14 +9,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "device/cuda_generator.h"
+#include "engine/cuda_generator.h"
 #include "engine/generator.h"
+#include "engine/speculative_decoder.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "server/api.h"
-#include "speculative/decoder.h"
 #include "speculative/settings.h"
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -33,7 +33,7 @@ TEST(SpecSettings, EveryMemberRoundTripsThroughTheTable) {
   c.ngram_min = 1;
   c.ngram_max = 7;
   c.ngram_first = 4;
-  c.tree = {5, 2, 9};
+  c.tree = {5, 2, 9, /*p_min=*/0.25};
   c.draft_vocab = DraftVocabKind::Hybrid;
   c.freq_file = "f.bin";
   c.freq_top = 100;
@@ -50,6 +50,7 @@ TEST(SpecSettings, EveryMemberRoundTripsThroughTheTable) {
   EXPECT_EQ(j.at("draft-vocab"), "hybrid");
   EXPECT_EQ(j.at("vocab-source"), "ext");
   EXPECT_EQ(j.at("vocab-window"), 1024);
+  EXPECT_EQ(j.at("draft-p-min"), 0.25);
   EXPECT_EQ(j.at("async-gather"), false);
   SpecConfig back;
   for (const SpecSetting& s : spec_settings()) {
@@ -83,6 +84,14 @@ TEST(SpecSettings, ErrorsNameTheValidValuesAndRanges) {
   EXPECT_NE(error_of([&] { apply_spec_setting(c, "tree-topk", "x"); }).find("expected an integer"),
             std::string::npos);
   EXPECT_NE(error_of([&] { apply_spec_setting(c, "async-gather", "maybe"); }).find("true or false"),
+            std::string::npos);
+  // --draft-p-min is a probability, as in llama.cpp: not a percent.
+  EXPECT_NE(error_of([&] { apply_spec_setting(c, "draft-p-min", "1.5"); }).find("--draft-p-min must be in [0, 1], got 1.5"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { apply_spec_setting(c, "draft-p-min", "-0.1"); }).find("must be in [0, 1]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { apply_spec_setting(c, "draft-p-min", "20"); }).find("got 20"), std::string::npos);
+  EXPECT_NE(error_of([&] { apply_spec_setting(c, "draft-p-min", "0.2x"); }).find("expected a number"),
             std::string::npos);
   const std::string unknown = error_of([&] { apply_spec_setting(c, "bogus", "1"); });
   EXPECT_NE(unknown.find("unknown speculative setting 'bogus'"), std::string::npos);
@@ -174,7 +183,7 @@ TEST(SpecSettings, DraftModelLoadsWithTheTargetsKernels) {
 // generate and serve refuse what the device cannot run before any device is asked for: chains and
 // trees from the self-draft, a draft model or a head; sampling with top-k on.
 TEST(DeviceSettings, TheDeviceTakesChainsTreesAndTopKSampling) {
-  auto why = [](SpecMode mode, int32_t top_k, int32_t p_min = 0) {
+  auto why = [](SpecMode mode, int32_t top_k, double p_min = 0.0) {
     SpecConfig c;
     c.mode = mode;
     c.tree.top_k = top_k;
@@ -188,7 +197,7 @@ TEST(DeviceSettings, TheDeviceTakesChainsTreesAndTopKSampling) {
   EXPECT_EQ(why(SpecMode::Draft, 4), "") << "a tree drafted by a draft model";
   for (SpecMode mode : {SpecMode::Ngram, SpecMode::SelfNgram, SpecMode::DraftNgram, SpecMode::HeadNgram})
     EXPECT_NE(why(mode, 1).find("--spec self|draft|head"), std::string::npos) << name_of(mode);
-  EXPECT_NE(why(SpecMode::Self, 1, 20).find("--draft-p-min 0"), std::string::npos);
+  EXPECT_NE(why(SpecMode::Self, 1, 0.2).find("--draft-p-min 0"), std::string::npos);
   // Speculative sampling: chains from any of the three drafters; a self-drafted tree whose draft
   // rows draw at most 512 tokens a step ((1 + depth x top-k) x top-k).
   auto why_sampled = [](SpecMode mode, int32_t top_k, int32_t depth = 3) {

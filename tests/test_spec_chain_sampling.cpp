@@ -18,22 +18,22 @@
 #include <vector>
 
 #include "draft_head/eagle3_head.h"
-#include "draft_head/head_drafter.h"
 #include "engine/generator.h"
+#include "engine/speculative_decoder.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
 #include "speculative/chain_sampling.h"
 #include "speculative/chain_state.h"
-#include "speculative/decoder.h"
 #include "speculative/drafter.h"
+#include "speculative/head_drafter.h"
 #include "speculative/tree.h"
+#include "support/resident_sampling.h"
+#include "support/resident_step.h"
+#include "support/tiny_head.h"
+#include "support/tiny_model.h"
 #include "tokenizer/tokenizer.h"
 #include "vocab/draft_vocab.h"
-#include "resident_sampling.h"
-#include "resident_step.h"
-#include "tiny_head.h"
-#include "tiny_model.h"
 
 namespace microspec {
 namespace {

@@ -19,17 +19,17 @@
 #include <vector>
 
 #include "draft_head/eagle3_head.h"
-#include "draft_head/head_drafter.h"
 #include "gguf/gguf.h"
 #include "math/select.h"
 #include "model/model.h"
 #include "speculative/chain_state.h"
-#include "vocab/draft_vocab.h"
+#include "speculative/head_drafter.h"
+#include "support/resident_step.h"
+#include "support/tiny_head.h"
+#include "support/tiny_model.h"
 #include "vocab/candidate_stream.h"
+#include "vocab/draft_vocab.h"
 #include "vocab/window_state.h"
-#include "resident_step.h"
-#include "tiny_head.h"
-#include "tiny_model.h"
 
 namespace microspec {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "sampling/sampler.h"
 #include "speculative/ngram.h"
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 
 namespace microspec {
 namespace {

@@ -228,7 +228,7 @@ Outcome run_case(const Case& c, const Verifier& verify, int n_samples, uint64_t 
       expander.context = tokens.empty() ? kStart : tokens.back();
       builder.build(build_params, expander, tree, &sampling);
       if (c.prune_by_score) tree = prune_by_score(tree, c.tree.total_tokens);
-      if (c.drop_below_p_min) tree = drop_below(tree, std::log(float(c.tree.p_min) / 100.0f));
+      if (c.drop_below_p_min) tree = drop_below(tree, std::log(float(c.tree.p_min)));
       rows.assign(m.target.begin() + size_t(expander.context) * V, m.target.begin() + size_t(expander.context + 1) * V);
       for (const TreeNode& n : tree.nodes)
         rows.insert(rows.end(), m.target.begin() + size_t(n.token) * V, m.target.begin() + size_t(n.token + 1) * V);
@@ -317,7 +317,7 @@ Verifier written_out(Mutation m) {
 const TreeParams kWideTree{2, 2, 5};  // depth 2 (3 levels), width 2, 5 of 10 candidates kept
 const TreeParams kBushy{1, 3, 12};    // every candidate kept: 3 children, 9 grandchildren
 const TreeParams kChain{3, 1, 4};
-const TreeParams kCutTree{2, 2, 5, /*p_min=*/30};  // the wide tree, nodes under 30% not expanded
+const TreeParams kCutTree{2, 2, 5, /*p_min=*/0.3};  // the wide tree, nodes under 0.3 not expanded
 
 struct Band {
   Case c;
@@ -332,7 +332,7 @@ const std::vector<Band>& bands() {
       {{"close draft (sigma 0.3), wide tree", 0.3f, kWideTree}, 0.3, 0.5},
       {{"medium draft (sigma 1), wide tree", 1.0f, kWideTree}, 0.25, 0.45},
       {{"far draft (sigma 2.5), bushy tree", 2.5f, kBushy}, 0.05, 0.25},
-      {{"medium draft (sigma 1), wide tree, p-min 30", 1.0f, kCutTree}, 0.2, 0.4},
+      {{"medium draft (sigma 1), wide tree, p-min 0.3", 1.0f, kCutTree}, 0.2, 0.4},
   };
   return b;
 }
@@ -395,7 +395,7 @@ TEST(SpecSamplingPower, ScoreRankedPruningOfASampledTreeFails) {
 }
 
 TEST(SpecSamplingPower, DroppingSampledNodesUnderPMinFails) {
-  Case c = bands()[5].c;  // medium draft, wide tree, p-min 30
+  Case c = bands()[5].c;  // medium draft, wide tree, p-min 0.3
   c.name = "sampled nodes under p-min dropped";
   c.drop_below_p_min = true;
   expect_biased(c, 400, "dropping a sampled node for its own draw must bias the output");

@@ -1,7 +1,8 @@
 // Speculative greedy generation equals plain greedy generation token for token on tiny random
 // models: self-drafting with several layer counts and tree shapes, a separate draft model (the
 // same file, and a different model with the same vocabulary), a sliding window shorter than
-// prompt + output, stop strings, token limits and a full context.
+// prompt + output (Gemma 3's layer pattern, and "mistral": llama with the window on every layer),
+// stop strings, token limits and a full context.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "draft_head/head_drafter.h"
 #include "engine/generator.h"
+#include "engine/speculative_decoder.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
 #include "math/select.h"
@@ -25,10 +26,10 @@
 #include "sampling/sampler.h"
 #include "server/batch_scheduler.h"
 #include "speculative/drafter.h"
-#include "speculative/decoder.h"
+#include "speculative/head_drafter.h"
 #include "speculative/ngram.h"
-#include "tiny_head.h"
-#include "tiny_model.h"
+#include "support/tiny_head.h"
+#include "support/tiny_model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -53,9 +54,11 @@ class SpecTiny : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
+  // "mistral": a llama file with llama.attention.sliding_window (8, every layer).
   test::TinyModelSpec spec(const std::string& arch, uint32_t seed) {
     test::TinyModelSpec s;
-    s.arch = arch;
+    s.arch = arch == "mistral" ? "llama" : arch;
+    s.llama_window = arch == "mistral";
     s.n_vocab = kVocab;
     s.n_layer = 3;
     s.sliding_window = 8;
@@ -98,7 +101,7 @@ class SpecTiny : public ::testing::Test {
 const std::vector<int32_t> kPrompt = {1, 17, 250, 33, 90, 141};
 
 TEST_F(SpecTiny, SelfDraftMatchesPlainAcrossSlidingWindow) {
-  for (const char* arch : {"gemma3", "llama"}) {
+  for (const char* arch : {"gemma3", "mistral", "llama"}) {
     Tiny t = load_tiny(spec(arch, 7), (dir_ / (std::string(arch) + ".gguf")).string());
     GenerateParams params;
     params.max_new_tokens = 40;  // 6 + 40 tokens: far past the window of 8
@@ -166,11 +169,12 @@ TEST_F(SpecTiny, NgramDraftingMatchesPlain) {
   GenerateParams params;
   params.max_new_tokens = 60;
   params.ignore_eos = true;
+  for (const char* arch : {"gemma3", "mistral"})
   for (const bool tied : {true, false}) {
-    test::TinyModelSpec sp = spec("gemma3", 21);
+    test::TinyModelSpec sp = spec(arch, 21);
     sp.untied_output = !tied;
-    Tiny t = load_tiny(sp, (dir_ / (tied ? "tied.gguf" : "untied.gguf")).string());
-    const std::string kind = tied ? "tied" : "untied";
+    Tiny t = load_tiny(sp, (dir_ / (std::string(arch) + (tied ? "-tied.gguf" : "-untied.gguf"))).string());
+    const std::string kind = std::string(arch) + (tied ? " tied" : " untied");
     for (const int32_t n_ctx : {128, 48})
       for (const TreeParams& tree : {TreeParams{3, 1, 4}, TreeParams{0, 1, 8}}) {
         const std::string what = kind + " n_ctx " + std::to_string(n_ctx) + " tokens " +
@@ -247,7 +251,7 @@ TEST_F(SpecTiny, TreesOfSeveralSequencesVerifiedInOneForwardMatchPlain) {
   // Self-drafters over all 3 layers (the draft is the target: trees are accepted, the pass resumes
   // every drafted row after the last layer) and over 2 (the pass resumes them after layer 2). The
   // sequences of one server share their settings, so all drafters of a call run the same layers.
-  for (const char* arch : {"gemma3", "llama"})
+  for (const char* arch : {"gemma3", "mistral", "llama"})
   for (int32_t layers : {3, 2}) {
     Tiny t = load_tiny(spec(arch, 11), (dir_ / (std::string(arch) + ".gguf")).string());
     GenerateParams params;
@@ -510,11 +514,13 @@ TEST_F(SpecTiny, PrefillTopKMatchesTeacherForcedLogits) {
   }
 }
 
-TEST_F(SpecTiny, ForwardSplitAcrossLayersIsBitwiseTheSame) {
+TEST_F(SpecTiny, ForwardResumedAtEachLayerIsBitwiseTheSame) {
   for (const char* arch : {"gemma3", "llama"}) {
     Tiny t = load_tiny(spec(arch, 13), (dir_ / (std::string(arch) + ".gguf")).string());
     Model& m = *t.model;
-    // A committed prefix, then a small tree run whole vs. split at each layer.
+    // A committed prefix, then a small tree run whole vs. resumed: its leading rows run the first
+    // layers in calls of their own (as a self-drafter drafts the root and tree nodes), then join the
+    // whole tree's call at that layer (SequenceForward::resumed_rows), the other rows run fresh.
     Batch prefix;
     prefix.set_sequence(kPrompt, 0, false);
     Batch tree;
@@ -527,37 +533,55 @@ TEST_F(SpecTiny, ForwardSplitAcrossLayersIsBitwiseTheSame) {
     m.forward(prefix, kv0, whole);
     kv0.commit_prefix(int32_t(kPrompt.size()));
     m.forward(tree, kv0, whole, {.logits = true});
-    for (int32_t split = 0; split <= 3; ++split) {
-      KVCache kv = m.make_cache(64);
-      m.forward(prefix, kv, part);
-      kv.commit_prefix(int32_t(kPrompt.size()));
-      // The first two rows through layers [0, split), the other two joining for the rest.
-      Batch head = tree;
-      head.tokens.resize(2);
-      head.positions.resize(2);
-      head.parents.resize(2);
-      head.output_rows = {0, 1};
-      m.forward(head, kv, part, {.end_layer = split});
-      std::vector<float> x(part.residual);
-      Batch tail;
-      tail.start = 2;
-      tail.tokens = {42, 43};
-      tail.positions = {7, 8};
-      tail.parents = {0, 1};
-      tail.output_rows = {0, 1};
-      m.forward(tail, kv, rest, {.end_layer = split});
-      x.insert(x.end(), rest.residual.begin(), rest.residual.end());
-      if (split == 0) x.clear();  // start from the embeddings
-      m.forward(tree, kv, rest,
-                {.logits = true, .first_layer = split, .resume_residual = split ? x.data() : nullptr});
-      EXPECT_EQ(rest.logits, whole.logits) << arch << " split at layer " << split;
-      EXPECT_EQ(rest.hidden, whole.hidden) << arch << " split at layer " << split;
+    // Rows [from, to) of the tree as a batch of their own, at their own pending slots.
+    auto tree_rows = [&](int32_t from, int32_t to) {
+      Batch b;
+      b.start = from;
+      b.tokens.assign(tree.tokens.begin() + from, tree.tokens.begin() + to);
+      b.positions.assign(tree.positions.begin() + from, tree.positions.begin() + to);
+      b.parents.assign(tree.parents.begin() + from, tree.parents.begin() + to);
+      for (int32_t i = 0; i < to - from; ++i) b.output_rows.push_back(i);
+      return b;
+    };
+    for (int32_t layer = 1; layer <= m.config().n_layer; ++layer) {
+      for (int32_t resumed = 1; resumed <= tree.size(); ++resumed) {
+        KVCache kv = m.make_cache(64);
+        m.forward(prefix, kv, part);
+        kv.commit_prefix(int32_t(kPrompt.size()));
+        // The root through layers [0, layer) alone, then the other resumed rows in a second call.
+        m.forward(tree_rows(0, 1), kv, part, {.end_layer = layer});
+        std::vector<float> x(part.residual);
+        if (resumed > 1) {
+          m.forward(tree_rows(1, resumed), kv, part, {.end_layer = layer});
+          x.insert(x.end(), part.residual.begin(), part.residual.end());
+        }
+        const SequenceForward seq{.batch = &tree,
+                                  .kv = &kv,
+                                  .out = &rest,
+                                  .resumed_rows = resumed,
+                                  .resumed_layer = layer,
+                                  .resumed = x.data()};
+        m.forward(std::span<const SequenceForward>(&seq, 1), {.logits = true});
+        EXPECT_EQ(rest.logits, whole.logits) << arch << " " << resumed << " rows resumed at layer " << layer;
+        EXPECT_EQ(rest.hidden, whole.hidden) << arch << " " << resumed << " rows resumed at layer " << layer;
+      }
     }
     KVCache kv = m.make_cache(64);
-    EXPECT_THROW(m.forward(tree, kv, rest, {.first_layer = 2, .resume_residual = nullptr}), Error);
-    EXPECT_THROW(
-        m.forward(tree, kv, rest, {.first_layer = 2, .end_layer = 1, .resume_residual = whole.residual.data()}),
-        Error);
+    auto resume = [&](int32_t rows, int32_t layer, const float* streams, int32_t end_layer) {
+      const SequenceForward seq{.batch = &tree,
+                                .kv = &kv,
+                                .out = &rest,
+                                .resumed_rows = rows,
+                                .resumed_layer = layer,
+                                .resumed = streams};
+      m.forward(std::span<const SequenceForward>(&seq, 1), {.end_layer = end_layer});
+    };
+    const int32_t all = ForwardOptions::kAllLayers;
+    EXPECT_THROW(resume(2, 2, nullptr, all), Error);                // resumed rows without their streams
+    EXPECT_THROW(resume(2, 0, whole.residual.data(), all), Error);  // resumed at layer 0
+    EXPECT_THROW(resume(5, 2, whole.residual.data(), all), Error);  // more rows than the batch has
+    EXPECT_THROW(resume(2, 2, whole.residual.data(), 1), Error);    // past the call's last layer
+    EXPECT_NO_THROW(resume(2, 2, whole.residual.data(), all));
   }
 }
 

@@ -122,7 +122,7 @@ TEST(SpecTree, PathProbabilityCut) {
   TableExpander e = example();
   TreeBuilder b;
   DraftTree t;
-  b.build({/*depth=*/2, /*top_k=*/2, /*total_tokens=*/50, /*p_min=*/50}, e, t);
+  b.build({/*depth=*/2, /*top_k=*/2, /*total_tokens=*/50, /*p_min=*/0.5}, e, t);
   EXPECT_EQ(e.calls[1], (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(e.calls[2], (std::vector<int32_t>{2, 3}));  // 20 and 22; 21 (-1.25) and 23 were not made
   expect_tree(t, {{10, -1, 1, -0.25f},
@@ -132,24 +132,24 @@ TEST(SpecTree, PathProbabilityCut) {
                   {32, 3, 3, -0.6875f}});  // 30 (-1.0) and 31 fall below it
 
   e.calls.clear();
-  b.build({2, 2, 50, /*p_min=*/60}, e, t);
+  b.build({2, 2, 50, /*p_min=*/0.6}, e, t);
   EXPECT_EQ(e.calls.size(), 3u);
   EXPECT_EQ(e.calls[2], (std::vector<int32_t>{2}));
   expect_tree(t, {{10, -1, 1, -0.25f}, {11, -1, 1, -0.5f}, {20, 0, 2, -0.5f}});
 
   e.calls.clear();
-  b.build({2, 2, 50, /*p_min=*/80}, e, t);  // even the root's best child is below: one draft pass
+  b.build({2, 2, 50, /*p_min=*/0.8}, e, t);  // even the root's best child is below: one draft pass
   EXPECT_EQ(t.size(), 0);
   EXPECT_EQ(e.calls.size(), 1u);
 
-  b.build({/*depth=*/5, /*top_k=*/1, 50, /*p_min=*/50}, e, t);  // a chain stops at the cut
+  b.build({/*depth=*/5, /*top_k=*/1, 50, /*p_min=*/0.5}, e, t);  // a chain stops at the cut
   expect_tree(t, {{10, -1, 1, -0.25f}, {20, 0, 2, -0.5f}});
 
-  // Sampled: every draw is kept (children in draw order), only 20 is expanded at p-min 60.
+  // Sampled: every draw is kept (children in draw order), only 20 is expanded at p-min 0.6.
   DraftSampling sampling;
   sampling.row_q.resize(4);
   e.calls.clear();
-  b.build({2, 2, 50, /*p_min=*/60}, e, t, &sampling);
+  b.build({2, 2, 50, /*p_min=*/0.6}, e, t, &sampling);
   EXPECT_EQ(e.calls.size(), 3u);
   EXPECT_EQ(e.calls[2], (std::vector<int32_t>{2}));
   expect_tree(t, {{10, -1, 1, -0.25f},

@@ -17,24 +17,24 @@
 #include <string>
 #include <vector>
 
-#include "math/select.h"
-#include "engine/generator.h"
-#include "model/model.h"
 #include "draft_head/eagle3_head.h"
-#include "draft_head/head_drafter.h"
-#include "speculative/decoder.h"
+#include "engine/generator.h"
+#include "engine/speculative_decoder.h"
+#include "math/select.h"
+#include "model/model.h"
 #include "speculative/drafter.h"
+#include "speculative/head_drafter.h"
 #include "speculative/tree.h"
 #include "speculative/tree_sampling.h"
 #include "speculative/tree_state.h"
+#include "support/resident_step.h"
+#include "support/resident_tree.h"
+#include "support/tiny_head.h"
+#include "support/tiny_model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "vocab/candidate_stream.h"
 #include "vocab/draft_vocab.h"
-#include "resident_step.h"
-#include "resident_tree.h"
-#include "tiny_head.h"
-#include "tiny_model.h"
 
 namespace microspec {
 namespace {
@@ -216,7 +216,7 @@ TEST(TreeState, AcceptFollowsTheTargetLikeAcceptGreedy) {
 }
 
 TEST(TreeState, ShapesWithoutAFixedSizeAreRefused) {
-  EXPECT_THROW((TreeParams{.depth = 2, .top_k = 2, .total_tokens = 4, .p_min = 5}.fixed_shape()), Error);
+  EXPECT_THROW((TreeParams{.depth = 2, .top_k = 2, .total_tokens = 4, .p_min = 0.05}.fixed_shape()), Error);
   EXPECT_THROW((TreeParams{.depth = 2, .top_k = 2, .total_tokens = 0}.fixed_shape()), Error);
   EXPECT_THROW((TreeParams{.depth = 2, .top_k = 0, .total_tokens = 4}.fixed_shape()), Error);
   const TreeShape s = TreeParams{.depth = 5, .top_k = 10, .total_tokens = 60}.fixed_shape();

@@ -14,7 +14,7 @@
 
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"

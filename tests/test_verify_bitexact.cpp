@@ -18,7 +18,7 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "test_helpers.h"
+#include "support/test_helpers.h"
 #include "tokenizer/tokenizer.h"
 
 namespace microspec {

@@ -20,13 +20,13 @@
 #include "kernels/types.h"
 #include "math/select.h"
 #include "sampling/sampler.h"
+#include "support/host_vocab_state.h"
 #include "util/error.h"
 #include "vocab/candidate_stream.h"
 #include "vocab/freq_file.h"
 #include "vocab/packed_head.h"
 #include "vocab/vocab_window.h"
 #include "vocab/window_state.h"
-#include "host_vocab_state.h"
 
 namespace microspec {
 namespace {

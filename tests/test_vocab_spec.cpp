@@ -14,17 +14,17 @@
 #include <vector>
 
 #include "engine/generator.h"
+#include "engine/speculative_decoder.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
 #include "model/model.h"
-#include "vocab/draft_vocab.h"
 #include "speculative/drafter.h"
-#include "speculative/decoder.h"
 #include "speculative/settings.h"
-#include "test_helpers.h"
-#include "tiny_model.h"
+#include "support/test_helpers.h"
+#include "support/tiny_model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "vocab/draft_vocab.h"
 #include "vocab/freq_file.h"
 #include "vocab/packed_head.h"
 
@@ -244,13 +244,14 @@ TEST(VocabRealModel, PackedGemmaHeadEqualsFullHeadRows) {
   vocab.begin(prompt, {});
   std::vector<float> logits;
   DraftTree tree;
+  std::vector<int32_t> tree_tokens;  // [tree nodes]
   std::vector<float> verify(size_t(5) * V);
   for (int step = 0; step < 30; ++step) {
     tree.nodes.clear();
     for (int i = 0; i < 4; ++i) tree.nodes.push_back({int32_t(rng() % 2000), i - 1, i + 1});
     for (float& x : verify) x = normal(rng);
     const std::vector<int32_t> path = {0, 1};
-    vocab.accepted(0, tree, path, verify.data());
+    vocab.accepted(node_tokens(tree, tree_tokens), path, verify.data());
     logits.resize(size_t(2) * vocab.size());
     vocab.logits(*model, hidden.data(), 2, logits.data());
     ASSERT_EQ(vocab.size(), vocab.stream()->window().active_size());

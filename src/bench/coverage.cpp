@@ -13,7 +13,7 @@
 
 #include "bench/dataset.h"
 #include "engine/generator.h"
-#include "speculative/decoder.h"
+#include "engine/speculative_decoder.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -254,7 +254,7 @@ void run_coverage(const CoverageOptions& a, const GgufFile& file, Model& model, 
                           quote(png.string()) + " " + quote(title);
   if (std::system(cmd.c_str()) != 0)
     throw Error("coverage: plotting failed (" + cmd +
-                "); is matplotlib installed? (--no-plot skips the plot)");
+                "); is matplotlib installed? (--no-plots skips the plot)");
   std::printf("wrote %s\n", png.string().c_str());
 }
 

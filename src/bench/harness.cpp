@@ -64,14 +64,16 @@ std::string now_utc() {
   return buf;
 }
 
-// Where benchmarks/*.py live: --scripts-dir, else benchmarks/ next to the build folder holding this binary.
+// Where benchmarks/*.py live: --scripts-dir, else benchmarks/ next to the build folder holding this
+// binary, or share/microspec/benchmarks/ beside the bin/ of an installed one (cmake --install).
 fs::path scripts_dir(const BenchOptions& a) {
   if (!a.scripts_dir.empty()) return a.scripts_dir;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec)
     for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path())
-      if (fs::exists(dir / "benchmarks" / "plot_report.py")) return dir / "benchmarks";
+      for (const fs::path& scripts : {dir / "benchmarks", dir / "share" / "microspec" / "benchmarks"})
+        if (fs::exists(scripts / "plot_report.py")) return scripts;
   throw Error("cannot find benchmarks/plot_report.py above " + exe.string() +
               ": pass --scripts-dir DIR (or --no-plots without --peers)");
 }
@@ -196,9 +198,10 @@ nlohmann::json peer_job(const BenchOptions& a, const BenchRunner& runner,
           {"questions", questions}};
 }
 
-}  // namespace
+// --- run_bench's parts, in the order it runs them ----------------------------------------------
 
-void run_bench(BenchOptions a, const std::function<LoadedTarget()>& load_target) {
+// The options with --smoke's sizes applied, checked before anything is read or run.
+BenchOptions checked_options(BenchOptions a) {
   if (a.smoke) {
     a.per_category = 2;
     a.max_new_tokens = 32;
@@ -207,11 +210,16 @@ void run_bench(BenchOptions a, const std::function<LoadedTarget()>& load_target)
   if (a.sweep.size() && a.ablation) throw Error("give --sweep or --ablation, not both");
   for (const std::string& p : a.peers)
     if (p != "llama.cpp") throw Error("--peers: unknown peer '" + p + "' (peers: llama.cpp)");
-  // Read before the run, so that a bad CSV is reported before any time is spent.
-  const std::string coverage_md = a.coverage_csv.empty() ? "" : coverage_markdown(a.coverage_csv);
-  const bool greedy = a.temperature <= 0.0f;
+  return a;
+}
 
-  // Methods: ar always runs first (speedups and the output check are against it).
+bool is_greedy(const BenchOptions& a) {
+  return a.temperature <= 0.0f;
+}
+
+// The methods to run: ar always first (speedups and the output check are against it), then those
+// asked for, expanded by --sweep or --ablation.
+std::vector<MethodSpec> bench_methods(const BenchOptions& a) {
   std::string list =
       a.methods.empty() ? (a.ablation ? "ar,dynamic" : "ar,full,dynamic") : join(a.methods, ",");
   std::vector<MethodSpec> methods = parse_methods(list, a.spec);
@@ -230,28 +238,38 @@ void run_bench(BenchOptions a, const std::function<LoadedTarget()>& load_target)
     const size_t eq = a.sweep.find('=');
     if (eq == std::string::npos || eq == 0)
       throw Error("--sweep: expected key=v1,v2,... got '" + a.sweep + "'");
-    methods = sweep_methods(methods, a.sweep.substr(0, eq), split_list(a.sweep.substr(eq + 1)));
-  } else if (a.ablation) {
-    methods = ablation_methods(methods);
+    return sweep_methods(methods, a.sweep.substr(0, eq), split_list(a.sweep.substr(eq + 1)));
   }
+  if (a.ablation) return ablation_methods(methods);
+  return methods;
+}
 
+std::vector<BenchQuestion> bench_questions(const BenchOptions& a) {
   DatasetOptions dopt;
   dopt.categories = split_list(a.categories);
   dopt.per_category = a.per_category;
-  const std::vector<BenchQuestion> questions = load_questions(a.dataset, dopt);
-  const std::vector<std::string> categories = categories_of(questions);
+  return load_questions(a.dataset, dopt);
+}
 
-  const fs::path out_dir = a.output;
+fs::path output_folder(const std::string& output) {
+  const fs::path out_dir = output;
   std::error_code ec;
   fs::create_directories(out_dir, ec);
-  if (ec || !fs::is_directory(out_dir)) throw Error(a.output + ": cannot create the output folder");
-  const bool want_scripts = !a.no_plots || !a.peers.empty();
-  const fs::path scripts = want_scripts ? scripts_dir(a) : fs::path();
+  if (ec || !fs::is_directory(out_dir)) throw Error(output + ": cannot create the output folder");
+  return out_dir;
+}
 
-  const LoadedTarget m = load_target();
-  const int n_threads = m.model.pool().size();
-  BenchRunner runner(m.file, m.model, m.tokenizer, a.n_ctx, methods);
+// What our methods produced: every prompt's record, the methods, and the wall time of the run.
+struct OwnRun {
+  std::vector<PromptRecord> records;
+  std::vector<MethodInfo> infos;
+  double run_seconds = 0.0;
+};
 
+// Runs every method on every question, methods interleaved per prompt, each record written to
+// records_out as it completes.
+OwnRun run_own_methods(const BenchOptions& a, BenchRunner& runner, const std::vector<MethodSpec>& methods,
+                       const std::vector<BenchQuestion>& questions, std::ofstream& records_out) {
   RunOptions ro;
   ro.params.max_new_tokens = a.max_new_tokens;
   ro.params.ignore_eos = a.ignore_eos;
@@ -267,20 +285,49 @@ void run_bench(BenchOptions a, const std::function<LoadedTarget()>& load_target)
       stderr,
       "[bench] %zu questions x %zu methods (%s), up to %d new tokens, %s; methods interleaved per prompt\n",
       questions.size(), methods.size(), join(labels, ", ").c_str(), a.max_new_tokens,
-      greedy ? "greedy" : "sampling");
-  std::ofstream records_out(out_dir / "records.jsonl", std::ios::binary);
-  if (!records_out) throw Error((out_dir / "records.jsonl").string() + ": cannot write");
+      is_greedy(a) ? "greedy" : "sampling");
+  OwnRun run;
   const auto started = std::chrono::steady_clock::now();
-  std::vector<PromptRecord> records = runner.run(questions, ro, print_progress, [&](const PromptRecord& r) {
+  run.records = runner.run(questions, ro, print_progress, [&](const PromptRecord& r) {
     records_out << to_json(r).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     records_out.flush();
   });
   if (isatty(STDERR_FILENO)) std::fputc('\n', stderr);
-  const double run_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::vector<MethodInfo> infos = runner.methods();
+  run.run_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  run.infos = runner.methods();
+  return run;
+}
 
-  // Peers run after ours, in their own process, on the same prompts.
+// The peer's records (peer_out, JSON lines) appended to run's records and to records_out, each new
+// method label to run's methods.
+void read_peer_records(const fs::path& peer_out, OwnRun& run, std::ofstream& records_out) {
+  std::ifstream in(peer_out);
+  std::string line;
+  std::set<std::string> labels;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) throw Error(peer_out.string() + ": not JSON lines");
+    PromptRecord r = record_from_json(j);
+    if (labels.insert(r.method).second) {
+      MethodInfo info;
+      info.label = r.method;
+      info.base = "llama.cpp";
+      info.peer = true;
+      info.description = j.value("description", "llama.cpp via llama-cpp-python");
+      run.infos.push_back(info);
+    }
+    run.records.push_back(std::move(r));
+    records_out << line << "\n";
+  }
+}
+
+// Peers run after ours, in their own process, on the same prompts; their records join run's.
+// Returns why the last failed peer failed ("" when none did): a failed peer leaves microspec's own
+// results intact, the report is written without its rows and the command fails at the end.
+std::string run_peers(const BenchOptions& a, const BenchRunner& runner,
+                      const std::vector<BenchQuestion>& questions, int n_threads, const fs::path& scripts,
+                      const fs::path& out_dir, OwnRun& run, std::ofstream& records_out) {
   std::string peer_error;
   for (const std::string& peer : a.peers) {
     (void)peer;  // llama.cpp, the only one
@@ -289,8 +336,6 @@ void run_bench(BenchOptions a, const std::function<LoadedTarget()>& load_target)
     std::fprintf(stderr, "[bench] peer llama.cpp (benchmarks/peer_llama_cpp.py) on the same prompts\n");
     const int rc = run_process({a.python, (scripts / "peer_llama_cpp.py").string(), "--job", job.string(),
                                 "--out", peer_out.string()});
-    // A failed peer leaves microspec's own results intact: the report is written without its rows
-    // and the command fails at the end.
     if (rc == 127) {
       peer_error = a.python + " could not be started (install Python 3 or pass --python)";
       continue;
@@ -300,66 +345,63 @@ void run_bench(BenchOptions a, const std::function<LoadedTarget()>& load_target)
                    "); the report has no peer rows";
       continue;
     }
-    std::ifstream in(peer_out);
-    std::string line;
-    std::set<std::string> labels;
-    while (std::getline(in, line)) {
-      if (line.empty()) continue;
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded()) throw Error(peer_out.string() + ": not JSON lines");
-      PromptRecord r = record_from_json(j);
-      if (labels.insert(r.method).second) {
-        MethodInfo info;
-        info.label = r.method;
-        info.base = "llama.cpp";
-        info.peer = true;
-        info.description = j.value("description", "llama.cpp via llama-cpp-python");
-        infos.push_back(info);
-      }
-      records.push_back(std::move(r));
-      records_out << line << "\n";
-    }
+    read_peer_records(peer_out, run, records_out);
   }
-  records_out.close();
+  return peer_error;
+}
 
-  const Summary summary = summarize(infos, records, categories, "ar");
-  const std::vector<Mismatch> failing = failing_mismatches(summary, greedy);
+// How the run was made, for summary.json's "run" and the report's header line.
+nlohmann::json run_metadata(const BenchOptions& a, const std::vector<BenchQuestion>& questions,
+                            const std::vector<std::string>& categories, int n_threads, double run_seconds) {
+  return {{"command", command_line()},
+          {"date", now_utc()},
+          {"machine",
+           cpu_model() + ", " + std::to_string(std::thread::hardware_concurrency()) + " hardware threads"},
+          {"threads", n_threads},
+          {"model", a.model_path},
+          {"dataset", a.dataset},
+          {"questions", questions.size()},
+          {"categories", categories},
+          {"per_category", a.per_category},
+          {"max_new_tokens", a.max_new_tokens},
+          {"temperature", a.temperature},
+          {"greedy", is_greedy(a)},
+          {"repeats", a.repeats},
+          {"ignore_eos", a.ignore_eos},
+          {"run_seconds", run_seconds},
+          {"peak_memory_per_prompt", reset_peak_memory()},
+          {"study", a.sweep.empty() ? (a.ablation ? "ablation" : "") : a.sweep},
+          {"interleaved", true}};
+}
 
-  nlohmann::json run = {{"command", command_line()},
-                        {"date", now_utc()},
-                        {"machine", cpu_model() + ", " + std::to_string(std::thread::hardware_concurrency()) +
-                                        " hardware threads"},
-                        {"threads", n_threads},
-                        {"model", a.model_path},
-                        {"dataset", a.dataset},
-                        {"questions", questions.size()},
-                        {"categories", categories},
-                        {"per_category", a.per_category},
-                        {"max_new_tokens", a.max_new_tokens},
-                        {"temperature", a.temperature},
-                        {"greedy", greedy},
-                        {"repeats", a.repeats},
-                        {"ignore_eos", a.ignore_eos},
-                        {"run_seconds", run_seconds},
-                        {"peak_memory_per_prompt", reset_peak_memory()},
-                        {"study", a.sweep.empty() ? (a.ablation ? "ablation" : "") : a.sweep},
-                        {"interleaved", true}};
+// summary.json: the summary, the run's metadata, whether every greedy output matched ar's, and the
+// coverage CSV (copied beside it) when one was given.
+void write_summary_json(const BenchOptions& a, const Summary& summary, const nlohmann::json& run,
+                        const std::vector<Mismatch>& failing, const fs::path& out_dir) {
   nlohmann::json sj = to_json(summary);
   sj["run"] = run;
   sj["passed"] = failing.empty();
   if (!a.coverage_csv.empty()) {
+    std::error_code ec;
     fs::copy_file(a.coverage_csv, out_dir / "coverage.csv", fs::copy_options::overwrite_existing, ec);
     if (ec) throw Error(a.coverage_csv + ": cannot copy to the output folder: " + ec.message());
     sj["coverage_csv"] = "coverage.csv";
   }
   write_text(out_dir / "summary.json",
              sj.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
 
+// summary.md: the command, the run's header line, how methods were timed, the tables, the coverage
+// table and the plots' names.
+std::string report_markdown(const BenchOptions& a, const Summary& summary, const nlohmann::json& run,
+                            const std::vector<std::string>& categories, const std::string& coverage_md) {
+  const bool greedy = is_greedy(a);
   std::string md = "## microspec bench: " + fs::path(a.model_path).filename().string() + "\n\n";
   md += "`" + command_line() + "`\n\n";
   md += run["date"].get<std::string>() + "; " + run["machine"].get<std::string>() + "; " +
-        std::to_string(n_threads) + " threads; " + std::to_string(questions.size()) + " questions (" +
-        join(categories, ", ") + "); up to " + std::to_string(a.max_new_tokens) + " new tokens; " +
+        std::to_string(run["threads"].get<int>()) + " threads; " +
+        std::to_string(run["questions"].get<size_t>()) + " questions (" + join(categories, ", ") +
+        "); up to " + std::to_string(a.max_new_tokens) + " new tokens; " +
         (greedy ? std::string("greedy") : "temperature " + std::to_string(a.temperature)) +
         (a.repeats > 1 ? "; median of " + std::to_string(a.repeats) + " repeats per prompt" : "") + ".\n";
   md +=
@@ -377,25 +419,64 @@ void run_bench(BenchOptions a, const std::function<LoadedTarget()>& load_target)
     if (!a.coverage_csv.empty()) md += ", coverage.png";
     md += "\n";
   }
-  write_text(out_dir / "summary.md", md);
-  std::fwrite(md.data(), 1, md.size(), stdout);
-  std::fflush(stdout);
+  return md;
+}
 
-  if (!a.no_plots) {
-    const int rc =
-        run_process({a.python, (scripts / "plot_report.py").string(), (out_dir / "summary.json").string()});
-    if (rc == 127)
-      throw Error(a.python + " could not be started: install Python 3 with matplotlib, or pass --no-plots");
-    if (rc != 0)
-      throw Error("benchmarks/plot_report.py failed (exit status " + std::to_string(rc) +
-                  "): the tables are written; pass --no-plots to skip the plots");
-  }
+// The plots (benchmarks/plot_report.py) from summary.json.
+void plot_report(const BenchOptions& a, const fs::path& scripts, const fs::path& out_dir) {
+  const int rc =
+      run_process({a.python, (scripts / "plot_report.py").string(), (out_dir / "summary.json").string()});
+  if (rc == 127)
+    throw Error(a.python + " could not be started: install Python 3 with matplotlib, or pass --no-plots");
+  if (rc != 0)
+    throw Error("benchmarks/plot_report.py failed (exit status " + std::to_string(rc) +
+                "): the tables are written; pass --no-plots to skip the plots");
+}
+
+// Fails the command for a failed peer or greedy outputs that differ from ar's.
+void fail_on_errors(const std::string& peer_error, const std::vector<Mismatch>& failing,
+                    const fs::path& out_dir) {
   std::string failure = peer_error;
   if (!failing.empty())
     failure += (failure.empty() ? "" : "; ") + std::to_string(failing.size()) +
                " prompt(s) differ from ar under greedy decoding (see " + (out_dir / "summary.md").string() +
                ")";
   if (!failure.empty()) throw Error(failure);
+}
+
+}  // namespace
+
+void run_bench(BenchOptions options, const std::function<LoadedTarget()>& load_target) {
+  const BenchOptions a = checked_options(std::move(options));
+  // Read before the run, so that a bad CSV is reported before any time is spent.
+  const std::string coverage_md = a.coverage_csv.empty() ? "" : coverage_markdown(a.coverage_csv);
+  const std::vector<MethodSpec> methods = bench_methods(a);
+  const std::vector<BenchQuestion> questions = bench_questions(a);
+  const std::vector<std::string> categories = categories_of(questions);
+  const fs::path out_dir = output_folder(a.output);
+  const bool want_scripts = !a.no_plots || !a.peers.empty();
+  const fs::path scripts = want_scripts ? scripts_dir(a) : fs::path();
+
+  const LoadedTarget m = load_target();
+  const int n_threads = m.model.pool().size();
+  BenchRunner runner(m.file, m.model, m.tokenizer, a.n_ctx, methods);
+  std::ofstream records_out(out_dir / "records.jsonl", std::ios::binary);
+  if (!records_out) throw Error((out_dir / "records.jsonl").string() + ": cannot write");
+  OwnRun run = run_own_methods(a, runner, methods, questions, records_out);
+  const std::string peer_error =
+      run_peers(a, runner, questions, n_threads, scripts, out_dir, run, records_out);
+  records_out.close();
+
+  const Summary summary = summarize(run.infos, run.records, categories, "ar");
+  const std::vector<Mismatch> failing = failing_mismatches(summary, is_greedy(a));
+  const nlohmann::json run_info = run_metadata(a, questions, categories, n_threads, run.run_seconds);
+  write_summary_json(a, summary, run_info, failing, out_dir);
+  const std::string md = report_markdown(a, summary, run_info, categories, coverage_md);
+  write_text(out_dir / "summary.md", md);
+  std::fwrite(md.data(), 1, md.size(), stdout);
+  std::fflush(stdout);
+  if (!a.no_plots) plot_report(a, scripts, out_dir);
+  fail_on_errors(peer_error, failing, out_dir);
 }
 
 }  // namespace microspec::bench

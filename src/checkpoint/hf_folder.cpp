@@ -9,6 +9,7 @@
 #include <numbers>
 #include <set>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -120,19 +121,27 @@ std::vector<LayerTensor> concat(std::initializer_list<std::vector<LayerTensor>> 
   return all;
 }
 
+// Llama and Mistral: the same GGUF architecture. Mistral's sliding window (null in Mistral 7B
+// v0.2+'s configs: none) is kept as llama.attention.sliding_window, which llama.cpp's converter
+// drops; transformers' Llama has no window, so a `llama` config's sliding_window is not read.
+HfArch llama_family(std::vector<const char*> model_types, std::vector<ConfigKey> extra_keys) {
+  return {.model_types = std::move(model_types),
+          .gguf_arch = "llama",
+          .permute_qk = true,
+          .norm_shift = 0.0f,
+          .write_vocab_size = true,
+          .write_rope_dims = true,
+          .trim_embeddings_to_tokenizer = false,
+          .default_head_dim_256 = false,
+          .write_rope_base = true,
+          .extra_keys = std::move(extra_keys),
+          .layer_tensors = concat({attention_tensors(false, false), kGatedMlp, kPreNorms})};
+}
+
 const std::vector<HfArch>& architectures() {
   static const std::vector<HfArch> table = {
-      {.model_types = {"llama", "mistral"},
-       .gguf_arch = "llama",
-       .permute_qk = true,
-       .norm_shift = 0.0f,
-       .write_vocab_size = true,
-       .write_rope_dims = true,
-       .trim_embeddings_to_tokenizer = false,
-       .default_head_dim_256 = false,
-       .write_rope_base = true,
-       .extra_keys = {},
-       .layer_tensors = concat({attention_tensors(false, false), kGatedMlp, kPreNorms})},
+      llama_family({"llama"}, {}),
+      llama_family({"mistral"}, {{"sliding_window", "attention.sliding_window", KeyKind::U32, IfAbsent::Skip}}),
       {.model_types = {"qwen2"},
        .gguf_arch = "qwen2",
        .permute_qk = false,
@@ -458,6 +467,11 @@ std::vector<float> longrope_factors(const Rope& r, const HfConfig& c, const char
 
 // Settings llama.cpp's loaders do not read but that change the model: refused rather than ignored.
 void check_supported_settings(const HfConfig& c, const HfArch& arch, const Dims& d) {
+  // Qwen's window (layers from max_window_layers on, when use_sliding_window is true) has no GGUF
+  // form and no loader here: refused rather than run without it.
+  if (const json* qwen_swa = c.find("use_sliding_window");
+      qwen_swa && *qwen_swa == true && std::string(arch.gguf_arch).starts_with("qwen"))
+    throw Error(c.file + ": use_sliding_window is true: Qwen's sliding window is not supported");
   if (std::string(arch.gguf_arch) == "gemma3") {
     if (c.find("query_pre_attn_scalar") && c.get_float("query_pre_attn_scalar") != double(d.head_dim))
       throw Error(c.file + ": query_pre_attn_scalar " + c.find("query_pre_attn_scalar")->dump() +
@@ -1069,15 +1083,6 @@ GgufWriter hf_folder_to_gguf(const std::string& dir_text, const HfFolderOptions&
            type_traits(*options.weight_type).name + " blocks: stored as F16");
   w.add_u32("general.file_type", file_type.value_or(0));
   return w;
-}
-
-std::unique_ptr<GgufFile> open_model_file(const std::string& path, const HfFolderOptions& options) {
-  if (!is_hf_folder(path)) {
-    std::error_code ec;
-    if (fs::is_directory(path, ec)) throw Error(path + ": a directory without config.json (not a Hugging Face folder)");
-    return GgufFile::open(path);
-  }
-  return GgufFile::from_bytes(hf_folder_to_gguf(path, options).take_bytes(), path);
 }
 
 GgmlType parse_weight_type(std::string_view name) {

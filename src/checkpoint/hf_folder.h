@@ -11,7 +11,6 @@
 // does not match config.json, an unknown model_type, a tokenizer of another vocabulary size, a
 // missing config key.
 #include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,7 +19,6 @@
 
 namespace microspec {
 
-class GgufFile;
 class GgufWriter;
 
 struct HfFolderOptions {
@@ -37,10 +35,6 @@ bool is_hf_folder(const std::string& path);
 
 // The GGUF of the folder `dir` (metadata, tokenizer and tensors), ready to write or parse.
 GgufWriter hf_folder_to_gguf(const std::string& dir, const HfFolderOptions& options);
-
-// A model path as the CLI and server take it: a GGUF file (memory-mapped) or a Hugging Face folder
-// (translated in memory; its GgufFile owns the bytes and is named after the folder).
-std::unique_ptr<GgufFile> open_model_file(const std::string& path, const HfFolderOptions& options = {});
 
 // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k" (any case);
 // throws Error listing these for anything else.

@@ -1,5 +1,5 @@
 // `microspec convert`: checkpoints as published on Hugging Face into GGUF. The translations live in
-// the library (checkpoint/hf_folder.h, checkpoint/eagle_checkpoint.h); this file only parses flags.
+// the library (checkpoint/hf_folder.h, draft_head/eagle_checkpoint.h); this file only parses flags.
 //   convert --hf DIR -o OUT.gguf [--type f16|q8_0|q4_k|...]
 //     a model folder written as the GGUF llama.cpp's convert_hf_to_gguf.py would write (same keys,
 //     tensor names and layouts), optionally quantized (default: the checkpoint's own float type)
@@ -11,9 +11,10 @@
 #include <memory>
 #include <string>
 
-#include "checkpoint/eagle_checkpoint.h"
+#include "draft_head/eagle_checkpoint.h"
 #include "checkpoint/hf_folder.h"
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "gguf/gguf_writer.h"
 #include "util/error.h"
 
@@ -55,13 +56,15 @@ void run_convert_eagle(const ConvertArgs& a) {
 
 void add_convert_command(CLI::App& app) {
   auto args = std::make_shared<ConvertArgs>();
-  CLI::App* cmd = app.add_subcommand("convert", "Convert a Hugging Face model folder or a published EAGLE head into GGUF");
+  CLI::App* cmd = app.add_subcommand("convert", "convert a Hugging Face model folder or a published EAGLE head into GGUF");
+  cmd->option_defaults()->group(group::kInput);
   auto* hf = cmd->add_option("--hf", args->hf_dir, "Hugging Face model folder (config.json, *.safetensors, tokenizer.json)");
   auto* eagle = cmd->add_option("--eagle", args->eagle_dir, "an EAGLE-3 or EAGLE-2 head folder (config.json + weights)")
                     ->check(CLI::ExistingDirectory);
   hf->excludes(eagle);
   cmd->add_option("--target", args->target,
                   "--eagle: the target model (a GGUF file or a Hugging Face folder; sizes and tokenizer are checked against it)");
+  cmd->option_defaults()->group(group::kOutput);
   cmd->add_option("-o,--output", args->output, "GGUF file to write")->required();
   cmd->add_option("--type", args->type,
                   "weight type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (--hf; default: the "

@@ -8,10 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/hf_folder.h"
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
+#include "model/model_file.h"
 #include "util/error.h"
 
 namespace microspec::cli {
@@ -79,9 +80,11 @@ void run_dump(const DumpArgs& a) {
 void add_dump_tensor_command(CLI::App& app) {
   auto args = std::make_shared<DumpArgs>();
   CLI::App* cmd = app.add_subcommand("dump-tensor", "write dequantized rows of a tensor as raw f32");
-  cmd->add_option("-m,--model", args->model, "GGUF file")->required();
+  add_model_path_option(*cmd, args->model, "GGUF file");
+  cmd->option_defaults()->group(group::kInput);
   cmd->add_option("--tensor", args->tensor, "tensor name")->required();
   cmd->add_option("--rows", args->rows, "rows A:B (half-open; A: or :B allowed; default all)");
+  cmd->option_defaults()->group(group::kOutput);
   cmd->add_option("-o,--output", args->output, "output file (raw little-endian f32, row after row)")
       ->required();
   cmd->callback([args] { run_dump(*args); });

@@ -129,12 +129,14 @@ void add_eval_command(CLI::App& app) {
   auto args = std::make_shared<EvalArgs>();
   CLI::App* cmd = app.add_subcommand("eval", "teacher-forced logits of a token sequence");
   args->model.add_to(*cmd, 64);
+  cmd->option_defaults()->group(group::kInput);
   cmd->add_option("--ids", args->ids, "token ids (\"1 2 3\")");
   cmd->add_option("--ids-file", args->ids_file, "file of token ids");
   cmd->add_option("--ids-jsonl", args->ids_jsonl,
                   "batch mode: a JSONL file of {\"ids\": [...], \"positions\": [...]} objects, one model load; "
                   "prints one JSON line per sequence, rows of all sequences go to -o in order");
   cmd->add_option("--positions", args->positions, "positions whose full logits rows go to -o (\"0,5,9\")");
+  cmd->option_defaults()->group(group::kOutput);
   cmd->add_option("-o,--output", args->output, "file for the logits rows (raw f32)");
   cmd->callback([args] { run_eval(*args); });
 }

@@ -156,10 +156,13 @@ void add_features_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "features", "an EAGLE-3 head's training data: chosen layers' hidden states and the target's top-k labels");
   args->model.add_to(*cmd, 64);
+  cmd->option_defaults()->group(group::kInput);
   cmd->add_option("--input", args->input,
                   "JSONL of {\"messages\": [...]} (rendered with the model's chat format) or {\"ids\": [...]}")
       ->required();
-  cmd->add_option("-o,--output", args->output, "binary output (see the command's header comment)")->required();
+  cmd->add_option("-o,--output", args->output, "binary output (see the command's header comment)")
+      ->required()
+      ->group(group::kOutput);
   cmd->add_option("--layers", args->layers, "layers whose input residual stream is written (\"2,9,15\")")
       ->required();
   cmd->add_option("--top-k", args->top_k, "target log-probabilities kept per position")->capture_default_str();

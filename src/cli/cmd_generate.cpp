@@ -11,9 +11,9 @@
 #include "cli/commands.h"
 #include "draft_head/eagle3_head.h"
 #include "cli/common.h"
-#include "device/cuda_generator.h"
+#include "engine/cuda_generator.h"
 #include "engine/generator.h"
-#include "speculative/decoder.h"
+#include "engine/speculative_decoder.h"
 #include "speculative/drafter_setup.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
@@ -307,36 +307,40 @@ void add_generate_command(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("generate", "generate text from a prompt");
   args->model.add_to(*cmd);
+  cmd->add_option("--device", args->device,
+                  "cpu, or cuda: decoding on the GPU, greedy or sampled (top-k 1..64), plain or speculative (a chain, or a "
+                  "tree from the self-draft, a draft model or the head; builds with MICROSPEC_CUDA)")
+      ->capture_default_str()
+      ->group(group::kModel);
+
+  cmd->option_defaults()->group(group::kInput);
   cmd->add_option("-p,--prompt", args->prompt, "prompt text");
   cmd->add_option("-f,--file", args->prompt_file, "read the prompt from a file (bytes kept as they are)");
   cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as token ids (\"1 2 3\"), no tokenization");
   cmd->add_flag("--chat", args->chat, "wrap the prompt in the model's chat format as a user turn");
-  cmd->add_option("-s,--system", args->system, "system message for --chat");
-  cmd->add_option("-n,--n-predict", args->n_predict, "most tokens to generate")->capture_default_str();
-  cmd->add_option("--temp", args->temperature, "temperature; 0 = greedy")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 100.0));
-  cmd->add_option("--top-k", args->top_k, "top-k filter; 0 = off")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 30));
-  cmd->add_option("--top-p", args->top_p, "top-p (nucleus) filter; 1 = off")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--seed", args->seed, "RNG seed; -1 = random")->capture_default_str();
-  cmd->add_option("--stop", args->stop, "stop before this string (repeatable)");
-  cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating past end-of-generation tokens");
-  cmd->add_flag("--json", args->json, "print one JSON object (ids, text, stats) instead of streaming text");
-  cmd->add_flag("-q,--quiet", args->quiet, "print only the statistics line");
+  cmd->add_option("--system-prompt,--system", args->system, "system message for --chat");
   cmd->add_option(
       "--prompts-jsonl", args->prompts_jsonl,
       "batch mode: a JSONL file of {\"turns\": [...]} (first turn), {\"prompt\": ...} or {\"prompt_ids\": [...]} "
       "objects, \"turns\" winning over \"prompt\" when a row has both; an optional \"seed\" (integer >= 0) "
       "replaces --seed for that row; prints one JSON line per prompt");
-  cmd->add_option("--device", args->device,
-                  "cpu, or cuda: decoding on the GPU, greedy or sampled (top-k 1..64), plain or speculative (a chain, or a "
-                  "tree from the self-draft, a draft model or the head; builds with MICROSPEC_CUDA)")
-      ->capture_default_str();
+
+  add_sampling_options(*cmd, {.n_predict = args->n_predict,
+                              .temperature = args->temperature,
+                              .top_k = args->top_k,
+                              .top_p = args->top_p,
+                              .seed = args->seed,
+                              .ignore_eos = args->ignore_eos,
+                              .min_n_predict = 0,
+                              .min_seed = -1,
+                              .seed_help = "RNG seed; -1 = random"});
+  cmd->add_option("--stop", args->stop, "stop before this string (repeatable)")->group(group::kSampling);
+
   add_spec_options(*cmd, args->spec);
+
+  cmd->option_defaults()->group(group::kOutput);
+  cmd->add_flag("--json", args->json, "print one JSON object (ids, text, stats) instead of streaming text");
+  cmd->add_flag("-q,--quiet", args->quiet, "print only the statistics line");
   cmd->callback([args] { run_generate(*args); });
 }
 

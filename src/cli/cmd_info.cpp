@@ -10,10 +10,11 @@
 #include <memory>
 #include <string>
 
-#include "checkpoint/hf_folder.h"
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "gguf/gguf.h"
 #include "kernels/types.h"
+#include "model/model_file.h"
 #include "util/error.h"
 
 namespace microspec::cli {
@@ -215,13 +216,14 @@ void run_info(const InfoArgs& a) {
 
 void add_info_command(CLI::App& app) {
   auto args = std::make_shared<InfoArgs>();
-  CLI::App* cmd = app.add_subcommand("info", "Print the metadata and tensor table of a GGUF file");
-  cmd->add_option("-m,--model", args->model_path, "GGUF file or Hugging Face folder (shown as translated)")->required();
-  cmd->add_option("--array-limit", args->array_limit, "Print arrays of up to this many elements in full")
+  CLI::App* cmd = app.add_subcommand("info", "print the metadata and tensor table of a GGUF file");
+  add_model_path_option(*cmd, args->model_path, "GGUF file or Hugging Face folder (shown as translated)");
+  cmd->option_defaults()->group(group::kOutput);
+  cmd->add_option("--array-limit", args->array_limit, "print arrays of up to this many elements in full")
       ->capture_default_str();
-  cmd->add_option("--string-limit", args->string_limit, "Cut strings after this many bytes")
+  cmd->add_option("--string-limit", args->string_limit, "cut strings after this many bytes")
       ->capture_default_str();
-  cmd->add_flag("--no-tensors", args->no_tensors, "Omit the per-tensor table (totals are still printed)");
+  cmd->add_flag("--no-tensors", args->no_tensors, "omit the per-tensor table (totals are still printed)");
   cmd->callback([args] { run_info(*args); });
 }
 

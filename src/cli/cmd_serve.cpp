@@ -37,18 +37,20 @@ void add_serve_command(CLI::App& app) {
       "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /metrics, chat page at /)");
   args->model.add_to(*cmd);
   server::ServerOptions& s = args->server;
-  cmd->add_option("--host", s.host, "address to listen on (127.0.0.1: this machine only)")
-      ->capture_default_str();
-  cmd->add_option("--port", s.port, "TCP port; 0 = any free port (printed at start)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 65535));
-  cmd->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1/* and /metrics");
+  cmd->option_defaults()->group(group::kModel);
   cmd->add_option("--device", s.device,
                   "cpu, or cuda: the GPU serves one request at a time (--parallel 1), greedy or sampled (top_k "
                   "1..64, else 400), plain or speculative (a chain, or a tree from the self-draft, a draft model or the head; "
                   "builds with MICROSPEC_CUDA)")
       ->capture_default_str();
   cmd->add_option("--alias", s.model_name, "model id in /v1/models and answers (default: file name)");
+  cmd->option_defaults()->group(group::kServer);
+  cmd->add_option("--host", s.host, "address to listen on (127.0.0.1: this machine only)")
+      ->capture_default_str();
+  cmd->add_option("--port", s.port, "TCP port; 0 = any free port (printed at start)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1/* and /metrics");
   cmd->add_option("--parallel", s.parallel,
                   "sequences generated together in one batch at most (each with its own KV cache, allocated at "
                   "start)")
@@ -89,8 +91,10 @@ void add_serve_command(CLI::App& app) {
                   "with --spec: sequences in flight up to which speculative sequences still draft (the configured "
                   "tree up to half of it, a chain of 2 tokens up to it, nothing above; 0: draft only when alone)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 20));
+      ->check(CLI::Range(0, 1 << 20))
+      ->group(group::kSpeculation);
   add_spec_options(*cmd, s.spec);
+  add_log_verbosity_option(*cmd);
   cmd->footer(
       "-t sets the compute threads of the one model all slots share (default: all cores). -c is each slot's context.\n"
       "Stop with SIGINT or SIGTERM: in-flight streams end with an error event and [DONE], then exit 0.");

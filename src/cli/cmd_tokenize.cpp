@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/hf_folder.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "gguf/gguf.h"
+#include "model/model_file.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
@@ -256,21 +256,23 @@ void run_tokenize(const TokenizeOptions& o) {
 
 void add_tokenize_command(CLI::App& app) {
   auto opts = std::make_shared<TokenizeOptions>();
-  CLI::App* cmd = app.add_subcommand("tokenize", "Print the token ids of a text");
-  cmd->add_option("-m,--model", opts->model, "GGUF model file")->required();
-  cmd->add_option("-p,--prompt", opts->prompt, "Text to tokenize");
-  cmd->add_option("-f,--file", opts->file, "Read the text from this file (bytes kept exactly)");
-  cmd->add_flag("--stdin", opts->use_stdin, "Read the text from standard input");
+  CLI::App* cmd = app.add_subcommand("tokenize", "print the token ids of a text");
+  add_model_path_option(*cmd, opts->model, "GGUF model file");
+  cmd->option_defaults()->group(group::kInput);
+  cmd->add_option("-p,--prompt", opts->prompt, "text to tokenize");
+  cmd->add_option("-f,--file", opts->file, "read the text from this file (bytes kept exactly)");
+  cmd->add_flag("--stdin", opts->use_stdin, "read the text from standard input");
   cmd->add_option("--batch-jsonl", opts->batch,
-                  "Run JSON-lines requests from this file ('-' for stdin), one JSON reply per line. "
+                  "run JSON-lines requests from this file ('-' for stdin), one JSON reply per line. "
                   "Requests: {\"op\":\"encode\",\"text_b64\"|\"text\",\"add_bos\",\"special\"}, "
                   "{\"op\":\"decode\"|\"pieces\",\"ids\",\"special\"}, "
                   "{\"op\":\"chat\",\"messages\",\"add_generation_prompt\",\"format\"}, {\"op\":\"info\"}");
-  cmd->add_flag("--no-bos", opts->no_bos, "Do not add BOS even where the model file asks for it");
-  cmd->add_flag("--no-special", opts->no_special, "Treat special-token strings in the text as plain text");
-  cmd->add_flag("--ids", opts->ids, "Print ids on one line, space separated (default)");
-  cmd->add_flag("--pieces", opts->pieces, "Print one token per line: id, tab, the token's text (escaped)");
-  cmd->add_flag("--json", opts->json_out, "Print a JSON array (of ids, or of {id, piece} with --pieces)");
+  cmd->add_flag("--no-bos", opts->no_bos, "do not add BOS even where the model file asks for it");
+  cmd->add_flag("--no-special", opts->no_special, "treat special-token strings in the text as plain text");
+  cmd->option_defaults()->group(group::kOutput);
+  cmd->add_flag("--ids", opts->ids, "print ids on one line, space separated (default)");
+  cmd->add_flag("--pieces", opts->pieces, "print one token per line: id, tab, the token's text (escaped)");
+  cmd->add_flag("--json", opts->json_out, "print a JSON array (of ids, or of {id, piece} with --pieces)");
   cmd->callback([opts] { run_tokenize(*opts); });
 }
 

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/hf_folder.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "gguf/gguf.h"
+#include "model/model_file.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "vocab/freq_file.h"
@@ -113,10 +113,12 @@ void add_vocab_freq_command(CLI::App& app) {
   auto args = std::make_shared<VocabFreqArgs>();
   CLI::App* cmd =
       app.add_subcommand("vocab-freq", "token frequencies of a corpus, for --draft-vocab freq/hybrid");
-  cmd->add_option("-m,--model", args->model, "GGUF model file (its tokenizer counts)")->required();
+  add_model_path_option(*cmd, args->model, "GGUF model file (its tokenizer counts)");
+  cmd->option_defaults()->group(group::kInput);
   cmd->add_option("--corpus", args->corpus, "text files; .jsonl files count every string value of each line")
       ->required()
       ->expected(1, -1);
+  cmd->option_defaults()->group(group::kOutput);
   cmd->add_option("-o,--output", args->output, "frequency file to write")->required();
   cmd->add_flag("-q,--quiet", args->quiet, "no progress on stderr");
   cmd->callback([args] { run_vocab_freq(*args); });

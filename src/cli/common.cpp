@@ -1,18 +1,27 @@
 #include "cli/common.h"
 
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "checkpoint/hf_folder.h"
+#include "model/model_file.h"
 #include "speculative/settings.h"
 #include "util/error.h"
+#include "util/log.h"
 
 namespace microspec::cli {
 
+CLI::Option* add_model_path_option(CLI::App& cmd, std::string& path, const char* help) {
+  return cmd.add_option("-m,--model", path, help)->required()->group(group::kModel);
+}
+
 void ModelArgs::add_to(CLI::App& cmd, int32_t default_batch) {
   n_batch = default_batch;
-  cmd.add_option("-m,--model", model_path, "GGUF model file or Hugging Face model folder")->required();
+  CLI::OptionDefaults before = *cmd.option_defaults();
+  cmd.option_defaults()->group(group::kModel);
+  add_model_path_option(cmd, model_path, "GGUF model file or Hugging Face model folder");
   cmd.add_option("--hf-type", hf_type,
                  "Hugging Face folder: store the weights as this type on load (f32, f16, bf16, q8_0, q4_k, ...; "
                  "default: the checkpoint's own)");
@@ -28,7 +37,22 @@ void ModelArgs::add_to(CLI::App& cmd, int32_t default_batch) {
       "--no-repack", [this] { repack = false; },
       "multiply the mapped file's weights as stored: no interleaved copy of the Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K "
       "and Q6_K matrices for the AVX2, AVX-512 and AMX kernels (saves their size in memory; the same results, slower)");
+  *cmd.option_defaults() = before;
 }
+
+namespace {
+
+// llama.cpp's names for the settings it has too: the option's first name, the table's own flag
+// (also bench's override key and JSON key) kept as an alias.
+const std::vector<std::pair<std::string, std::string>> kLlamaSpecNames = {{"draft-model", "--model-draft"}};
+
+std::string spec_option_names(const std::string& flag) {
+  for (const auto& [table_flag, llama_name] : kLlamaSpecNames)
+    if (table_flag == flag) return llama_name + ",--" + flag;
+  return "--" + flag;
+}
+
+}  // namespace
 
 void add_spec_options(CLI::App& cmd, SpecConfig& c) {
   // One option per row of the settings table: the table parses and range-checks the value.
@@ -45,12 +69,42 @@ void add_spec_options(CLI::App& cmd, SpecConfig& c) {
       // A switch that defaults to on is turned off with --no-FLAG, one that defaults to off on with --FLAG.
       const bool on_by_default = s.get(SpecConfig{}).get<bool>();
       cmd.add_flag_callback((on_by_default ? "--no-" : "--") + flag,
-                            [set, on_by_default] { set(on_by_default ? "false" : "true"); }, s.help);
+                            [set, on_by_default] { set(on_by_default ? "false" : "true"); }, s.help)
+          ->group(group::kSpeculation);
       continue;
     }
-    CLI::Option* opt = cmd.add_option_function<std::string>("--" + flag, set, s.help);
+    CLI::Option* opt = cmd.add_option_function<std::string>(spec_option_names(flag), set, s.help);
+    opt->group(group::kSpeculation);
     if (s.kind != SpecSetting::Kind::Text) opt->default_str(s.default_text());
   }
+}
+
+void add_sampling_options(CLI::App& cmd, const SamplingFlags& f) {
+  auto in_group = [](CLI::Option* opt) { return opt->group(group::kSampling)->capture_default_str(); };
+  in_group(cmd.add_option("-n,--n-predict,--max-new-tokens", f.n_predict, "most tokens to generate"))
+      ->check(CLI::Range(f.min_n_predict, int32_t(1) << 24));
+  in_group(cmd.add_option("--temp", f.temperature, "temperature; 0 = greedy"))->check(CLI::Range(0.0, 100.0));
+  in_group(cmd.add_option("--top-k", f.top_k, "top-k filter; 0 = off"))->check(CLI::Range(0, 1 << 30));
+  in_group(cmd.add_option("--top-p", f.top_p, "top-p (nucleus) filter; 1 = off"))->check(CLI::Range(0.0, 1.0));
+  in_group(cmd.add_option("-s,--seed", f.seed, f.seed_help))->check(CLI::Range(f.min_seed, INT64_MAX));
+  cmd.add_flag("--ignore-eos", f.ignore_eos, "keep generating past end-of-generation tokens")->group(group::kSampling);
+}
+
+void add_log_verbosity_option(CLI::App& cmd) {
+  cmd.add_option_function<int>(
+         "--log-verbosity",
+         [](int verbosity) {
+           try {
+             log::set_verbosity(verbosity);
+           } catch (const Error& e) {
+             throw CLI::ValidationError("--log-verbosity", e.what());
+           }
+         },
+         "log levels printed: 0 none, 1 errors, 2 and warnings, 3 and information, 4 and debug. Every log line "
+         "reads '2026-12-07T01:02:03.456Z I text': UTC time, level (E, W, I, D), text; a request's lines start "
+         "with its id")
+      ->default_str(std::to_string(log::kDefaultVerbosity))
+      ->group(group::kOther);
 }
 
 LoadedModel open_model(const ModelArgs& args) {

@@ -13,6 +13,21 @@
 
 namespace microspec::cli {
 
+// The help groups every subcommand files its options under, in this order where it has them.
+namespace group {
+inline constexpr const char* kModel = "Model";
+inline constexpr const char* kInput = "Input";
+inline constexpr const char* kSampling = "Sampling";
+inline constexpr const char* kSpeculation = "Speculation";
+inline constexpr const char* kServer = "Server";
+inline constexpr const char* kBenchmark = "Benchmark";
+inline constexpr const char* kOutput = "Output";
+inline constexpr const char* kOther = "Other";
+}  // namespace group
+
+// The options of the model file every subcommand that reads one has (-m/--model), in the Model group.
+CLI::Option* add_model_path_option(CLI::App& cmd, std::string& path, const char* help);
+
 struct ModelArgs {
   std::string model_path;
   int threads = 0;  // 0: all cores
@@ -37,9 +52,28 @@ LoadedModel load_model(const ModelArgs& args);
 // read_model_config gives the configuration).
 LoadedModel open_model(const ModelArgs& args);
 
-// The speculative-decoding flags (--spec, --draft-layers, --draft-model, --tree-*, --vocab-*, ...),
-// one per row of the settings table (speculative/settings.h), shared by generate, serve and bench.
+// The speculative-decoding flags (--spec, --draft-layers, -md/--model-draft, --tree-*, --vocab-*, ...),
+// one per row of the settings table (speculative/settings.h), shared by generate, serve and bench,
+// in the Speculation group.
 void add_spec_options(CLI::App& cmd, SpecConfig& config);
+
+// The sampling flags generate and bench share, with llama.cpp's names: -n/--n-predict, --temp,
+// --top-k, --top-p, -s/--seed, --ignore-eos, in the Sampling group.
+struct SamplingFlags {
+  int32_t& n_predict;
+  float& temperature;
+  int& top_k;
+  float& top_p;
+  int64_t& seed;
+  bool& ignore_eos;
+  int32_t min_n_predict = 0;
+  int64_t min_seed = -1;  // -1: a random seed allowed
+  const char* seed_help = "";
+};
+void add_sampling_options(CLI::App& cmd, const SamplingFlags& flags);
+
+// The verbosity flag of the subcommands that log (-lv/--log-verbosity, util/log.h), in the Other group.
+void add_log_verbosity_option(CLI::App& cmd);
 
 // Parses "1 2 3" or "1,2,3" into token ids. Throws Error on anything else.
 std::vector<int32_t> parse_token_ids(const std::string& text);

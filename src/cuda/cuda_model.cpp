@@ -180,6 +180,11 @@ std::unique_ptr<CudaModel> CudaModel::load(const GgufFile& f, const CudaModelOpt
       c.final_softcap != 0.0f || f.find_tensor("rope_freqs.weight"))
     throw Error(f.name() + ": the CUDA path runs gemma3, llama and qwen2 files without RoPE scaling or "
                 "soft-capping; run this " + c.arch_name + " file on the CPU");
+  // Its windowed attention was written for Gemma 3 and has never run on a GPU: a llama file with
+  // Mistral's window (llama.attention.sliding_window) is refused rather than run untested.
+  if (c.arch != Arch::Gemma3 && c.sliding_window > 0)
+    throw Error(f.name() + ": " + c.arch_name + ".attention.sliding_window = " + std::to_string(c.sliding_window) +
+                ": the CUDA path does not apply a sliding window to " + c.arch_name + " files; run it on the CPU");
   std::unique_ptr<CudaModel> m(new CudaModel(c, options));
   const int32_t d = c.n_embd;
 
@@ -535,7 +540,7 @@ void CudaModel::begin_spec_sampling(const SamplingParams& sampling, int32_t step
     throw Error("speculative sampling: " + std::to_string(steps) + " steps of " + std::to_string(draws_per_step) +
                 " draft draws, room for " + std::to_string(max_draft_bits_) + " (at most " +
                 std::to_string(kMaxDraftDrawsPerStep) + " a step)");
-  // The draft sampler's seed is the CPU decoder's (speculative/decoder.h).
+  // The draft sampler's seed is the CPU decoder's (engine/speculative_decoder.h).
   std::mt19937_64 rng(draft_sampler_seed(sampling.seed));
   std::vector<uint64_t> bits(static_cast<size_t>(n));
   for (uint64_t& b : bits) b = rng();

@@ -38,7 +38,7 @@
 // The row at position i pairs the target's features at position i with the token at i + 1.
 //
 // EAGLE-2 heads (arch "eagle2", ours; converted from SafeAILab/EAGLE's cnets1.py checkpoints by
-// checkpoint/eagle_checkpoint.h): the same keys under "eagle2." (no target_layers: the one
+// draft_head/eagle_checkpoint.h): the same keys under "eagle2." (no target_layers: the one
 // feature is the target's last hidden state after its final norm, captured as the stream after
 // its last layer and normed here with the target's output_norm), tensors
 //   fc.weight [2H cols][H rows], fc.bias [H] (optional), blk.0.attn_{q,k,v} [H cols], attn_output,

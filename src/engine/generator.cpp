@@ -155,6 +155,13 @@ TokenSink::TokenSink(const Tokenizer& tokenizer, const GenerateParams& params, c
     : tokenizer_(tokenizer), params_(params), on_text_(on_text), r_(result), stops_(params.stop_strings) {
   r_.finish = FinishReason::Length;
   done_ = params.max_new_tokens <= 0;
+  // Room for every row the generation may record, so recording allocates nothing per token (and a
+  // reader on another thread never sees the storage move). Longer generations (a CLI run past
+  // this) grow it as a vector grows.
+  constexpr int64_t kMaxReservedRows = int64_t(1) << 16;
+  if (params.logprobs.enabled)
+    r_.logprobs.reset(params.logprobs.top,
+                      size_t(std::clamp<int64_t>(params.max_new_tokens, 0, kMaxReservedRows)));
 }
 
 void TokenSink::emit(std::string_view text) {
@@ -163,7 +170,7 @@ void TokenSink::emit(std::string_view text) {
   if (on_text_ && !on_text_(text)) stopped_by_callback_ = true;
 }
 
-bool TokenSink::push(int32_t token) {
+bool TokenSink::push(int32_t token, std::span<const float> logits) {
   if (done_) return false;
   if (params_.cancel && params_.cancel->load(std::memory_order_relaxed)) {  // nobody waits for the rest
     stopped_by_callback_ = true;
@@ -176,6 +183,10 @@ bool TokenSink::push(int32_t token) {
     return false;
   }
   r_.tokens.push_back(token);
+  if (params_.logprobs.enabled) {
+    if (logits.empty()) throw Error("log-probabilities asked for, but no logits row came with the token");
+    append_logprob_row(logits.data(), int64_t(logits.size()), token, r_.logprobs);
+  }
   bool stop_hit = false;
   emit(stops_.push(utf8_.push(tokenizer_.token_to_piece(token)), &stop_hit));
   if (stop_hit) {
@@ -211,7 +222,7 @@ GenerateResult Generator::generate(const std::vector<int32_t>& prompt, const Gen
 
   while (!sink.done()) {
     const int32_t token = sampler.sample(logits);
-    if (!sink.push(token)) break;
+    if (!sink.push(token, {logits, size_t(model_.config().n_vocab)})) break;
     if (kv_.n_past() + 1 >= kv_.n_ctx()) {
       r.finish = FinishReason::ContextFull;
       break;

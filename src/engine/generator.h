@@ -11,6 +11,7 @@
 
 #include "model/kv_cache.h"
 #include "model/model.h"
+#include "sampling/logprobs.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -22,6 +23,7 @@ struct GenerateParams {
   std::vector<std::string> stop_strings;  // generation stops before the first occurrence
   bool ignore_eos = false;                // keep going past end-of-generation tokens (benchmarks)
   const std::atomic<bool>* cancel = nullptr;  // when set (the client left), generation ends at the next token
+  LogprobSettings logprobs;  // record each generated token's log-probability (sampling/logprobs.h)
 };
 
 enum class FinishReason { Length, EndOfGeneration, StopString, ContextFull };
@@ -36,6 +38,7 @@ struct GenerateResult {
   double decode_seconds = 0.0;          // from the end of prefill to the last token
   int32_t decode_forwards = 0;          // single-token forward passes after prefill
   double decode_lm_head_seconds = 0.0;  // part of decode_seconds spent in the LM head
+  LogprobRows logprobs;  // with params.logprobs: one row per entry of `tokens`, else empty
 };
 
 // Receives text as it becomes final (complete UTF-8, never past a stop string). Return false to stop.
@@ -106,9 +109,11 @@ class TokenSink {
             GenerateResult& result);
   // True when no token may be generated at all (max_new_tokens == 0).
   bool done() const { return done_; }
-  // Takes the next generated token. Returns false when generation ends with it (result.finish is
-  // set; an end-of-generation token is not appended).
-  bool push(int32_t token);
+  // Takes the next generated token and the target's logits row it was chosen from (needed only
+  // when params.logprobs asks for log-probabilities: a row is then recorded for each appended
+  // token). Returns false when generation ends with it (result.finish is set; an
+  // end-of-generation token is not appended).
+  bool push(int32_t token, std::span<const float> logits = {});
   // At the end of generation: releases text held back by the UTF-8 decoder and stop-string filter.
   void finish();
 

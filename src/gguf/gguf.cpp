@@ -93,6 +93,7 @@ class Cursor {
   size_t pos() const { return pos_; }
   size_t remaining() const { return size_ - pos_; }
   const uint8_t* here() const { return data_ + pos_; }
+  const uint8_t* at(size_t offset) const { return data_ + offset; }  // caller checks the bytes there
 
   void need(uint64_t n, const std::string& what) const {
     if (n > remaining())
@@ -208,42 +209,159 @@ std::unique_ptr<GgufFile> GgufFile::from_bytes(std::vector<uint8_t> bytes, std::
 
 GgufFile::~GgufFile() = default;
 
-void GgufFile::parse(const uint8_t* data, size_t size) {
-  Cursor c(data, size, name_);
-  file_size_ = size;
+namespace {
 
-  // Header.
+// --- GgufFile::parse's parts, in file order: each reads through the cursor and checks as it goes ---
+
+struct HeaderCounts {
+  uint32_t version = 0;
+  uint64_t n_tensors = 0;
+  uint64_t n_kv = 0;
+};
+
+// The magic, the version and the two counts, each count bounded by the bytes left.
+HeaderCounts read_header(Cursor& c, const uint8_t* data, size_t size) {
   if (size < 4) c.fail("file is too small to be GGUF (" + std::to_string(size) + " bytes)");
   if (std::memcmp(data, "GGUF", 4) != 0)
     c.fail("bad magic '" + printable(data, 4) + "' (expected 'GGUF'): not a GGUF file");
   c.skip(4);
-  version_ = c.read<uint32_t>("version");
-  if (version_ != 2 && version_ != 3) {
-    if (version_ == 1) c.fail("GGUF version 1 is not supported (only versions 2 and 3)");
-    const uint32_t swapped = __builtin_bswap32(version_);
+  HeaderCounts h;
+  h.version = c.read<uint32_t>("version");
+  if (h.version != 2 && h.version != 3) {
+    if (h.version == 1) c.fail("GGUF version 1 is not supported (only versions 2 and 3)");
+    const uint32_t swapped = __builtin_bswap32(h.version);
     if (swapped == 2 || swapped == 3)
-      c.fail("version field " + std::to_string(version_) +
+      c.fail("version field " + std::to_string(h.version) +
              " looks byte-swapped: big-endian GGUF is not supported");
-    c.fail("unsupported GGUF version " + std::to_string(version_) + " (only versions 2 and 3)");
+    c.fail("unsupported GGUF version " + std::to_string(h.version) + " (only versions 2 and 3)");
   }
-  const uint64_t n_tensors = c.read<uint64_t>("tensor count");
-  const uint64_t n_kv = c.read<uint64_t>("metadata key count");
+  h.n_tensors = c.read<uint64_t>("tensor count");
+  h.n_kv = c.read<uint64_t>("metadata key count");
   // Bound both counts by the bytes left before anything is sized from them.
-  if (n_tensors > c.remaining() / kMinTensorInfoBytes)
-    c.fail("tensor count " + std::to_string(n_tensors) + " cannot fit in the " +
+  if (h.n_tensors > c.remaining() / kMinTensorInfoBytes)
+    c.fail("tensor count " + std::to_string(h.n_tensors) + " cannot fit in the " +
            std::to_string(c.remaining()) + " bytes left in the file");
-  if (n_kv > c.remaining() / kMinKvBytes)
-    c.fail("metadata key count " + std::to_string(n_kv) + " cannot fit in the " +
+  if (h.n_kv > c.remaining() / kMinKvBytes)
+    c.fail("metadata key count " + std::to_string(h.n_kv) + " cannot fit in the " +
            std::to_string(c.remaining()) + " bytes left in the file");
-  if (n_tensors * kMinTensorInfoBytes + n_kv * kMinKvBytes > c.remaining())
-    c.fail("tensor count " + std::to_string(n_tensors) + " and metadata key count " + std::to_string(n_kv) +
-           " cannot fit in the " + std::to_string(c.remaining()) + " bytes left in the file");
+  if (h.n_tensors * kMinTensorInfoBytes + h.n_kv * kMinKvBytes > c.remaining())
+    c.fail("tensor count " + std::to_string(h.n_tensors) + " and metadata key count " +
+           std::to_string(h.n_kv) + " cannot fit in the " + std::to_string(c.remaining()) +
+           " bytes left in the file");
+  return h;
+}
 
-  // Metadata.
+// One scalar of type t (not ARRAY) into out: integers widened into i (unsigned ones mirrored into
+// u), floats into f, a string appended to strings. ctx names the key in errors.
+void read_scalar(Cursor& c, GgufType t, const std::string& ctx, GgufValue& out) {
+  const std::string what = ctx + " value";
+  switch (t) {
+    case GgufType::U8:
+      out.i = c.read<uint8_t>(what);
+      out.u = static_cast<uint64_t>(out.i);
+      break;
+    case GgufType::I8:
+      out.i = c.read<int8_t>(what);
+      break;
+    case GgufType::U16:
+      out.i = c.read<uint16_t>(what);
+      out.u = static_cast<uint64_t>(out.i);
+      break;
+    case GgufType::I16:
+      out.i = c.read<int16_t>(what);
+      break;
+    case GgufType::U32:
+      out.i = c.read<uint32_t>(what);
+      out.u = static_cast<uint64_t>(out.i);
+      break;
+    case GgufType::I32:
+      out.i = c.read<int32_t>(what);
+      break;
+    case GgufType::U64:
+      out.u = c.read<uint64_t>(what);
+      if (out.u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        out.i = static_cast<int64_t>(out.u);
+      break;
+    case GgufType::I64:
+      out.i = c.read<int64_t>(what);
+      break;
+    case GgufType::F32:
+      out.f = c.read<float>(what);
+      break;
+    case GgufType::F64:
+      out.f = c.read<double>(what);
+      break;
+    case GgufType::BOOL: {
+      const uint8_t b = c.read<uint8_t>(what);
+      if (b > 1) c.fail(ctx + ": bool value " + std::to_string(b) + " is neither 0 nor 1");
+      out.i = b;
+      out.u = b;
+      break;
+    }
+    case GgufType::STRING:
+      out.strings.push_back(c.read_string(ctx));
+      break;
+    case GgufType::ARRAY:
+      break;  // read_array's
+  }
+}
+
+// v.count strings into v.strings: every length is checked first, so the views are sized once.
+void read_string_array(Cursor& c, const std::string& ctx, GgufValue& v) {
+  size_t p = c.pos();
+  const size_t end = p + c.remaining();
+  for (uint64_t j = 0; j < v.count; ++j) {
+    if (end - p < 8)
+      c.fail("file is truncated: " + ctx + " string #" + std::to_string(j) + " length at offset " +
+             std::to_string(p) + " needs 8 bytes, only " + std::to_string(end - p) + " left");
+    const uint64_t len = load<uint64_t>(c.at(p));
+    p += 8;
+    if (len > end - p)
+      c.fail(ctx + ": string #" + std::to_string(j) + " length " + std::to_string(len) + " at offset " +
+             std::to_string(p - 8) + " exceeds the " + std::to_string(end - p) + " bytes left in the file");
+    p += len;
+  }
+  v.strings.reserve(v.count);
+  for (uint64_t j = 0; j < v.count; ++j) {
+    const uint64_t len = c.read<uint64_t>(ctx);
+    v.strings.emplace_back(reinterpret_cast<const char*>(c.here()), len);
+    c.skip(len);
+  }
+}
+
+// An array's element type, count and elements into v: fixed-size elements as a view of the file
+// (bools checked), strings as views.
+void read_array(Cursor& c, const std::string& ctx, GgufValue& v) {
+  const int32_t raw_elem = c.read<int32_t>(ctx + " array element type");
+  if (raw_elem == static_cast<int32_t>(GgufType::ARRAY)) c.fail(ctx + ": arrays of arrays are not supported");
+  if (!is_known_type(raw_elem)) c.fail(ctx + ": unknown array element type " + std::to_string(raw_elem));
+  v.elem_type = static_cast<GgufType>(raw_elem);
+  const size_t count_at = c.pos();
+  v.count = c.read<uint64_t>(ctx + " array count");
+  const size_t elem = gguf_value_size(v.elem_type);
+  // A string takes at least its 8-byte length; bound the count before walking.
+  const size_t min_elem = elem ? elem : 8;
+  if (v.count > c.remaining() / min_elem)
+    c.fail(ctx + ": array count " + std::to_string(v.count) + " at offset " + std::to_string(count_at) +
+           " of " + gguf_type_name(v.elem_type) + " cannot fit in the " + std::to_string(c.remaining()) +
+           " bytes left in the file");
+  if (!elem) return read_string_array(c, ctx, v);
+  v.array_data = c.here();
+  if (v.elem_type == GgufType::BOOL)
+    for (uint64_t j = 0; j < v.count; ++j)
+      if (v.array_data[j] > 1)
+        c.fail(ctx + ": bool element " + std::to_string(j) + " has value " + std::to_string(v.array_data[j]) +
+               ", neither 0 nor 1");
+  c.skip(v.count * elem);
+}
+
+// n_kv key-value pairs into kv, their keys in file order into key_order.
+void read_metadata(Cursor& c, uint64_t n_kv, std::unordered_map<std::string, GgufValue>& kv,
+                   std::vector<std::string>& key_order) {
   // Counts are only bounded by the file size here; cap what is reserved up front so a corrupt count
   // in a large file cannot reserve much more than a real model needs.
-  kv_.reserve(std::min<uint64_t>(n_kv, kMaxReserve));
-  key_order_.reserve(std::min<uint64_t>(n_kv, kMaxReserve));
+  kv.reserve(std::min<uint64_t>(n_kv, kMaxReserve));
+  key_order.reserve(std::min<uint64_t>(n_kv, kMaxReserve));
   for (uint64_t i = 0; i < n_kv; ++i) {
     const std::string idx = "metadata key #" + std::to_string(i);
     const std::string_view key = c.read_string(idx);
@@ -255,129 +373,75 @@ void GgufFile::parse(const uint8_t* data, size_t size) {
     const std::string ctx = "key " + quoted(key);
     const int32_t raw_type = c.read<int32_t>(ctx + " value type");
     if (!is_known_type(raw_type)) c.fail(ctx + ": unknown value type " + std::to_string(raw_type));
-
     GgufValue v;
     v.type = static_cast<GgufType>(raw_type);
-    auto read_scalar = [&](GgufType t, GgufValue& out) {
-      const std::string what = ctx + " value";
-      switch (t) {
-        case GgufType::U8:
-          out.i = c.read<uint8_t>(what);
-          out.u = static_cast<uint64_t>(out.i);
-          break;
-        case GgufType::I8:
-          out.i = c.read<int8_t>(what);
-          break;
-        case GgufType::U16:
-          out.i = c.read<uint16_t>(what);
-          out.u = static_cast<uint64_t>(out.i);
-          break;
-        case GgufType::I16:
-          out.i = c.read<int16_t>(what);
-          break;
-        case GgufType::U32:
-          out.i = c.read<uint32_t>(what);
-          out.u = static_cast<uint64_t>(out.i);
-          break;
-        case GgufType::I32:
-          out.i = c.read<int32_t>(what);
-          break;
-        case GgufType::U64:
-          out.u = c.read<uint64_t>(what);
-          if (out.u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-            out.i = static_cast<int64_t>(out.u);
-          break;
-        case GgufType::I64:
-          out.i = c.read<int64_t>(what);
-          break;
-        case GgufType::F32:
-          out.f = c.read<float>(what);
-          break;
-        case GgufType::F64:
-          out.f = c.read<double>(what);
-          break;
-        case GgufType::BOOL: {
-          const uint8_t b = c.read<uint8_t>(what);
-          if (b > 1) c.fail(ctx + ": bool value " + std::to_string(b) + " is neither 0 nor 1");
-          out.i = b;
-          out.u = b;
-          break;
-        }
-        case GgufType::STRING:
-          out.strings.push_back(c.read_string(ctx));
-          break;
-        case GgufType::ARRAY:
-          break;  // handled below
-      }
-    };
-
-    if (v.type != GgufType::ARRAY) {
-      read_scalar(v.type, v);
-    } else {
-      const int32_t raw_elem = c.read<int32_t>(ctx + " array element type");
-      if (raw_elem == static_cast<int32_t>(GgufType::ARRAY))
-        c.fail(ctx + ": arrays of arrays are not supported");
-      if (!is_known_type(raw_elem)) c.fail(ctx + ": unknown array element type " + std::to_string(raw_elem));
-      v.elem_type = static_cast<GgufType>(raw_elem);
-      const size_t count_at = c.pos();
-      v.count = c.read<uint64_t>(ctx + " array count");
-      const size_t elem = gguf_value_size(v.elem_type);
-      // A string takes at least its 8-byte length; bound the count before walking.
-      const size_t min_elem = elem ? elem : 8;
-      if (v.count > c.remaining() / min_elem)
-        c.fail(ctx + ": array count " + std::to_string(v.count) + " at offset " + std::to_string(count_at) +
-               " of " + gguf_type_name(v.elem_type) + " cannot fit in the " + std::to_string(c.remaining()) +
-               " bytes left in the file");
-      if (elem) {
-        v.array_data = c.here();
-        if (v.elem_type == GgufType::BOOL)
-          for (uint64_t j = 0; j < v.count; ++j)
-            if (v.array_data[j] > 1)
-              c.fail(ctx + ": bool element " + std::to_string(j) + " has value " +
-                     std::to_string(v.array_data[j]) + ", neither 0 nor 1");
-        c.skip(v.count * elem);
-      } else {
-        // Validate every length first so the view vector is sized exactly once.
-        size_t p = c.pos();
-        const size_t end = p + c.remaining();
-        for (uint64_t j = 0; j < v.count; ++j) {
-          if (end - p < 8)
-            c.fail("file is truncated: " + ctx + " string #" + std::to_string(j) + " length at offset " +
-                   std::to_string(p) + " needs 8 bytes, only " + std::to_string(end - p) + " left");
-          const uint64_t len = load<uint64_t>(data + p);
-          p += 8;
-          if (len > end - p)
-            c.fail(ctx + ": string #" + std::to_string(j) + " length " + std::to_string(len) + " at offset " +
-                   std::to_string(p - 8) + " exceeds the " + std::to_string(end - p) +
-                   " bytes left in the file");
-          p += len;
-        }
-        v.strings.reserve(v.count);
-        for (uint64_t j = 0; j < v.count; ++j) {
-          const uint64_t len = c.read<uint64_t>(ctx);
-          v.strings.emplace_back(reinterpret_cast<const char*>(c.here()), len);
-          c.skip(len);
-        }
-      }
-    }
-
-    auto [it, inserted] = kv_.try_emplace(std::string(key), std::move(v));
+    if (v.type != GgufType::ARRAY)
+      read_scalar(c, v.type, ctx, v);
+    else
+      read_array(c, ctx, v);
+    auto [it, inserted] = kv.try_emplace(std::string(key), std::move(v));
     if (!inserted) c.fail("duplicate key " + quoted(key));
-    key_order_.emplace_back(key);
+    key_order.emplace_back(key);
   }
+}
 
-  alignment_ = kDefaultAlignment;
-  if (const GgufValue* a = find("general.alignment")) {
-    if (a->type != GgufType::U32) c.fail("general.alignment must be u32, found " + describe(*a));
-    const uint64_t av = a->u;
-    if (av == 0 || (av & (av - 1)) != 0)
-      c.fail("general.alignment " + std::to_string(av) + " is not a nonzero power of two");
-    alignment_ = av;
+// general.alignment (a u32 power of two) when the file sets it, else the default.
+size_t read_alignment(const Cursor& c, const std::unordered_map<std::string, GgufValue>& kv) {
+  const auto found = kv.find("general.alignment");
+  if (found == kv.end()) return kDefaultAlignment;
+  const GgufValue& a = found->second;
+  if (a.type != GgufType::U32) c.fail("general.alignment must be u32, found " + describe(a));
+  const uint64_t av = a.u;
+  if (av == 0 || (av & (av - 1)) != 0)
+    c.fail("general.alignment " + std::to_string(av) + " is not a nonzero power of two");
+  return av;
+}
+
+// t's shape: n_dims non-negative dimensions whose element count fits int64.
+void read_shape(Cursor& c, const std::string& ctx, GgufTensor& t) {
+  const uint32_t n_dims = c.read<uint32_t>(ctx + " n_dims");
+  if (n_dims < 1 || n_dims > kMaxDims)
+    c.fail(ctx + ": n_dims " + std::to_string(n_dims) + " is out of range (1.." + std::to_string(kMaxDims) +
+           ")");
+  t.ne.resize(n_dims);
+  for (uint32_t d = 0; d < n_dims; ++d) {
+    t.ne[d] = c.read<int64_t>(ctx + " ne[" + std::to_string(d) + "]");
+    if (t.ne[d] < 0)
+      c.fail(ctx + ": dimension ne[" + std::to_string(d) + "] is negative (" + std::to_string(t.ne[d]) + ")");
   }
+  // Zero dimensions are skipped so that rows() and n_elements() cannot overflow either
+  // (ne = [0, 2^40, 2^40] has no elements but 2^80 rows).
+  int64_t n_elem = 1;
+  for (int64_t d : t.ne)
+    if (__builtin_mul_overflow(n_elem, std::max<int64_t>(d, 1), &n_elem))
+      c.fail(ctx + ": element count of shape " + shape_string(t.ne) + " overflows int64");
+}
 
-  // Tensor infos.
-  tensors_.reserve(std::min<uint64_t>(n_tensors, kMaxReserve));
-  tensor_index_.reserve(std::min<uint64_t>(n_tensors, kMaxReserve));
+// t's type (known and supported, whole blocks per row) and its data size.
+void read_type(Cursor& c, const std::string& ctx, GgufTensor& t) {
+  const uint32_t raw_type = c.read<uint32_t>(ctx + " type");
+  const TypeTraits* tt = type_traits(raw_type);
+  if (!tt) c.fail(ctx + ": unknown tensor type id " + std::to_string(raw_type));
+  if (!tt->supported)
+    c.fail(ctx + ": tensor type " + std::string(tt->name) + " is not supported by microspec");
+  t.type = static_cast<GgmlType>(raw_type);
+  if (t.ne[0] % tt->block_elems != 0)
+    c.fail(ctx + ": row length ne[0] = " + std::to_string(t.ne[0]) + " is not a multiple of the " + tt->name +
+           " block size " + std::to_string(tt->block_elems));
+  uint64_t n_bytes = 0;
+  bool overflow = __builtin_mul_overflow(static_cast<uint64_t>(t.ne[0] / tt->block_elems),
+                                         static_cast<uint64_t>(tt->block_bytes), &n_bytes);
+  for (size_t d = 1; d < t.ne.size(); ++d)
+    overflow |= __builtin_mul_overflow(n_bytes, static_cast<uint64_t>(t.ne[d]), &n_bytes);
+  if (overflow) c.fail(ctx + ": data size of shape " + shape_string(t.ne) + " overflows");
+  t.n_bytes = static_cast<size_t>(n_bytes);
+}
+
+// n_tensors tensor infos (name, shape, type, aligned offset) into tensors and tensor_index.
+void read_tensor_infos(Cursor& c, uint64_t n_tensors, size_t alignment, std::vector<GgufTensor>& tensors,
+                       std::unordered_map<std::string, size_t>& tensor_index) {
+  tensors.reserve(std::min<uint64_t>(n_tensors, kMaxReserve));
+  tensor_index.reserve(std::min<uint64_t>(n_tensors, kMaxReserve));
   for (uint64_t i = 0; i < n_tensors; ++i) {
     const std::string idx = "tensor #" + std::to_string(i);
     const std::string_view name = c.read_string(idx + " name");
@@ -387,59 +451,31 @@ void GgufFile::parse(const uint8_t* data, size_t size) {
              std::to_string(kMaxTensorNameBytes) + "): '" +
              printable(reinterpret_cast<const uint8_t*>(name.data()), 40) + "...'");
     const std::string ctx = "tensor " + quoted(name);
-    const uint32_t n_dims = c.read<uint32_t>(ctx + " n_dims");
-    if (n_dims < 1 || n_dims > kMaxDims)
-      c.fail(ctx + ": n_dims " + std::to_string(n_dims) + " is out of range (1.." + std::to_string(kMaxDims) +
-             ")");
     GgufTensor t;
     t.name = std::string(name);
-    t.ne.resize(n_dims);
-    for (uint32_t d = 0; d < n_dims; ++d) {
-      t.ne[d] = c.read<int64_t>(ctx + " ne[" + std::to_string(d) + "]");
-      if (t.ne[d] < 0)
-        c.fail(ctx + ": dimension ne[" + std::to_string(d) + "] is negative (" + std::to_string(t.ne[d]) +
-               ")");
-    }
-    // Zero dimensions are skipped so that rows() and n_elements() cannot overflow either
-    // (ne = [0, 2^40, 2^40] has no elements but 2^80 rows).
-    int64_t n_elem = 1;
-    for (int64_t d : t.ne)
-      if (__builtin_mul_overflow(n_elem, std::max<int64_t>(d, 1), &n_elem))
-        c.fail(ctx + ": element count of shape " + shape_string(t.ne) + " overflows int64");
-    const uint32_t raw_type = c.read<uint32_t>(ctx + " type");
-    const TypeTraits* tt = type_traits(raw_type);
-    if (!tt) c.fail(ctx + ": unknown tensor type id " + std::to_string(raw_type));
-    if (!tt->supported)
-      c.fail(ctx + ": tensor type " + std::string(tt->name) + " is not supported by microspec");
-    t.type = static_cast<GgmlType>(raw_type);
-    if (t.ne[0] % tt->block_elems != 0)
-      c.fail(ctx + ": row length ne[0] = " + std::to_string(t.ne[0]) + " is not a multiple of the " +
-             tt->name + " block size " + std::to_string(tt->block_elems));
-    uint64_t n_bytes = 0;
-    bool overflow = __builtin_mul_overflow(static_cast<uint64_t>(t.ne[0] / tt->block_elems),
-                                           static_cast<uint64_t>(tt->block_bytes), &n_bytes);
-    for (uint32_t d = 1; d < n_dims; ++d)
-      overflow |= __builtin_mul_overflow(n_bytes, static_cast<uint64_t>(t.ne[d]), &n_bytes);
-    if (overflow) c.fail(ctx + ": data size of shape " + shape_string(t.ne) + " overflows");
-    t.n_bytes = static_cast<size_t>(n_bytes);
+    read_shape(c, ctx, t);
+    read_type(c, ctx, t);
     t.offset = c.read<uint64_t>(ctx + " offset");
-    if (t.offset % alignment_ != 0)
+    if (t.offset % alignment != 0)
       c.fail(ctx + ": data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
-             std::to_string(alignment_));
-    auto [it, inserted] = tensor_index_.try_emplace(t.name, tensors_.size());
+             std::to_string(alignment));
+    auto [it, inserted] = tensor_index.try_emplace(t.name, tensors.size());
     if (!inserted) c.fail("duplicate tensor name " + quoted(name));
-    tensors_.push_back(std::move(t));
+    tensors.push_back(std::move(t));
   }
+}
 
-  // Data section: starts at the next multiple of the alignment after the tensor infos.
+// The data section starts at the next multiple of the alignment after the tensor infos: checks
+// every tensor's bytes lie inside the file, points its data there, and returns the section's offset.
+size_t place_tensor_data(const Cursor& c, const uint8_t* data, size_t size, size_t alignment,
+                         std::vector<GgufTensor>& tensors) {
   const size_t header_end = c.pos();
-  const size_t data_start = (header_end + alignment_ - 1) / alignment_ * alignment_;  // alignment_ <= 2^32
-  if (!tensors_.empty() && data_start > size)
+  const size_t data_start = (header_end + alignment - 1) / alignment * alignment;  // alignment <= 2^32
+  if (!tensors.empty() && data_start > size)
     c.fail("data section would start at offset " + std::to_string(data_start) +
            ", past the end of the file (size " + std::to_string(size) + ")");
-  data_offset_ = data_start;
-  const uint64_t data_size = tensors_.empty() ? 0 : size - data_start;
-  for (GgufTensor& t : tensors_) {
+  const uint64_t data_size = tensors.empty() ? 0 : size - data_start;
+  for (GgufTensor& t : tensors) {
     if (t.offset > data_size || t.n_bytes > data_size - t.offset) {
       const bool abs_fits = t.offset <= std::numeric_limits<uint64_t>::max() - data_start;
       const std::string where = abs_fits ? "offset " + std::to_string(data_start + t.offset)
@@ -449,12 +485,15 @@ void GgufFile::parse(const uint8_t* data, size_t size) {
     }
     t.data = data + data_start + t.offset;
   }
+  return data_start;
+}
 
-  // Overlap: with tensors sorted by offset, each must end before the next starts. Empty tensors
-  // occupy nothing and cannot overlap.
+// With tensors sorted by offset, each must end before the next starts. Empty tensors occupy
+// nothing and cannot overlap.
+void check_no_overlap(const Cursor& c, const std::vector<GgufTensor>& tensors) {
   std::vector<const GgufTensor*> by_offset;
-  by_offset.reserve(tensors_.size());
-  for (const GgufTensor& t : tensors_)
+  by_offset.reserve(tensors.size());
+  for (const GgufTensor& t : tensors)
     if (t.n_bytes) by_offset.push_back(&t);
   std::sort(by_offset.begin(), by_offset.end(),
             [](const GgufTensor* a, const GgufTensor* b) { return a->offset < b->offset; });
@@ -466,6 +505,20 @@ void GgufFile::parse(const uint8_t* data, size_t size) {
              std::to_string(a.n_bytes) + " bytes] and " + quoted(b.name) + " [data offset " +
              std::to_string(b.offset) + ", " + std::to_string(b.n_bytes) + " bytes] overlap");
   }
+}
+
+}  // namespace
+
+void GgufFile::parse(const uint8_t* data, size_t size) {
+  Cursor c(data, size, name_);
+  file_size_ = size;
+  const HeaderCounts header = read_header(c, data, size);
+  version_ = header.version;
+  read_metadata(c, header.n_kv, kv_, key_order_);
+  alignment_ = read_alignment(c, kv_);
+  read_tensor_infos(c, header.n_tensors, alignment_, tensors_, tensor_index_);
+  data_offset_ = place_tensor_data(c, data, size, alignment_, tensors_);
+  check_no_overlap(c, tensors_);
 }
 
 bool GgufFile::has(std::string_view key) const {

@@ -31,6 +31,15 @@ int32_t positive_int(const GgufFile& f, const std::string& key, int64_t limit) {
   return static_cast<int32_t>(v);
 }
 
+// {arch}.attention.sliding_window (llama.cpp's key for Gemma 2/3; microspec's converter writes it
+// for Mistral too): keys with qpos - kpos < window are seen. Absent: `absent` (0: no window).
+int32_t sliding_window(const GgufFile& f, const std::string& p, int64_t absent) {
+  const int64_t w = f.get_int_opt(p + "attention.sliding_window").value_or(absent);
+  if (w < 0 || w > (int64_t(1) << 30))
+    throw Error(f.name() + ": " + p + "attention.sliding_window = " + std::to_string(w) + " is out of range");
+  return static_cast<int32_t>(w);
+}
+
 }  // namespace
 
 ModelConfig read_model_config(const GgufFile& f) {
@@ -116,9 +125,7 @@ ModelConfig read_model_config(const GgufFile& f) {
       if (gemma2 && !f.has(p + "final_logit_softcapping")) c.final_softcap = 30.0f;
       if (!gemma2 && c.attn_softcap != 0.0f) throw Error(f.name() + ": gemma3 has no attention soft-capping");
       // Gemma 2: every other layer slides (window 4096 by default); Gemma 3: five of every six.
-      c.sliding_window = static_cast<int32_t>(
-          f.get_int_opt(p + "attention.sliding_window").value_or(gemma2 ? 4096 : 0));
-      if (c.sliding_window < 0) throw Error(f.name() + ": negative sliding window");
+      c.sliding_window = sliding_window(f, p, gemma2 ? 4096 : 0);
       c.rope_base_local = static_cast<float>(
           f.get_float_opt(p + "rope.freq_base_swa").value_or(gemma2 ? c.rope_base : 10000.0));
       const int64_t pattern = f.get_int_opt(p + "attention.sliding_window_pattern").value_or(gemma2 ? 2 : 6);
@@ -130,6 +137,11 @@ ModelConfig read_model_config(const GgufFile& f) {
     }
     case Arch::Llama:
       c.rope_style = RopeStyle::Norm;
+      // Mistral's sliding window, on every layer, when the file has the key (microspec's converter
+      // writes config.json's sliding_window there). llama.cpp's converter drops it and llama.cpp
+      // ignores it: a file without the key attends to the whole context, as in llama.cpp.
+      c.sliding_window = sliding_window(f, p, 0);
+      c.layer_is_sliding.assign(c.n_layer, c.sliding_window > 0);
       break;
     case Arch::Phi3:
       // llama.cpp disables Phi-3's sliding window (its converters do not describe the layer

@@ -9,7 +9,8 @@ namespace microspec {
 class GgufFile;
 
 // The architectures, named as llama.cpp's `general.architecture` names them. Mistral files are
-// `llama` (llama.cpp's converter writes MistralForCausalLM as llama and ignores its sliding window).
+// `llama` (llama.cpp's converter writes MistralForCausalLM as llama and drops its sliding window;
+// microspec's keeps it as llama.attention.sliding_window, which slides every layer).
 enum class Arch { Gemma2, Gemma3, Llama, Phi3, Qwen2, Qwen3 };
 enum class RopeStyle { Norm, Neox };  // Norm pairs (2i, 2i+1); Neox pairs (i, i + n_rot/2)
 
@@ -37,8 +38,9 @@ struct ModelConfig {
   float attn_scale = 1.0f;                // applied to q·k
   float attn_softcap = 0.0f;              // > 0: scores become cap * tanh(score / cap) (Gemma 2)
   float final_softcap = 0.0f;             // > 0: logits become cap * tanh(logit / cap) (Gemma 2)
-  int32_t sliding_window = 0;             // 0: no sliding-window layers
-  std::vector<uint8_t> layer_is_sliding;  // [n_layer]
+  int32_t sliding_window = 0;             // 0: no sliding-window layers; else a query at position i
+                                          // sees keys at j with i - j < sliding_window
+  std::vector<uint8_t> layer_is_sliding;  // [n_layer] (Gemma 2/3: their patterns; llama: all or none)
 
   int32_t q_dim() const { return n_head * head_dim; }
   int32_t kv_dim() const { return n_head_kv * head_dim; }

@@ -2,8 +2,9 @@
 // pre-norm residual blocks, grouped-query attention, SiLU-gated FFN, tied or separate LM head.
 // Llama 3.x's RoPE scaling comes as per-frequency divisors, the tensor rope_freqs.weight, which
 // llama.cpp's converter computes from rope_scaling (rope_type llama3). Mistral files are `llama`:
-// llama.cpp's converter writes MistralForCausalLM so and neither it nor llama.cpp applies Mistral's
-// sliding window, so every layer attends to the whole context here too.
+// with llama.attention.sliding_window (written by microspec's converter, not llama.cpp's) every
+// layer is a sliding-window layer, masked in the shared attention block as Gemma's are; without
+// it every layer attends to the whole context, as in llama.cpp.
 #include <cmath>
 #include <string>
 
@@ -87,7 +88,7 @@ class LlamaModel final : public Model {
       const RopeSpec rot = rope_spec(il, rope_freqs_);
       rope(q, n, c.n_head, positions, rot);
       rope(k, n, c.n_head_kv, positions, rot);
-      attention(il, rows, q, k, v, attn);
+      attention(il, rows, q, k, v, attn);  // Mistral's window, if the file has one
       matmul(L.wo, attn, n, o);
       add_block_output(o, n, x);
 

@@ -364,28 +364,20 @@ void Model::attention(int32_t il, const ForwardRows& rows, const float* q, const
 }
 
 void Model::forward(const Batch& batch, KVCache& kv, ForwardOutput& out, const ForwardOptions& options) {
-  if (options.first_layer > 0 && !options.resume_residual)
-    throw Error("forward: starting at a later layer needs the residual streams");
-  const SequenceForward seq{
-      .batch = &batch, .kv = &kv, .out = &out, .resume_residual = options.resume_residual};
-  ForwardOptions per_call = options;
-  per_call.resume_residual = nullptr;
-  forward(std::span<const SequenceForward>(&seq, 1), per_call);
+  const SequenceForward seq{.batch = &batch, .kv = &kv, .out = &out};
+  forward(std::span<const SequenceForward>(&seq, 1), options);
 }
 
 // Checks one sequence of a forward call against its cache and records its tokens' slot metadata.
-void Model::check_sequence(const SequenceForward& seq, int32_t first_layer) const {
+void Model::check_sequence(const SequenceForward& seq) const {
   if (!seq.batch || !seq.kv || !seq.out) throw Error("forward: a sequence lacks its batch, cache or output");
   const Batch& batch = *seq.batch;
   KVCache& kv = *seq.kv;
   const int32_t n = batch.size();
-  if (first_layer > 0 && !seq.resume_residual)
-    throw Error("forward: starting at a later layer needs the residual streams");
   if (seq.resumed_rows < 0 || seq.resumed_rows > batch.size() || (seq.resumed_rows > 0 && !seq.resumed))
     throw Error("forward: resumed rows " + std::to_string(seq.resumed_rows) + " of a sequence of " +
                 std::to_string(batch.size()) + " tokens, or without their streams");
-  if (seq.resumed_rows > 0 &&
-      (first_layer > 0 || seq.resumed_layer < 1 || seq.resumed_layer > config_.n_layer))
+  if (seq.resumed_rows > 0 && (seq.resumed_layer < 1 || seq.resumed_layer > config_.n_layer))
     throw Error("forward: resumed rows need a call from layer 0 and a resumed layer in [1, " +
                 std::to_string(config_.n_layer) + "], got " + std::to_string(seq.resumed_layer));
   if (n == 0) throw Error("forward: empty batch");
@@ -410,54 +402,77 @@ void Model::check_sequence(const SequenceForward& seq, int32_t first_layer) cons
 }
 
 void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions& options) {
-  const int32_t d = config_.n_embd;
-  const int32_t first_layer = options.first_layer;
-  const int32_t end_layer =
-      options.end_layer < 0 || options.end_layer > config_.n_layer ? config_.n_layer : options.end_layer;
-  if (first_layer < 0 || first_layer > end_layer)
-    throw Error("forward: first layer " + std::to_string(first_layer) + " outside [0, " +
-                std::to_string(end_layer) + "]");
-  if (options.resume_residual)
-    throw Error("forward: a multi-sequence call takes the residual streams per sequence");
-  if (seqs.empty()) throw Error("forward: no sequence");
+  const ForwardCall call = check_call(seqs, options);  // every check before anything is written
+  const RowTables tables{.positions = act_.positions.data(),
+                         .row_seq = act_.row_seq.data(),
+                         .seq_first_row = act_.seq_first_row.data()};
+  lay_out_rows(seqs, tables);
+  reserve_attention_scratch(seqs);
+  float* x = act_.x.data();
+  embed_tokens(seqs, tables.seq_first_row, x);
+  const ForwardRows rows{.n = call.n_rows,
+                         .positions = tables.positions,
+                         .seqs = seqs,
+                         .row_seq = tables.row_seq,
+                         .seq_first_row = tables.seq_first_row};
+  if (call.resumed_layer > 0) run_fresh_rows(seqs, call.resumed_layer, x);
+  run_layers_capturing(rows, call.resumed_layer, call.end_layer, options.capture_layers, x);
+  const int32_t n_out = write_outputs(rows, x);
+  if (options.logits) logits_of_outputs(seqs, n_out, head_hidden_, head_logits_);
+}
 
-  // The rows of all sequences, one after the other; every check before anything is written.
+Model::ForwardCall Model::check_call(std::span<const SequenceForward> seqs,
+                                     const ForwardOptions& options) const {
+  if (seqs.empty()) throw Error("forward: no sequence");
+  ForwardCall call;
+  call.end_layer =
+      options.end_layer < 0 || options.end_layer > config_.n_layer ? config_.n_layer : options.end_layer;
   int64_t n_total = 0;
-  int32_t resumed_layer = 0;  // of the sequences with resumed rows (0: none has any)
   for (size_t s = 0; s < seqs.size(); ++s) {
-    check_sequence(seqs[s], first_layer);
+    check_sequence(seqs[s]);
     if (seqs[s].resumed_rows > 0) {
-      if (resumed_layer != 0 && seqs[s].resumed_layer != resumed_layer)
+      if (call.resumed_layer != 0 && seqs[s].resumed_layer != call.resumed_layer)
         throw Error("forward: the sequences of one call resume at different layers (" +
-                    std::to_string(resumed_layer) + " and " + std::to_string(seqs[s].resumed_layer) + ")");
-      resumed_layer = seqs[s].resumed_layer;
+                    std::to_string(call.resumed_layer) + " and " + std::to_string(seqs[s].resumed_layer) +
+                    ")");
+      call.resumed_layer = seqs[s].resumed_layer;
     }
     for (size_t t = 0; t < s; ++t)
       if (seqs[t].kv == seqs[s].kv) throw Error("forward: two sequences of one call share a KV cache");
     n_total += seqs[s].batch->size();
   }
-  if (resumed_layer > end_layer)
-    throw Error("forward: rows resumed after layer " + std::to_string(resumed_layer) +
-                ", past the call's last layer " + std::to_string(end_layer));
-  if (resumed_layer > 0 && !options.capture_layers.empty() && options.capture_layers.front() < resumed_layer)
-    throw Error("forward: a capture layer before the resumed layer " + std::to_string(resumed_layer));
+  if (call.resumed_layer > call.end_layer)
+    throw Error("forward: rows resumed after layer " + std::to_string(call.resumed_layer) +
+                ", past the call's last layer " + std::to_string(call.end_layer));
+  if (call.resumed_layer > 0 && !options.capture_layers.empty() &&
+      options.capture_layers.front() < call.resumed_layer)
+    throw Error("forward: a capture layer before the resumed layer " + std::to_string(call.resumed_layer));
   if (n_total > n_batch_)
     throw Error("forward: batch of " + std::to_string(n_total) + " tokens exceeds n_batch " +
                 std::to_string(n_batch_));
-  const int32_t n = static_cast<int32_t>(n_total);
-  size_t need_scores = 0, need_seen = 0;
+  call.n_rows = static_cast<int32_t>(n_total);
+  return call;
+}
+
+void Model::lay_out_rows(std::span<const SequenceForward> seqs, const RowTables& tables) {
   int32_t row = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
     const Batch& batch = *seqs[s].batch;
     KVCache& kv = *seqs[s].kv;
-    act_.seq_first_row[s] = row;
+    tables.seq_first_row[s] = row;
     for (int32_t i = 0; i < batch.size(); ++i, ++row) {
       kv.set_slot_meta(kv.n_past() + batch.start + i, batch.positions[i], batch.parents[i]);
-      act_.positions[row] = batch.positions[i];
-      act_.row_seq[row] = static_cast<int32_t>(s);
+      tables.positions[row] = batch.positions[i];
+      tables.row_seq[row] = static_cast<int32_t>(s);
     }
-    need_scores = std::max(need_scores, size_t(kv.n_ctx()) + n_batch_);
-    need_seen = std::max(need_seen, size_t(kv.n_ctx()));
+  }
+}
+
+void Model::reserve_attention_scratch(std::span<const SequenceForward> seqs) {
+  size_t need_scores = 0, need_seen = 0;
+  for (const SequenceForward& seq : seqs) {
+    need_scores = std::max(need_scores, size_t(seq.kv->n_ctx()) + n_batch_);
+    need_seen = std::max(need_seen, size_t(seq.kv->n_ctx()));
   }
   // Attention scratch grows once to the largest cache seen (caches are made once per session).
   if (scores_.size() < pool_.size() * kAttentionRows * need_scores)
@@ -465,37 +480,31 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
   if (weights16_.size() < pool_.size() * need_scores) weights16_.assign(pool_.size() * need_scores, 0);
   if (seen_.size() < pool_.size() * kAttentionRows * need_seen)
     seen_.assign(pool_.size() * kAttentionRows * need_seen, 0);
+}
 
-  float* x = act_.x.data();
+void Model::embed_tokens(std::span<const SequenceForward> seqs, const int32_t* seq_first_row,
+                         float* x) const {
+  const int32_t d = config_.n_embd;
+  const QMatrix& e = token_embd_;
   for (size_t s = 0; s < seqs.size(); ++s) {
     const Batch& batch = *seqs[s].batch;
-    float* xs = x + size_t(act_.seq_first_row[s]) * d;
-    if (first_layer > 0) {
-      std::memcpy(xs, seqs[s].resume_residual, sizeof(float) * size_t(batch.size()) * d);
-      continue;
-    }
+    float* xs = x + size_t(seq_first_row[s]) * d;
     for (int32_t i = 0; i < batch.size(); ++i) {
-      const QMatrix& e = token_embd_;
       dequantize_row(e.type, e.data + size_t(batch.tokens[i]) * e.row_stride, xs + size_t(i) * d, d);
       if (config_.embed_scale != 1.0f)
         for (int32_t j = 0; j < d; ++j) xs[size_t(i) * d + j] *= config_.embed_scale;
     }
   }
-  const ForwardRows rows{.n = n,
-                         .positions = act_.positions.data(),
-                         .seqs = seqs,
-                         .row_seq = act_.row_seq.data(),
-                         .seq_first_row = act_.seq_first_row.data()};
-  if (resumed_layer > 0) run_fresh_rows(seqs, resumed_layer, x);
-  run_layers_capturing(rows, std::max(first_layer, resumed_layer), end_layer, options.capture_layers, x);
+}
 
-  // Each sequence's output rows: residual and final norm, then one LM head over all of them.
+int32_t Model::write_outputs(const ForwardRows& rows, const float* x) {
+  const int32_t d = config_.n_embd;
   int32_t n_out_total = 0;
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    const Batch& batch = *seqs[s].batch;
-    ForwardOutput& out = *seqs[s].out;
+  for (size_t s = 0; s < rows.seqs.size(); ++s) {
+    const Batch& batch = *rows.seqs[s].batch;
+    ForwardOutput& out = *rows.seqs[s].out;
     const int32_t n_out = static_cast<int32_t>(batch.output_rows.size());
-    const float* xs = x + size_t(act_.seq_first_row[s]) * d;
+    const float* xs = x + size_t(rows.seq_first_row[s]) * d;
     out.n_rows = n_out;
     out.residual.resize(size_t(n_out) * d);
     out.hidden.resize(size_t(n_out) * d);
@@ -505,7 +514,12 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
     rms_norm(out.residual.data(), output_norm_, n_out, d, out.hidden.data());
     n_out_total += n_out;
   }
-  if (!options.logits) return;
+  return n_out_total;
+}
+
+void Model::logits_of_outputs(std::span<const SequenceForward> seqs, int32_t n_out_total,
+                              std::vector<float>& head_hidden, std::vector<float>& head_logits) {
+  const int32_t d = config_.n_embd;
   const size_t V = config_.n_vocab;
   if (seqs.size() == 1) {  // straight into the sequence's output
     ForwardOutput& out = *seqs[0].out;
@@ -513,19 +527,19 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
     lm_head(out.hidden.data(), out.n_rows, out.logits.data());
     return;
   }
-  head_hidden_.resize(size_t(n_out_total) * d);
-  head_logits_.resize(size_t(n_out_total) * V);
+  head_hidden.resize(size_t(n_out_total) * d);
+  head_logits.resize(size_t(n_out_total) * V);
   int32_t at = 0;
   for (const SequenceForward& seq : seqs) {
-    std::memcpy(head_hidden_.data() + size_t(at) * d, seq.out->hidden.data(),
+    std::memcpy(head_hidden.data() + size_t(at) * d, seq.out->hidden.data(),
                 sizeof(float) * seq.out->n_rows * d);
     at += seq.out->n_rows;
   }
-  lm_head(head_hidden_.data(), n_out_total, head_logits_.data());
+  lm_head(head_hidden.data(), n_out_total, head_logits.data());
   at = 0;
   for (const SequenceForward& seq : seqs) {
-    seq.out->logits.assign(head_logits_.data() + size_t(at) * V,
-                           head_logits_.data() + size_t(at + seq.out->n_rows) * V);
+    seq.out->logits.assign(head_logits.data() + size_t(at) * V,
+                           head_logits.data() + size_t(at + seq.out->n_rows) * V);
     at += seq.out->n_rows;
   }
 }

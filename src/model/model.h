@@ -68,23 +68,21 @@ struct ForwardOutput {
 };
 
 // One sequence's part of a multi-sequence forward call: its tokens, its own cache (distinct from
-// every other sequence's in the call), where its results go, and, when the call starts at a later
-// layer, the residual streams it resumes from ([batch->size()][n_embd]).
+// every other sequence's in the call) and where its results go.
 //
-// A call from the embeddings (first_layer 0) may also take, per sequence, leading rows that already
-// ran the first layers elsewhere: a self-drafter runs the root and tree nodes through the target's
-// first `resumed_layer` layers at the very pending slots verification uses. The call runs every
-// other row of every sequence through layers [0, resumed_layer) first, puts the resumed rows'
-// streams beside them, and then runs all rows on: bitwise what running every row from the
+// A call may also take, per sequence, leading rows that already ran the first layers elsewhere
+// (the one way to resume a forward): a self-drafter runs the root and tree nodes through the
+// target's first `resumed_layer` layers at the very pending slots verification uses. The call runs
+// every other row of every sequence through layers [0, resumed_layer) first, puts the resumed
+// rows' streams beside them, and then runs all rows on: bitwise what running every row from the
 // embeddings gives (layers are per token), without recomputing the drafter's rows.
 struct SequenceForward {
   const Batch* batch = nullptr;
   KVCache* kv = nullptr;
   ForwardOutput* out = nullptr;
-  const float* resume_residual = nullptr;  // [batch->size()][n_embd] when the call starts at a later layer
-  int32_t resumed_rows = 0;                // leading rows that ran layers [0, resumed_layer) already
-  int32_t resumed_layer = 0;               // the same for every sequence of a call that has resumed rows
-  const float* resumed = nullptr;          // [resumed_rows][n_embd] their residual streams after them
+  int32_t resumed_rows = 0;        // leading rows that ran layers [0, resumed_layer) already
+  int32_t resumed_layer = 0;       // the same for every sequence of a call that has resumed rows
+  const float* resumed = nullptr;  // [resumed_rows][n_embd] their residual streams after them
 };
 
 // Wall time spent in the LM head since the last reset, for the statistics lines and benchmarks.
@@ -93,17 +91,14 @@ struct ModelTimings {
   void reset() { *this = ModelTimings{}; }
 };
 
-// Which part of the model one forward() call runs. Layers [first_layer, end_layer) run; the input
-// of first_layer is the token embeddings when first_layer == 0, else resume_residual: the residual
-// streams ([n][n_embd]) after layer first_layer - 1 of an earlier forward (ForwardOutput::residual).
+// Which part of the model one forward() call runs: layers [0, end_layer) from the token
+// embeddings (a sequence's resumed rows, SequenceForward::resumed_rows, join at their layer).
 struct ForwardOptions {
   static constexpr int32_t kAllLayers = -1;
-  bool logits = false;                     // also fill ForwardOutput::logits (the full LM head)
-  int32_t first_layer = 0;                 // first layer to run
-  int32_t end_layer = kAllLayers;          // one past the last layer to run; kAllLayers: to the last
-  const float* resume_residual = nullptr;  // [n][n_embd] input of first_layer when it is > 0
+  bool logits = false;             // also fill ForwardOutput::logits (the full LM head)
+  int32_t end_layer = kAllLayers;  // one past the last layer to run; kAllLayers: to the last
   // Layers whose input residual stream to copy into ForwardOutput::layer_inputs for the output
-  // rows (an EAGLE-3 head's target features), non-decreasing, each in [first_layer, end_layer];
+  // rows (an EAGLE-3 head's target features), non-decreasing, each in [resumed layer, end_layer];
   // end_layer means the stream after the last layer run. Free: the layers run in segments.
   std::span<const int32_t> capture_layers = {};
 };
@@ -157,7 +152,7 @@ class Model {
   // The same for several sequences in one call: every row of every sequence goes through each
   // weight matrix together (one read of the weights), the LM head included; attention is per
   // sequence. Each sequence's results are bitwise those of forward() on it alone. The total token
-  // count must fit n_batch; options.resume_residual must be null (it is per sequence here).
+  // count must fit n_batch.
   void forward(std::span<const SequenceForward> seqs, const ForwardOptions& options);
 
   // logits[i][v] for all vocabulary rows: hidden is [n][n_embd], logits [n][n_vocab].
@@ -246,7 +241,7 @@ class Model {
   // x += block_out, both [n][n_embd].
   void add_block_output(const float* block_out, int32_t n, float* x) const;
   // Checks one sequence of a forward call (tokens, parents, positions, output rows, room in its cache).
-  void check_sequence(const SequenceForward& seq, int32_t first_layer) const;
+  void check_sequence(const SequenceForward& seq) const;
   // Writes k, v ([n][kv_dim]) of every row into layer il of its sequence's cache and computes
   // attention of q ([n][q_dim]) against that sequence's committed prefix plus the token's ancestors
   // into out ([n][q_dim]).
@@ -305,6 +300,34 @@ class Model {
   // the largest number of output rows seen (decode steps: one or a few rows per sequence).
   std::vector<float> head_hidden_;  // [output rows][n_embd]
   std::vector<float> head_logits_;  // [output rows][n_vocab]
+
+  // The parts of forward(), in the order it runs them.
+  struct ForwardCall {
+    int32_t n_rows = 0;         // the rows of all sequences
+    int32_t end_layer = 0;      // one past the last layer run
+    int32_t resumed_layer = 0;  // where the sequences' resumed rows join (0: none has any)
+  };
+  // Checks every sequence and the call as a whole; throws Error before anything is written.
+  ForwardCall check_call(std::span<const SequenceForward> seqs, const ForwardOptions& options) const;
+  // The call's rows, sequence after sequence: each row's position and sequence, each sequence's
+  // first row, and each token's slot metadata in its cache.
+  struct RowTables {
+    int32_t* positions = nullptr;      // [rows]
+    int32_t* row_seq = nullptr;        // [rows]
+    int32_t* seq_first_row = nullptr;  // [seqs]
+  };
+  void lay_out_rows(std::span<const SequenceForward> seqs, const RowTables& tables);
+  // Grows attention()'s working memory to the largest cache of the call.
+  void reserve_attention_scratch(std::span<const SequenceForward> seqs);
+  // x ([rows][n_embd]) = every row's token embedding (times embed_scale).
+  void embed_tokens(std::span<const SequenceForward> seqs, const int32_t* seq_first_row, float* x) const;
+  // Each sequence's output rows of x into its out->residual and, after the final norm, out->hidden.
+  // Returns the output rows of all sequences.
+  int32_t write_outputs(const ForwardRows& rows, const float* x);
+  // Each sequence's out->logits: one LM head over the n_out_total output rows of all sequences,
+  // gathered in head_hidden ([n_out_total][n_embd]) with logits in head_logits ([n_out_total][n_vocab]).
+  void logits_of_outputs(std::span<const SequenceForward> seqs, int32_t n_out_total,
+                         std::vector<float>& head_hidden, std::vector<float>& head_logits);
 };
 
 }  // namespace microspec

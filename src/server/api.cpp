@@ -4,6 +4,7 @@
 #include <limits>
 #include <random>
 
+#include "tokenizer/unicode.h"
 #include "util/error.h"
 
 namespace microspec::server {
@@ -14,6 +15,13 @@ namespace {
 
 // Deeper JSON than any real request needs; bounds the parser's work on hostile bodies.
 constexpr int kMaxJsonDepth = 64;
+
+// A token's bytes as a JSON array of numbers (OpenAI's `bytes`, llama-server's non-UTF-8 pieces).
+json bytes_json(const std::string& piece) {
+  json bytes = json::array();
+  for (unsigned char c : piece) bytes.push_back(int(c));
+  return bytes;
+}
 
 const char* json_type_name(const json& j) {
   switch (j.type()) {
@@ -225,18 +233,50 @@ std::vector<std::string> parse_stop(const json& body) {
   return out;
 }
 
+// Sampling options of OpenAI and llama.cpp that this server does not implement, one table: each is
+// refused with 400 naming it unless it is absent, null or its neutral value (what clients send
+// when they mean "off"), so a client never silently gets something other than what it asked for.
+struct NeutralOnlyField {
+  const char* key;
+  double neutral;  // the value that changes nothing
+  double lo, hi;   // the range a valid value has (outside: 400 below/above the range)
+};
+constexpr double kNoLimit = std::numeric_limits<double>::max();
+constexpr NeutralOnlyField kNeutralOnlyFields[] = {
+    {"presence_penalty", 0.0, -2.0, 2.0},  // OpenAI
+    {"frequency_penalty", 0.0, -2.0, 2.0},
+    {"repeat_penalty", 1.0, 0.0, kNoLimit},  // llama.cpp
+    {"min_p", 0.0, 0.0, 1.0},
+    {"typical_p", 1.0, 0.0, 1.0},
+    {"tfs_z", 1.0, 0.0, kNoLimit},
+    {"mirostat", 0.0, 0.0, 2.0},
+    {"xtc_probability", 0.0, 0.0, 1.0},
+    {"dry_multiplier", 0.0, 0.0, kNoLimit},
+    {"n_probs", 0.0, 0.0, kNoLimit},  // llama.cpp's own logprobs field: use OpenAI's
+};
+
+void reject_non_neutral_sampling(const json& body) {
+  for (const NeutralOnlyField& f : kNeutralOnlyFields)
+    if (const double v = number_field(body, f.key, f.lo, f.hi, f.neutral); v != f.neutral)
+      throw ApiError(400,
+                     std::string("'") + f.key + "' other than " + number_text(f.neutral) +
+                         " is not supported by this server (penalties and these filters are not implemented).",
+                     f.key, "unsupported_parameter");
+  // llama.cpp's window of repeat_penalty: it does nothing while repeat_penalty is neutral, which the
+  // table made sure of, so any valid value is accepted (llama.cpp's web UI always sends it).
+  integer_field(body, "repeat_last_n", -1, INT32_MAX, 64);
+  if (const json* bias = field(body, "logit_bias")) {
+    if (!bias->is_object() && !bias->is_array()) wrong_type("logit_bias", "an object", *bias);
+    if (!bias->empty()) unsupported("logit_bias", "logit_bias");
+  }
+}
+
 // Options OpenAI defines that this server does not implement: refused unless left at their defaults,
 // so a client never silently gets something other than what it asked for.
 void reject_unsupported(Endpoint endpoint, const json& body) {
   const int64_t n = integer_field(body, "n", 1, std::numeric_limits<int64_t>::max(), 1);
   if (n != 1) unsupported("n", "n > 1 (several choices per request)");
-  if (endpoint == Endpoint::Chat) {
-    if (bool_field(body, "logprobs", false)) unsupported("logprobs", "logprobs");
-  } else {
-    if (const json* lp = field(body, "logprobs")) {
-      if (!lp->is_number_integer()) wrong_type("logprobs", "an integer", *lp);
-      if (lp->get<int64_t>() != 0) unsupported("logprobs", "logprobs");
-    }
+  if (endpoint == Endpoint::Completion) {
     if (bool_field(body, "echo", false)) unsupported("echo", "echo");
     if (integer_field(body, "best_of", 1, std::numeric_limits<int64_t>::max(), 1) != 1)
       unsupported("best_of", "best_of > 1");
@@ -245,13 +285,7 @@ void reject_unsupported(Endpoint endpoint, const json& body) {
       if (!suffix->get<std::string>().empty()) unsupported("suffix", "suffix");
     }
   }
-  if (field(body, "top_logprobs")) unsupported("top_logprobs", "top_logprobs");
-  for (const char* key : {"presence_penalty", "frequency_penalty"})
-    if (number_field(body, key, -2.0, 2.0, 0.0) != 0.0) unsupported(key, std::string(key) + " other than 0");
-  if (const json* bias = field(body, "logit_bias")) {
-    if (!bias->is_object()) wrong_type("logit_bias", "an object", *bias);
-    if (!bias->empty()) unsupported("logit_bias", "logit_bias");
-  }
+  reject_non_neutral_sampling(body);
   for (const char* key : {"tools", "functions"})
     if (const json* t = field(body, key)) {
       if (!t->is_array()) wrong_type(key, "an array", *t);
@@ -266,6 +300,30 @@ void reject_unsupported(Endpoint endpoint, const json& body) {
     if (!type || !type->is_string() || type->get<std::string>() != "text")
       unsupported("response_format", "A response_format other than {\"type\": \"text\"}");
   }
+}
+
+// Chat: "logprobs": true and "top_logprobs": 0..20 (which needs logprobs). Completions: the
+// legacy "logprobs": K (0..20): the chosen token's and K alternatives.
+LogprobSettings parse_logprobs(Endpoint endpoint, const json& body) {
+  LogprobSettings s;
+  if (endpoint == Endpoint::Chat) {
+    s.enabled = bool_field(body, "logprobs", false);
+    if (field(body, "top_logprobs")) {
+      s.top = static_cast<int32_t>(integer_field(body, "top_logprobs", 0, kMaxTopLogprobs, 0));
+      if (!s.enabled && s.top > 0)
+        throw ApiError(400, "Invalid 'top_logprobs': it needs 'logprobs' to be true.", "top_logprobs",
+                       "invalid_value");
+    }
+    return s;
+  }
+  if (field(body, "top_logprobs"))
+    throw ApiError(400, "'top_logprobs' is a chat field: /v1/completions takes 'logprobs': K (0..20).",
+                   "top_logprobs", "unsupported_parameter");
+  if (field(body, "logprobs")) {
+    s.enabled = true;
+    s.top = static_cast<int32_t>(integer_field(body, "logprobs", 0, kMaxTopLogprobs, 0));
+  }
+  return s;
 }
 
 // The microspec extension object: per-request speculative settings, within what the slots were built with.
@@ -355,8 +413,11 @@ json error_body(int status, const std::string& message, const std::string& param
   return json{{"error", e}};
 }
 
-CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body_text,
-                                           const RequestContext& ctx) {
+namespace {
+
+// A request body as a JSON object: 400 for invalid JSON or UTF-8, nesting past kMaxJsonDepth, or
+// anything but an object.
+json parse_body(const std::string& body_text) {
   json body;
   try {
     body = json::parse(body_text, [](int depth, json::parse_event_t, json&) {
@@ -371,6 +432,71 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
     throw ApiError(400, std::string("Invalid JSON body: ") + e.what(), "", "invalid_json");
   }
   if (!body.is_object()) wrong_type("body", "a JSON object", body);
+  return body;
+}
+
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    size_t subpart = 0;
+    const int n = utf8::check_sequence(reinterpret_cast<const uint8_t*>(s.data()) + i, s.size() - i, &subpart);
+    if (n <= 0) return false;
+    i += size_t(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+json tokenize_answer(const std::string& body_text, const Tokenizer& tok) {
+  const json body = parse_body(body_text);
+  const json* content = field(body, "content");
+  if (!content)
+    throw ApiError(400, "Missing required parameter: 'content'.", "content", "missing_required_parameter");
+  if (!content->is_string()) wrong_type("content", "a string", *content);
+  const bool add_special = bool_field(body, "add_special", false);
+  const bool parse_special = bool_field(body, "parse_special", true);
+  const bool with_pieces = bool_field(body, "with_pieces", false);
+  const std::vector<int32_t> ids =
+      tok.encode(content->get<std::string>(), add_special && tok.add_bos_default(), parse_special);
+  json tokens = json::array();
+  for (int32_t id : ids) {
+    if (!with_pieces) {
+      tokens.push_back(id);
+      continue;
+    }
+    const std::string piece = tok.token_to_piece(id, true);
+    tokens.push_back({{"id", id}, {"piece", valid_utf8(piece) ? json(piece) : bytes_json(piece)}});
+  }
+  return json{{"tokens", tokens}};
+}
+
+json detokenize_answer(const std::string& body_text, const Tokenizer& tok) {
+  const json body = parse_body(body_text);
+  const json* tokens = field(body, "tokens");
+  if (!tokens)
+    throw ApiError(400, "Missing required parameter: 'tokens'.", "tokens", "missing_required_parameter");
+  if (!tokens->is_array()) wrong_type("tokens", "an array of token ids", *tokens);
+  std::vector<int32_t> ids;
+  ids.reserve(tokens->size());
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    const json& v = (*tokens)[i];
+    const std::string param = "tokens[" + std::to_string(i) + "]";
+    if (!v.is_number_integer()) wrong_type(param, "a token id (integer)", v);
+    const bool huge = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT32_MAX);
+    const int64_t id = huge ? int64_t(INT32_MAX) + 1 : v.get<int64_t>();
+    if (id < 0 || id >= tok.n_vocab())
+      throw ApiError(400,
+                     "Invalid '" + param + "': token id " + v.dump() + " is outside the vocabulary (0.." +
+                         std::to_string(tok.n_vocab() - 1) + ").",
+                     param, "invalid_token_id");
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return json{{"content", tok.decode(ids, true)}};
+}
+
+CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body_text,
+                                           const RequestContext& ctx) {
+  const json body = parse_body(body_text);
   if (const json* model = field(body, "model"))
     if (!model->is_string()) wrong_type("model", "a string", *model);
   reject_unsupported(endpoint, body);
@@ -429,6 +555,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
     r.params.sampling.seed = std::random_device{}();
   }
   r.params.stop_strings = parse_stop(body);
+  r.params.logprobs = parse_logprobs(endpoint, body);
 
   r.stream = bool_field(body, "stream", false);
   if (const json* opts = field(body, "stream_options")) {
@@ -475,9 +602,58 @@ const char* finish_reason(const GenerateResult& r) {
   return finish_reason_name(r.finish);
 }
 
-json answer_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport& r) {
+namespace {
+
+// JSON has no -inf: OpenAI writes -9999.0 for a token the model gives no probability.
+double logprob_value(float logprob) { return logprob > -9999.0f ? double(logprob) : -9999.0; }
+
+}  // namespace
+
+json logprobs_json(Endpoint endpoint, const LogprobsOut& lp) {
+  const size_t stride = size_t(lp.top) + 1;
+  const size_t rows = lp.entries.size() / stride;
+  const Tokenizer& tok = *lp.tokenizer;
+  if (endpoint == Endpoint::Chat) {
+    json content = json::array();
+    for (size_t i = 0; i < rows; ++i) {
+      const TokenLogprob* row = lp.entries.data() + i * stride;
+      json top = json::array();
+      for (size_t j = 1; j < stride; ++j) {
+        if (row[j].token < 0) continue;  // fewer alternatives than asked for (a row of NaNs)
+        const std::string piece = tok.token_to_piece(row[j].token);
+        top.push_back({{"token", piece}, {"logprob", logprob_value(row[j].logprob)}, {"bytes", bytes_json(piece)}});
+      }
+      const std::string piece = tok.token_to_piece(row[0].token);
+      content.push_back({{"token", piece},
+                         {"logprob", logprob_value(row[0].logprob)},
+                         {"bytes", bytes_json(piece)},
+                         {"top_logprobs", top}});
+    }
+    return json{{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       offsets = json::array();
+  for (size_t i = 0; i < rows; ++i) {
+    const TokenLogprob* row = lp.entries.data() + i * stride;
+    const std::string piece = tok.token_to_piece(row[0].token);
+    tokens.push_back(piece);
+    token_logprobs.push_back(logprob_value(row[0].logprob));
+    json top = json::object();
+    for (size_t j = 1; j < stride; ++j)
+      if (row[j].token >= 0) top[tok.token_to_piece(row[j].token)] = logprob_value(row[j].logprob);
+    top_logprobs.push_back(top);
+    offsets.push_back(*lp.text_offset);
+    *lp.text_offset += piece.size();
+  }
+  return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs},
+              {"text_offset", offsets}};
+}
+
+json answer_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport& r, const LogprobsOut* logprobs) {
   const GenerateResult& g = r.result.gen;
-  json choice = {{"index", 0}, {"finish_reason", finish_reason(g)}, {"logprobs", nullptr}};
+  json choice = {{"index", 0},
+                 {"finish_reason", finish_reason(g)},
+                 {"logprobs", logprobs ? logprobs_json(endpoint, *logprobs) : json()}};
   if (endpoint == Endpoint::Chat)
     choice["message"] = {{"role", "assistant"}, {"content", g.text}};
   else
@@ -491,8 +667,10 @@ json answer_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport
 }
 
 json chunk_json(Endpoint endpoint, const AnswerIds& ids, const std::string& text, bool first,
-                const char* finish, bool include_usage_null) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish ? json(finish) : json()}};
+                const char* finish, bool include_usage_null, const LogprobsOut* logprobs) {
+  json choice = {{"index", 0},
+                 {"logprobs", logprobs ? logprobs_json(endpoint, *logprobs) : json()},
+                 {"finish_reason", finish ? json(finish) : json()}};
   if (endpoint == Endpoint::Chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "engine/generator.h"
-#include "speculative/decoder.h"
+#include "engine/speculative_decoder.h"
+#include "sampling/logprobs.h"
 #include "speculative/settings.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
@@ -63,6 +65,14 @@ struct CompletionRequest {
 CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body,
                                            const RequestContext& ctx);
 
+// POST /tokenize, llama-server's shape: {"content": text, "add_special": false (BOS where the
+// model adds one), "parse_special": true (control-token strings are control tokens), "with_pieces":
+// false} -> {"tokens": [ids]}, or with pieces [{"id", "piece"}] (piece: a string when it is valid
+// UTF-8, else its bytes). Throws ApiError 400 naming the field.
+nlohmann::json tokenize_answer(const std::string& body, const Tokenizer& tokenizer);
+// POST /detokenize: {"tokens": [ids]} -> {"content": text} (control tokens written as their text).
+nlohmann::json detokenize_answer(const std::string& body, const Tokenizer& tokenizer);
+
 // The answer to an exception thrown while a request's generation runs. The request was validated
 // before it got a slot, so what fails inside the generation is the server's fault: 500
 // server_error ("generation_failed"); running out of memory is 503. (Problems of the request itself
@@ -91,11 +101,26 @@ struct AnswerIds {
   std::string model;
 };
 
-// Non-streamed answer: chat.completion or text_completion.
-nlohmann::json answer_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport& r);
+// The log-probabilities an answer or a chunk carries: rows of 1 + top entries (sampling/logprobs.h),
+// one per generated token. text_offset (completions' legacy shape): the byte offset of the first
+// row's token in the completion's text; advanced past the rows, so a stream's chunks continue it.
+struct LogprobsOut {
+  const Tokenizer* tokenizer = nullptr;
+  int32_t top = 0;
+  std::span<const TokenLogprob> entries;
+  size_t* text_offset = nullptr;
+};
+// choices[i].logprobs: chat {"content": [{token, logprob, bytes, top_logprobs}]}, completions
+// {tokens, token_logprobs, top_logprobs, text_offset}. -inf (a NaN or -inf logit) is written -9999.0.
+nlohmann::json logprobs_json(Endpoint endpoint, const LogprobsOut& lp);
+
+// Non-streamed answer: chat.completion or text_completion. logprobs: null for "logprobs": null.
+nlohmann::json answer_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport& r,
+                           const LogprobsOut* logprobs = nullptr);
 // Stream chunks. `text` chunk; the first chat chunk carries the role; the last carries finish_reason.
+// logprobs: those of the tokens since the previous chunk (null: "logprobs": null).
 nlohmann::json chunk_json(Endpoint endpoint, const AnswerIds& ids, const std::string& text, bool first,
-                          const char* finish, bool include_usage_null);
+                          const char* finish, bool include_usage_null, const LogprobsOut* logprobs = nullptr);
 // The extra last chunk of stream_options.include_usage: no choices, usage filled.
 nlohmann::json usage_chunk_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport& r);
 

@@ -61,7 +61,7 @@ BatchScheduler::~BatchScheduler() {
 }
 
 SpecResult BatchScheduler::generate(int slot, const std::vector<int32_t>& prompt, const GenerateParams& params,
-                                    bool speculative, const TextCallback& on_text) {
+                                    bool speculative, const PieceCallback& on_piece) {
   if (slot < 0 || slot >= size()) throw Error("scheduler: no slot " + std::to_string(slot));
   if (speculative && !slots_[slot].decoder->speculative())
     throw Error("speculative generation asked of a server built without speculation");
@@ -69,9 +69,20 @@ SpecResult BatchScheduler::generate(int slot, const std::vector<int32_t>& prompt
   req.prompt = &prompt;
   req.params = &params;
   req.speculative = speculative;
+  // Log-probability entries travel with the text; both buffers hold the whole generation's, so
+  // handing them over allocates nothing per token.
+  const size_t logprob_entries = params.logprobs.enabled ? size_t(std::max(params.max_new_tokens, 0)) *
+                                                               (size_t(params.logprobs.top) + 1)
+                                                         : 0;
+  req.logprobs.reserve(logprob_entries);
+  std::vector<TokenLogprob> handed;  // the entries of the piece being handed to on_piece
+  handed.reserve(logprob_entries);
   req.to_caller = [this, &req](std::string_view text) {  // on the scheduler thread, under no lock
     std::lock_guard<std::mutex> lock(mu_);
     req.text.append(text);
+    const std::vector<TokenLogprob>& recorded = req.source->logprobs.entries;
+    req.logprobs.insert(req.logprobs.end(), recorded.begin() + ptrdiff_t(req.logprobs_copied), recorded.end());
+    req.logprobs_copied = recorded.size();
     req.cv.notify_all();
     return !req.stop;
   };
@@ -79,15 +90,17 @@ SpecResult BatchScheduler::generate(int slot, const std::vector<int32_t>& prompt
   if (quit_) throw Error("the scheduler has stopped");
   incoming_.emplace_back(slot, &req);
   wake_.notify_all();
-  // Hand the text to on_text as it comes, on this thread: a caller that blocks (a stream writer
+  // Hand the text to on_piece as it comes, on this thread: a caller that blocks (a stream writer
   // waiting for its socket) delays only itself.
   for (;;) {
     req.cv.wait(lock, [&] { return req.finished || !req.text.empty(); });
     if (!req.text.empty()) {
       std::string text;
       text.swap(req.text);
+      handed.clear();
+      handed.swap(req.logprobs);
       lock.unlock();
-      const bool more = !on_text || on_text(text);
+      const bool more = !on_piece || on_piece(text, handed);
       lock.lock();
       if (!more) req.stop = true;
       continue;
@@ -146,8 +159,10 @@ std::unique_ptr<BatchScheduler::Running> BatchScheduler::admit(int slot, Request
   seq->admitted = Clock::now();
   if (req->speculative) {
     seq->run = std::make_unique<Decoder::Run>(tokenizer_, *req->params, req->to_caller, model_.config().n_vocab);
+    req->source = &seq->run->res.gen;
     return seq;
   }
+  req->source = &req->result.gen;
   req->result.gen.prompt_tokens = static_cast<int32_t>(req->prompt->size());
   seq->sampler = std::make_unique<Sampler>(req->params->sampling, model_.config().n_vocab);
   seq->sink = std::make_unique<TokenSink>(tokenizer_, *req->params, req->to_caller, req->result.gen);
@@ -272,7 +287,8 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
 
 bool BatchScheduler::take_token(Running& seq) {
   const int32_t token = seq.sampler->sample(seq.out.logits.data());
-  if (!seq.sink->push(token)) return false;
+  const std::span<const float> row(seq.out.logits.data(), size_t(model_.config().n_vocab));
+  if (!seq.sink->push(token, row)) return false;
   KVCache& kv = slots_[seq.slot].gen->cache();
   if (kv.n_past() + 1 >= kv.n_ctx()) {
     seq.req->result.gen.finish = FinishReason::ContextFull;

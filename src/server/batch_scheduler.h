@@ -33,18 +33,27 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
+#include <string_view>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "engine/generator.h"
 #include "model/model.h"
-#include "speculative/decoder.h"
+#include "engine/speculative_decoder.h"
 #include "tokenizer/tokenizer.h"
 
 namespace microspec::server {
+
+// Receives text as it becomes final, with the log-probability entries (rows of 1 + top, see
+// sampling/logprobs.h) of the tokens generated since the previous call: empty unless the request
+// asked for logprobs. Entries of tokens whose text never came (the last ones, held back or empty)
+// are in the result's gen.logprobs only. Return false to stop.
+using PieceCallback = std::function<bool(std::string_view text, std::span<const TokenLogprob> logprobs)>;
 
 // What one slot keeps across generations: its KV cache (in the Generator) and its Decoder.
 struct SequenceSlot {
@@ -74,7 +83,7 @@ class BatchScheduler {
   // blocks until the generation ends. speculative: through the slot's drafter (which must exist).
   // Throws what the generation threw (Error: an engine fault).
   SpecResult generate(int slot, const std::vector<int32_t>& prompt, const GenerateParams& params, bool speculative,
-                      const TextCallback& on_text);
+                      const PieceCallback& on_piece);
 
   int size() const { return static_cast<int>(slots_.size()); }
   const SequenceSlot& slot(int i) const { return slots_[i]; }
@@ -86,7 +95,10 @@ class BatchScheduler {
     const GenerateParams* params = nullptr;
     bool speculative = false;
     TextCallback to_caller;    // the sinks' callback: appends to text (runs on the scheduler thread)
-    std::string text;          // produced, not yet handed to the caller's on_text
+    std::string text;          // produced, not yet handed to the caller's on_piece
+    const GenerateResult* source = nullptr;  // where the sink records (set at admission)
+    size_t logprobs_copied = 0;              // source's log-probability entries copied to `logprobs`
+    std::vector<TokenLogprob> logprobs;      // copied, not yet handed over (reserved up front)
     bool stop = false;         // the caller's on_text returned false
     bool finished = false;     // result (or error) is final
     SpecResult result;

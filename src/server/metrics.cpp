@@ -29,7 +29,14 @@ void Metrics::count_request(const std::string& endpoint, int status) {
   ++requests_[{endpoint, status}];
 }
 
-void Metrics::record_generation(const GenerationReport& r, Outcome outcome) {
+void Histogram::observe(double value) {
+  size_t b = 0;
+  while (b < bounds_.size() && value > bounds_[b]) ++b;
+  ++buckets_[b];
+  sum_ += value;
+}
+
+void Metrics::record_generation(const GenerationReport& r, Outcome outcome, const RequestLatency& latency) {
   std::lock_guard<std::mutex> lock(mu_);
   ++generations_[outcome_name(outcome)];
   const GenerateResult& g = r.result.gen;
@@ -38,6 +45,12 @@ void Metrics::record_generation(const GenerationReport& r, Outcome outcome) {
   prefill_seconds_ += g.prefill_seconds;
   decode_seconds_ += g.decode_seconds;
   decode_tokens_ += uint64_t(r.result.decode_tokens());
+  request_.observe(latency.total_seconds);
+  if (latency.first_text_seconds >= 0.0) {
+    first_token_.observe(latency.first_text_seconds);
+    if (g.tokens.size() >= 2)
+      inter_token_.observe((latency.total_seconds - latency.first_text_seconds) / double(g.tokens.size() - 1));
+  }
   if (g.decode_seconds > 0) last_decode_tps_ = r.result.decode_tokens_per_second();
   if (r.speculative && r.result.stats.steps > 0) {
     const SpecStats& st = r.result.stats;
@@ -47,11 +60,7 @@ void Metrics::record_generation(const GenerationReport& r, Outcome outcome) {
     shared_drafting_steps_ += uint64_t(st.shared_drafting_steps);
     shared_draft_forwards_ += uint64_t(st.shared_draft_forwards);
     accepted_draft_tokens_ += uint64_t(st.accepted_draft);
-    const double a = st.mean_acceptance_length();
-    size_t b = 0;
-    while (b < kAcceptanceBounds.size() && a > kAcceptanceBounds[b]) ++b;
-    ++acceptance_buckets_[b];
-    acceptance_sum_ += a;
+    acceptance_.observe(st.mean_acceptance_length());
     last_active_vocab_ = st.mean_active_vocab();
   }
 }
@@ -75,6 +84,18 @@ void header(std::string& out, const char* name, const char* type, const char* he
 }
 
 }  // namespace
+
+void Histogram::render(std::string& out, const char* name) const {
+  uint64_t cumulative = 0;
+  for (size_t b = 0; b < bounds_.size(); ++b) {
+    cumulative += buckets_[b];
+    line(out, "%s_bucket{le=\"%g\"} %llu", name, bounds_[b], static_cast<unsigned long long>(cumulative));
+  }
+  cumulative += buckets_.back();
+  line(out, "%s_bucket{le=\"+Inf\"} %llu", name, static_cast<unsigned long long>(cumulative));
+  line(out, "%s_sum %.6f", name, sum_);
+  line(out, "%s_count %llu", name, static_cast<unsigned long long>(cumulative));
+}
 
 std::string Metrics::render(const GaugeSnapshot& gauges) const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -118,17 +139,17 @@ std::string Metrics::render(const GaugeSnapshot& gauges) const {
        static_cast<unsigned long long>(accepted_draft_tokens_));
   header(out, "microspec_acceptance_length", "histogram",
          "Mean acceptance length (tokens per target pass) of each speculative generation.");
-  uint64_t cumulative = 0;
-  for (size_t b = 0; b < kAcceptanceBounds.size(); ++b) {
-    cumulative += acceptance_buckets_[b];
-    line(out, "microspec_acceptance_length_bucket{le=\"%g\"} %llu", kAcceptanceBounds[b],
-         static_cast<unsigned long long>(cumulative));
-  }
-  cumulative += acceptance_buckets_.back();
-  line(out, "microspec_acceptance_length_bucket{le=\"+Inf\"} %llu",
-       static_cast<unsigned long long>(cumulative));
-  line(out, "microspec_acceptance_length_sum %.6f", acceptance_sum_);
-  line(out, "microspec_acceptance_length_count %llu", static_cast<unsigned long long>(cumulative));
+  acceptance_.render(out, "microspec_acceptance_length");
+  header(out, "microspec_time_to_first_token_seconds", "histogram",
+         "Seconds from a request reaching a worker to its first piece of generated text (requests with text).");
+  first_token_.render(out, "microspec_time_to_first_token_seconds");
+  header(out, "microspec_inter_token_latency_seconds", "histogram",
+         "Per request of 2+ tokens: seconds from its first piece of text to its end over its tokens after the "
+         "first (its mean time per output token).");
+  inter_token_.render(out, "microspec_inter_token_latency_seconds");
+  header(out, "microspec_request_duration_seconds", "histogram",
+         "Seconds from a request reaching a worker to the end of its generation (queue, prefill, decode).");
+  request_.render(out, "microspec_request_duration_seconds");
   header(out, "microspec_draft_vocab_active", "gauge",
          "Mean active draft vocabulary size (rows of the draft LM head) of the last speculative generation.");
   line(out, "microspec_draft_vocab_active %.1f", last_active_vocab_);

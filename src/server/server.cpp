@@ -16,8 +16,9 @@
 #include <thread>
 
 #include "checkpoint/hf_folder.h"
-#include "device/cuda_generator.h"
+#include "engine/cuda_generator.h"
 #include "gguf/gguf.h"
+#include "model/model_file.h"
 #include "server/api.h"
 #include "server/chat_page.h"
 #include "server/metrics.h"
@@ -26,6 +27,7 @@
 #include "server/transport.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
+#include "util/log.h"
 
 namespace microspec::server {
 
@@ -34,7 +36,7 @@ using nlohmann::json;
 namespace {
 
 const char* const kRoutes[] = {
-    "/", "/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"};
+    "/", "/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"};
 
 std::string_view path_of(std::string_view target) {
   return target.substr(0, target.find('?'));
@@ -122,11 +124,17 @@ struct Job {
   std::unique_ptr<SlotLease> lease;
   double queue_seconds = 0.0;
   bool stopped_for_shutdown = false;  // the generation was ended by SIGTERM/SIGINT
+  std::chrono::steady_clock::time_point started;  // reached a worker
+  double first_text_seconds = -1.0;               // since `started`, at its first piece of text (< 0: none yet)
+  void saw_text() {
+    if (first_text_seconds < 0.0)
+      first_text_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  }
   bool client_gone() const { return reply.ex->cancelled(); }
 };
 
 // The routes, one table: path (a trailing '*' matches any rest), the methods it takes.
-enum class RouteId { Page, Health, Metrics, Models, Model, Chat, Completion };
+enum class RouteId { Page, Health, Metrics, Models, Model, Chat, Completion, Tokenize, Detokenize };
 struct Route {
   const char* path;
   RouteId id;
@@ -141,6 +149,8 @@ const Route kRouteTable[] = {
     {"/v1/models/*", RouteId::Model, boost::beast::http::verb::get, "GET, OPTIONS"},
     {"/v1/chat/completions", RouteId::Chat, boost::beast::http::verb::post, "POST, OPTIONS"},
     {"/v1/completions", RouteId::Completion, boost::beast::http::verb::post, "POST, OPTIONS"},
+    {"/tokenize", RouteId::Tokenize, boost::beast::http::verb::post, "POST, OPTIONS"},
+    {"/detokenize", RouteId::Detokenize, boost::beast::http::verb::post, "POST, OPTIONS"},
 };
 
 const Route* find_route(std::string_view path) {
@@ -170,7 +180,7 @@ struct Backend {
   // request waits for a slot.
   std::function<void(CompletionRequest&)> admit;
   // Generates the request in slot `slot` (held by the caller); throws what the generation threw.
-  std::function<SpecResult(int slot, const CompletionRequest&, const TextCallback&)> generate;
+  std::function<SpecResult(int slot, const CompletionRequest&, const PieceCallback&)> generate;
   std::shared_ptr<void> engine;  // what admit and generate run on, kept alive with them
 };
 
@@ -202,16 +212,15 @@ Backend cpu_backend(const ServerOptions& o, const GgufFile& file, const Tokenize
   engine->scheduler = std::make_unique<BatchScheduler>(*engine->model, tokenizer, std::move(slots), o.prefill_chunk,
                                                        o.spec_max_batch);
   BatchScheduler& scheduler = *engine->scheduler;
-  std::fprintf(stderr,
-               "serve: %d slot%s x %d tokens of context, one batch, %d thread%s%s | memory after setup: %.0f MiB\n",
+  log::info("serve: %d slot%s x %d tokens of context, one batch, %d thread%s%s | memory after setup: %.0f MiB",
                o.parallel, o.parallel == 1 ? "" : "s", o.n_ctx, mopt.n_threads, mopt.n_threads == 1 ? "" : "s",
                o.spec.enabled() ? (", speculative: " + scheduler.slot(0).decoder->describe()).c_str() : "",
                peak_memory_bytes() / (1024.0 * 1024.0));
   return Backend{
       .device = "cpu",
       .admit = [](CompletionRequest&) {},
-      .generate = [&scheduler](int slot, const CompletionRequest& r, const TextCallback& on_text) {
-        return scheduler.generate(slot, r.prompt_ids, r.params, r.speculative, on_text);
+      .generate = [&scheduler](int slot, const CompletionRequest& r, const PieceCallback& on_piece) {
+        return scheduler.generate(slot, r.prompt_ids, r.params, r.speculative, on_piece);
       },
       .engine = engine};
 }
@@ -226,7 +235,7 @@ Backend cuda_backend(const ServerOptions& o, const GgufFile& file, const Tokeniz
   dopt.n_batch = o.n_batch;
   set_cuda_speculation(o.spec, file, tokenizer, dopt);
   auto device = std::make_shared<CudaGenerator>(file, tokenizer, dopt);
-  std::fprintf(stderr, "serve: 1 slot x %d tokens of context, %s | host memory after setup: %.0f MiB\n", o.n_ctx,
+  log::info("serve: 1 slot x %d tokens of context, %s | host memory after setup: %.0f MiB", o.n_ctx,
                device->describe().c_str(), peak_memory_bytes() / (1024.0 * 1024.0));
   return Backend{
       .device = "cuda",
@@ -237,6 +246,11 @@ Backend cuda_backend(const ServerOptions& o, const GgufFile& file, const Tokeniz
             if (const std::string why = cuda_params_unsupported(r.params.sampling); !why.empty())
               throw ApiError(400, "Invalid 'top_k': this server runs on a GPU, where " + why + ".", "top_k",
                              "unsupported_parameter");
+            // The device hands back tokens, not logits rows.
+            if (r.params.logprobs.enabled)
+              throw ApiError(400, "Invalid 'logprobs': this server runs on a GPU, which does not report "
+                                  "log-probabilities (serve on the CPU for them).",
+                             "logprobs", "unsupported_parameter");
             if (r.speculative && !r.params.sampling.greedy() && plain_when_sampled) {
               r.speculative = false;
               r.spec_note = "sampled requests decode without speculation: the GPU's draft tree draws too many "
@@ -244,7 +258,8 @@ Backend cuda_backend(const ServerOptions& o, const GgufFile& file, const Tokeniz
             }
           },
       .generate =
-          [gen = device.get()](int, const CompletionRequest& r, const TextCallback& on_text) {
+          [gen = device.get()](int, const CompletionRequest& r, const PieceCallback& on_piece) {
+            const TextCallback on_text = [&](std::string_view text) { return !on_piece || on_piece(text, {}); };
             return gen->generate(r.prompt_ids, r.params, on_text,
                                  r.speculative ? Drafting::Speculative : Drafting::Plain);
           },
@@ -281,7 +296,7 @@ class Server {
       ctx_.chat_format = detect_chat_format(file_, tokenizer_);
       ctx_.default_system = default_system_prompt(file_);
     } catch (const Error& e) {
-      std::fprintf(stderr, "serve: no chat format (%s); /v1/chat/completions answers 400\n", e.what());
+      log::warning("serve: no chat format (%s); /v1/chat/completions answers 400", e.what());
     }
     created_ = static_cast<int64_t>(std::time(nullptr));
     id_salt_ = splitmix64(std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32));
@@ -290,10 +305,9 @@ class Server {
   // Binds, then serves until shutdown() has run. Throws Error when the address cannot be bound.
   void serve() {
     const int port = transport_.listen(opt_.host, opt_.port);
-    std::fprintf(stderr, "serve: listening on http://%s:%d (model %s, %d slot%s, queue %d%s)\n",
-                 opt_.host.c_str(), port, model_name_.c_str(), pool_->size(), pool_->size() == 1 ? "" : "s",
-                 pool_->queue_limit(), opt_.api_key.empty() ? "" : ", API key required");
-    std::fflush(stderr);
+    log::info("serve: listening on http://%s:%d (model %s, %d slot%s, queue %d%s)", opt_.host.c_str(), port,
+              model_name_.c_str(), pool_->size(), pool_->size() == 1 ? "" : "s", pool_->queue_limit(),
+              opt_.api_key.empty() ? "" : ", API key required");
     transport_.run();
   }
 
@@ -433,12 +447,26 @@ class Server {
         case RouteId::Chat:
         case RouteId::Completion:
           return admit_completion(route->id == RouteId::Chat ? Endpoint::Chat : Endpoint::Completion, reply);
+        case RouteId::Tokenize:
+        case RouteId::Detokenize:
+          // Tokenizing a large body takes a while: on a worker, never on the I/O thread.
+          return admit_to_worker(reply, [this, tokenize = route->id == RouteId::Tokenize](const Reply& r) {
+            const std::string& body = r.ex->request().body();
+            r.json_answer(200, tokenize ? tokenize_answer(body, tokenizer_) : detokenize_answer(body, tokenizer_));
+          });
       }
     });
   }
 
   // Still on the I/O thread: checks what needs no parsing, then hands the request to a worker.
   void admit_completion(Endpoint endpoint, const Reply& reply) {
+    admit_to_worker(reply, [this, endpoint](const Reply& r) { run_completion(endpoint, r); });
+  }
+
+  // A JSON POST route's checks (key, shutdown, content type and coding, a free worker), then
+  // work(reply) on a worker thread, its errors answered as JSON.
+  template <class Work>
+  void admit_to_worker(const Reply& reply, Work work) {
     const HttpRequest& req = reply.ex->request();
     check_auth(req);
     if (shutting_down_) throw ApiError(503, "The server is shutting down.", "", "server_shutting_down");
@@ -455,8 +483,8 @@ class Server {
       --jobs_;
       throw queue_full();
     }
-    boost::asio::post(workers_, [this, endpoint, reply] {
-      guarded(reply, [&] { run_completion(endpoint, reply); });
+    boost::asio::post(workers_, [this, work = std::move(work), reply] {
+      guarded(reply, [&] { work(reply); });
       --jobs_;
     });
   }
@@ -470,7 +498,18 @@ class Server {
 
   json model_json() const {
     json j = {{"id", model_name_}, {"object", "model"}, {"created", created_}, {"owned_by", "microspec"}};
+    // llama-server's metadata fields (meta.vocab_type is llama.cpp's enum, left out).
+    int64_t n_params = 0;
+    for (const GgufTensor& t : file_.tensors()) n_params += t.n_elements();
+    const ModelConfig config = read_model_config(file_);
+    j["meta"] = {{"n_vocab", config.n_vocab},
+                 {"n_ctx_train", config.context_length},
+                 {"n_embd", config.n_embd},
+                 {"n_params", n_params},
+                 {"size", file_.file_size()}};
     j["microspec"] = {{"n_ctx", opt_.n_ctx},
+                      {"architecture", config.arch_name},
+                      {"n_layer", config.n_layer},
                       {"device", backend_.device},
                       {"slots", pool_->size()},
                       {"spec", name_of(opt_.spec.mode)},
@@ -478,15 +517,35 @@ class Server {
     return j;
   }
 
-  // On a worker thread: parse, wait for a slot, generate, answer.
+  // On a worker thread: names the request (its id starts each of its log lines), then completes it;
+  // a failure is logged with the id before guarded() answers it.
   void run_completion(Endpoint endpoint, const Reply& reply) {
     Job job;
+    job.started = std::chrono::steady_clock::now();
     job.endpoint = endpoint;
     job.reply = reply;
+    job.ids.id = make_id(endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
+    const HttpRequest& req = reply.ex->request();
+    log::debug("%s: %s %.*s, %zu-byte body", job.ids.id.c_str(), endpoint == Endpoint::Chat ? "chat" : "completion",
+               int(req.target().size()), req.target().data(), req.body().size());
+    try {
+      complete(job);
+    } catch (const ApiError& e) {
+      (e.status >= 500 ? log::warning : log::info)("%s: answered %d: %s", job.ids.id.c_str(), e.status, e.what());
+      throw;
+    } catch (const std::exception& e) {
+      log::warning("%s: failed: %s", job.ids.id.c_str(), e.what());
+      throw;
+    }
+  }
+
+  // Parse, wait for a slot, generate, answer.
+  void complete(Job& job) {
+    const Endpoint endpoint = job.endpoint;
+    const Reply& reply = job.reply;
     job.request = parse_completion_request(endpoint, reply.ex->request().body(), ctx_);
     backend_.admit(job.request);
     job.request.params.cancel = &reply.ex->cancelled();
-    job.ids.id = make_id(endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
     job.ids.created = static_cast<int64_t>(std::time(nullptr));
     job.ids.model = model_name_;
     if (reply.ex->cancelled()) return;  // the client left while it waited for a worker
@@ -498,23 +557,30 @@ class Server {
       case SlotPool::Status::ShuttingDown:
         throw ApiError(503, "The server is shutting down.", "", "server_shutting_down");
     }
+    log::debug("%s: slot %d after %.3f s in the queue, %d prompt tokens", job.ids.id.c_str(), job.lease->index(),
+               job.queue_seconds, int(job.request.prompt_ids.size()));
     if (job.request.stream) return stream(job);
-    TextCallback on_text = [&](std::string_view) {
+    PieceCallback on_piece = [&](std::string_view, std::span<const TokenLogprob>) {
+      job.saw_text();
       if (!shutting_down_) return true;
       job.stopped_for_shutdown = true;
       return false;
     };
-    GenerationReport report = generate(job, on_text);
+    GenerationReport report = generate(job, on_piece);
     job.lease.reset();
     if (job.stopped_for_shutdown)
       throw ApiError(503, "The server is shutting down; the generation was stopped.", "", "server_shutting_down");
     if (job.client_gone()) return;  // nobody to answer
-    reply.json_answer(200, answer_json(endpoint, job.ids, report));
+    const LogprobRows& rows = report.result.gen.logprobs;
+    size_t text_offset = 0;
+    const LogprobsOut lp{.tokenizer = &tokenizer_, .top = rows.top, .entries = rows.entries, .text_offset = &text_offset};
+    reply.json_answer(200, answer_json(endpoint, job.ids, report,
+                                       job.request.params.logprobs.enabled ? &lp : nullptr));
   }
 
   // Runs the job's generation in its slot; records metrics and a log line. What fails inside the
   // generation is thrown as the ApiError of generation_error (500: the request was already validated).
-  GenerationReport generate(Job& job, const TextCallback& on_text) {
+  GenerationReport generate(Job& job, const PieceCallback& on_piece) {
     const CompletionRequest& r = job.request;
     GenerationReport report;
     report.speculative = r.speculative;
@@ -524,23 +590,28 @@ class Server {
     report.queue_seconds = job.queue_seconds;
     report.device = backend_.device;
     try {
-      report.result = backend_.generate(job.lease->index(), r, on_text);
+      report.result = backend_.generate(job.lease->index(), r, on_piece);
     } catch (const std::exception& e) {
-      metrics_.record_generation(report, Outcome::Failed);
+      metrics_.record_generation(report, Outcome::Failed, latency(job));
       throw generation_error(e);
     }
     const Outcome outcome = job.client_gone()          ? Outcome::Cancelled
                             : job.stopped_for_shutdown ? Outcome::Shutdown
                                                        : Outcome::Completed;
-    metrics_.record_generation(report, outcome);
+    metrics_.record_generation(report, outcome, latency(job));
     const GenerateResult& g = report.result.gen;
     char acceptance[48] = "";
     if (report.speculative)
       std::snprintf(acceptance, sizeof acceptance, " | acceptance %.2f", report.result.stats.mean_acceptance_length());
-    std::fprintf(stderr, "serve: %s %s | prompt %d | generated %zu | %.1f tok/s%s | %s\n", job.ids.id.c_str(),
+    log::info("%s: %s | prompt %d | generated %zu | %.1f tok/s%s | %s", job.ids.id.c_str(),
                  r.stream ? "stream" : "json", g.prompt_tokens, g.tokens.size(), report.result.decode_tokens_per_second(),
                  acceptance, outcome == Outcome::Completed ? finish_reason(g) : outcome_name(outcome));
     return report;
+  }
+
+  static RequestLatency latency(const Job& job) {
+    return {.first_text_seconds = job.first_text_seconds,
+            .total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - job.started).count()};
   }
 
   // A streamed answer: one server-sent event per piece of text, then the closing events. A write
@@ -561,17 +632,28 @@ class Server {
       ex.end_stream();
       return;
     }
-    TextCallback on_text = [&](std::string_view text) {
+    // With logprobs each chunk carries the rows of the tokens generated since the previous one; the
+    // closing chunk those of tokens whose text never came (held back, or empty).
+    const LogprobSettings& want = job.request.params.logprobs;
+    size_t entries_sent = 0, text_offset = 0;
+    auto logprobs_of = [&](std::span<const TokenLogprob> entries) {
+      entries_sent += entries.size();
+      return LogprobsOut{.tokenizer = &tokenizer_, .top = want.top, .entries = entries, .text_offset = &text_offset};
+    };
+    PieceCallback on_piece = [&](std::string_view text, std::span<const TokenLogprob> entries) {
+      job.saw_text();
       if (shutting_down_) {
         job.stopped_for_shutdown = true;
         return false;
       }
-      return event(chunk_json(endpoint, job.ids, std::string(text), false, nullptr, usage_null));
+      const LogprobsOut lp = logprobs_of(entries);
+      return event(chunk_json(endpoint, job.ids, std::string(text), false, nullptr, usage_null,
+                              want.enabled ? &lp : nullptr));
     };
     GenerationReport report;
     std::string failure;
     try {
-      report = generate(job, on_text);
+      report = generate(job, on_piece);
     } catch (const ApiError& e) {
       failure = e.what();
     }
@@ -582,7 +664,10 @@ class Server {
       } else if (job.stopped_for_shutdown) {
         event(error_body(503, "The server is shutting down; this reply was cut short.", "", "server_shutting_down"));
       } else {
-        event(chunk_json(endpoint, job.ids, "", false, finish_reason(report.result.gen), usage_null));
+        const std::vector<TokenLogprob>& all = report.result.gen.logprobs.entries;
+        const LogprobsOut lp = logprobs_of(std::span<const TokenLogprob>(all).subspan(std::min(entries_sent, all.size())));
+        event(chunk_json(endpoint, job.ids, "", false, finish_reason(report.result.gen), usage_null,
+                         want.enabled ? &lp : nullptr));
         if (job.request.include_usage) event(usage_chunk_json(endpoint, job.ids, report));
       }
       send("data: [DONE]\n\n");
@@ -611,9 +696,7 @@ void run_server(const ServerOptions& o) {
   }
   const bool loopback = o.host == "127.0.0.1" || o.host == "localhost" || o.host == "::1";
   if (!loopback && o.api_key.empty())
-    std::fprintf(stderr,
-                 "serve: warning: listening on %s without --api-key: anyone who can reach it can use it\n",
-                 o.host.c_str());
+    log::warning("serve: listening on %s without --api-key: anyone who can reach it can use it", o.host.c_str());
 
   // SIGINT/SIGTERM are taken by one watcher thread (sigtimedwait), so they must be blocked in every
   // thread: block them before any thread (model thread pools, HTTP workers) is created.
@@ -641,12 +724,11 @@ void run_server(const ServerOptions& o) {
       const int sig = sigtimedwait(&signals, &info, &tick);
       if (sig != SIGINT && sig != SIGTERM) continue;
       if (stopping) {
-        std::fprintf(stderr, "serve: %s: already shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        log::info("serve: %s: already shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
         continue;
       }
       stopping = true;
-      std::fprintf(stderr, "serve: %s: stopping in-flight generations, then closing\n",
-                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+      log::info("serve: %s: stopping in-flight generations, then closing", sig == SIGINT ? "SIGINT" : "SIGTERM");
       server.shutdown();
     }
   });
@@ -668,7 +750,7 @@ void run_server(const ServerOptions& o) {
     throw;
   }
   finish();
-  std::fprintf(stderr, "serve: stopped\n");
+  log::info("serve: stopped");
 }
 
 }  // namespace microspec::server

@@ -240,7 +240,7 @@ void ModelDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const
   }
   kv_.commit(commit_);
   expander_.start({}, 0, 0);  // slots are stale after the commit
-  expander_.vocab().accepted(root, tree, path, verify_logits);
+  expander_.vocab().accepted(node_tokens(tree, tree_tokens_), path, verify_logits);
 }
 
 void check_same_vocabulary(const GgufFile& target, const GgufFile& draft) {

@@ -10,7 +10,7 @@
 //                 with all layers, so nothing needs undoing.
 //   ModelDrafter: a separate model with the same vocabulary and its own KV cache, kept in step
 //                 with the target's committed tokens.
-//   HeadDrafter:  an EAGLE-3 head fed the target's hidden states (draft_head/head_drafter.h); it
+//   HeadDrafter:  an EAGLE-3 head fed the target's hidden states (speculative/head_drafter.h); it
 //                 asks for them through feature_layers() / target_features().
 #include <cstdint>
 #include <memory>
@@ -179,7 +179,7 @@ class SelfDrafter final : public Drafter {
                            DraftTree& tree) override;
   void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
                 const float* verify_logits) override {
-    expander_.vocab().accepted(root, tree, path, verify_logits);
+    expander_.vocab().accepted(node_tokens(tree, tree_tokens_), path, verify_logits);
   }
   VerifyResume resume_for(const DraftTree& tree) const override;
   bool fits(const TreeParams& params, int32_t room) const override { return params.max_draft_rows() <= room; }
@@ -189,6 +189,7 @@ class SelfDrafter final : public Drafter {
  private:
   ModelTreeExpander expander_;
   TreeBuilder builder_;
+  std::vector<int32_t> tree_tokens_;  // [tree nodes] the last accepted tree's tokens, for the vocabulary
 };
 
 class ModelDrafter final : public Drafter {
@@ -215,7 +216,8 @@ class ModelDrafter final : public Drafter {
   TreeBuilder builder_;
   std::vector<int32_t> tokens_;  // the target's committed sequence, as told by begin/accepted
   std::vector<int32_t> commit_;  // scratch: pending slots to commit
-  Batch batch_;                  // catch-up runs
+  std::vector<int32_t> tree_tokens_;  // [tree nodes] the last accepted tree's tokens, for the vocabulary
+  Batch batch_;                       // catch-up runs
   ForwardOutput out_;
   // Runs committed tokens the cache has not seen until at most `keep` are left unseen.
   void catch_up(int32_t keep);

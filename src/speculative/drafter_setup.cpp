@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "checkpoint/hf_folder.h"
-#include "draft_head/head_drafter.h"
+#include "model/model_file.h"
+#include "speculative/head_drafter.h"
 #include "speculative/ngram.h"
 #include "util/error.h"
 #include "vocab/freq_file.h"
@@ -31,9 +31,8 @@ DraftVocabulary make_vocabulary(const SpecConfig& c, const std::string& target_f
 namespace {
 
 // The model-based drafter of `mode` (self, draft or head) into b.
-void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile& target_file, Generator& gen,
-                         const Tokenizer& tokenizer, Model* shared_draft_model, BuiltDrafter& b) {
-  Model& target = gen.model();
+void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile& target_file, Model& target,
+                         KVCache& target_kv, const Tokenizer& tokenizer, Model* shared_draft_model, BuiltDrafter& b) {
   const int32_t n_layer = target.config().n_layer;
   std::string vocab;
   if (mode == SpecMode::Self) {
@@ -42,7 +41,7 @@ void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile
       throw Error("--draft-layers " + std::to_string(layers) + ": the model has " + std::to_string(n_layer) +
                   " layers");
     b.drafter = std::make_unique<SelfDrafter>(
-        target, gen.cache(), layers, make_vocabulary(config, target_file.name(), target, tokenizer, &vocab));
+        target, target_kv, layers, make_vocabulary(config, target_file.name(), target, tokenizer, &vocab));
     b.describe = "self, " + std::to_string(layers) + "/" + std::to_string(n_layer) + " layers";
   } else if (mode == SpecMode::Head) {
     const std::string path = draft_head_path(config, target_file.name());
@@ -51,7 +50,7 @@ void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile
     const Eagle3Config& hc = head->config();
     b.describe = std::string(hc.arch == HeadArch::Eagle3 ? "EAGLE-3" : "EAGLE-2") + " head " + path +
                  (hc.n_draft_vocab ? " (own LM head, " + std::to_string(hc.n_draft_vocab) + " rows)" : "");
-    b.drafter = std::make_unique<HeadDrafter>(std::move(head), target, gen.cache().n_ctx(),
+    b.drafter = std::make_unique<HeadDrafter>(std::move(head), target, target_kv.n_ctx(),
                                               make_vocabulary(config, target_file.name(), target, tokenizer, &vocab));
   } else if (mode == SpecMode::Draft) {
     if (shared_draft_model) {
@@ -69,7 +68,7 @@ void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile
       b.draft_model = b.model.get();
     }
     b.drafter = std::make_unique<ModelDrafter>(
-        *b.draft_model, gen.cache().n_ctx(),
+        *b.draft_model, target_kv.n_ctx(),
         make_vocabulary(config, target_file.name(), *b.draft_model, tokenizer, &vocab));
     b.describe = "draft model " + config.draft_model;
   } else {
@@ -144,12 +143,12 @@ std::string draft_head_path(const SpecConfig& config, const std::string& target_
   return path;
 }
 
-BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
+BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Model& target, KVCache& target_kv,
                            const Tokenizer& tokenizer, Model* shared_draft_model) {
   BuiltDrafter b;
   if (!config.enabled()) return b;
   const NgramParams ngram{config.ngram_min, config.ngram_max, config.ngram_min_accept};
-  const int32_t n_ctx = gen.cache().n_ctx();
+  const int32_t n_ctx = target_kv.n_ctx();
   const std::string ngram_describe =
       "n-gram lookup " + std::to_string(ngram.min_n) + ".." + std::to_string(ngram.max_n) + " tokens";
   if (config.mode == SpecMode::Ngram) {
@@ -158,7 +157,7 @@ BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file
     return b;
   }
   const SpecMode model_mode = fallback_mode(config.mode);
-  build_model_drafter(model_mode, config, target_file, gen, tokenizer, shared_draft_model, b);
+  build_model_drafter(model_mode, config, target_file, target, target_kv, tokenizer, shared_draft_model, b);
   if (uses_ngram(config.mode)) {
     // n-gram first: a match of at least ngram_first tokens drafts, else the model drafter.
     b.drafter = std::make_unique<NgramFirstDrafter>(ngram, config.ngram_first, n_ctx, std::move(b.drafter));

@@ -6,10 +6,12 @@
 #include <memory>
 #include <string>
 
-#include "engine/generator.h"
 #include "gguf/gguf.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
 #include "speculative/drafter.h"
 #include "speculative/settings.h"
+#include "tokenizer/tokenizer.h"
 
 namespace microspec {
 
@@ -34,8 +36,8 @@ DynamicVocabParams dynamic_vocab_params(const SpecConfig& config);
 PrunedVocabSpec pruned_vocab_spec(const SpecConfig& config, const std::string& target_file_name, int32_t n_vocab,
                                   const Tokenizer& tokenizer, std::string* describe);
 
-// config must be valid (SpecConfig::validate). gen's model is the target, and its cache is shared
-// with a self-drafter; target_file (the target's GGUF) locates the default frequency file and is
+// config must be valid (SpecConfig::validate). target_kv: the target's cache (its n_ctx sizes the
+// drafter; a self-drafter shares it); target_file (the target's GGUF) locates the default frequency file and is
 // compared with a draft model's vocabulary. shared_draft_model: for --spec draft, a draft model
 // loaded by an earlier build_drafter (BuiltDrafter::draft_model, which must outlive this drafter)
 // to run on instead of loading another copy: the batching server's slots share one, so their tree
@@ -44,7 +46,7 @@ PrunedVocabSpec pruned_vocab_spec(const SpecConfig& config, const std::string& t
 // target file, which must then exist (Error asking for --draft-head otherwise).
 std::string draft_head_path(const SpecConfig& config, const std::string& target_file_name);
 
-BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
+BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Model& target, KVCache& target_kv,
                            const Tokenizer& tokenizer, Model* shared_draft_model = nullptr);
 
 }  // namespace microspec

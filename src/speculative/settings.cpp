@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
+#include <cstdio>
+#include <type_traits>
+#include <utility>
 
 #include "util/error.h"
 
@@ -45,10 +49,30 @@ bool parse_switch(const std::string& flag, const std::string& v) {
   throw Error("--" + flag + ": expected true or false, got '" + v + "'");
 }
 
-void check_range(const std::string& flag, int64_t x, int64_t lo, int64_t hi) {
+double parse_number(const std::string& flag, const std::string& v) {
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || !std::isfinite(x))
+    throw Error("--" + flag + ": expected a number, got '" + v + "'");
+  return x;
+}
+
+// A range bound or value as the user wrote it: integers without a fraction ("3072", "0.05").
+std::string number_text(double x) {
+  if (x == std::floor(x) && std::fabs(x) < 1e15) return std::to_string(int64_t(x));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+void check_range(const std::string& flag, double x, double lo, double hi) {
   if (x < lo || x > hi)
-    throw Error("--" + flag + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
-                std::to_string(x));
+    throw Error("--" + flag + " must be in [" + number_text(lo) + ", " + number_text(hi) + "], got " + number_text(x));
 }
 
 SpecSetting row(const char* flag, SpecSetting::Kind kind, const char* help) {
@@ -61,16 +85,20 @@ SpecSetting row(const char* flag, SpecSetting::Kind kind, const char* help) {
 
 // Row builders. `field` is a generic lambda returning a reference to the member, so one accessor
 // serves both the const getter and the setter.
+
+// A number in [lo, hi]: an integer setting for an integer member, a real one for a double member.
 template <class Field>
-SpecSetting integer(const char* flag, Field field, int64_t lo, int64_t hi, const char* help) {
-  SpecSetting s = row(flag, SpecSetting::Kind::Integer, help);
+SpecSetting ranged(const char* flag, Field field, double lo, double hi, const char* help) {
+  using Member = std::remove_reference_t<decltype(field(std::declval<SpecConfig&>()))>;
+  constexpr bool integral = std::is_integral_v<Member>;
+  SpecSetting s = row(flag, integral ? SpecSetting::Kind::Integer : SpecSetting::Kind::Number, help);
   s.min = lo;
   s.max = hi;
   s.get = [field](const SpecConfig& c) { return nlohmann::json(field(const_cast<SpecConfig&>(c))); };
   s.set = [field, flag, lo, hi](SpecConfig& c, const std::string& v) {
-    const int64_t x = parse_integer(flag, v);
+    const double x = integral ? double(parse_integer(flag, v)) : parse_number(flag, v);
     check_range(flag, x, lo, hi);
-    field(c) = static_cast<int32_t>(x);
+    field(c) = static_cast<Member>(x);
   };
   return s;
 }
@@ -113,7 +141,7 @@ std::vector<SpecSetting> make_table() {
       "speculative decoding: none, self (the target's first layers), draft (--draft-model), head (an "
       "EAGLE-3 head, --draft-head), ngram (prompt lookup, no weights), self+ngram, draft+ngram or head+ngram "
       "(an n-gram match drafts, else self/draft/head)"));
-  t.push_back(integer(
+  t.push_back(ranged(
       "draft-layers", [](C & c) -> auto& { return c.draft_layers; }, 0, 4096,
       "--spec self: target layers the draft runs (0 = all but the last eighth)"));
   t.push_back(text(
@@ -123,19 +151,19 @@ std::vector<SpecSetting> make_table() {
       "draft-head", [](C & c) -> auto& { return c.draft_head; },
       "--spec head: EAGLE-3 head GGUF (llama.cpp's eagle3 layout; default: heads/<model stem>.eagle3.gguf "
       "beside the model)"));
-  t.push_back(integer(
+  t.push_back(ranged(
       "tree-depth", [](C & c) -> auto& { return c.tree.depth; }, 0, 64,
       "draft tree expansion rounds after the root level"));
-  t.push_back(integer(
+  t.push_back(ranged(
       "tree-topk", [](C & c) -> auto& { return c.tree.top_k; }, 1, 64, "draft tree branching (1 = chain)"));
-  t.push_back(integer(
+  t.push_back(ranged(
       "tree-tokens", [](C & c) -> auto& { return c.tree.total_tokens; }, 0, 1024,
       "draft tree nodes verified per step"));
-  t.push_back(integer(
-      "draft-p-min", [](C & c) -> auto& { return c.tree.p_min; }, 0, 100,
+  t.push_back(ranged(
+      "draft-p-min", [](C & c) -> auto& { return c.tree.p_min; }, 0.0, 1.0,
       "self/draft/head: a draft token whose path probability (the draft's probabilities from the "
-      "root multiplied) is below this percent is not drafted (greedy) or not expanded (sampling); "
-      "0 = off"));
+      "root multiplied) is below this probability in [0, 1] is not drafted (greedy) or not expanded "
+      "(sampling); 0 = off"));
   t.push_back(choice<DraftVocabKind>(
       "draft-vocab", [](C & c) -> auto& { return c.draft_vocab; }, kVocabNames,
       "draft vocabulary: full, freq, dynamic or hybrid"));
@@ -143,18 +171,18 @@ std::vector<SpecSetting> make_table() {
       "freq-file", [](C & c) -> auto& { return c.freq_file; },
       "freq/hybrid: token ranking written by `microspec vocab-freq` (default: MODEL with .freq.bin "
       "for .gguf)"));
-  t.push_back(integer(
+  t.push_back(ranged(
       "freq-top", [](C & c) -> auto& { return c.freq_top; }, 1, kBig, "freq: the K most frequent tokens"));
-  t.push_back(integer(
+  t.push_back(ranged(
       "hybrid-top", [](C & c) -> auto& { return c.hybrid_top; }, 0, kBig,
       "hybrid: most frequent tokens always kept"));
-  t.push_back(integer(
+  t.push_back(ranged(
       "vocab-window", [](C & c) -> auto& { return c.vocab_window; }, 1, kBig,
       "dynamic/hybrid: W_max, candidate-stream entries kept"));
-  t.push_back(integer(
+  t.push_back(ranged(
       "vocab-kpre", [](C & c) -> auto& { return c.vocab_kpre; }, 0, 1024,
       "dynamic/hybrid: target top-k per prompt position"));
-  t.push_back(integer(
+  t.push_back(ranged(
       "vocab-kver", [](C & c) -> auto& { return c.vocab_kver; }, 0, 1024,
       "dynamic/hybrid: target top-k per verification"));
   t.push_back(choice<VocabSource>(
@@ -164,16 +192,16 @@ std::vector<SpecSetting> make_table() {
       "async-gather", [](C & c) -> auto& { return c.async_gather; },
       "gather new draft LM-head rows on a helper thread (--no-async-gather: on the calling "
       "thread)"));
-  t.push_back(integer(
+  t.push_back(ranged(
       "ngram-min", [](C & c) -> auto& { return c.ngram_min; }, 1, 64,
       "ngram, X+ngram: shortest suffix match of the context that is looked up (ngram: that drafts)"));
-  t.push_back(integer(
+  t.push_back(ranged(
       "ngram-max", [](C & c) -> auto& { return c.ngram_max; }, 1, 64,
       "ngram, X+ngram: longest suffix match of the context tried"));
-  t.push_back(integer(
+  t.push_back(ranged(
       "ngram-first", [](C & c) -> auto& { return c.ngram_first; }, 1, 64,
       "X+ngram: a match of at least this many tokens drafts instead of X (in [ngram-min, ngram-max])"));
-  t.push_back(integer(
+  t.push_back(ranged(
       "ngram-min-accept", [](C & c) -> auto& { return c.ngram_min_accept; }, 0, 100,
       "ngram, X+ngram: a chain stops before the token whose estimated chance of being accepted with "
       "all before it (counted in this generation per match length) is below this percent; 0 = the "
@@ -259,7 +287,8 @@ nlohmann::json spec_config_json(const SpecConfig& config) {
 
 void SpecConfig::validate() const {
   for (const SpecSetting& s : spec_settings())
-    if (s.kind == SpecSetting::Kind::Integer) check_range(s.flag, s.get(*this).get<int64_t>(), s.min, s.max);
+    if (s.kind == SpecSetting::Kind::Integer || s.kind == SpecSetting::Kind::Number)
+      check_range(s.flag, s.get(*this).get<double>(), s.min, s.max);
   // An X+ngram mode takes X's settings.
   const SpecMode model_mode = fallback_mode(mode);
   const std::string spec = std::string("--spec ") + name_of(mode);

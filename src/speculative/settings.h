@@ -72,13 +72,13 @@ struct SpecConfig {
 
 // One row of the table.
 struct SpecSetting {
-  enum class Kind { Integer, Text, Switch, Choice };
+  enum class Kind { Integer, Number, Text, Switch, Choice };
   const char* flag = "";  // without dashes: "vocab-window"; also bench's override key and JSON key
   Kind kind = Kind::Text;
   const char* help = "";
-  int64_t min = 0, max = 0;          // Integer: the allowed range
+  double min = 0, max = 0;           // Integer, Number: the allowed range
   std::vector<std::string> choices;  // Choice: the valid names
-  // The member's current value: a number (Integer), a bool (Switch) or a string.
+  // The member's current value: a number (Integer, Number), a bool (Switch) or a string.
   std::function<nlohmann::json(const SpecConfig&)> get;
   // Parses text into the member; throws Error naming the flag and the range or valid names.
   std::function<void(SpecConfig&, const std::string&)> set;

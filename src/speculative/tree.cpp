@@ -15,7 +15,8 @@ void TreeParams::validate() const {
   if (top_k < 1 || top_k > 64) throw Error("tree top-k must be in [1, 64], got " + std::to_string(top_k));
   if (total_tokens < 0 || total_tokens > 1024)
     throw Error("tree tokens must be in [0, 1024], got " + std::to_string(total_tokens));
-  if (p_min < 0 || p_min > 100) throw Error("draft p-min must be in [0, 100] percent, got " + std::to_string(p_min));
+  if (!(p_min >= 0.0 && p_min <= 1.0))
+    throw Error("draft p-min must be a probability in [0, 1], got " + std::to_string(p_min));
 }
 
 TreeShape TreeParams::fixed_shape() const {
@@ -108,7 +109,7 @@ void TreeBuilder::absorb() {
   const int32_t k = params_.top_k;
   // The p-min cut on path log-probabilities: below it a candidate is not expanded, and a greedy
   // tree does not make it at all.
-  const float min_score = std::log(float(params_.p_min) / 100.0f);
+  const float min_score = std::log(float(params_.p_min));
   auto passes = [&](float score) { return params_.p_min == 0 || score >= min_score; };
   auto add_candidate = [&](int32_t token, int32_t parent, int32_t depth, float score) {
     if (!sampling_ && !passes(score)) return;
@@ -187,6 +188,12 @@ void TreeBuilder::finish(DraftTree& tree) {
       }
     for (auto& q : cand_q_) q.clear();  // stale rows of dropped candidates
   }
+}
+
+std::span<const int32_t> node_tokens(const DraftTree& tree, std::vector<int32_t>& out) {
+  out.clear();
+  for (const TreeNode& node : tree.nodes) out.push_back(node.token);
+  return out;
 }
 
 void accept_greedy(const DraftTree& tree, std::span<const int32_t> target_argmax, std::vector<int32_t>& path,

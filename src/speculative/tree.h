@@ -31,14 +31,14 @@ struct TreeParams {
   int32_t depth = 3;         // expansion rounds after the root level: nodes have depth 1..depth+1
   int32_t top_k = 1;         // children proposed per frontier node, and frontier width
   int32_t total_tokens = 4;  // draft nodes kept (the root is not counted)
-  // Percent. A candidate whose path probability (the draft's probabilities from the root's child
-  // down to it, multiplied: its estimated chance of being accepted) is below p_min% is not
+  // A probability in [0, 1]. A candidate whose path probability (the draft's probabilities from the
+  // root's child down to it, multiplied: its estimated chance of being accepted) is below p_min is not
   // expanded, and a greedy tree does not keep it at all (so it costs no verification row). A
   // sampled tree keeps it, unexpanded: which children a node keeps must not depend on their own
   // draws. 0 = off.
-  int32_t p_min = 0;
+  double p_min = 0.0;
 
-  void validate() const;  // throws Error on values outside 0 <= depth, 1 <= top_k, 0 <= total_tokens, 0 <= p_min <= 100
+  void validate() const;  // throws Error on values outside 0 <= depth, 1 <= top_k, 0 <= total_tokens, 0 <= p_min <= 1
   // Most nodes a drafter runs through its model for one tree: the root plus `depth` frontiers.
   int32_t max_draft_rows() const { return 1 + depth * top_k; }
   // The fixed shape of a device-resident tree step (speculative/tree_state.h): these values with
@@ -153,6 +153,10 @@ class TreeBuilder {
   std::vector<int32_t> order_;             // candidate ids by rank
   std::vector<int32_t> node_of_;           // [candidates] node index in the tree, -1 = not kept
 };
+
+// The tree's node tokens in node order ([nodes]), written into out, whose capacity is reused: the
+// form the draft vocabulary's accepted() reads.
+std::span<const int32_t> node_tokens(const DraftTree& tree, std::vector<int32_t>& out);
 
 // Greedy verification. target_argmax[0] is the target's argmax at the root, target_argmax[i + 1]
 // at node i. Walks from the root, each time to the child whose token equals the target's argmax

@@ -3,7 +3,6 @@
 #include <string>
 
 #include "model/model.h"
-#include "speculative/tree.h"
 #include "util/error.h"
 #include "vocab/packed_head.h"
 
@@ -119,11 +118,9 @@ void DraftVocabulary::begin(std::span<const int32_t> prompt, std::span<const int
   apply_window_changes();
 }
 
-void DraftVocabulary::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
+void DraftVocabulary::accepted(std::span<const int32_t> tree_tokens, std::span<const int32_t> path,
                                const float* verify_logits) {
   if (kind_ != Kind::Dynamic || stream_->params().source == CandidateStreamParams::Source::Ctx) return;
-  tree_tokens_.clear();
-  for (const TreeNode& node : tree.nodes) tree_tokens_.push_back(node.token);
   // Verification row of each accepted position: row 0 is the root's, node i's is i + 1.
   ver_rows_.clear();
   if (stream_->params().kver_rows == CandidateStreamParams::KverRows::Last) {
@@ -132,7 +129,7 @@ void DraftVocabulary::accepted(int32_t root, const DraftTree& tree, std::span<co
     ver_rows_.push_back(0);
     for (int32_t p : path) ver_rows_.push_back(p + 1);
   }
-  stream_->step(tree_tokens_, verify_logits, ver_rows_);
+  stream_->step(tree_tokens, verify_logits, ver_rows_);
   apply_window_changes();
 }
 

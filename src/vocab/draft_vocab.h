@@ -26,7 +26,6 @@ namespace microspec {
 
 class Model;
 class PackedHead;
-struct DraftTree;
 
 struct DynamicVocabParams {
   CandidateStreamParams stream;
@@ -80,10 +79,9 @@ class DraftVocabulary {
   // per prompt position, the prompt with them, and each verification's outcome.
   int32_t prompt_top_k() const;
   void begin(std::span<const int32_t> prompt, std::span<const int32_t> prompt_top);
-  // root, tree, path and verify_logits ([1 + tree.size()][n_vocab], row 0 at the root) as
-  // Drafter::accepted receives them.
-  void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
-                const float* verify_logits);
+  // tree_tokens: [nodes] the draft tree's tokens in node order; path: the accepted node indices
+  // and verify_logits ([1 + nodes][n_vocab], row 0 at the root) as Drafter::accepted receives them.
+  void accepted(std::span<const int32_t> tree_tokens, std::span<const int32_t> path, const float* verify_logits);
 
   // Dynamic only (nullptr otherwise): the window and the packed rows, for statistics and tests.
   const CandidateStream* stream() const { return stream_.get(); }
@@ -101,7 +99,6 @@ class DraftVocabulary {
   std::unique_ptr<PackedHead> head_;         // packed / dynamic
   std::unique_ptr<CandidateStream> stream_;  // dynamic
   std::vector<int32_t> entered_, left_;      // dynamic scratch: net window changes of one update
-  std::vector<int32_t> tree_tokens_;         // dynamic scratch: [tree nodes]
   std::vector<int32_t> ver_rows_;            // dynamic scratch: verification rows for K_ver
 };
 

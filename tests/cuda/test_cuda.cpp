@@ -16,6 +16,12 @@
 #include <tuple>
 #include <vector>
 
+#include "../support/resident_sampling.h"
+#include "../support/resident_step.h"
+#include "../support/resident_tree.h"
+#include "../support/test_helpers.h"
+#include "../support/tiny_head.h"
+#include "../support/tiny_model.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_model.h"
 #include "cuda/draft_vocab.h"
@@ -32,12 +38,6 @@
 #include "sampling/sampler.h"
 #include "speculative/tree.h"
 #include "tokenizer/tokenizer.h"
-#include "../test_helpers.h"
-#include "../tiny_head.h"
-#include "../resident_sampling.h"
-#include "../resident_step.h"
-#include "../resident_tree.h"
-#include "../tiny_model.h"
 #include "util/error.h"
 #include "vocab/candidate_stream.h"
 #include "vocab/packed_head.h"

@@ -82,7 +82,7 @@ def test_a_prompts_file_reaches_the_device(tmp_path):
     (["--spec", "head", "--tree-topk", "1", "--draft-head", "/nonexistent/h.gguf"], "/nonexistent/h.gguf"),
     # Gemma's head on SmolLM2: refused with both hidden sizes, before any device is asked for
     (["--spec", "head", "--tree-topk", "1", "--draft-head", GEMMA_HEAD], "expected 576"),
-    (["--spec", "self", "--tree-topk", "1", "--draft-p-min", "20"], "--draft-p-min 0"),
+    (["--spec", "self", "--tree-topk", "1", "--draft-p-min", "0.2"], "--draft-p-min 0"),
     (["--temp", "0.7", "--top-k", "0"], "top_k must be in 1..64"),
     (["--temp", "0.7", "--top-k", "100"], "top_k must be in 1..64"),
     (["--temp", "0.7", "--spec", "self", "--tree-topk", "8", "--tree-depth", "8"], "--tree-depth 8 takes 520"),
@@ -156,7 +156,7 @@ def test_serve_reaches_the_device(args):
 @pytest.mark.parametrize("args, says", [
     (["--parallel", "2"], "--parallel 1"),
     (["--spec", "ngram"], "--spec self|draft|head"),
-    (["--spec", "self", "--tree-topk", "2", "--draft-p-min", "20"], "--draft-p-min 0"),
+    (["--spec", "self", "--tree-topk", "2", "--draft-p-min", "0.2"], "--draft-p-min 0"),
     (["--spec", "self", "--tree-topk", "1", "--draft-vocab", "freq", "--freq-file", "/nonexistent/x.freq.bin"],
      "/nonexistent/x.freq.bin"),
 ])

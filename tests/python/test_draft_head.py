@@ -1,7 +1,7 @@
 """`--spec head` (an EAGLE-3 draft head) keeps greedy output identical to plain greedy decoding on
 both real models, with every draft vocabulary (full, freq, dynamic, hybrid), and `--spec head+ngram`
 (n-gram matches first, the head otherwise) with the dynamic vocabulary and the head's chains cut
-under a path probability of 20% (`--draft-p-min 20`).
+under a path probability of 0.2 (`--draft-p-min 0.2`).
 
 The head is the committed one under models/heads/ when present (found by default beside the model),
 else a random head written here in llama.cpp's eagle3 layout (scripts/draft_head_gguf.py) for the
@@ -101,7 +101,7 @@ def test_head_greedy_equals_plain(model, mode, vocab, heads, prompts_file):
     if vocab in ("freq", "hybrid"):
         extra += ["--freq-file", str(MODELS[model].with_suffix(".freq.bin"))]
     if mode == "head+ngram":
-        extra += ["--draft-p-min", "20"]  # the head's chains cut under a path probability of 20%
+        extra += ["--draft-p-min", "0.2"]  # the head's chains cut under a path probability of 0.2
     p, cmd = run(model, prompts_file, extra)
     assert p.returncode == 0, f"{' '.join(cmd)} failed:\n{p.stderr.decode(errors='replace')[-2000:]}"
     rows = [json.loads(line) for line in p.stdout.decode("utf-8").splitlines() if line.strip()]

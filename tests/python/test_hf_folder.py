@@ -7,7 +7,7 @@ Phi3ForCausalLM bfloat16 with fused QKV / gate-up, partial rotary and LongRoPE (
 sequences exceed its original context of 16, so the long factors and the attention factor sqrt(2)
 are in play), Qwen3ForCausalLM bfloat16 with Q/K norms, Gemma2ForCausalLM float16 with attention
 and final soft-capping that bite (0.5, 2.0) and a sliding window of 8 on alternate layers,
-MistralForCausalLM float32), with their tokenizers trained offline and transformers' goldens (token ids of the
+MistralForCausalLM float32 with a sliding window of 16), with their tokenizers trained offline and transformers' goldens (token ids of the
 tokenizer corpus, float32 logits under teacher forcing). Checked here, without torch:
 - microspec on the folder vs transformers' float32 logits: max |difference| <= 4e-3 at every
   position of two 24-token sequences (logits up to 3 in size; the KV cache is F16), top-1 equal
@@ -22,6 +22,8 @@ tokenizer corpus, float32 logits under teacher forcing). Checked here, without t
   but one with a NUL byte);
 - a multimodal Gemma 3 layout skips its vision tensors with one notice;
 - speculative greedy (self-drafting) equals plain greedy on a folder;
+- Mistral's window (16) past it: greedy continuations equal transformers' (folder and converted
+  file; plain, speculative chains, trees and n-grams; the batching server);
 - each kind of bad folder (missing shard, tensor shape against config.json, unknown model_type,
   tokenizer ids past the model's vocabulary, missing config key, config.json that is not JSON, a
   directory without config.json) is a one-line error naming the file and the mismatch.
@@ -105,18 +107,32 @@ def cosines(a, b):
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
+def mistral_window(arch):
+    """The folder's sliding window when it is Mistral's (which llama.cpp does not apply), else None."""
+    config = json.loads((HF / arch / "config.json").read_text())
+    return config.get("sliding_window") if config["model_type"] == "mistral" else None
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_convert_agrees_with_llama_cpp(arch, tmp_path):
     seqs = golden(arch)["sequences"]
     folder = run_eval(HF / arch, all_positions(seqs))
+    # llama.cpp ignores Mistral's window (llama.attention.sliding_window, which microspec writes):
+    # its logits are compared at the positions inside the window only.
+    window = mistral_window(arch)
     for type_, min_cos in [(None, 0.9999), ("q8_0", 0.999)]:
         path = convert(arch, tmp_path / f"{arch}-{type_ or 'float'}.gguf", type_)
         ours = run_eval(path, all_positions(seqs))
         if type_ is None:  # the same tensors as the folder's translation: the same logits
             for (t_f, r_f), (t_o, r_o) in zip(folder, ours):
                 assert np.array_equal(r_f, r_o)
+        if window:
+            from gguf import GGUFReader
+            assert GGUFReader(path).fields["llama.attention.sliding_window"].contents() == window
+            ours = [(top1[:window], rows[:window]) for top1, rows in ours]
         peer = peer_lib.Peer(path, n_ctx=64)
-        theirs = [peer.teacher_forcing(ids, [], list(range(len(ids))))[2].astype(np.float32) for ids in seqs]
+        theirs = [peer.teacher_forcing(ids, [], list(range(len(ids))))[2].astype(np.float32)[:window]
+                  for ids in seqs]
         peer.close()
         cos = np.concatenate([cosines(r, t) for (_, r), t in zip(ours, theirs)])
         agree = []
@@ -299,3 +315,86 @@ def test_longrope_on_another_architecture(tmp_path):
         "long_factor": [1.0] * 8, "short_factor": [1.0] * 8}))
     err = run_bad(d)
     assert "config.json" in err and "'longrope' on architecture llama is not supported" in err
+
+
+def generate_from_ids(model, prompts, n, extra=()):
+    """`microspec generate` over prompts given as token ids: the generated ids of each."""
+    jsonl = "".join(json.dumps({"prompt_ids": ids}) + "\n" for ids in prompts)
+    res = subprocess.run([BIN, "generate", "-m", str(model), "--prompts-jsonl", "/dev/stdin", "-n", str(n),
+                          "--ignore-eos", "-t", "2", *extra], input=jsonl, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    return [json.loads(line)["tokens"] for line in res.stdout.splitlines() if line.strip()]
+
+
+# The Mistral folder's window (16) is shorter than prompt + continuation (8 + 24): microspec's greedy
+# continuations equal transformers' own (golden.json "greedy": prompts whose every step has a top-2
+# margin >= 0.02 there), plainly and through speculative decoding (self-drafting chains and trees,
+# n-gram drafting), from the folder and from the GGUF `convert` writes of it (which keeps the window
+# as llama.attention.sliding_window). Teacher-forced argmax past the window: test_logits_match_transformers.
+MISTRAL_SPEC = {
+    "plain": [],
+    "self chain": ["--spec", "self", "--draft-layers", "1", "--tree-depth", "4", "--tree-topk", "1", "--tree-tokens", "4"],
+    "self tree": ["--spec", "self", "--draft-layers", "1", "--tree-depth", "3", "--tree-topk", "2", "--tree-tokens", "8"],
+    "ngram": ["--spec", "ngram"],
+}
+
+
+@pytest.mark.parametrize("source", ["folder", "converted"])
+def test_mistral_window_greedy_matches_transformers(source, tmp_path):
+    runs = golden("mistral")["greedy"]
+    window = mistral_window("mistral")
+    assert window and all(len(r["prompt"]) + len(r["continuation"]) > window + 8 for r in runs)
+    model = HF / "mistral" if source == "folder" else convert("mistral", tmp_path / "mistral.gguf")
+    want = [r["continuation"] for r in runs]
+    for name, extra in MISTRAL_SPEC.items():
+        got = generate_from_ids(model, [r["prompt"] for r in runs], len(want[0]), extra)
+        assert got == want, f"{source} {name}: greedy continuations differ from transformers'"
+
+
+def test_mistral_window_in_the_batching_server():
+    """The five greedy runs sent at once to `microspec serve --parallel 5` (the batch scheduler
+    steps them in shared forward calls), plainly and self-drafting: each completion's text is the
+    CLI's text for transformers' continuation."""
+    import concurrent.futures
+    import urllib.request
+    from server_helpers import ServerProcess
+    runs = golden("mistral")["greedy"]
+    n = len(runs[0]["continuation"])
+    jsonl = "".join(json.dumps({"prompt_ids": r["prompt"]}) + "\n" for r in runs)
+    res = subprocess.run([BIN, "generate", "-m", str(HF / "mistral"), "--prompts-jsonl", "/dev/stdin", "-n", str(n),
+                          "-t", "2"], input=jsonl, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    cli = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    assert [row["tokens"] for row in cli] == [r["continuation"] for r in runs]
+    server = ServerProcess(HF / "mistral", "--parallel", str(len(runs)), "--spec", "self", "--draft-layers", "1")
+    try:
+        def complete(prompt, spec):
+            body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "microspec": {"spec": spec}}
+            req = urllib.request.Request(server.url("/v1/completions"), data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return json.loads(r.read())["choices"][0]["text"]
+        for spec in ["none", "self"]:
+            with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+                got = list(pool.map(lambda r: complete(r["prompt"], spec), runs))
+            assert got == [row["text"] for row in cli], spec
+    finally:
+        server.kill()
+
+
+def test_llama_config_sliding_window_is_not_read(tmp_path):
+    """transformers' Llama has no window: a `llama` config.json's sliding_window changes nothing."""
+    d = broken_folder(tmp_path)
+    edit_json(d / "config.json", lambda c: c.update(sliding_window=4))
+    seqs = golden("llama")["sequences"][:1]
+    [(_, edited)], [(_, plain)] = run_eval(d, all_positions(seqs)), run_eval(HF / "llama", all_positions(seqs))
+    assert np.array_equal(edited, plain)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_qwen_sliding_window_is_refused(arch, tmp_path):
+    d = broken_folder(tmp_path, arch)
+    edit_json(d / "config.json", lambda c: c.update(use_sliding_window=True, sliding_window=16))
+    err = run_bad(d)
+    assert "config.json" in err and "use_sliding_window is true: Qwen's sliding window is not supported" in err

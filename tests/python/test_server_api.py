@@ -221,3 +221,167 @@ def test_gemma_chat_equals_cli():
             assert text == want["text"] and finish == want["finish_reason"]
     finally:
         assert s.terminate() == 0, s.stderr_text()
+
+
+# Log-probabilities: the log-softmax of the raw logits row each token was chosen from (docs/server.md).
+LOGPROB_PROMPT = CHAT_PROMPTS[1]
+
+
+def chat_logprobs(client, spec, stream, top=5, max_tokens=24):
+    """A greedy chat answer with logprobs: (text, [content entries as dicts], completion tokens)."""
+    kw = dict(max_tokens=max_tokens, logprobs=True, top_logprobs=top, extra_body=None if spec else SPEC_OFF)
+    if not stream:
+        r = chat(client, LOGPROB_PROMPT, **kw)
+        return (r.choices[0].message.content, [e.model_dump() for e in r.choices[0].logprobs.content],
+                r.usage.completion_tokens)
+    text, entries, usage = "", [], None
+    for chunk in chat(client, LOGPROB_PROMPT, stream=True, stream_options={"include_usage": True}, **kw):
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            if c.logprobs is not None and c.logprobs.content:
+                entries += [e.model_dump() for e in c.logprobs.content]
+    return text, entries, usage
+
+
+def test_chat_logprobs_speculative_equal_plain_bit_for_bit(client):
+    plain = chat_logprobs(client, spec=False, stream=False)
+    text, entries, n = plain
+    assert len(entries) == n > 0
+    assert "".join(e["token"] for e in entries) == text
+    for e in entries:
+        assert bytes(e["bytes"]).decode("utf-8", errors="replace") == e["token"]
+        tops = e["top_logprobs"]
+        assert len(tops) == 5
+        assert [t["logprob"] for t in tops] == sorted((t["logprob"] for t in tops), reverse=True)
+        # Greedy: the chosen token is the most likely one, with the same value.
+        assert tops[0]["token"] == e["token"] and tops[0]["logprob"] == e["logprob"] <= 0.0
+        assert sum(2.718281828459045 ** t["logprob"] for t in tops) <= 1.0 + 1e-5
+    # Speculative (self-drafting), streamed or not, and plain streamed: the same floats exactly.
+    assert chat_logprobs(client, spec=True, stream=False) == plain
+    assert chat_logprobs(client, spec=True, stream=True) == plain
+    assert chat_logprobs(client, spec=False, stream=True) == plain
+    # Without top_logprobs: the chosen tokens' values alone, the same again.
+    _, bare, _ = chat_logprobs(client, spec=True, stream=False, top=None)
+    assert [(e["token"], e["logprob"], e["top_logprobs"]) for e in bare] == \
+        [(e["token"], e["logprob"], []) for e in entries]
+
+
+def test_completions_logprobs_legacy_shape(client):
+    def run(spec, stream):
+        kw = dict(model="smollm2", prompt=TEXT_PROMPTS[0], max_tokens=20, temperature=0, logprobs=3,
+                  extra_body=None if spec else SPEC_OFF)
+        if not stream:
+            c = client.completions.create(**kw).choices[0]
+            lp = c.logprobs
+            return c.text, lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset
+        text, tokens, values, tops, offsets = "", [], [], [], []
+        for chunk in client.completions.create(stream=True, **kw):
+            for c in chunk.choices:
+                text += c.text
+                if c.logprobs is not None:
+                    tokens += c.logprobs.tokens
+                    values += c.logprobs.token_logprobs
+                    tops += c.logprobs.top_logprobs
+                    offsets += c.logprobs.text_offset
+        return text, tokens, values, tops, offsets
+
+    text, tokens, values, tops, offsets = run(spec=False, stream=False)
+    assert "".join(tokens) == text and len(tokens) == 20
+    assert offsets == [sum(len(t.encode()) for t in tokens[:i]) for i in range(len(tokens))]
+    for tok, value, top in zip(tokens, values, tops):
+        assert len(top) == 3 and max(top.values()) == value and top[tok] == value
+    assert run(spec=True, stream=False) == (text, tokens, values, tops, offsets)
+    assert run(spec=True, stream=True) == (text, tokens, values, tops, offsets)
+    assert run(spec=False, stream=True) == (text, tokens, values, tops, offsets)
+
+
+def test_sampled_logprobs_are_those_of_the_raw_row(client):
+    """A seeded sampled answer reports each drawn token's raw log-softmax: finite, <= 0, and the
+    greedy alternative list is the row's best tokens whatever the temperature."""
+    r = chat(client, LOGPROB_PROMPT, max_tokens=16, temperature=1.5, seed=7, logprobs=True, top_logprobs=2,
+             extra_body={"top_k": 0, "top_p": 1.0})
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for e in content:
+        assert -9999.0 < e.logprob <= 0.0
+        assert e.top_logprobs[0].logprob >= e.logprob and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": 3}, "logprobs"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"frequency_penalty": -1}, "frequency_penalty"),
+    ({"repeat_penalty": 1.1, "repeat_last_n": 64}, "repeat_penalty"),
+    ({"min_p": 0.05}, "min_p"),
+    ({"logit_bias": {"42": 5}}, "logit_bias"),
+    ({"n": 2}, "n"),
+    ({"typical_p": 0.9}, "typical_p"),
+    ({"mirostat": 2}, "mirostat"),
+    ({"n_probs": 3}, "n_probs"),
+    ({"repeat_last_n": -5}, "repeat_last_n"),
+])
+def test_unimplemented_sampling_fields_are_refused(server, body, param):
+    status, _, answer = http(server, "POST", "/v1/chat/completions",
+                             {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body})
+    assert status == 400, answer
+    assert answer["error"]["param"] == param, answer
+
+
+def test_neutral_sampling_fields_are_accepted(client):
+    """What clients send when they mean "off" is accepted (llama.cpp's web UI sends all of these)."""
+    r = chat(client, "hi", max_tokens=2, presence_penalty=0, frequency_penalty=0, n=1, logit_bias={},
+             extra_body={"repeat_penalty": 1.0, "repeat_last_n": 64, "min_p": 0, "typical_p": 1, "mirostat": 0,
+                         "n_probs": 0})
+    assert r.choices[0].finish_reason in ("length", "stop")
+
+
+def test_tokenize_and_detokenize_round_trip_like_the_cli(server):
+    import subprocess
+    from repo_paths import BIN
+    text = "Hello world, <|im_start|> naïve café 🙂"
+    cli = subprocess.run([BIN, "tokenize", "-m", str(SMOLLM2), "-p", text, "--json"], capture_output=True, text=True,
+                         timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    want = json.loads(cli.stdout)
+    status, _, answer = http(server, "POST", "/tokenize", {"content": text, "add_special": True})
+    assert status == 200 and answer["tokens"] == want
+    assert 1 in want  # <|im_start|> parsed as the control token by default, as the CLI does
+    status, _, answer = http(server, "POST", "/detokenize", {"tokens": want})
+    assert status == 200 and answer["content"] == text
+    status, _, pieces = http(server, "POST", "/tokenize", {"content": text, "with_pieces": True,
+                                                           "parse_special": False})
+    assert status == 200 and 1 not in [p["id"] for p in pieces["tokens"]]
+    joined = b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode()
+                      for p in pieces["tokens"])
+    assert joined.decode() == text
+    for bad, param in [({}, "content"), ({"content": 5}, "content"), ({"content": "x", "with_pieces": "yes"},
+                                                                        "with_pieces")]:
+        status, _, answer = http(server, "POST", "/tokenize", bad)
+        assert status == 400 and answer["error"]["param"] == param
+    status, _, answer = http(server, "POST", "/detokenize", {"tokens": [1, 49152]})
+    assert status == 400 and answer["error"]["param"] == "tokens[1]"
+
+
+def test_models_metadata(client):
+    m = client.models.retrieve("smollm2-135m-instruct-q4_1").model_dump()
+    assert m["meta"]["n_vocab"] == 49152 and m["meta"]["n_ctx_train"] == 8192 and m["meta"]["n_embd"] == 576
+    assert 100e6 < m["meta"]["n_params"] < 200e6 and m["meta"]["size"] > 0
+    assert m["microspec"]["n_ctx"] == 4096 and m["microspec"]["architecture"] == "llama"
+
+
+def test_latency_histograms_count_requests(server, client):
+    before = metrics(server)
+    chat(client, CHAT_PROMPTS[0], max_tokens=8)
+    stream_chat(client, CHAT_PROMPTS[0], max_tokens=8)
+    after = metrics(server)
+    for name in ("microspec_time_to_first_token_seconds", "microspec_inter_token_latency_seconds",
+                 "microspec_request_duration_seconds"):
+        assert after[f'{name}_bucket{{le="+Inf"}}'] == after[f"{name}_count"]
+        assert after[f"{name}_count"] - before.get(f"{name}_count", 0) == 2, name
+        assert after[f"{name}_sum"] > before.get(f"{name}_sum", 0)
+        buckets = [v for k, v in after.items() if k.startswith(name + "_bucket")]
+        assert buckets == sorted(buckets)  # cumulative

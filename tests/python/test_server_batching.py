@@ -26,7 +26,7 @@ import openai
 import pytest
 import requests
 
-from server_helpers import SMOLLM2, SPEC_ARGS, ServerProcess, cli_generate, metrics, wait_for
+from server_helpers import SMOLLM2, SPEC_ARGS, ServerProcess, cli_generate, http, metrics, wait_for
 
 N_TOKENS = 24
 LONG = ("Speculative decoding drafts several tokens cheaply and verifies them with the large model in one "
@@ -234,8 +234,24 @@ def test_ngram_and_head_drafters_in_the_batch_give_single_stream_outputs(spec):
         assert after, "slots still busy"
         assert after["microspec_spec_generations_total"] - before.get("microspec_spec_generations_total", 0) == 4
         assert after["microspec_spec_accepted_tokens_total"] > before.get("microspec_spec_accepted_tokens_total", 0)
+        if spec == "ngram":  # log-probabilities: the verification rows are plain decoding's, bit for bit
+            assert logprobs_of(s, spec=True) == logprobs_of(s, spec=False)
     finally:
         assert s.terminate() == 0, s.stderr_text()
+
+
+def logprobs_of(server, spec):
+    """A greedy chat answer's logprobs.content (5 alternatives each), speculative or plain."""
+    body = {"messages": [{"role": "user", "content": "Repeat after me: one two three, one two three."}],
+            "max_tokens": 32, "temperature": 0, "logprobs": True, "top_logprobs": 5}
+    if not spec:
+        body["microspec"] = {"spec": "none"}
+    status, _, answer = http(server, "POST", "/v1/chat/completions", body)
+    assert status == 200, answer
+    assert answer["usage"]["microspec"]["speculative"] is spec
+    content = answer["choices"][0]["logprobs"]["content"]
+    assert len(content) == answer["usage"]["completion_tokens"] > 0
+    return content
 
 
 def stream_chat(server, prompt, events_before):

@@ -14,7 +14,7 @@ Factors (per model):
   draft model, the target requantized to Q4_0 by llama.cpp (draft_models.py);
 - draft vocabulary: full, freq (FR-Spec), dynamic (MicroSpec), hybrid;
 - tree shape: a chain (top-k 1, depth 4), a small tree (top-k 2, depth 2, nodes under a path
-  probability of 20% cut: --draft-p-min), a wide tree (top-k 3, depth 3, 10 nodes, cut under 5%)
+  probability of 0.2 cut: --draft-p-min), a wide tree (top-k 3, depth 3, 10 nodes, cut under 0.05)
   and the default tree.
 All 16 drafter x vocabulary pairs run, each with the tree shape (d + v) mod 4, a Latin square: every
 tree shape meets every drafter and every vocabulary exactly once. The dynamic-vocabulary runs of
@@ -54,8 +54,8 @@ DRAFTERS = ["self-good", "self-poor", "draft-same-file", "draft-requantized"]
 VOCABS = ["full", "freq", "dynamic", "hybrid"]
 TREES = {
     "chain": ["--tree-topk", "1", "--tree-depth", "4", "--tree-tokens", "5"],
-    "small-tree": ["--tree-topk", "2", "--tree-depth", "2", "--tree-tokens", "5", "--draft-p-min", "20"],
-    "wide-tree": ["--tree-topk", "3", "--tree-depth", "3", "--tree-tokens", "10", "--draft-p-min", "5"],
+    "small-tree": ["--tree-topk", "2", "--tree-depth", "2", "--tree-tokens", "5", "--draft-p-min", "0.2"],
+    "wide-tree": ["--tree-topk", "3", "--tree-depth", "3", "--tree-tokens", "10", "--draft-p-min", "0.05"],
     "default-tree": [],
 }
 # Smallest mean acceptance length per separate draft model (accepted draft tokens + 1 per step).

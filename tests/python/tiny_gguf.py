@@ -12,7 +12,7 @@ llama.cpp's converter writes them):
   LongRoPE long/short factors with an original context of 32 (so every run here uses the long ones,
   llama.cpp's rule by context size) and rope.scaling.attn_factor.
 
-qwen2/llama follow tests/tiny_model.h with head_dim = n_embd / n_head (llama.cpp requires it of
+qwen2/llama follow tests/support/tiny_model.h with head_dim = n_embd / n_head (llama.cpp requires it of
 qwen2). Weights are Q8_0 (gguf.quants.quantize), norms, biases and rope factors F32, from a fixed
 seed; the vocabulary is SentencePiece-style words "▁w3".."▁w<n>". The newer kinds have an untied
 LM head (gemma2: smaller embeddings and larger post-norm weights instead), so that greedy decoding does not just repeat a

@@ -1,4 +1,4 @@
-#include "speculative/decoder.h"
+#include "engine/speculative_decoder.h"
 
 #include <algorithm>
 #include <chrono>
@@ -28,7 +28,7 @@ Decoder::Decoder(const SpecConfig& config, const GgufFile& target_file, Generato
                  const Tokenizer& tokenizer, const Decoder* share_draft_model_of)
     : gen_(gen), tokenizer_(tokenizer), params_(config.tree), verifier_(gen.model().config().n_vocab) {
   config.validate();
-  built_ = build_drafter(config, target_file, gen, tokenizer,
+  built_ = build_drafter(config, target_file, gen.model(), gen.cache(), tokenizer,
                          share_draft_model_of ? share_draft_model_of->built_.draft_model : nullptr);
   drafter_ = built_.drafter.get();
   describe_ = "plain decoding";
@@ -87,7 +87,8 @@ Decoder::Progress Decoder::start_piece(Run& run, const std::vector<int32_t>& pro
     run.res.gen.prompt_tokens = static_cast<int32_t>(prompt.size());
     run.prefill_start = Clock::now();
   }
-  run.root = prefill_piece(run, prompt, max_tokens, observer);
+  const float* root_logits = nullptr;
+  run.root = prefill_piece(run, prompt, max_tokens, observer, &root_logits);
   run.prefilled = gen_.cache().n_past();
   if (run.root < 0) return Progress::Prefilling;
   run.decode_start = Clock::now();
@@ -96,7 +97,8 @@ Decoder::Progress Decoder::start_piece(Run& run, const std::vector<int32_t>& pro
 
   // The first token comes from the prefill, exactly as in plain decoding.
   KVCache& kv = gen_.cache();
-  if (run.sink.done() || !run.sink.push(run.root)) return Progress::Ended;
+  const std::span<const float> row(root_logits, size_t(gen_.model().config().n_vocab));
+  if (run.sink.done() || !run.sink.push(run.root, row)) return Progress::Ended;
   if (kv.n_past() + 1 >= kv.n_ctx()) {
     run.res.gen.finish = FinishReason::ContextFull;
     return Progress::Ended;
@@ -120,7 +122,7 @@ void Decoder::finish(Run& run) {
 }
 
 int32_t Decoder::prefill_piece(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
-                               const DecodeObserver* observer) {
+                               const DecodeObserver* observer, const float** first_logits) {
   // A context-aware draft vocabulary seeds itself from the target's top tokens at every prompt
   // position (K_pre); the prefill computes them on the way.
   if (drafter_ && observer && observer->prompt_top_k > 0)
@@ -133,6 +135,7 @@ int32_t Decoder::prefill_piece(Run& run, const std::vector<int32_t>& prompt, int
   const float* logits = gen_.prefill_piece(prompt, max_tokens, k_pre, &prompt_top_, &capture);
   if (!logits) return -1;
   const int32_t first = run.sampling.target.sample(logits);
+  *first_logits = logits;
   const std::span<const int32_t> prompt_top(prompt_top_.data(), k_pre ? prompt_top_.size() : 0);
   if (drafter_ && !capture.layers.empty())
     drafter_->target_features(prompt_features_.data(), static_cast<int32_t>(prompt.size()));
@@ -285,10 +288,10 @@ bool Decoder::emit(int32_t position, TokenSink& sink, const DecodeObserver* obse
   const size_t V = size_t(gen_.model().config().n_vocab);
   for (size_t j = 0; j < emitted_.size() && running; ++j) {
     // emitted_[j] was chosen from the root's row (j = 0), else from the row of the j-th accepted node.
-    if (observer && observer->on_token)
-      observer->on_token(emitted_[j], out_.logits.data() + V * size_t(j == 0 ? 0 : path_[j - 1] + 1));
+    const float* row = out_.logits.data() + V * size_t(j == 0 ? 0 : path_[j - 1] + 1);
+    if (observer && observer->on_token) observer->on_token(emitted_[j], row);
     ++res.stats.decode_tokens;
-    if (!sink.push(emitted_[j])) {
+    if (!sink.push(emitted_[j], {row, V})) {
       running = false;
     } else if (position + 1 + int32_t(j) + 1 >= gen_.cache().n_ctx()) {
       res.gen.finish = FinishReason::ContextFull;

@@ -26,7 +26,8 @@ struct TinyModelSpec {
   int32_t n_head_kv = 2;
   int32_t head_dim = 32;
   int32_t n_ff = 96;
-  int32_t sliding_window = 8;  // gemma2 and gemma3 only
+  int32_t sliding_window = 8;  // gemma2 and gemma3 (their layer patterns); llama only with llama_window
+  bool llama_window = false;   // llama: write llama.attention.sliding_window (Mistral's: every layer)
   bool untied_output = false;
   bool llama3_rope = false;  // llama: write rope_freqs.weight (frequency divisors 1..8)
   GgmlType weight_type = GgmlType::Q8_0;  // for the 2-D weights (rows must fit its block size)
@@ -50,7 +51,8 @@ inline void write_tiny_model(const TinyModelSpec& s, const std::string& path) {
   w.add_u32(a + ".attention.value_length", s.head_dim);
   w.add_f32(a + ".attention.layer_norm_rms_epsilon", 1e-6f);
   w.add_f32(a + ".rope.freq_base", a == "gemma3" ? 1e6f : 1e4f);
-  if (a == "gemma3" || a == "gemma2") w.add_u32(a + ".attention.sliding_window", s.sliding_window);
+  if (a == "gemma3" || a == "gemma2" || (a == "llama" && s.llama_window))
+    w.add_u32(a + ".attention.sliding_window", s.sliding_window);
   if (a == "gemma2") {
     w.add_f32(a + ".attn_logit_softcapping", 5.0f);
     w.add_f32(a + ".final_logit_softcapping", 20.0f);

@@ -13,8 +13,8 @@
 //   emit            the accepted tokens go through the same TokenSink as plain decoding.
 // Every emitted token is the target's greedy choice, so greedy output (tokens, text, finish
 // reason) equals Generator::generate's exactly. With temperature > 0 the draft tree is sampled and
-// verified by recursive rejection sampling (tree.h, TreeSamplingVerifier): the output has exactly
-// plain sampling's distribution, though not the same tokens for a seed.
+// verified by recursive rejection sampling (speculative/tree.h, TreeSamplingVerifier): the output
+// has exactly plain sampling's distribution, though not the same tokens for a seed.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -187,9 +187,9 @@ class Decoder {
   void size_step_buffers();
   // The run's next prompt piece (with run.prefilled 0 it begins the prefill; K_pre and the draft
   // head's features are collected on the way); once the prompt is in, returns the first generated
-  // token, else -1.
+  // token (and sets *first_logits to the row it was chosen from), else -1.
   int32_t prefill_piece(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
-                        const DecodeObserver* observer);
+                        const DecodeObserver* observer, const float** first_logits);
   // The step's parts, in order (see the top of this file).
   // Whether a step at `position` drafts a tree of `shape` (clears the tree either way).
   bool will_draft(int32_t position, const TreeParams& shape);

@@ -1,12 +1,12 @@
-#include "device/cuda_generator.h"
+#include "engine/cuda_generator.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 
-#include "checkpoint/hf_folder.h"
 #include "draft_head/eagle3_head.h"
 #include "model/config.h"
+#include "model/model_file.h"
 #include "speculative/drafter.h"
 #include "speculative/drafter_setup.h"
 #include "speculative/tree_sampling.h"

@@ -6,7 +6,7 @@
 // the token at i + 1), then the draft tree in the pending region. Logits come from the target's LM
 // head rows through a DraftVocabulary, so full/freq/dynamic/hybrid apply unchanged; a head with
 // its own (reduced) LM head scores its own rows whose target ids the vocabulary holds (see
-// eagle3_head.h: the active set intersected with the head's vocabulary).
+// draft_head/eagle3_head.h: the active set intersected with the head's vocabulary).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -82,6 +82,7 @@ class HeadDrafter final : public Drafter, private TreeExpander {
   std::vector<int32_t> own_rows_;      // [<= n_draft] own rows scored this step
   std::vector<int32_t> own_ids_;       // [<= n_draft] their target ids
   bool own_rows_are_all_ = false;      // own_rows_ holds every own row (the full vocabulary, built once)
+  std::vector<int32_t> tree_tokens_;   // [tree nodes] the last accepted tree's tokens, for the vocabulary
   double lm_head_seconds_ = 0.0;
 };
 

@@ -5,7 +5,7 @@
 // by the target's first layers, a draft model or an EAGLE-3 head, or a tree drafted by the
 // target's first layers). The models are loaded on the device once for every generation; each
 // generation ends as the CPU path's does (end-of-generation tokens, stop strings, the token limit:
-// engine/generator.h's TokenSink) and reports what the CPU decoder reports (speculative/decoder.h's
+// engine/generator.h's TokenSink) and reports what the CPU decoder reports (engine/speculative_decoder.h's
 // SpecResult: the device times no parts of a step, so only its counts are filled in). Compiled in
 // every build: without MICROSPEC_CUDA the constructor throws.
 #include <cstdint>
@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "engine/generator.h"
+#include "engine/speculative_decoder.h"
 #include "gguf/gguf.h"
-#include "speculative/decoder.h"
 #include "speculative/settings.h"
 #include "speculative/tree_state.h"
 #include "tokenizer/tokenizer.h"

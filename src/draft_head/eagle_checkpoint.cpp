@@ -1,4 +1,4 @@
-#include "checkpoint/eagle_checkpoint.h"
+#include "draft_head/eagle_checkpoint.h"
 
 #include <cmath>
 #include <cstring>
@@ -12,12 +12,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/hf_folder.h"
 #include "checkpoint/pytorch_checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
 #include "kernels/kernels.h"
+#include "model/model_file.h"
 #include "util/error.h"
 
 namespace microspec {

@@ -1,4 +1,4 @@
-#include "draft_head/head_drafter.h"
+#include "speculative/head_drafter.h"
 
 #include <algorithm>
 #include <chrono>
@@ -184,7 +184,7 @@ void HeadDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const 
     row = node + 1;
   }
   std::copy_n(feature_row(row), feature_size_, root_features_.begin());
-  vocab_.accepted(root, tree, path, verify_logits);
+  vocab_.accepted(node_tokens(tree, tree_tokens_), path, verify_logits);
 }
 
 std::string default_draft_head_path(const std::string& model_path) {
