@@ -1,5 +1,6 @@
 // Log-probabilities of generated tokens (sampling/logprobs.h): the values against a float64
-// reference log-softmax, the alternatives against a full sort, non-finite rows.
+// reference log-softmax, the alternatives against a full sort, non-finite rows; sampled tokens'
+// values from the distribution they were drawn from.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "sampling/logprobs.h"
+#include "sampling/sampler.h"
 
 namespace microspec {
 namespace {
@@ -113,6 +115,42 @@ TEST(Logprobs, InfiniteLogitsShareTheMassAndMissingAlternativesAreMarked) {
   EXPECT_EQ(rows.row(2)[1].token, 2);
   EXPECT_EQ(rows.row(2)[2].token, -1);
   EXPECT_EQ(rows.row(2)[2].logprob, -kInf);
+}
+
+TEST(Logprobs, SampledTokensReportTheDistributionTheyWereDrawnFrom) {
+  const std::vector<float> row = random_row(4099, 3);
+  SamplingParams params;
+  params.temperature = 0.7f;
+  params.top_k = 12;
+  params.top_p = 1.0f;
+  Sampler sampler(params, int64_t(row.size()));
+  std::vector<std::pair<int32_t, float>> dist, reference;
+  sampler.distribution(row.data(), reference);
+  ASSERT_EQ(reference.size(), 12u);
+  const int32_t drawn = reference[5].first;
+  LogprobRows rows;
+  rows.reset(20, 1);
+  dist = reference;
+  append_drawn_logprob_row(dist, drawn, rows);
+  EXPECT_EQ(rows.row(0)[0].token, drawn);
+  EXPECT_EQ(rows.row(0)[0].logprob, std::log(reference[5].second));
+  // The alternatives are the whole kept distribution, best first, then -1 markers.
+  double mass = 0.0;
+  for (size_t j = 1; j <= 12; ++j) {
+    const TokenLogprob e = rows.row(0)[j];
+    const auto it = std::find_if(reference.begin(), reference.end(), [&](const auto& r) { return r.first == e.token; });
+    ASSERT_NE(it, reference.end());
+    EXPECT_EQ(e.logprob, std::log(it->second));
+    if (j > 1) EXPECT_GE(rows.row(0)[j - 1].logprob, e.logprob);
+    mass += std::exp(double(e.logprob));
+  }
+  EXPECT_NEAR(mass, 1.0, 1e-5);
+  for (size_t j = 13; j <= 20; ++j) EXPECT_EQ(rows.row(0)[j].token, -1);
+  // The raw row's value for the same token is another number: temperature and top-k matter.
+  LogprobRows raw;
+  raw.reset(0, 1);
+  append_logprob_row(row.data(), int64_t(row.size()), drawn, raw);
+  EXPECT_GT(std::fabs(raw.row(0)[0].logprob - rows.row(0)[0].logprob), 0.1f);
 }
 
 }  // namespace

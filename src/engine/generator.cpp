@@ -164,6 +164,23 @@ TokenSink::TokenSink(const Tokenizer& tokenizer, const GenerateParams& params, c
                       size_t(std::clamp<int64_t>(params.max_new_tokens, 0, kMaxReservedRows)));
 }
 
+// One logprobs row (sampling/logprobs.h says which values): the raw row's for greedy decoding,
+// the drawn-from distribution's for sampling.
+void TokenSink::record_logprobs(int32_t token, std::span<const float> logits) {
+  if (logits.empty()) throw Error("log-probabilities asked for, but no logits row came with the token");
+  const int64_t n = int64_t(logits.size());
+  if (params_.sampling.greedy()) {
+    append_logprob_row(logits.data(), n, token, r_.logprobs);
+    return;
+  }
+  if (!drawn_from_) {
+    drawn_from_ = std::make_unique<Sampler>(params_.sampling, n);
+    drawn_dist_.reserve(size_t(n));
+  }
+  drawn_from_->distribution(logits.data(), n, drawn_dist_);
+  append_drawn_logprob_row(drawn_dist_, token, r_.logprobs);
+}
+
 void TokenSink::emit(std::string_view text) {
   if (text.empty() || stopped_by_callback_) return;
   r_.text.append(text);
@@ -183,10 +200,7 @@ bool TokenSink::push(int32_t token, std::span<const float> logits) {
     return false;
   }
   r_.tokens.push_back(token);
-  if (params_.logprobs.enabled) {
-    if (logits.empty()) throw Error("log-probabilities asked for, but no logits row came with the token");
-    append_logprob_row(logits.data(), int64_t(logits.size()), token, r_.logprobs);
-  }
+  if (params_.logprobs.enabled) record_logprobs(token, logits);
   bool stop_hit = false;
   emit(stops_.push(utf8_.push(tokenizer_.token_to_piece(token)), &stop_hit));
   if (stop_hit) {

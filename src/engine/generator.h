@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -126,7 +127,12 @@ class TokenSink {
   StopStringFilter stops_;
   bool stopped_by_callback_ = false;
   bool done_ = false;
+  // Sampled requests with logprobs: the distribution each token was drawn from (made at the first
+  // token, when the row's size is known) and its (id, probability) pairs ([kept tokens]).
+  std::unique_ptr<Sampler> drawn_from_;
+  std::vector<std::pair<int32_t, float>> drawn_dist_;
   void emit(std::string_view text);
+  void record_logprobs(int32_t token, std::span<const float> logits);
 };
 
 // Peak resident memory of this process in bytes (VmHWM).

@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -84,6 +85,19 @@ void append_logprob_row(const float* logits, int64_t n, int32_t token, LogprobRo
     const int32_t id = j < k ? ids[j] : -1;
     rows.entries.push_back({id, logprob(id)});
   }
+}
+
+void append_drawn_logprob_row(std::vector<std::pair<int32_t, float>>& dist, int32_t token, LogprobRows& rows) {
+  float p_token = 0.0f;
+  for (const auto& [id, p] : dist)
+    if (id == token) p_token = p;
+  rows.entries.push_back({token, p_token > 0.0f ? std::log(p_token) : kNegInf});
+  const size_t k = std::min(size_t(rows.top), dist.size());
+  std::partial_sort(dist.begin(), dist.begin() + ptrdiff_t(k), dist.end(), [](const auto& a, const auto& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  });
+  for (size_t j = 0; j < size_t(rows.top); ++j)
+    rows.entries.push_back(j < k ? TokenLogprob{dist[j].first, std::log(dist[j].second)} : TokenLogprob{-1, kNegInf});
 }
 
 }  // namespace microspec

@@ -1,18 +1,24 @@
 #pragma once
 // Log-probabilities of generated tokens, for the server's `logprobs` / `top_logprobs`.
 //
-// What is reported: the log-softmax of the target's raw logits row the token was chosen from
-// (temperature 1, before top-k and top-p): log p(token) = logit[token] - max - log(sum exp(logit - max)).
-// This is vLLM's default ("raw logprobs") and what greedy decoding draws from; it is defined for
-// every token of the vocabulary (a filtered one is not -inf), and it depends on the row alone, so
-// plain and speculative decoding, whose rows are bitwise equal, report bitwise equal values.
-// NaN and -inf logits have log-probability -inf and are never among the alternatives; a row whose
-// maximum is +inf gives its +inf tokens -log(their count) and every other token -inf.
+// What is reported depends on how the token was chosen:
+// - greedy: the log-softmax of the target's raw logits row (temperature 1, no filters):
+//   log p(token) = logit[token] - max - log(sum exp(logit - max)), summed in double. The point mass
+//   greedy decoding draws from would say 0 for every token; this is the model's own distribution
+//   (vLLM's and OpenAI's values at temperature 0). NaN and -inf logits have log-probability -inf
+//   and are never among the alternatives; a row whose maximum is +inf gives its +inf tokens
+//   -log(their count) and every other token -inf.
+// - sampled: the log of the probability the token was drawn with, in the distribution sampling
+//   drew it from (Sampler::distribution: top-k, top-p, then temperature); the alternatives are
+//   that distribution's most likely tokens, so there are at most as many as it keeps.
+// Both depend on the row alone, so plain and speculative decoding, whose rows are bitwise equal
+// (and whose sampled tokens follow the same distribution), report bitwise equal values.
 //
 // Computed only when asked for, with no allocation per token: the rows go into a LogprobRows whose
 // storage the caller reserves up front.
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace microspec {
@@ -49,5 +55,10 @@ double log_sum_exp_below(const float* x, int64_t n, float max);
 
 // Appends one row for `token` chosen from logits[0, n) with `top` alternatives to rows.entries.
 void append_logprob_row(const float* logits, int64_t n, int32_t token, LogprobRows& rows);
+
+// Appends one row for `token` drawn from `dist`, a sampling distribution as Sampler::distribution
+// gives it ((id, probability) pairs, zero-probability tokens left out): log p(token) and the `top`
+// most likely entries, best first (ties to the lower id), id -1 where dist has fewer. Reorders dist.
+void append_drawn_logprob_row(std::vector<std::pair<int32_t, float>>& dist, int32_t token, LogprobRows& rows);
 
 }  // namespace microspec

@@ -619,7 +619,7 @@ json logprobs_json(Endpoint endpoint, const LogprobsOut& lp) {
       const TokenLogprob* row = lp.entries.data() + i * stride;
       json top = json::array();
       for (size_t j = 1; j < stride; ++j) {
-        if (row[j].token < 0) continue;  // fewer alternatives than asked for (a row of NaNs)
+        if (row[j].token < 0) continue;  // fewer alternatives than asked for (a sampled distribution keeps fewer)
         const std::string piece = tok.token_to_piece(row[j].token);
         top.push_back({{"token", piece}, {"logprob", logprob_value(row[j].logprob)}, {"bytes", bytes_json(piece)}});
       }

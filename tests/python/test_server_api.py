@@ -7,6 +7,7 @@ Also: stop strings, seeded sampling (equal to the CLI with the same seed), the u
 /v1/models, /metrics, and API errors surfacing as the client's exception types. One Gemma check.
 """
 import json
+import math
 
 import openai
 import pytest
@@ -223,7 +224,8 @@ def test_gemma_chat_equals_cli():
         assert s.terminate() == 0, s.stderr_text()
 
 
-# Log-probabilities: the log-softmax of the raw logits row each token was chosen from (docs/server.md).
+# Log-probabilities: greedy, the log-softmax of the raw logits row each token was chosen from; sampled,
+# the distribution it was drawn from (docs/server.md).
 LOGPROB_PROMPT = CHAT_PROMPTS[1]
 
 
@@ -297,16 +299,22 @@ def test_completions_logprobs_legacy_shape(client):
     assert run(spec=False, stream=True) == (text, tokens, values, tops, offsets)
 
 
-def test_sampled_logprobs_are_those_of_the_raw_row(client):
-    """A seeded sampled answer reports each drawn token's raw log-softmax: finite, <= 0, and the
-    greedy alternative list is the row's best tokens whatever the temperature."""
-    r = chat(client, LOGPROB_PROMPT, max_tokens=16, temperature=1.5, seed=7, logprobs=True, top_logprobs=2,
-             extra_body={"top_k": 0, "top_p": 1.0})
+@pytest.mark.parametrize("spec", [False, True])
+def test_sampled_logprobs_are_those_of_the_distribution_drawn_from(client, spec):
+    """A sampled answer reports each token's log-probability in the distribution it was drawn from
+    (top-k 3, top-p off, temperature 1.5): at most 3 alternatives, which are that whole
+    distribution (their probabilities sum to 1), and the drawn token is one of them with the same
+    value. The raw row's values would sum to less than 1 over 3 of 49,152 tokens."""
+    body = {"top_k": 3, "top_p": 1.0, **({} if spec else SPEC_OFF)}
+    r = chat(client, LOGPROB_PROMPT, max_tokens=16, temperature=1.5, seed=7, logprobs=True, top_logprobs=5,
+             extra_body=body)
     content = r.choices[0].logprobs.content
-    assert len(content) == r.usage.completion_tokens
+    assert len(content) == r.usage.completion_tokens > 0
     for e in content:
-        assert -9999.0 < e.logprob <= 0.0
-        assert e.top_logprobs[0].logprob >= e.logprob and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
+        tops = {t.token: t.logprob for t in e.top_logprobs}
+        assert 1 <= len(e.top_logprobs) <= 3, e
+        assert tops[e.token] == e.logprob <= 0.0, e
+        assert abs(sum(math.exp(v) for v in tops.values()) - 1.0) < 1e-4, e
 
 
 @pytest.mark.parametrize("body, param", [
