@@ -65,6 +65,13 @@ const json* field(const json& obj, const char* key) {
   return &*it;
 }
 
+// The field's value; absent or null is a 400 naming `param` (the field's path in the request).
+const json& required_field(const json& obj, const char* key, const std::string& param) {
+  const json* v = field(obj, key);
+  if (!v) throw ApiError(400, "Missing required parameter: '" + param + "'.", param, "missing_required_parameter");
+  return *v;
+}
+
 double number_field(const json& obj, const char* key, double lo, double hi, double fallback) {
   const json* v = field(obj, key);
   if (!v) return fallback;
@@ -141,9 +148,7 @@ std::string message_content(const json& content, const std::string& param) {
 }
 
 std::vector<ChatMessage> parse_messages(const json& body) {
-  const json* msgs = field(body, "messages");
-  if (!msgs)
-    throw ApiError(400, "Missing required parameter: 'messages'.", "messages", "missing_required_parameter");
+  const json* msgs = &required_field(body, "messages", "messages");
   if (!msgs->is_array()) wrong_type("messages", "an array", *msgs);
   if (msgs->empty())
     throw ApiError(400, "Invalid 'messages': empty array. Expected an array with minimum length 1.",
@@ -153,10 +158,7 @@ std::vector<ChatMessage> parse_messages(const json& body) {
     const json& m = (*msgs)[i];
     const std::string p = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) wrong_type(p, "an object", m);
-    const json* role = field(m, "role");
-    if (!role)
-      throw ApiError(400, "Missing required parameter: '" + p + ".role'.", p + ".role",
-                     "missing_required_parameter");
+    const json* role = &required_field(m, "role", p + ".role");
     if (!role->is_string()) wrong_type(p + ".role", "a string", *role);
     std::string r = role->get<std::string>();
     if (r == "developer") r = "system";  // OpenAI's newer name for the system role
@@ -176,9 +178,7 @@ std::vector<ChatMessage> parse_messages(const json& body) {
 }
 
 std::vector<int32_t> parse_prompt(const json& body, const Tokenizer& tok) {
-  const json* prompt = field(body, "prompt");
-  if (!prompt)
-    throw ApiError(400, "Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter");
+  const json* prompt = &required_field(body, "prompt", "prompt");
   auto token_ids = [&](const json& arr, const std::string& param) {
     std::vector<int32_t> ids;
     for (size_t i = 0; i < arr.size(); ++i) {
@@ -449,9 +449,7 @@ bool valid_utf8(const std::string& s) {
 
 json tokenize_answer(const std::string& body_text, const Tokenizer& tok) {
   const json body = parse_body(body_text);
-  const json* content = field(body, "content");
-  if (!content)
-    throw ApiError(400, "Missing required parameter: 'content'.", "content", "missing_required_parameter");
+  const json* content = &required_field(body, "content", "content");
   if (!content->is_string()) wrong_type("content", "a string", *content);
   const bool add_special = bool_field(body, "add_special", false);
   const bool parse_special = bool_field(body, "parse_special", true);
@@ -472,9 +470,7 @@ json tokenize_answer(const std::string& body_text, const Tokenizer& tok) {
 
 json detokenize_answer(const std::string& body_text, const Tokenizer& tok) {
   const json body = parse_body(body_text);
-  const json* tokens = field(body, "tokens");
-  if (!tokens)
-    throw ApiError(400, "Missing required parameter: 'tokens'.", "tokens", "missing_required_parameter");
+  const json* tokens = &required_field(body, "tokens", "tokens");
   if (!tokens->is_array()) wrong_type("tokens", "an array of token ids", *tokens);
   std::vector<int32_t> ids;
   ids.reserve(tokens->size());
