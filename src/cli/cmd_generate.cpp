@@ -1,10 +1,12 @@
 // `microspec generate`: text generation from a prompt, printed as it is produced, then one line of
 // statistics on stderr.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <span>
 #include <sstream>
 
 #include "bench/dataset.h"
@@ -14,6 +16,7 @@
 #include "engine/cuda_generator.h"
 #include "engine/generator.h"
 #include "engine/speculative_decoder.h"
+#include "sampling/logprobs.h"
 #include "speculative/drafter_setup.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
@@ -37,6 +40,7 @@ struct GenerateArgs {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool json = false;
+  int32_t logprobs = -1;  // --logprobs K: each token's log-probability and its K best alternatives (-1: off)
   bool quiet = false;
   SpecConfig spec;
   std::string prompts_jsonl;  // batch mode: one prompt per line ({"turns": [...]} or {"prompt": ...})
@@ -156,6 +160,21 @@ Outcome run_on_device(const GenerateArgs& a, const CudaGenerator& device, const 
   return o;
 }
 
+// --logprobs in the JSON line: per generated token {"token", "logprob", "top": [[id, logprob], ...]}
+// (sampling/logprobs.h says which values); -inf is written as null.
+nlohmann::json logprobs_json(const LogprobRows& rows) {
+  auto value = [](float x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < rows.rows(); ++i) {
+    const std::span<const TokenLogprob> row = rows.row(i);
+    nlohmann::json top = nlohmann::json::array();
+    for (const TokenLogprob& alt : row.subspan(1))
+      if (alt.token >= 0) top.push_back({alt.token, value(alt.logprob)});
+    out.push_back({{"token", row[0].token}, {"logprob", value(row[0].logprob)}, {"top", top}});
+  }
+  return out;
+}
+
 // Generates from one prompt and prints the statistics lines (stderr) and, with json, one JSON line.
 // seed: the sampler's seed (-1 = random).
 void generate_one(const GenerateArgs& a, const Tokenizer& tok, const RunOne& run, const std::vector<int32_t>& prompt_ids,
@@ -172,6 +191,7 @@ void generate_one(const GenerateArgs& a, const Tokenizer& tok, const RunOne& run
   params.sampling.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
   params.stop_strings = a.stop;
   params.ignore_eos = a.ignore_eos;
+  params.logprobs = {.enabled = a.logprobs >= 0, .top = std::max(a.logprobs, 0)};
 
   const bool stream = !json && !a.quiet;
   auto on_text = [&](std::string_view text) {
@@ -196,6 +216,7 @@ void generate_one(const GenerateArgs& a, const Tokenizer& tok, const RunOne& run
     j["tokens"] = r.tokens;
     j["text"] = r.text;
     j["finish_reason"] = finish_reason_name(r.finish);
+    if (params.logprobs.enabled) j["logprobs"] = logprobs_json(r.logprobs);
     j["prefill_tokens_per_second"] = o.prefill_tokens_per_second;
     j["decode_tokens_per_second"] = o.decode_tokens_per_second;
     j["prefill_seconds"] = r.prefill_seconds;
@@ -226,6 +247,8 @@ void run_generate(const GenerateArgs& a) {
   // The device path: what it cannot run is refused before the model is loaded.
   if (a.device != "cpu" && a.device != "cuda") throw Error("--device must be cpu or cuda, got '" + a.device + "'");
   const bool on_device = a.device == "cuda";
+  if (a.logprobs >= 0 && !a.json) throw Error("--logprobs needs --json (the values are printed in the JSON line)");
+  if (a.logprobs >= 0 && on_device) throw Error("--logprobs: the device hands back tokens, not logits rows; use --device cpu");
   if (on_device) {
     const SamplingParams sampling{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p};
     if (const std::string why = cuda_params_unsupported(sampling); !why.empty()) throw Error("--device cuda: " + why);
@@ -340,6 +363,10 @@ void add_generate_command(CLI::App& app) {
 
   cmd->option_defaults()->group(group::kOutput);
   cmd->add_flag("--json", args->json, "print one JSON object (ids, text, stats) instead of streaming text");
+  cmd->add_option("--logprobs", args->logprobs,
+                  "with --json: each token's log-probability and its K most likely alternatives (0..20; "
+                  "greedy: the raw row's log-softmax, sampled: the distribution drawn from)")
+      ->check(CLI::Range(0, int(kMaxTopLogprobs)));
   cmd->add_flag("-q,--quiet", args->quiet, "print only the statistics line");
   cmd->callback([args] { run_generate(*args); });
 }
