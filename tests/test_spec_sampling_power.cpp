@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "sampling/penalties.h"
 #include "sampling/sampler.h"
 #include "speculative/ngram.h"
 #include "speculative/tree.h"
@@ -252,8 +253,9 @@ Outcome run_case(const Case& c, const Verifier& verify, int n_samples, uint64_t 
 }
 
 // Exact plain-sampling probability of every kLength-token continuation of kStart.
-std::map<std::vector<int32_t>, double> exact_sequences(const std::vector<float>& target) {
-  Sampler s(filters(), V);
+std::map<std::vector<int32_t>, double> exact_sequences(const std::vector<float>& target,
+                                                       const SamplingParams& sampling) {
+  Sampler s(sampling, V);
   std::map<std::vector<int32_t>, double> frontier = {{{}, 1.0}};
   TokenDistribution dist;
   for (int32_t depth = 0; depth < kLength; ++depth) {
@@ -340,7 +342,7 @@ const std::vector<Band>& bands() {
 TEST(SpecSamplingPower, LibraryVerifierMatchesPlainSamplingAtEveryAcceptanceLevel) {
   for (const Band& b : bands()) {
     const Outcome o = run_case(b.c, library_verifier(), kSamples, 100);
-    const auto [stat, crit] = chi_square(exact_sequences(make_pair(b.c.sigma).target), o.observed, kSamples);
+    const auto [stat, crit] = chi_square(exact_sequences(make_pair(b.c.sigma).target, filters()), o.observed, kSamples);
     const double rate = double(o.accepted) / double(o.drafted);
     std::printf("%s: chi-square %.1f (critical %.1f), acceptance %.3f, later siblings accepted %lld\n",
                 b.c.name.c_str(), stat, crit, rate, (long long)o.later_sibling_accepted);
@@ -355,7 +357,7 @@ TEST(SpecSamplingPower, LibraryVerifierMatchesPlainSamplingAtEveryAcceptanceLeve
 
 TEST(SpecSamplingPower, WrittenOutVerifierPassesAndEachBrokenRuleFails) {
   const Case wide = bands()[3].c;  // medium draft, wide tree
-  const auto exact = exact_sequences(make_pair(wide.sigma).target);
+  const auto exact = exact_sequences(make_pair(wide.sigma).target, filters());
   struct Mutant {
     std::string name;
     Mutation m;
@@ -382,7 +384,7 @@ TEST(SpecSamplingPower, WrittenOutVerifierPassesAndEachBrokenRuleFails) {
 // A sampled-tree mutant, verified by the library's verifier, must fail the chi-square test.
 void expect_biased(const Case& c, uint64_t seed, const char* why) {
   const Outcome o = run_case(c, library_verifier(), kSamples, seed);
-  const auto [stat, crit] = chi_square(exact_sequences(make_pair(c.sigma).target), o.observed, kSamples);
+  const auto [stat, crit] = chi_square(exact_sequences(make_pair(c.sigma).target, filters()), o.observed, kSamples);
   std::printf("%s: chi-square %.1f (critical %.1f), statistic / N %.4f\n", c.name.c_str(), stat, crit, stat / kSamples);
   EXPECT_GT(stat, crit) << why;
 }
@@ -445,7 +447,7 @@ TEST(SpecSamplingPower, NgramPointMassDraftsKeepPlainSamplingExact) {
     const float* row = target.data() + size_t(prompt.back()) * V;
     prompt.push_back(int32_t(std::max_element(row, row + V) - row));
   }
-  const auto exact = exact_sequences(target);
+  const auto exact = exact_sequences(target, filters());
   const TreeParams chain{3, 1, 4};
   const Outcome o = run_ngram_case(prompt, chain, library_verifier(), target, kSamples, 400);
   const auto [stat, crit] = chi_square(exact, o.observed, kSamples);
@@ -461,6 +463,176 @@ TEST(SpecSamplingPower, NgramPointMassDraftsKeepPlainSamplingExact) {
   const auto [bstat, bcrit] = chi_square(exact, bad.observed, kSamples);
   std::printf("ngram chain, bonus from p: chi-square %.1f (critical %.1f)\n", bstat, bcrit);
   EXPECT_GT(bstat, bcrit) << "redrawing a rejected point-mass draft's token must bias the output";
+}
+
+// --- Penalties: the target's rows transformed with each node's own history ------------------
+//
+// The same Markov target, but every row is transformed by a Penalizer (logit bias, repeat,
+// presence and frequency penalties) with the sequence's history: kStart (the prompt), the tokens
+// generated so far and, for a tree node's row, the node's path from the root (its ancestors and
+// itself). The filters add min-p. Plain sampling's exact distribution over kLength tokens is
+// enumerated with the same Penalizer. The drafts stay unpenalised (q is the raw draft row).
+// Broken variants, verified by the same library verifier, must FAIL: the history without the
+// path's own tokens (every row penalised with the committed tokens only), and the history of the
+// tree's flattened order (every node before it, siblings and cousins included).
+// Power: N = kSamples = 20,000 as above, two filter settings. With top-k 4, top-p 0.9 and min-p
+// 0.12 the mutants move tokens across the cuts and emit sequences that penalised plain sampling
+// gives probability 0, so their statistic is astronomical (> 1e14 in this test's runs). With
+// temperature alone (no cuts: df about 100, critical value 156) the wrong histories change
+// probabilities only; (statistic - df) / N estimated w2 at 0.64 and 1.2 (path left out, chain and
+// tree) and 0.068 (siblings included, the weakest). With w2 = 0.068, lambda = N w2 = 1360: the
+// statistic has mean df + lambda = 1460 and standard deviation sqrt(2 (df + 2 lambda)) = 75, so
+// falling under 156 is a 17-sigma event. The correct history passed with 19 and 12 (critical 62)
+// and 98 and 108 (critical 156).
+enum class PenaltyHistory { node_path, committed_only, tree_order };
+
+PenaltyParams strong_penalties() {
+  PenaltyParams p;
+  p.repeat_penalty = 1.6f;
+  p.repeat_last_n = 3;
+  p.presence_penalty = 0.6f;
+  p.frequency_penalty = 0.8f;
+  p.logit_bias = {{1, 0.7f}, {4, -0.5f}};
+  return p;
+}
+
+SamplingParams penalised_filters() {
+  SamplingParams sp = filters();
+  sp.min_p = 0.12f;
+  return sp;
+}
+
+// Temperature alone: no cut, so a wrong history changes probabilities without changing the
+// support, and the test must see that too.
+SamplingParams no_cuts() {
+  SamplingParams sp = filters();
+  sp.top_k = 0;
+  sp.top_p = 1.0f;
+  return sp;
+}
+
+std::map<std::vector<int32_t>, double> exact_penalised_sequences(const std::vector<float>& target,
+                                                                 const SamplingParams& sp) {
+  Sampler s(sp, V);
+  Penalizer pen(strong_penalties(), V);
+  std::map<std::vector<int32_t>, double> frontier = {{{}, 1.0}};
+  TokenDistribution dist;
+  std::vector<float> row(V);
+  const std::vector<int32_t> prompt = {kStart};
+  for (int32_t depth = 0; depth < kLength; ++depth) {
+    std::map<std::vector<int32_t>, double> next;
+    for (const auto& [seq, prob] : frontier) {
+      pen.begin(prompt, kLength + 2);
+      for (int32_t t : seq) pen.accept(t);
+      const int32_t prev = seq.empty() ? kStart : seq.back();
+      std::copy(target.begin() + size_t(prev) * V, target.begin() + size_t(prev + 1) * V, row.begin());
+      pen.apply(row.data());
+      s.distribution(row.data(), dist);
+      for (const auto& [id, p] : dist) {
+        std::vector<int32_t> longer = seq;
+        longer.push_back(id);
+        next[longer] += prob * p;
+      }
+    }
+    frontier.swap(next);
+  }
+  return frontier;
+}
+
+// The tokens a node's row is penalised with after the committed history (see PenaltyHistory).
+void history_of(const DraftTree& tree, int32_t node, PenaltyHistory h, std::vector<int32_t>& out) {
+  out.clear();
+  if (h == PenaltyHistory::committed_only) return;
+  if (h == PenaltyHistory::tree_order) {
+    for (int32_t j = 0; j <= node; ++j) out.push_back(tree.nodes[j].token);
+    return;
+  }
+  for (int32_t i = node; i >= 0; i = tree.nodes[i].parent) out.push_back(tree.nodes[i].token);
+  std::reverse(out.begin(), out.end());
+}
+
+Outcome run_penalised_case(const Case& c, PenaltyHistory h, const SamplingParams& sp, int n_samples, uint64_t seed) {
+  const MarkovPair m = make_pair(c.sigma);
+  Sampler target_sampler([&] { SamplingParams t = sp; t.seed = seed; return t; }(), V);
+  Sampler draft_sampler([&] { SamplingParams d = sp; d.seed = seed + 1; return d; }(), V);
+  DraftSampling sampling;
+  sampling.sampler = &draft_sampler;
+  MarkovExpander expander(m.draft);
+  TreeBuilder builder;
+  TreeSamplingVerifier verifier(V);
+  Penalizer pen(strong_penalties(), V);
+  const std::vector<int32_t> prompt = {kStart};
+  DraftTree tree;
+  std::vector<float> rows;
+  std::vector<int32_t> path, emitted, tokens, history;
+  Outcome out;
+  for (int i = 0; i < n_samples; ++i) {
+    tokens.clear();
+    pen.begin(prompt, kLength + 8);
+    while (int32_t(tokens.size()) < kLength) {
+      expander.context = tokens.empty() ? kStart : tokens.back();
+      builder.build(c.tree, expander, tree, &sampling);
+      rows.assign(m.target.begin() + size_t(expander.context) * V, m.target.begin() + size_t(expander.context + 1) * V);
+      for (const TreeNode& n : tree.nodes)
+        rows.insert(rows.end(), m.target.begin() + size_t(n.token) * V, m.target.begin() + size_t(n.token + 1) * V);
+      pen.apply(rows.data());
+      for (int32_t k = 0; k < tree.size(); ++k) {
+        history_of(tree, k, h, history);
+        pen.apply(rows.data() + size_t(k + 1) * V, history);
+      }
+      verifier.accept(tree, rows.data(), V, target_sampler, path, emitted);
+      out.drafted += tree.size();
+      out.accepted += int64_t(path.size());
+      for (int32_t t : emitted) pen.accept(t);
+      tokens.insert(tokens.end(), emitted.begin(), emitted.end());
+    }
+    tokens.resize(kLength);
+    ++out.observed[tokens];
+  }
+  return out;
+}
+
+TEST(SpecSamplingPower, PenalisedSpeculativeSamplingMatchesPenalisedPlainAndBrokenHistoriesFail) {
+  const Case chain{"penalties, medium draft (sigma 1), chain", 1.0f, kChain};
+  const Case tree{"penalties, medium draft (sigma 1), wide tree", 1.0f, kWideTree};
+  struct Run {
+    const Case& c;
+    PenaltyHistory h;
+    bool must_pass;
+    const char* what;
+  };
+  const Run runs[] = {
+      {chain, PenaltyHistory::node_path, true, "node path (correct)"},
+      {tree, PenaltyHistory::node_path, true, "node path (correct)"},
+      {chain, PenaltyHistory::committed_only, false, "committed history only (path left out)"},
+      {tree, PenaltyHistory::committed_only, false, "committed history only (path left out)"},
+      {tree, PenaltyHistory::tree_order, false, "flattened tree order (siblings included)"},
+  };
+  const std::pair<const char*, SamplingParams> settings[] = {{"top-k 4, top-p 0.9, min-p 0.12", penalised_filters()},
+                                                             {"no cuts", no_cuts()}};
+  uint64_t seed = 600;
+  for (const auto& [filter_name, sp] : settings) {
+    const auto exact = exact_penalised_sequences(make_pair(1.0f).target, sp);
+    // The penalties matter: the penalised distribution is far from the unpenalised one.
+    const auto unpenalised = exact_sequences(make_pair(1.0f).target, sp);
+    double tv = 0.0;
+    for (const auto& [seq, p] : exact) tv += std::abs(p - (unpenalised.count(seq) ? unpenalised.at(seq) : 0.0));
+    for (const auto& [seq, p] : unpenalised) tv += exact.count(seq) ? 0.0 : p;
+    EXPECT_GT(tv / 2, 0.2) << filter_name << ": total variation between penalised and unpenalised sampling";
+    for (const Run& r : runs) {
+      const Outcome o = run_penalised_case(r.c, r.h, sp, kSamples, seed += 10);
+      const auto [stat, crit] = chi_square(exact, o.observed, kSamples);
+      const double rate = double(o.accepted) / double(o.drafted);
+      std::printf("%s, %s, %s: chi-square %.1f (critical %.1f), statistic / N %.4f, acceptance %.3f\n",
+                  r.c.name.c_str(), filter_name, r.what, stat, crit, stat / kSamples, rate);
+      if (r.must_pass)
+        EXPECT_LT(stat, crit) << r.c.name << ", " << filter_name << ", " << r.what;
+      else
+        EXPECT_GT(stat, crit) << r.c.name << ", " << filter_name << ", " << r.what << ": a wrong history must fail";
+      EXPECT_GT(rate, 0.1) << r.c.name;  // drafts are accepted at times and rejected at times
+      EXPECT_LT(rate, 0.9) << r.c.name;
+    }
+  }
 }
 
 }  // namespace

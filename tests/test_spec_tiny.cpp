@@ -637,10 +637,15 @@ class SpecSampling : public SpecTiny {
  protected:
   static constexpr int32_t kTokens = 4;  // tokens per sample: 1 from the prefill, 3 from steps
   // Exact probability of every kTokens-token continuation under plain sampling.
-  std::map<std::vector<int32_t>, double> exact_sequences(Model& model, const SamplingParams& sp) {
+  // Exact plain-sampling probability of every kTokens-token continuation of kPrompt; with
+  // penalties, each prefix's row is transformed with the prompt and the prefix as history.
+  std::map<std::vector<int32_t>, double> exact_sequences(Model& model, const SamplingParams& sp,
+                                                         const PenaltyParams& penalties = {}) {
     std::map<std::vector<int32_t>, double> out;
     Generator g(model, *tok_, 64);
     Sampler s(sp, kVocab);
+    Penalizer penalizer(penalties, kVocab);
+    std::vector<float> row(kVocab);
     std::vector<std::pair<std::vector<int32_t>, double>> frontier = {{{}, 1.0}};
     std::vector<std::pair<int32_t, float>> dist;
     for (int32_t depth = 0; depth < kTokens; ++depth) {
@@ -648,7 +653,14 @@ class SpecSampling : public SpecTiny {
       for (const auto& [seq, prob] : frontier) {
         std::vector<int32_t> prompt = kPrompt;
         prompt.insert(prompt.end(), seq.begin(), seq.end());
-        s.distribution(g.prefill(prompt), dist);
+        const float* logits = g.prefill(prompt);
+        std::copy(logits, logits + kVocab, row.begin());
+        if (penalizer.active()) {
+          penalizer.begin(kPrompt, 64);
+          for (int32_t tok : seq) penalizer.accept(tok);
+          penalizer.apply(row.data());
+        }
+        s.distribution(row.data(), dist);
         for (const auto& [id, p] : dist) {
           std::vector<int32_t> longer = seq;
           longer.push_back(id);
@@ -771,6 +783,98 @@ TEST_F(SpecSampling, OutputDistributionEqualsPlainSampling) {
     const auto [wstat, wcrit] = chi_square(exact, wrong, kSamples);
     EXPECT_GT(wstat, wcrit) << "the draft's own distribution should fail the test";
   }
+}
+
+// Penalties (sampling/penalties.h) transform the target's rows identically in plain and
+// speculative decoding, each tree node's row with the history up to that node.
+PenaltyParams tiny_penalties() {
+  PenaltyParams p;
+  p.repeat_penalty = 1.5f;
+  p.repeat_last_n = -1;  // the prompt counts too
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.7f;
+  p.logit_bias = {{17, 1.0f}, {250, -2.0f}};
+  return p;
+}
+
+TEST_F(SpecTiny, GreedyWithPenaltiesMatchesPlain) {
+  Tiny t = load_tiny(spec("gemma3", 7), (dir_ / "t.gguf").string());
+  GenerateParams params;
+  params.max_new_tokens = 40;
+  params.ignore_eos = true;
+  params.penalties = tiny_penalties();
+  Generator g(*t.model, *tok_, 128);
+  const std::vector<int32_t> penalised = g.generate(kPrompt, params).tokens;
+  GenerateParams unpenalised = params;
+  unpenalised.penalties = {};
+  EXPECT_NE(penalised, g.generate(kPrompt, unpenalised).tokens) << "the penalties must change the output";
+  for (const TreeParams& tree : {TreeParams{4, 1, 5}, TreeParams{3, 2, 6}, TreeParams{2, 3, 8}})
+    for (int32_t layers : {1, 3})
+      expect_same(
+          *t.model, kPrompt, params, 128,
+          [&](Generator& gen) {
+            return std::make_unique<SelfDrafter>(*t.model, gen.cache(), layers, DraftVocabulary::full(kVocab));
+          },
+          tree, "penalties, layers " + std::to_string(layers) + " tree k" + std::to_string(tree.top_k));
+  // Plain decoding through the Decoder (no drafter) is the same too.
+  Generator gen(*t.model, *tok_, 128);
+  Decoder plain(gen, *tok_, nullptr, TreeParams{});
+  EXPECT_EQ(plain.generate(kPrompt, params).gen.tokens, penalised);
+}
+
+TEST_F(SpecSampling, PenalisedOutputDistributionEqualsPenalisedPlainSampling) {
+  Tiny t = load_tiny(spec("gemma3", 9), (dir_ / "target.gguf").string());
+  SamplingParams sp;
+  sp.temperature = 1.5f;
+  sp.top_k = 4;
+  sp.top_p = 1.0f;
+  sp.min_p = 0.05f;
+  const PenaltyParams pen = tiny_penalties();
+  // Exact penalised plain sampling over kTokens tokens.
+  const std::map<std::vector<int32_t>, double> exact = exact_sequences(*t.model, sp, pen);
+  constexpr int kSamples = 6000;
+  GenerateParams params;
+  params.max_new_tokens = kTokens;
+  params.ignore_eos = true;
+  params.sampling = sp;
+  params.penalties = pen;
+  const std::pair<std::string, TreeParams> cases[] = {{"self 1 layer, chain", {3, 1, 4}},
+                                                      {"self 2 layers, tree k2", {2, 2, 6}}};
+  for (const auto& [name, tree] : cases) {
+    Generator gen(*t.model, *tok_, 64);
+    SelfDrafter d(*t.model, gen.cache(), name.find("1 layer") != std::string::npos ? 1 : 2,
+                  DraftVocabulary::full(kVocab));
+    Decoder sg(gen, *tok_, &d, tree);
+    std::map<std::vector<int32_t>, int> observed;
+    int64_t accepted = 0, drafted = 0;
+    for (int i = 0; i < kSamples; ++i) {
+      params.sampling.seed = 7000 + i;
+      const SpecResult r = sg.generate(kPrompt, params);
+      ASSERT_EQ(r.gen.tokens.size(), size_t(kTokens)) << name;
+      ++observed[r.gen.tokens];
+      accepted += r.stats.accepted_draft;
+      drafted += r.stats.drafted;
+    }
+    const auto [stat, crit] = chi_square(exact, observed, kSamples);
+    std::printf("penalised, %s: chi-square %.1f (critical %.1f), accepted %lld of %lld drafted\n", name.c_str(), stat,
+                crit, (long long)accepted, (long long)drafted);
+    EXPECT_LT(stat, crit) << name;
+    EXPECT_GT(accepted, 0) << name;
+    EXPECT_LT(accepted, drafted) << name;
+  }
+  // Power: speculative sampling WITHOUT the penalties (the unpenalised distribution) fails.
+  Generator gen(*t.model, *tok_, 64);
+  SelfDrafter d(*t.model, gen.cache(), 2, DraftVocabulary::full(kVocab));
+  Decoder sg(gen, *tok_, &d, {2, 2, 6});
+  params.penalties = {};
+  std::map<std::vector<int32_t>, int> wrong;
+  for (int i = 0; i < kSamples; ++i) {
+    params.sampling.seed = 90000 + i;
+    ++wrong[sg.generate(kPrompt, params).gen.tokens];
+  }
+  const auto [wstat, wcrit] = chi_square(exact, wrong, kSamples);
+  std::printf("unpenalised against penalised: chi-square %.1f (critical %.1f)\n", wstat, wcrit);
+  EXPECT_GT(wstat, wcrit) << "sampling without the penalties must fail the test";
 }
 
 TEST(TreeSamplingVerifier, AcceptsRejectsAndDrawsFromTheResidual) {

@@ -37,6 +37,9 @@ struct GenerateArgs {
   int top_k = 40;
   float top_p = 0.95f;
   int64_t seed = -1;
+  PenaltyParams penalties;              // --repeat-penalty, --presence-penalty, ...
+  float min_p = 0.0f;                   // --min-p
+  std::vector<std::string> logit_bias;  // --logit-bias TOKEN_ID(+/-)BIAS
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool json = false;
@@ -188,6 +191,9 @@ void generate_one(const GenerateArgs& a, const Tokenizer& tok, const RunOne& run
   params.sampling.temperature = a.temperature;
   params.sampling.top_k = a.top_k;
   params.sampling.top_p = a.top_p;
+  params.sampling.min_p = a.min_p;
+  params.penalties = a.penalties;
+  params.penalties.logit_bias = parse_logit_bias_flags(a.logit_bias);
   params.sampling.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
   params.stop_strings = a.stop;
   params.ignore_eos = a.ignore_eos;
@@ -252,6 +258,11 @@ void run_generate(const GenerateArgs& a) {
   if (on_device) {
     const SamplingParams sampling{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p};
     if (const std::string why = cuda_params_unsupported(sampling); !why.empty()) throw Error("--device cuda: " + why);
+    PenaltyParams penalties = a.penalties;
+    penalties.logit_bias = parse_logit_bias_flags(a.logit_bias);
+    if (const char* field = first_active_penalty(penalties, a.min_p))
+      throw Error(std::string("--device cuda: ") + field +
+                  " is not supported on the device (penalties, logit bias and min-p run on the CPU only)");
     if (const std::string why = cuda_spec_sampling_unsupported(a.spec); !why.empty() && !sampling.greedy())
       throw Error(why);
     if (const std::string why = cuda_spec_unsupported(a.spec); !why.empty()) throw Error(why);
@@ -357,6 +368,7 @@ void add_generate_command(CLI::App& app) {
                               .min_n_predict = 0,
                               .min_seed = -1,
                               .seed_help = "RNG seed; -1 = random"});
+  add_penalty_options(*cmd, {.penalties = args->penalties, .min_p = args->min_p, .logit_bias = args->logit_bias});
   cmd->add_option("--stop", args->stop, "stop before this string (repeatable)")->group(group::kSampling);
 
   add_spec_options(*cmd, args->spec);

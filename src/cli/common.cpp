@@ -1,5 +1,6 @@
 #include "cli/common.h"
 
+#include <cctype>
 #include <cstdint>
 #include <fstream>
 #include <sstream>
@@ -88,6 +89,52 @@ void add_sampling_options(CLI::App& cmd, const SamplingFlags& f) {
   in_group(cmd.add_option("--top-p", f.top_p, "top-p (nucleus) filter; 1 = off"))->check(CLI::Range(0.0, 1.0));
   in_group(cmd.add_option("-s,--seed", f.seed, f.seed_help))->check(CLI::Range(f.min_seed, INT64_MAX));
   cmd.add_flag("--ignore-eos", f.ignore_eos, "keep generating past end-of-generation tokens")->group(group::kSampling);
+}
+
+void add_penalty_options(CLI::App& cmd, const PenaltyFlags& f) {
+  auto in_group = [](CLI::Option* opt) { return opt->group(group::kSampling)->capture_default_str(); };
+  in_group(cmd.add_option("--repeat-penalty", f.penalties.repeat_penalty,
+                          "divide positive (multiply negative) logits of tokens in the last --repeat-last-n "
+                          "context tokens; 1 = off"))
+      ->check(CLI::PositiveNumber);
+  in_group(cmd.add_option("--repeat-last-n", f.penalties.repeat_last_n,
+                          "context tokens the repeat penalty looks at; -1 = the whole context, 0 = off"))
+      ->check(CLI::Range(-1, INT32_MAX));
+  in_group(cmd.add_option("--presence-penalty", f.penalties.presence_penalty,
+                          "subtracted from the logit of every token generated before; 0 = off"))
+      ->check(CLI::Range(-2.0, 2.0));
+  in_group(cmd.add_option("--frequency-penalty", f.penalties.frequency_penalty,
+                          "subtracted from a token's logit once per time it was generated; 0 = off"))
+      ->check(CLI::Range(-2.0, 2.0));
+  in_group(cmd.add_option("--min-p", f.min_p,
+                          "keep tokens with probability >= min-p x the best token's (after top-p); 0 = off"))
+      ->check(CLI::Range(0.0, 1.0));
+  cmd.add_option("--logit-bias", f.logit_bias,
+                 "TOKEN_ID(+/-)BIAS added to that token's logit, e.g. 15043+1 or 15043-1 (repeatable)")
+      ->group(group::kSampling);
+}
+
+std::vector<std::pair<int32_t, float>> parse_logit_bias_flags(const std::vector<std::string>& values) {
+  std::vector<std::pair<int32_t, float>> out;
+  for (const std::string& v : values) {
+    const size_t sign = v.find_first_of("+-", 1);
+    size_t id_end = 0, bias_end = 0;
+    long id = -1;
+    float bias = 0.0f;
+    try {
+      if (sign != std::string::npos && sign + 1 < v.size()) {
+        id = std::stol(v.substr(0, sign), &id_end);
+        bias = std::stof(v.substr(sign + 1), &bias_end);
+      }
+    } catch (const std::exception&) {
+      id_end = 0;
+    }
+    if (sign == std::string::npos || id_end != sign || bias_end != v.size() - sign - 1 || id < 0 ||
+        id > INT32_MAX || !std::isdigit(static_cast<unsigned char>(v[0])))
+      throw Error("--logit-bias: expected TOKEN_ID(+/-)BIAS (e.g. 15043+1), got '" + v + "'");
+    out.emplace_back(int32_t(id), v[sign] == '-' ? -bias : bias);
+  }
+  return out;
 }
 
 void add_log_verbosity_option(CLI::App& cmd) {

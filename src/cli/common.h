@@ -7,6 +7,7 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "sampling/penalties.h"
 #include "speculative/settings.h"
 #include "tokenizer/tokenizer.h"
 #include "util/file.h"  // read_file_bytes: prompt files keep invalid UTF-8 as is
@@ -71,6 +72,18 @@ struct SamplingFlags {
   const char* seed_help = "";
 };
 void add_sampling_options(CLI::App& cmd, const SamplingFlags& flags);
+
+// The penalty and filter flags with llama.cpp's names, in the Sampling group: --repeat-penalty,
+// --repeat-last-n, --presence-penalty, --frequency-penalty, --min-p and --logit-bias (repeatable,
+// TOKEN_ID(+/-)BIAS as in llama.cpp, e.g. 15043+1 or 15043-1.5; read with parse_logit_bias_flags).
+struct PenaltyFlags {
+  PenaltyParams& penalties;
+  float& min_p;
+  std::vector<std::string>& logit_bias;
+};
+void add_penalty_options(CLI::App& cmd, const PenaltyFlags& flags);
+// The --logit-bias values as (token id, bias) pairs; Error naming a malformed value.
+std::vector<std::pair<int32_t, float>> parse_logit_bias_flags(const std::vector<std::string>& values);
 
 // The verbosity flag of the subcommands that log (-lv/--log-verbosity, util/log.h), in the Other group.
 void add_log_verbosity_option(CLI::App& cmd);

@@ -139,6 +139,9 @@ SpecResult CudaGenerator::generate(const std::vector<int32_t>& prompt, const Gen
   const Impl& d = *impl_;  // the prompt's ids are checked by CudaModel's forward
   if (const std::string why = cuda_params_unsupported(params.sampling); !why.empty())
     throw Error("--device cuda: " + why);
+  if (const char* field = first_active_penalty(params.penalties, params.sampling.min_p))
+    throw Error(std::string("--device cuda: ") + field +
+                " is not supported on the device (penalties, logit bias and min_p run on the CPU only)");
   if (params.max_new_tokens > d.options.n_predict)
     throw Error("--device cuda: " + std::to_string(params.max_new_tokens) + " tokens asked for, the device has room for " +
                 std::to_string(d.options.n_predict));

@@ -225,7 +225,11 @@ GenerateResult Generator::generate(const std::vector<int32_t>& prompt, const Gen
   using clock = std::chrono::steady_clock;
   GenerateResult r;
   r.prompt_tokens = static_cast<int32_t>(prompt.size());
-  Sampler sampler(params.sampling, model_.config().n_vocab);
+  const int32_t V = model_.config().n_vocab;
+  Sampler sampler(params.sampling, V);
+  Penalizer penalizer(params.penalties, V);
+  penalizer.begin(prompt, kv_.n_ctx() + 1);
+  if (penalizer.active()) penalised_.resize(size_t(V));
   TokenSink sink(tokenizer_, params, on_text, r);
 
   auto t0 = clock::now();
@@ -235,8 +239,14 @@ GenerateResult Generator::generate(const std::vector<int32_t>& prompt, const Gen
   model_.timings().reset();
 
   while (!sink.done()) {
+    if (penalizer.active()) {  // the sampler and the logprobs see the transformed row
+      std::copy(logits, logits + V, penalised_.begin());
+      penalizer.apply(penalised_.data());
+      logits = penalised_.data();
+    }
     const int32_t token = sampler.sample(logits);
-    if (!sink.push(token, {logits, size_t(model_.config().n_vocab)})) break;
+    if (!sink.push(token, {logits, size_t(V)})) break;
+    penalizer.accept(token);
     if (kv_.n_past() + 1 >= kv_.n_ctx()) {
       r.finish = FinishReason::ContextFull;
       break;

@@ -13,6 +13,7 @@
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "sampling/logprobs.h"
+#include "sampling/penalties.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -21,6 +22,7 @@ namespace microspec {
 struct GenerateParams {
   int32_t max_new_tokens = 128;
   SamplingParams sampling;
+  PenaltyParams penalties;  // applied to the target's row before sampling (sampling/penalties.h)
   std::vector<std::string> stop_strings;  // generation stops before the first occurrence
   bool ignore_eos = false;                // keep going past end-of-generation tokens (benchmarks)
   const std::atomic<bool>* cancel = nullptr;  // when set (the client left), generation ends at the next token
@@ -86,6 +88,7 @@ class Generator {
   Batch batch_;
   ForwardOutput out_;
   std::vector<float> head_rows_;  // [kHeadRows][n_vocab] logits of prompt positions (prefill with top-k)
+  std::vector<float> penalised_;  // [n_vocab] the row penalties transformed (generate with penalties)
 };
 
 // Watches generated text for stop strings and releases only text that cannot be part of one.

@@ -58,11 +58,14 @@ void Decoder::size_step_buffers() {
                 " (raise -b)");
   out_.logits.reserve(size_t(rows) * model.config().n_vocab);
   argmax_.reserve(size_t(rows));
+  node_path_.reserve(size_t(rows));
 }
 
 Decoder::Run::Run(const Tokenizer& tokenizer, const GenerateParams& params, const TextCallback& on_text,
                   int32_t n_vocab)
-    : sink(tokenizer, params, on_text, res.gen), sampling(params.sampling, n_vocab) {}
+    : sink(tokenizer, params, on_text, res.gen), sampling(params.sampling, n_vocab), penalties(params.penalties, n_vocab) {
+  if (penalties.active()) first_row.resize(size_t(n_vocab));
+}
 
 SpecResult Decoder::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                              const TextCallback& on_text, const DecodeObserver* observer) {
@@ -98,7 +101,10 @@ Decoder::Progress Decoder::start_piece(Run& run, const std::vector<int32_t>& pro
   // The first token comes from the prefill, exactly as in plain decoding.
   KVCache& kv = gen_.cache();
   const std::span<const float> row(root_logits, size_t(gen_.model().config().n_vocab));
-  if (run.sink.done() || !run.sink.push(run.root, row)) return Progress::Ended;
+  if (run.sink.done()) return Progress::Ended;
+  const bool more = run.sink.push(run.root, row);
+  run.penalties.accept(run.root);
+  if (!more) return Progress::Ended;
   if (kv.n_past() + 1 >= kv.n_ctx()) {
     run.res.gen.finish = FinishReason::ContextFull;
     return Progress::Ended;
@@ -134,6 +140,12 @@ int32_t Decoder::prefill_piece(Run& run, const std::vector<int32_t>& prompt, int
   if (run.prefilled == 0) gen_.begin_prefill(prompt, k_pre, &prompt_top_, &capture);
   const float* logits = gen_.prefill_piece(prompt, max_tokens, k_pre, &prompt_top_, &capture);
   if (!logits) return -1;
+  if (run.penalties.active()) {  // the first token's row, transformed as every later one is
+    run.penalties.begin(prompt, gen_.cache().n_ctx() + 1);
+    std::copy(logits, logits + run.first_row.size(), run.first_row.begin());
+    run.penalties.apply(run.first_row.data());
+    logits = run.first_row.data();
+  }
   const int32_t first = run.sampling.target.sample(logits);
   *first_logits = logits;
   const std::span<const int32_t> prompt_top(prompt_top_.data(), k_pre ? prompt_top_.size() : 0);
@@ -207,9 +219,10 @@ bool Decoder::accept_step(Run& run, const DecodeObserver* observer) {
     run.res.stats.verify_seconds += since(run.verify_start);
     run.verify_start = {};
   }
+  penalise_rows(run.penalties);
   accept_and_commit(run.sampling, run.res.stats);
   update_drafter(run.root, run.res.stats);
-  const bool running = emit(run.step_position, run.sink, observer, run.res);
+  const bool running = emit(run.step_position, run, observer);
   run.root = emitted_.back();
   return running;
 }
@@ -247,6 +260,21 @@ void Decoder::verify(const SequenceForward& rows, SpecStats& st) {
   st.verify_lm_head_seconds += model.timings().lm_head_seconds - head0;
 }
 
+void Decoder::penalise_rows(Penalizer& penalties) {
+  if (!penalties.active()) return;
+  const size_t V = size_t(gen_.model().config().n_vocab);
+  float* logits = out_.logits.data();
+  penalties.apply(logits);  // the root's row: the committed history alone
+  for (int32_t k = 0; k < tree_.size(); ++k) {
+    const TreeNode& node = tree_.nodes[size_t(k)];
+    node_path_.resize(size_t(node.depth));  // within the capacity reserved for a whole tree
+    int32_t depth = node.depth;
+    for (int32_t i = k; i >= 0; i = tree_.nodes[size_t(i)].parent) node_path_[size_t(--depth)] = tree_.nodes[size_t(i)].token;
+    if (depth != 0) throw Error("decoder: a draft tree node's depth does not match its ancestors");
+    penalties.apply(logits + V * size_t(k + 1), node_path_);
+  }
+}
+
 void Decoder::accept_and_commit(Sampling& sampling, SpecStats& st) {
   const auto t0 = Clock::now();
   const int32_t V = gen_.model().config().n_vocab, n = tree_.size() + 1;
@@ -279,7 +307,9 @@ void Decoder::update_drafter(int32_t root, SpecStats& st) {
   st.draft_seconds += since(t0);
 }
 
-bool Decoder::emit(int32_t position, TokenSink& sink, const DecodeObserver* observer, SpecResult& res) {
+bool Decoder::emit(int32_t position, Run& run, const DecodeObserver* observer) {
+  TokenSink& sink = run.sink;
+  SpecResult& res = run.res;
   const auto t0 = Clock::now();
   // In order, through the plain decoder's logic: plain decoding would have position + 1 + j tokens
   // in its cache when it produces emitted_[j], and stops there if one more does not fit. Only the
@@ -291,7 +321,9 @@ bool Decoder::emit(int32_t position, TokenSink& sink, const DecodeObserver* obse
     const float* row = out_.logits.data() + V * size_t(j == 0 ? 0 : path_[j - 1] + 1);
     if (observer && observer->on_token) observer->on_token(emitted_[j], row);
     ++res.stats.decode_tokens;
-    if (!sink.push(emitted_[j], {row, V})) {
+    const bool more = sink.push(emitted_[j], {row, V});
+    run.penalties.accept(emitted_[j]);
+    if (!more) {
       running = false;
     } else if (position + 1 + int32_t(j) + 1 >= gen_.cache().n_ctx()) {
       res.gen.finish = FinishReason::ContextFull;

@@ -128,6 +128,8 @@ class Decoder {
     SpecResult res;
     TokenSink sink;  // writes into res.gen
     Sampling sampling;
+    Penalizer penalties;          // the target rows' penalties and logit bias (params.penalties)
+    std::vector<float> first_row;  // [n_vocab] with penalties: the first token's transformed row
     std::chrono::steady_clock::time_point decode_start;
     double draft_head0 = 0.0;   // the drafter's LM-head seconds before the run
     int32_t root = -1;          // newest token, not yet in the cache
@@ -197,9 +199,12 @@ class Decoder {
   void set_verify_rows(int32_t root, int32_t position);
   // The verification pass of a sequence alone: its verify_rows in a forward call of their own.
   void verify(const SequenceForward& rows, SpecStats& st);
+  // Applies the run's penalties to every verified row in place: row 0 with the history, node k's
+  // row with the history plus the path root -> k (its ancestors and itself, never its siblings).
+  void penalise_rows(Penalizer& penalties);
   void accept_and_commit(Sampling& sampling, SpecStats& st);
   void update_drafter(int32_t root, SpecStats& st);
-  bool emit(int32_t position, TokenSink& sink, const DecodeObserver* observer, SpecResult& res);
+  bool emit(int32_t position, Run& run, const DecodeObserver* observer);
 
   Generator& gen_;
   const Tokenizer& tokenizer_;
@@ -216,6 +221,7 @@ class Decoder {
   std::vector<int32_t> path_;     // accepted node indices
   std::vector<int32_t> emitted_;  // tokens of one step
   std::vector<int32_t> commit_;   // pending slots to commit
+  std::vector<int32_t> node_path_;  // [tree depth] tokens root -> node (penalise_rows)
   TreeSamplingVerifier verifier_;
   std::vector<int32_t> prompt_top_;  // [prompt][drafter's K_pre] target top ids per prompt position
   std::vector<float> prompt_features_;  // [prompt][drafter's feature layers][n_embd] (a draft head's)

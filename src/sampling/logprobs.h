@@ -9,8 +9,10 @@
 //   and are never among the alternatives; a row whose maximum is +inf gives its +inf tokens
 //   -log(their count) and every other token -inf.
 // - sampled: the log of the probability the token was drawn with, in the distribution sampling
-//   drew it from (Sampler::distribution: top-k, top-p, then temperature); the alternatives are
+//   drew it from (Sampler::distribution: top-k, top-p, min-p, then temperature); the alternatives are
 //   that distribution's most likely tokens, so there are at most as many as it keeps.
+// With penalties or logit bias (sampling/penalties.h), "the row" is the transformed row the token
+// was chosen from, so both report the penalised distribution's values.
 // Both depend on the row alone, so plain and speculative decoding, whose rows are bitwise equal
 // (and whose sampled tokens follow the same distribution), report bitwise equal values.
 //

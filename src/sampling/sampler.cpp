@@ -32,6 +32,8 @@ Sampler::Sampler(const SamplingParams& params, int64_t n_vocab) : params_(params
                 std::to_string(params.temperature));
   if (!(params.top_p >= 0.0f))
     throw Error("sampler: top_p must be >= 0 (1 = off), got " + std::to_string(params.top_p));
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f))
+    throw Error("sampler: min_p must be in [0, 1] (0 = off), got " + std::to_string(params.min_p));
   greedy_ = params.greedy();
   top_k_ = params.top_k > 0 && params.top_k < n_vocab ? params.top_k : 0;
   rng_.seed(params.seed);
@@ -148,6 +150,15 @@ int64_t Sampler::apply_top_p(int64_t n) {
   return end - c;  // rounding left the sum a hair short of the target: keep the whole bucket
 }
 
+int64_t Sampler::apply_min_p(int64_t n) {
+  if (!(params_.min_p > 0.0f) || max_logit_ == kPosInf) return n;
+  const float threshold = max_logit_ + std::log(params_.min_p);  // p >= min_p * p_max at T = 1
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (cand_[i].logit >= threshold) cand_[kept++] = cand_[i];
+  return kept;  // the maximum itself always stays
+}
+
 void Sampler::distribution(const float* logits, int64_t n_logits, std::vector<std::pair<int32_t, float>>& out) {
   if (n_logits <= 0 || n_logits > n_vocab_)
     throw Error("sampler: row of " + std::to_string(n_logits) + " logits for a vocabulary of " +
@@ -159,7 +170,7 @@ void Sampler::distribution(const float* logits, int64_t n_logits, std::vector<st
     out.emplace_back(id, 1.0f);
     return;
   }
-  const int64_t n = apply_top_p(select_candidates(logits, n_logits));
+  const int64_t n = apply_min_p(apply_top_p(select_candidates(logits, n_logits)));
   const float mx = max_logit_;  // the best token always survives top-p
   if (mx == kPosInf) {
     // The limit of softmax: +inf tokens share the mass equally, everything else gets none.
@@ -208,7 +219,7 @@ int32_t Sampler::sample(const float* logits) {
     if (id < 0 || logits[id] == kNegInf) throw_nothing_samplable();
     return id;
   }
-  if (top_k_ > 0) {  // the k best ranked: the draw the CUDA backend runs too (ranked_draw.h)
+  if (top_k_ > 0 && !(params_.min_p > 0.0f)) {  // the k best ranked: the draw the CUDA backend runs too (ranked_draw.h)
     const int64_t n = select_candidates(logits, n_vocab_);
     const int32_t rank = draw_ranked(
         static_cast<int32_t>(n), [&](int32_t i) { return cand_[i].logit; }, DrawSettings{params_.temperature, params_.top_p}, rng_());

@@ -2,12 +2,18 @@
 // Token sampling from one row of logits: greedy, or temperature with top-k / top-p filtering.
 //
 // The flags mean what llama.cpp's do, applied in llama.cpp's default chain order
-// (top-k -> top-p -> temperature -> draw), which is also what llama-cpp-python builds:
+// (top-k -> top-p -> min-p -> temperature -> draw), which is also what llama-cpp-python builds:
 //   1. top-k keeps the k largest logits (k <= 0 or k >= n_vocab: off).
 //   2. top-p takes softmax(logits) over the survivors at temperature 1 and keeps the smallest
 //      prefix (by descending probability) whose cumulative probability reaches top_p; the token
 //      that reaches or crosses the threshold is kept (top_p >= 1: off).
-//   3. the survivors are weighted by softmax(logit / temperature) and one is drawn.
+//   3. min-p keeps the survivors whose probability at temperature 1 is >= min_p times the best
+//      one's (logit >= max logit + log(min_p)); min_p <= 0: off. llama.cpp's default chain runs it
+//      after top-p and before temperature, so it too does not depend on the temperature.
+//   4. the survivors are weighted by softmax(logit / temperature) and one is drawn.
+// Before all of these, penalties and logit bias transform the row (sampling/penalties.h: logit
+// bias, repeat penalty, presence/frequency penalties, llama.cpp's order); the sampler sees the
+// transformed row.
 // temperature 0 means greedy (argmax, no RNG use). Negative temperatures are rejected: llama.cpp's
 // CLI reads them as greedy but llama-cpp-python as "T=1, no filters", so there is no one meaning.
 // Because top-p runs before temperature, the kept set does not depend on the temperature.
@@ -28,6 +34,7 @@ struct SamplingParams {
   int top_k = 40;            // <= 0: off
   float top_p = 0.95f;       // >= 1: off; NaN: rejected
   uint64_t seed = 0;         // seeds the RNG; equal seeds and logits give equal tokens
+  float min_p = 0.0f;        // [0, 1]; 0: off (llama.cpp's min-p, after top-p)
   // Whether these settings decode greedily: a temperature whose inverse overflows (0 among them)
   // would turn the best logit into NaN, so it means the argmax.
   bool greedy() const { return !(1.0f / temperature < std::numeric_limits<float>::infinity()); }
@@ -83,6 +90,8 @@ class Sampler {
   int64_t select_candidates(const float* logits, int64_t n);
   // Applies top-p to cand_[0, n), reordering it so the kept tokens come first; returns how many.
   int64_t apply_top_p(int64_t n);
+  // Applies min-p to cand_[0, n) (max_logit_ set), keeping the survivors' order; returns how many.
+  int64_t apply_min_p(int64_t n);
 
   SamplingParams params_;
   int64_t n_vocab_;

@@ -243,11 +243,7 @@ struct NeutralOnlyField {
 };
 constexpr double kNoLimit = std::numeric_limits<double>::max();
 constexpr NeutralOnlyField kNeutralOnlyFields[] = {
-    {"presence_penalty", 0.0, -2.0, 2.0},  // OpenAI
-    {"frequency_penalty", 0.0, -2.0, 2.0},
-    {"repeat_penalty", 1.0, 0.0, kNoLimit},  // llama.cpp
-    {"min_p", 0.0, 0.0, 1.0},
-    {"typical_p", 1.0, 0.0, 1.0},
+    {"typical_p", 1.0, 0.0, 1.0},  // llama.cpp
     {"tfs_z", 1.0, 0.0, kNoLimit},
     {"mirostat", 0.0, 0.0, 2.0},
     {"xtc_probability", 0.0, 0.0, 1.0},
@@ -260,22 +256,62 @@ void reject_non_neutral_sampling(const json& body) {
     if (const double v = number_field(body, f.key, f.lo, f.hi, f.neutral); v != f.neutral)
       throw ApiError(400,
                      std::string("'") + f.key + "' other than " + number_text(f.neutral) +
-                         " is not supported by this server (penalties and these filters are not implemented).",
+                          " is not supported by this server (this filter is not implemented).",
                      f.key, "unsupported_parameter");
-  // llama.cpp's window of repeat_penalty: it does nothing while repeat_penalty is neutral, which the
-  // table made sure of, so any valid value is accepted (llama.cpp's web UI always sends it).
-  integer_field(body, "repeat_last_n", -1, INT32_MAX, 64);
-  if (const json* bias = field(body, "logit_bias")) {
-    if (!bias->is_object() && !bias->is_array()) wrong_type("logit_bias", "an object", *bias);
-    if (!bias->empty()) unsupported("logit_bias", "logit_bias");
+}
+
+// OpenAI's logit_bias: an object mapping token ids (as strings) to biases in [-100, 100]. An empty
+// array counts as no bias (some clients send one).
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& body, int32_t n_vocab) {
+  std::vector<std::pair<int32_t, float>> out;
+  const json* bias = field(body, "logit_bias");
+  if (!bias || (bias->is_array() && bias->empty())) return out;
+  if (!bias->is_object()) wrong_type("logit_bias", "an object mapping token ids to biases", *bias);
+  for (const auto& [key, value] : bias->items()) {
+    const std::string param = "logit_bias." + key;
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != key.size() || key.empty() || id < 0 || id >= n_vocab)
+      throw ApiError(400,
+                     "Invalid 'logit_bias': '" + key + "' is not a token id of this model's vocabulary (0 to " +
+                         std::to_string(n_vocab - 1) + ").",
+                     "logit_bias", "invalid_value");
+    if (!value.is_number()) wrong_type(param, "a number", value);
+    const double b = value.get<double>();
+    if (!(b >= -100.0 && b <= 100.0))
+      throw ApiError(400,
+                     "Invalid 'logit_bias': the bias of token " + key + " must be in [-100, 100], got " +
+                         number_text(b) + ".",
+                     "logit_bias", "invalid_value");
+    out.emplace_back(int32_t(id), float(b));
   }
+  return out;
+}
+
+// Penalties and logit bias (OpenAI's and llama.cpp's names; sampling/penalties.h applies them).
+PenaltyParams parse_penalties(const json& body, int32_t n_vocab) {
+  PenaltyParams p;
+  p.presence_penalty = static_cast<float>(number_field(body, "presence_penalty", -2.0, 2.0, 0.0));
+  p.frequency_penalty = static_cast<float>(number_field(body, "frequency_penalty", -2.0, 2.0, 0.0));
+  const double repeat = number_field(body, "repeat_penalty", 0.0, kNoLimit, 1.0);
+  if (!(repeat > 0.0))
+    throw ApiError(400, "Invalid 'repeat_penalty': expected a value > 0 (1 = off), but got " + number_text(repeat) +
+                            " instead.",
+                   "repeat_penalty", "below_minimum");
+  p.repeat_penalty = static_cast<float>(repeat);
+  p.repeat_last_n = static_cast<int32_t>(integer_field(body, "repeat_last_n", -1, INT32_MAX, 64));
+  p.logit_bias = parse_logit_bias(body, n_vocab);
+  return p;
 }
 
 // Options OpenAI defines that this server does not implement: refused unless left at their defaults,
 // so a client never silently gets something other than what it asked for.
 void reject_unsupported(Endpoint endpoint, const json& body) {
-  const int64_t n = integer_field(body, "n", 1, std::numeric_limits<int64_t>::max(), 1);
-  if (n != 1) unsupported("n", "n > 1 (several choices per request)");
   if (endpoint == Endpoint::Completion) {
     if (bool_field(body, "echo", false)) unsupported("echo", "echo");
     if (integer_field(body, "best_of", 1, std::numeric_limits<int64_t>::max(), 1) != 1)
@@ -498,6 +534,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   reject_unsupported(endpoint, body);
 
   CompletionRequest r;
+  r.n = static_cast<int32_t>(integer_field(body, "n", 1, kMaxChoices, 1));
   r.endpoint = endpoint;
   const Tokenizer& tok = *ctx.tokenizer;
   if (endpoint == Endpoint::Chat) {
@@ -543,6 +580,8 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   r.params.sampling.temperature = static_cast<float>(number_field(body, "temperature", 0.0, 2.0, 0.0));
   r.params.sampling.top_p = static_cast<float>(number_field(body, "top_p", 0.0, 1.0, 0.95));
   r.params.sampling.top_k = static_cast<int>(integer_field(body, "top_k", 0, INT32_MAX, 40));
+  r.params.sampling.min_p = static_cast<float>(number_field(body, "min_p", 0.0, 1.0, 0.0));
+  r.params.penalties = parse_penalties(body, tok.n_vocab());
   if (const json* seed = field(body, "seed")) {
     if (!seed->is_number_integer()) wrong_type("seed", "an integer", *seed);
     r.params.sampling.seed =
@@ -691,6 +730,31 @@ json usage_chunk_json(Endpoint endpoint, const AnswerIds& ids, const GenerationR
               {"model", ids.model},
               {"choices", json::array()},
               {"usage", usage_json(r)}};
+}
+
+uint64_t choice_seed(uint64_t seed, int32_t choice) { return seed + uint64_t(choice); }
+
+void count_choices_in_usage(json& usage, std::span<const GenerationReport> reports) {
+  int64_t completion = 0;
+  for (const GenerationReport& r : reports) completion += int64_t(r.result.gen.tokens.size());
+  usage["completion_tokens"] = completion;
+  usage["total_tokens"] = usage["prompt_tokens"].get<int64_t>() + completion;
+}
+
+json merge_choice_answers(std::vector<json>& answers) {
+  if (answers.empty()) throw Error("no choices to merge");
+  json merged = std::move(answers.front());
+  int64_t completion = merged["usage"]["completion_tokens"].get<int64_t>();
+  for (size_t i = 1; i < answers.size(); ++i) {
+    json& choice = answers[i]["choices"][0];
+    choice["index"] = i;
+    merged["choices"].push_back(std::move(choice));
+    completion += answers[i]["usage"]["completion_tokens"].get<int64_t>();
+  }
+  json& usage = merged["usage"];
+  usage["completion_tokens"] = completion;
+  usage["total_tokens"] = usage["prompt_tokens"].get<int64_t>() + completion;
+  return merged;
 }
 
 bool secrets_equal(const std::string& a, const std::string& b) {

@@ -48,8 +48,16 @@ struct RequestContext {
   const SpecConfig* spec = nullptr;       // the slots' speculative setup (mode "none": off)
 };
 
+// `n`: choices per request, 1..kMaxChoices (outside: 400 naming `n`).
+constexpr int32_t kMaxChoices = 16;
+
+// The seed of choice `choice` of a request with seed `seed`: seed + choice (mod 2^64), so choice 0
+// is the request with n = 1 and the same seed, and choice i the request with n = 1 and seed + i.
+uint64_t choice_seed(uint64_t seed, int32_t choice);
+
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::Chat;
+  int32_t n = 1;  // choices, each generated from params with its own choice_seed
   std::vector<int32_t> prompt_ids;
   GenerateParams params;  // max_new_tokens: the request's max_tokens, else the rest of the context
   bool stream = false;
@@ -59,8 +67,8 @@ struct CompletionRequest {
 };
 
 // Parses and validates a request body. Throws ApiError (400, with the offending param) for invalid
-// JSON or UTF-8, wrong types, out-of-range numbers, unsupported options (n > 1, logprobs, tools,
-// penalties ...) and prompts that do not fit the context; unknown top-level fields are ignored as
+// JSON or UTF-8, wrong types, out-of-range numbers (n outside 1..kMaxChoices ...), unsupported
+// options (logprobs, tools, penalties ...) and prompts that do not fit the context; unknown top-level fields are ignored as
 // OpenAI clients send many optional ones.
 CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body,
                                            const RequestContext& ctx);
@@ -88,6 +96,7 @@ struct GenerationReport {
   std::string spec_note;
   double queue_seconds = 0.0;  // waiting for a free slot
   std::string device = "cpu";  // "cuda": the CUDA backend ran it (it counts a step's parts, never times them)
+  int32_t prompt_rows_reused = 0;  // prompt rows taken from the previous choice's cache, not prefilled
 };
 
 // "usage" with the microspec extension (speculative statistics, timings).
@@ -123,6 +132,14 @@ nlohmann::json chunk_json(Endpoint endpoint, const AnswerIds& ids, const std::st
                           const char* finish, bool include_usage_null, const LogprobsOut* logprobs = nullptr);
 // The extra last chunk of stream_options.include_usage: no choices, usage filled.
 nlohmann::json usage_chunk_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport& r);
+
+// Several choices (n > 1): answer_json of each choice in order (moved from), merged into one answer
+// whose choices[i] has index i. usage counts the prompt once and sums the completion tokens; its
+// microspec extension is choice 0's.
+nlohmann::json merge_choice_answers(std::vector<nlohmann::json>& answers);
+// usage (of usage_json) made to count every choice: completion_tokens summed over reports, the
+// prompt once.
+void count_choices_in_usage(nlohmann::json& usage, std::span<const GenerationReport> reports);
 
 // Constant-time comparison (time depends on the lengths only), for API keys.
 bool secrets_equal(const std::string& a, const std::string& b);

@@ -61,14 +61,18 @@ BatchScheduler::~BatchScheduler() {
 }
 
 SpecResult BatchScheduler::generate(int slot, const std::vector<int32_t>& prompt, const GenerateParams& params,
-                                    bool speculative, const PieceCallback& on_piece) {
+                                    bool speculative, const PieceCallback& on_piece, int32_t reuse_prompt_rows) {
   if (slot < 0 || slot >= size()) throw Error("scheduler: no slot " + std::to_string(slot));
+  if (reuse_prompt_rows < 0 || (reuse_prompt_rows > 0 && reuse_prompt_rows >= int32_t(prompt.size())))
+    throw Error("scheduler: " + std::to_string(reuse_prompt_rows) + " reused rows of a " +
+                std::to_string(prompt.size()) + "-token prompt");
   if (speculative && !slots_[slot].decoder->speculative())
     throw Error("speculative generation asked of a server built without speculation");
   Request req;
   req.prompt = &prompt;
   req.params = &params;
   req.speculative = speculative;
+  req.reuse_prompt_rows = speculative ? 0 : reuse_prompt_rows;
   // Log-probability entries travel with the text; both buffers hold the whole generation's, so
   // handing them over allocates nothing per token.
   const size_t logprob_entries = params.logprobs.enabled ? size_t(std::max(params.max_new_tokens, 0)) *
@@ -165,6 +169,8 @@ std::unique_ptr<BatchScheduler::Running> BatchScheduler::admit(int slot, Request
   req->source = &req->result.gen;
   req->result.gen.prompt_tokens = static_cast<int32_t>(req->prompt->size());
   seq->sampler = std::make_unique<Sampler>(req->params->sampling, model_.config().n_vocab);
+  seq->penalties = std::make_unique<Penalizer>(req->params->penalties, model_.config().n_vocab);
+  seq->penalties->begin(*req->prompt, slots_[slot].gen->cache().n_ctx() + 1);
   seq->sink = std::make_unique<TokenSink>(tokenizer_, *req->params, req->to_caller, req->result.gen);
   return seq;
 }
@@ -249,7 +255,15 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
         ended.push_back(seq.get());
         continue;
       }
-      kv.clear();
+      // The rows a previous choice of the same request left are kept (see generate()).
+      const int32_t reuse = seq->req->reuse_prompt_rows;
+      if (kv.n_past() < reuse) {
+        retire(*seq, std::make_exception_ptr(Error("the slot's cache holds " + std::to_string(kv.n_past()) +
+                                                   " rows, not the " + std::to_string(reuse) + " reused ones")));
+        continue;
+      }
+      kv.truncate(reuse);
+      seq->prefilled = reuse;
     }
     if (budget == 0) continue;
     const int32_t len = std::min(budget, int32_t(prompt.size()) - seq->prefilled);
@@ -286,9 +300,12 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
 }
 
 bool BatchScheduler::take_token(Running& seq) {
+  seq.penalties->apply(seq.out.logits.data());  // the sequence's own row, transformed in place
   const int32_t token = seq.sampler->sample(seq.out.logits.data());
   const std::span<const float> row(seq.out.logits.data(), size_t(model_.config().n_vocab));
-  if (!seq.sink->push(token, row)) return false;
+  const bool more = seq.sink->push(token, row);
+  seq.penalties->accept(token);
+  if (!more) return false;
   KVCache& kv = slots_[seq.slot].gen->cache();
   if (kv.n_past() + 1 >= kv.n_ctx()) {
     seq.req->result.gen.finish = FinishReason::ContextFull;

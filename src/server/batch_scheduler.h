@@ -82,8 +82,14 @@ class BatchScheduler {
   // Generates in slot `slot` (the caller holds it exclusively) as part of the running batch;
   // blocks until the generation ends. speculative: through the slot's drafter (which must exist).
   // Throws what the generation threw (Error: an engine fault).
+  // reuse_prompt_rows: rows [0, reuse_prompt_rows) of the slot's cache already hold prompt[0,
+  // reuse_prompt_rows) (the previous choice of the same request left them there; the caller vouches
+  // for it); a plain generation keeps them and prefills only the rest, which is bitwise what a fresh
+  // prefill gives (the kernels are batch invariant). It must be below the prompt's length (the last
+  // prompt token is run again for its logits row); speculative generations ignore it (their
+  // drafter's state starts from the whole prompt).
   SpecResult generate(int slot, const std::vector<int32_t>& prompt, const GenerateParams& params, bool speculative,
-                      const PieceCallback& on_piece);
+                      const PieceCallback& on_piece, int32_t reuse_prompt_rows);
 
   int size() const { return static_cast<int>(slots_.size()); }
   const SequenceSlot& slot(int i) const { return slots_[i]; }
@@ -94,6 +100,7 @@ class BatchScheduler {
     const std::vector<int32_t>* prompt = nullptr;
     const GenerateParams* params = nullptr;
     bool speculative = false;
+    int32_t reuse_prompt_rows = 0;  // see generate()
     TextCallback to_caller;    // the sinks' callback: appends to text (runs on the scheduler thread)
     std::string text;          // produced, not yet handed to the caller's on_piece
     const GenerateResult* source = nullptr;  // where the sink records (set at admission)
@@ -112,6 +119,7 @@ class BatchScheduler {
     Request* req = nullptr;
     // Plain decoding in the batch:
     std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<Penalizer> penalties;  // applied to each newest row before sampling
     std::unique_ptr<TokenSink> sink;  // writes into req->result.gen
     int32_t prefilled = 0;            // prompt tokens in the cache
     int32_t next_token = -1;          // sampled, not yet in the cache (-1 while prefilling)

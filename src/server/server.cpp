@@ -126,6 +126,7 @@ struct Job {
   bool stopped_for_shutdown = false;  // the generation was ended by SIGTERM/SIGINT
   std::chrono::steady_clock::time_point started;  // reached a worker
   double first_text_seconds = -1.0;               // since `started`, at its first piece of text (< 0: none yet)
+  uint64_t seed = 0;                              // the request's seed: choice i uses choice_seed(seed, i)
   void saw_text() {
     if (first_text_seconds < 0.0)
       first_text_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -180,7 +181,11 @@ struct Backend {
   // request waits for a slot.
   std::function<void(CompletionRequest&)> admit;
   // Generates the request in slot `slot` (held by the caller); throws what the generation threw.
-  std::function<SpecResult(int slot, const CompletionRequest&, const PieceCallback&)> generate;
+  // reuse_prompt_rows: prompt rows the slot's cache still holds from the previous choice of the same
+  // request (BatchScheduler::generate); 0 unless reuses_prompt_rows.
+  std::function<SpecResult(int slot, const CompletionRequest&, const PieceCallback&, int32_t reuse_prompt_rows)>
+      generate;
+  bool reuses_prompt_rows = false;  // a plain choice after the first keeps the prompt's cache rows
   std::shared_ptr<void> engine;  // what admit and generate run on, kept alive with them
 };
 
@@ -219,9 +224,11 @@ Backend cpu_backend(const ServerOptions& o, const GgufFile& file, const Tokenize
   return Backend{
       .device = "cpu",
       .admit = [](CompletionRequest&) {},
-      .generate = [&scheduler](int slot, const CompletionRequest& r, const PieceCallback& on_piece) {
-        return scheduler.generate(slot, r.prompt_ids, r.params, r.speculative, on_piece);
+      .generate = [&scheduler](int slot, const CompletionRequest& r, const PieceCallback& on_piece,
+                               int32_t reuse_prompt_rows) {
+        return scheduler.generate(slot, r.prompt_ids, r.params, r.speculative, on_piece, reuse_prompt_rows);
       },
+      .reuses_prompt_rows = true,
       .engine = engine};
 }
 
@@ -246,6 +253,12 @@ Backend cuda_backend(const ServerOptions& o, const GgufFile& file, const Tokeniz
             if (const std::string why = cuda_params_unsupported(r.params.sampling); !why.empty())
               throw ApiError(400, "Invalid 'top_k': this server runs on a GPU, where " + why + ".", "top_k",
                              "unsupported_parameter");
+            if (const char* field = first_active_penalty(r.params.penalties, r.params.sampling.min_p))
+              throw ApiError(400,
+                             std::string("Invalid '") + field +
+                                 "': this server runs on a GPU, which applies no penalties, logit bias or "
+                                 "min_p (serve on the CPU for them).",
+                             field, "unsupported_parameter");
             // The device hands back tokens, not logits rows.
             if (r.params.logprobs.enabled)
               throw ApiError(400, "Invalid 'logprobs': this server runs on a GPU, which does not report "
@@ -258,7 +271,7 @@ Backend cuda_backend(const ServerOptions& o, const GgufFile& file, const Tokeniz
             }
           },
       .generate =
-          [gen = device.get()](int, const CompletionRequest& r, const PieceCallback& on_piece) {
+          [gen = device.get()](int, const CompletionRequest& r, const PieceCallback& on_piece, int32_t) {
             const TextCallback on_text = [&](std::string_view text) { return !on_piece || on_piece(text, {}); };
             return gen->generate(r.prompt_ids, r.params, on_text,
                                  r.speculative ? Drafting::Speculative : Drafting::Plain);
@@ -545,6 +558,7 @@ class Server {
     const Reply& reply = job.reply;
     job.request = parse_completion_request(endpoint, reply.ex->request().body(), ctx_);
     backend_.admit(job.request);
+    job.seed = job.request.params.sampling.seed;
     job.request.params.cancel = &reply.ex->cancelled();
     job.ids.created = static_cast<int64_t>(std::time(nullptr));
     job.ids.model = model_name_;
@@ -566,23 +580,46 @@ class Server {
       job.stopped_for_shutdown = true;
       return false;
     };
-    GenerationReport report = generate(job, on_piece);
+    // The choices one after another in this slot (see choice_reuse for their shared prompt rows).
+    std::vector<json> answers;
+    answers.reserve(size_t(job.request.n));
+    int32_t reuse = 0;
+    for (int32_t choice = 0; choice < job.request.n; ++choice) {
+      const GenerationReport report = generate(job, on_piece, choice, reuse);
+      if (job.stopped_for_shutdown || job.client_gone()) break;
+      reuse = choice_reuse(job, report);
+      const LogprobRows& rows = report.result.gen.logprobs;
+      size_t text_offset = 0;
+      const LogprobsOut lp{.tokenizer = &tokenizer_, .top = rows.top, .entries = rows.entries, .text_offset = &text_offset};
+      answers.push_back(answer_json(endpoint, job.ids, report, job.request.params.logprobs.enabled ? &lp : nullptr));
+    }
     job.lease.reset();
     if (job.stopped_for_shutdown)
       throw ApiError(503, "The server is shutting down; the generation was stopped.", "", "server_shutting_down");
     if (job.client_gone()) return;  // nobody to answer
-    const LogprobRows& rows = report.result.gen.logprobs;
-    size_t text_offset = 0;
-    const LogprobsOut lp{.tokenizer = &tokenizer_, .top = rows.top, .entries = rows.entries, .text_offset = &text_offset};
-    reply.json_answer(200, answer_json(endpoint, job.ids, report,
-                                       job.request.params.logprobs.enabled ? &lp : nullptr));
+    reply.json_answer(200, merge_choice_answers(answers));
+  }
+
+  // The prompt rows the next choice may take from the slot's cache after `done`, the previous
+  // choice in the same slot: all but the last (run again for its logits row) when that choice
+  // decoded plainly and produced a token (its whole prompt was in the cache, and generation only
+  // appends after it); none for speculative choices (each drafter starts from its own prefill) or
+  // on a backend that does not keep them.
+  int32_t choice_reuse(const Job& job, const GenerationReport& done) const {
+    const int32_t prompt = static_cast<int32_t>(job.request.prompt_ids.size());
+    if (!backend_.reuses_prompt_rows || job.request.speculative || done.result.gen.tokens.empty()) return 0;
+    return std::max(0, prompt - 1);
   }
 
   // Runs the job's generation in its slot; records metrics and a log line. What fails inside the
   // generation is thrown as the ApiError of generation_error (500: the request was already validated).
-  GenerationReport generate(Job& job, const PieceCallback& on_piece) {
+  // choice: which of the request's n choices (its seed is choice_seed(job.seed, choice)); reuse: the
+  // prompt rows it takes from the previous choice (choice_reuse).
+  GenerationReport generate(Job& job, const PieceCallback& on_piece, int32_t choice, int32_t reuse) {
+    job.request.params.sampling.seed = choice_seed(job.seed, choice);
     const CompletionRequest& r = job.request;
     GenerationReport report;
+    report.prompt_rows_reused = reuse;
     report.speculative = r.speculative;
     report.spec_mode = name_of(opt_.spec.mode);
     report.draft_vocab = name_of(opt_.spec.draft_vocab);
@@ -590,7 +627,7 @@ class Server {
     report.queue_seconds = job.queue_seconds;
     report.device = backend_.device;
     try {
-      report.result = backend_.generate(job.lease->index(), r, on_piece);
+      report.result = backend_.generate(job.lease->index(), r, on_piece, reuse);
     } catch (const std::exception& e) {
       metrics_.record_generation(report, Outcome::Failed, latency(job));
       throw generation_error(e);
@@ -616,6 +653,8 @@ class Server {
 
   // A streamed answer: one server-sent event per piece of text, then the closing events. A write
   // that fails (the client left, or stopped reading past the write deadline) stops the generation.
+  // Several choices follow one another, each chunk naming its choice's index: a chat choice opens
+  // with its role chunk, each ends with its own finish_reason chunk, the usage chunk comes last.
   void stream(Job& job) {
     Exchange& ex = *job.reply.ex;
     const Endpoint endpoint = job.endpoint;
@@ -625,13 +664,12 @@ class Server {
     h.emplace_back("X-Accel-Buffering", "no");
     ex.start_stream(200, h, "text/event-stream");
     auto send = [&](const std::string& payload) { return ex.write(payload); };
-    auto event = [&](const json& j) { return send("data: " + dump_json(j) + "\n\n"); };
-
-    if (endpoint == Endpoint::Chat && !event(chunk_json(endpoint, job.ids, "", true, nullptr, usage_null))) {
-      job.lease.reset();
-      ex.end_stream();
-      return;
-    }
+    int32_t choice = 0;  // the choice being generated
+    auto event = [&](json j) {
+      if (const auto choices = j.find("choices"); choices != j.end() && !choices->empty())
+        (*choices)[0]["index"] = choice;
+      return send("data: " + dump_json(j) + "\n\n");
+    };
     // With logprobs each chunk carries the rows of the tokens generated since the previous one; the
     // closing chunk those of tokens whose text never came (held back, or empty).
     const LogprobSettings& want = job.request.params.logprobs;
@@ -650,12 +688,27 @@ class Server {
       return event(chunk_json(endpoint, job.ids, std::string(text), false, nullptr, usage_null,
                               want.enabled ? &lp : nullptr));
     };
-    GenerationReport report;
+    std::vector<GenerationReport> reports;
+    reports.reserve(size_t(job.request.n));
     std::string failure;
-    try {
-      report = generate(job, on_piece);
-    } catch (const ApiError& e) {
-      failure = e.what();
+    int32_t reuse = 0;
+    for (; choice < job.request.n; ++choice) {
+      if (endpoint == Endpoint::Chat && !event(chunk_json(endpoint, job.ids, "", true, nullptr, usage_null, nullptr)))
+        break;
+      entries_sent = text_offset = 0;
+      try {
+        reports.push_back(generate(job, on_piece, choice, reuse));
+      } catch (const ApiError& e) {
+        failure = e.what();
+        break;
+      }
+      if (job.client_gone() || job.stopped_for_shutdown) break;
+      reuse = choice_reuse(job, reports.back());
+      const GenerationReport& report = reports.back();
+      const std::vector<TokenLogprob>& all = report.result.gen.logprobs.entries;
+      const LogprobsOut lp = logprobs_of(std::span<const TokenLogprob>(all).subspan(std::min(entries_sent, all.size())));
+      event(chunk_json(endpoint, job.ids, "", false, finish_reason(report.result.gen), usage_null,
+                       want.enabled ? &lp : nullptr));
     }
     job.lease.reset();  // the slot is free before the closing writes
     if (!job.client_gone()) {
@@ -663,12 +716,10 @@ class Server {
         event(error_body(500, failure, "", "generation_failed"));
       } else if (job.stopped_for_shutdown) {
         event(error_body(503, "The server is shutting down; this reply was cut short.", "", "server_shutting_down"));
-      } else {
-        const std::vector<TokenLogprob>& all = report.result.gen.logprobs.entries;
-        const LogprobsOut lp = logprobs_of(std::span<const TokenLogprob>(all).subspan(std::min(entries_sent, all.size())));
-        event(chunk_json(endpoint, job.ids, "", false, finish_reason(report.result.gen), usage_null,
-                         want.enabled ? &lp : nullptr));
-        if (job.request.include_usage) event(usage_chunk_json(endpoint, job.ids, report));
+      } else if (job.request.include_usage && !reports.empty()) {
+        json usage = usage_chunk_json(endpoint, job.ids, reports.front());
+        count_choices_in_usage(usage["usage"], reports);
+        event(std::move(usage));
       }
       send("data: [DONE]\n\n");
     }

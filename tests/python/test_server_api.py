@@ -173,7 +173,7 @@ def test_models(client, server):
 
 def test_errors_are_client_exceptions(client):
     with pytest.raises(openai.BadRequestError) as e:
-        chat(client, "hi", max_tokens=8, n=2)
+        chat(client, "hi", max_tokens=8, n=17)
     assert e.value.body["param"] == "n" and e.value.body["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as e:
         chat(client, "hi", max_tokens=100000)
@@ -321,12 +321,21 @@ def test_sampled_logprobs_are_those_of_the_distribution_drawn_from(client, spec)
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": 3}, "logprobs"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"frequency_penalty": -1}, "frequency_penalty"),
-    ({"repeat_penalty": 1.1, "repeat_last_n": 64}, "repeat_penalty"),
-    ({"min_p": 0.05}, "min_p"),
-    ({"logit_bias": {"42": 5}}, "logit_bias"),
-    ({"n": 2}, "n"),
+    # Penalties and filters are implemented; values out of their ranges are refused.
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -2.01}, "frequency_penalty"),
+    ({"repeat_penalty": 0}, "repeat_penalty"),
+    ({"repeat_penalty": -1.1}, "repeat_penalty"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"min_p": -0.1}, "min_p"),
+    ({"logit_bias": {"42": 101}}, "logit_bias"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"logit_bias": {"49152": 1}}, "logit_bias"),
+    ({"logit_bias": {"-1": 1}}, "logit_bias"),
+    ({"logit_bias": {"42": "x"}}, "logit_bias.42"),
+    ({"logit_bias": [[42, 5]]}, "logit_bias"),
+    ({"n": 17}, "n"),
+    ({"n": 0}, "n"),
     ({"typical_p": 0.9}, "typical_p"),
     ({"mirostat": 2}, "mirostat"),
     ({"n_probs": 3}, "n_probs"),
@@ -345,6 +354,54 @@ def test_neutral_sampling_fields_are_accepted(client):
              extra_body={"repeat_penalty": 1.0, "repeat_last_n": 64, "min_p": 0, "typical_p": 1, "mirostat": 0,
                          "n_probs": 0})
     assert r.choices[0].finish_reason in ("length", "stop")
+
+
+PENALTY_PROMPT = "List ten fruits, one per line."
+
+
+def test_penalties_through_the_openai_client(client):
+    """presence/frequency penalties and logit_bias as OpenAI fields, repeat_penalty and min_p via
+    extra_body: greedy answers with speculation equal those without it, equal the CLI with the same
+    flags, and differ from the unpenalised answer."""
+    kw = dict(max_tokens=40, presence_penalty=0.4, frequency_penalty=0.5, logit_bias={"28": 2.0})
+    llama = {"repeat_penalty": 1.3, "repeat_last_n": 64, "min_p": 0.05}
+    spec = chat(client, PENALTY_PROMPT, extra_body=llama, **kw)
+    plain = chat(client, PENALTY_PROMPT, extra_body={**llama, **SPEC_OFF}, **kw)
+    assert spec.usage.model_extra["microspec"]["speculative"] is True
+    assert spec.choices[0].message.content == plain.choices[0].message.content
+    unpenalised = chat(client, PENALTY_PROMPT, max_tokens=40)
+    assert spec.choices[0].message.content != unpenalised.choices[0].message.content
+    cli = cli_generate(SMOLLM2, [PENALTY_PROMPT], 40, chat=True,
+                       extra=["--presence-penalty", "0.4", "--frequency-penalty", "0.5", "--logit-bias", "28+2",
+                              "--repeat-penalty", "1.3", "--repeat-last-n", "64", "--min-p", "0.05"])[0]
+    assert spec.choices[0].message.content == cli["text"]
+
+
+def test_penalties_under_continuous_batching(client):
+    """Concurrent requests with different penalties (speculative and plain, sharing the batched
+    forward passes) each get the answer they get alone: the counts are per sequence."""
+    from concurrent.futures import ThreadPoolExecutor
+    asks = [dict(frequency_penalty=0.8, extra_body={"repeat_penalty": 1.2}),
+            dict(presence_penalty=1.0, extra_body={**SPEC_OFF, "repeat_penalty": 1.5, "repeat_last_n": -1}),
+            dict(logit_bias={"28": 3}, extra_body={"min_p": 0.1}),
+            dict(frequency_penalty=-0.5, extra_body=SPEC_OFF)]
+    run = lambda kw: chat(client, PENALTY_PROMPT, max_tokens=32, **kw).choices[0].message.content
+    alone = [run(kw) for kw in asks]
+    assert len(set(alone)) >= 3, alone  # different answers: mixing up counts would show
+    with ThreadPoolExecutor(len(asks)) as pool:
+        together = list(pool.map(run, asks))
+    assert together == alone
+
+
+@pytest.mark.parametrize("spec", [True, False], ids=["spec", "plain"])
+def test_logit_bias_forces_a_token_and_logprobs_are_penalised(client, spec):
+    """A +100 bias makes one token certain: every generated token is it, and its reported
+    log-probability (of the biased distribution, not the raw row) is 0."""
+    r = chat(client, PENALTY_PROMPT, max_tokens=6, logit_bias={"330": 100}, logprobs=True, top_logprobs=2,
+             extra_body=None if spec else SPEC_OFF)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 6
+    assert all(e.token == content[0].token and abs(e.logprob) < 1e-3 for e in content), content
 
 
 def test_tokenize_and_detokenize_round_trip_like_the_cli(server):
@@ -393,3 +450,74 @@ def test_latency_histograms_count_requests(server, client):
         assert after[f"{name}_sum"] > before.get(f"{name}_sum", 0)
         buckets = [v for k, v in after.items() if k.startswith(name + "_bucket")]
         assert buckets == sorted(buckets)  # cumulative
+
+
+# Several choices (n > 1): choice i is the same request with n = 1 and seed + i, token for token,
+# plain and speculative, streamed and not; plain choices after the first take the prompt's cache
+# rows from the previous choice (microspec_prompt_tokens_prefilled_total grows by the prompt once,
+# plus one recomputed row per further choice).
+N_CHOICES_PROMPT = "Name a colour and a fruit."
+
+
+def streamed_choices(client, n, **kw):
+    """Streams a chat answer with n choices: ([text per choice], [finish per choice], usage dict)."""
+    texts, finishes, usage, roles = [""] * n, [None] * n, None, [0] * n
+    for chunk in chat(client, N_CHOICES_PROMPT, n=n, stream=True, stream_options={"include_usage": True}, **kw):
+        if chunk.usage is not None:
+            assert not chunk.choices and all(finishes), "the usage chunk comes last"
+            usage = chunk.usage.model_dump()
+        for c in chunk.choices:
+            assert finishes[c.index] is None, "nothing after a choice's finish_reason chunk"
+            roles[c.index] += c.delta.role == "assistant"
+            texts[c.index] += c.delta.content or ""
+            finishes[c.index] = c.finish_reason
+    assert roles == [1] * n
+    return texts, finishes, usage
+
+
+@pytest.mark.parametrize("spec", [True, False], ids=["spec", "plain"])
+def test_several_choices_are_the_requests_with_derived_seeds(client, spec):
+    kw = dict(max_tokens=24, temperature=1.0, top_p=0.95, extra_body=None if spec else SPEC_OFF)
+    r = chat(client, N_CHOICES_PROMPT, n=3, seed=4242, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    singles = [chat(client, N_CHOICES_PROMPT, n=1, seed=4242 + i, **kw) for i in range(3)]
+    assert [c.message.content for c in r.choices] == [s.choices[0].message.content for s in singles]
+    assert [c.finish_reason for c in r.choices] == [s.choices[0].finish_reason for s in singles]
+    assert len({c.message.content for c in r.choices}) > 1, "sampled choices with different seeds differ"
+    assert r.usage.prompt_tokens == singles[0].usage.prompt_tokens
+    assert r.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    texts, finishes, usage = streamed_choices(client, 3, seed=4242, **kw)
+    assert texts == [c.message.content for c in r.choices]
+    assert finishes == [c.finish_reason for c in r.choices]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (r.usage.prompt_tokens, r.usage.completion_tokens)
+
+
+def test_several_choices_on_completions(client):
+    kw = dict(model="smollm2", prompt=TEXT_PROMPTS[0], max_tokens=12, temperature=0.8, seed=99, extra_body=SPEC_OFF)
+    r = client.completions.create(n=2, **kw)
+    assert [c.index for c in r.choices] == [0, 1]
+    for i in range(2):
+        assert r.choices[i].text == client.completions.create(**{**kw, "seed": 99 + i}).choices[0].text
+    texts = ["", ""]
+    for chunk in client.completions.create(n=2, stream=True, **kw):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [c.text for c in r.choices]
+
+
+def test_greedy_choices_are_identical_and_the_prompt_is_prefilled_once(server, client):
+    kw = dict(max_tokens=16, extra_body=SPEC_OFF)
+    one = chat(client, N_CHOICES_PROMPT, **kw)
+    before = metrics(server)
+    r = chat(client, N_CHOICES_PROMPT, n=2, **kw)
+    after = metrics(server)
+    assert [c.message.content for c in r.choices] == [one.choices[0].message.content] * 2
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.usage.completion_tokens == 2 * one.usage.completion_tokens
+    prompt = one.usage.prompt_tokens
+    grew = lambda name: after[name] - before[name]
+    assert grew("microspec_prompt_tokens_total") == 2 * prompt
+    # The second choice recomputes only the prompt's last row (for its logits).
+    assert grew("microspec_prompt_tokens_prefilled_total") == prompt + 1
+
