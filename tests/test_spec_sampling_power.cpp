@@ -252,16 +252,27 @@ Outcome run_case(const Case& c, const Verifier& verify, int n_samples, uint64_t 
   return out;
 }
 
-// Exact plain-sampling probability of every kLength-token continuation of kStart.
-std::map<std::vector<int32_t>, double> exact_sequences(const std::vector<float>& target,
-                                                       const SamplingParams& sampling) {
+// Exact plain-sampling probability of every kLength-token continuation of kStart; with penalties,
+// each prefix's row is transformed with kStart and the prefix as history.
+std::map<std::vector<int32_t>, double> exact_sequences(const std::vector<float>& target, const SamplingParams& sampling,
+                                                       const PenaltyParams& penalties = {}) {
   Sampler s(sampling, V);
+  Penalizer pen(penalties, V);
   std::map<std::vector<int32_t>, double> frontier = {{{}, 1.0}};
   TokenDistribution dist;
+  std::vector<float> row(V);
+  const std::vector<int32_t> prompt = {kStart};
   for (int32_t depth = 0; depth < kLength; ++depth) {
     std::map<std::vector<int32_t>, double> next;
     for (const auto& [seq, prob] : frontier) {
-      s.distribution(target.data() + size_t(seq.empty() ? kStart : seq.back()) * V, dist);
+      const int32_t prev = seq.empty() ? kStart : seq.back();
+      std::copy(target.begin() + size_t(prev) * V, target.begin() + size_t(prev + 1) * V, row.begin());
+      if (pen.active()) {
+        pen.begin(prompt, kLength + 2);
+        for (int32_t t : seq) pen.accept(t);
+        pen.apply(row.data());
+      }
+      s.distribution(row.data(), dist);
       for (const auto& [id, p] : dist) {
         std::vector<int32_t> longer = seq;
         longer.push_back(id);
@@ -511,34 +522,6 @@ SamplingParams no_cuts() {
   return sp;
 }
 
-std::map<std::vector<int32_t>, double> exact_penalised_sequences(const std::vector<float>& target,
-                                                                 const SamplingParams& sp) {
-  Sampler s(sp, V);
-  Penalizer pen(strong_penalties(), V);
-  std::map<std::vector<int32_t>, double> frontier = {{{}, 1.0}};
-  TokenDistribution dist;
-  std::vector<float> row(V);
-  const std::vector<int32_t> prompt = {kStart};
-  for (int32_t depth = 0; depth < kLength; ++depth) {
-    std::map<std::vector<int32_t>, double> next;
-    for (const auto& [seq, prob] : frontier) {
-      pen.begin(prompt, kLength + 2);
-      for (int32_t t : seq) pen.accept(t);
-      const int32_t prev = seq.empty() ? kStart : seq.back();
-      std::copy(target.begin() + size_t(prev) * V, target.begin() + size_t(prev + 1) * V, row.begin());
-      pen.apply(row.data());
-      s.distribution(row.data(), dist);
-      for (const auto& [id, p] : dist) {
-        std::vector<int32_t> longer = seq;
-        longer.push_back(id);
-        next[longer] += prob * p;
-      }
-    }
-    frontier.swap(next);
-  }
-  return frontier;
-}
-
 // The tokens a node's row is penalised with after the committed history (see PenaltyHistory).
 void history_of(const DraftTree& tree, int32_t node, PenaltyHistory h, std::vector<int32_t>& out) {
   out.clear();
@@ -612,7 +595,7 @@ TEST(SpecSamplingPower, PenalisedSpeculativeSamplingMatchesPenalisedPlainAndBrok
                                                              {"no cuts", no_cuts()}};
   uint64_t seed = 600;
   for (const auto& [filter_name, sp] : settings) {
-    const auto exact = exact_penalised_sequences(make_pair(1.0f).target, sp);
+    const auto exact = exact_sequences(make_pair(1.0f).target, sp, strong_penalties());
     // The penalties matter: the penalised distribution is far from the unpenalised one.
     const auto unpenalised = exact_sequences(make_pair(1.0f).target, sp);
     double tv = 0.0;
