@@ -259,6 +259,11 @@ Backend cuda_backend(const ServerOptions& o, const GgufFile& file, const Tokeniz
                                  "': this server runs on a GPU, which applies no penalties, logit bias or "
                                  "min_p (serve on the CPU for them).",
                              field, "unsupported_parameter");
+            // Several choices have never run on a GPU: refused rather than served untested.
+            if (r.n > 1)
+              throw ApiError(400, "Invalid 'n': this server runs on a GPU, where several choices have not been "
+                                  "tested (serve on the CPU for them).",
+                             "n", "unsupported_parameter");
             // The device hands back tokens, not logits rows.
             if (r.params.logprobs.enabled)
               throw ApiError(400, "Invalid 'logprobs': this server runs on a GPU, which does not report "
