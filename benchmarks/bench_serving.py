@@ -106,9 +106,10 @@ class Server:
 
 
 def one_request(port, prompt, max_tokens, stream, extra):
-    """One chat completion; returns (completion tokens, ttft seconds, total seconds, itl seconds or None)."""
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": stream, **extra}
+    """One chat completion of a prompt (a user message's text, or a list of messages); returns
+    (completion tokens, ttft seconds, total seconds, itl seconds or None, the answer's text)."""
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": stream, **extra}
     if stream:
         body["stream_options"] = {"include_usage": True}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -121,9 +122,10 @@ def one_request(port, prompt, max_tokens, stream, extra):
         j = json.loads(r.read())
         total = time.perf_counter() - t0
         conn.close()
-        return j["usage"]["completion_tokens"], total, total, None
+        return j["usage"]["completion_tokens"], total, total, None, j["choices"][0]["message"]["content"]
     first = last = None
     chunks = 0
+    text = ""
     tokens = None
     for raw in r:
         line = raw.strip()
@@ -136,6 +138,7 @@ def one_request(port, prompt, max_tokens, stream, extra):
         if j.get("usage"):
             tokens = j["usage"]["completion_tokens"]
         if j.get("choices") and j["choices"][0].get("delta", {}).get("content"):
+            text += j["choices"][0]["delta"]["content"]
             now = time.perf_counter()
             first = first if first is not None else now
             last = now
@@ -146,7 +149,7 @@ def one_request(port, prompt, max_tokens, stream, extra):
         tokens = chunks  # no usage chunk: one token per content chunk
     ttft = (first - t0) if first is not None else total
     itl = (last - first) / (tokens - 1) if first is not None and tokens > 1 else None
-    return tokens, ttft, total, itl
+    return tokens, ttft, total, itl, text
 
 
 def run_round(port, prompts, clients, requests, max_tokens, stream, extra, offset):

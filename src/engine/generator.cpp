@@ -80,13 +80,13 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, int32_t n_ctx)
 
 const float* Generator::prefill(const std::vector<int32_t>& prompt, int32_t top_k,
                                 std::vector<int32_t>* top_ids, const PrefillCapture* capture) {
-  begin_prefill(prompt, top_k, top_ids, capture);
+  begin_prefill(prompt, /*kept_rows=*/0, top_k, top_ids, capture);
   for (;;)
     if (const float* logits = prefill_piece(prompt, model_.n_batch(), top_k, top_ids, capture)) return logits;
 }
 
-void Generator::begin_prefill(const std::vector<int32_t>& prompt, int32_t top_k, std::vector<int32_t>* top_ids,
-                              const PrefillCapture* capture) {
+void Generator::begin_prefill(const std::vector<int32_t>& prompt, int32_t kept_rows, int32_t top_k,
+                              std::vector<int32_t>* top_ids, const PrefillCapture* capture) {
   if (top_k < 0) throw Error("prefill: negative top-k");
   if (top_k > 0 && !top_ids) throw Error("prefill: top-k ids requested without an output vector");
   const bool capturing = capture && !capture->layers.empty();
@@ -95,7 +95,10 @@ void Generator::begin_prefill(const std::vector<int32_t>& prompt, int32_t top_k,
   if (int64_t(prompt.size()) >= kv_.n_ctx())
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
                 std::to_string(kv_.n_ctx()) + " (raise -c)");
-  kv_.clear();
+  if (kept_rows < 0 || kept_rows >= int32_t(prompt.size()) || kept_rows > kv_.n_past())
+    throw Error("prefill: " + std::to_string(kept_rows) + " kept rows of a " + std::to_string(prompt.size()) +
+                "-token prompt in a cache of " + std::to_string(kv_.n_past()) + " rows");
+  kv_.truncate(kept_rows);
   if (capturing)
     capture->features->resize(prompt.size() * capture->layers.size() * size_t(model_.config().n_embd));
   if (top_k > 0) top_ids->resize(prompt.size() * size_t(top_k));

@@ -66,13 +66,16 @@ class Generator {
   const float* prefill(const std::vector<int32_t>& prompt, int32_t top_k = 0,
                        std::vector<int32_t>* top_ids = nullptr, const PrefillCapture* capture = nullptr);
   // prefill() in pieces, for a caller that bounds the prompt tokens of one forward pass (the
-  // batching server): begin_prefill checks the prompt, empties the cache and sizes the outputs;
-  // each prefill_piece then runs the next at most max_tokens prompt positions (the cache holds
-  // those before) and returns the last position's logits once the prompt is all in, else null.
-  // The same arguments on every call. The results are bitwise prefill()'s (the kernels do not
-  // depend on how many tokens share a call).
-  void begin_prefill(const std::vector<int32_t>& prompt, int32_t top_k, std::vector<int32_t>* top_ids,
-                     const PrefillCapture* capture);
+  // batching server): begin_prefill checks the prompt, cuts the cache to its first kept_rows rows
+  // and sizes the outputs; each prefill_piece then runs the next at most max_tokens prompt
+  // positions (the cache holds those before) and returns the last position's logits once the
+  // prompt is all in, else null. The same arguments on every call. The results are bitwise
+  // prefill()'s (the kernels do not depend on how many tokens share a call).
+  // kept_rows: prompt rows the cache already holds (a prefix cache; the caller vouches that rows
+  // [0, kept_rows) hold prompt[0, kept_rows) and that *top_ids / the features hold those rows'
+  // values); below the prompt's length, since its last row is run again for its logits.
+  void begin_prefill(const std::vector<int32_t>& prompt, int32_t kept_rows, int32_t top_k,
+                     std::vector<int32_t>* top_ids, const PrefillCapture* capture);
   const float* prefill_piece(const std::vector<int32_t>& prompt, int32_t max_tokens, int32_t top_k,
                              std::vector<int32_t>* top_ids, const PrefillCapture* capture);
   GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,

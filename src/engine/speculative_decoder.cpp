@@ -86,7 +86,7 @@ bool Decoder::start(Run& run, const std::vector<int32_t>& prompt, const DecodeOb
 
 Decoder::Progress Decoder::start_piece(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
                                        const DecodeObserver* observer) {
-  if (run.prefilled == 0) {
+  if (!run.prefill_begun) {
     run.res.gen.prompt_tokens = static_cast<int32_t>(prompt.size());
     run.prefill_start = Clock::now();
   }
@@ -137,7 +137,10 @@ int32_t Decoder::prefill_piece(Run& run, const std::vector<int32_t>& prompt, int
   // A draft head reads the target's features at every prompt position, captured on the way too.
   const PrefillCapture capture{drafter_ ? drafter_->feature_layers() : std::span<const int32_t>{},
                                &prompt_features_};
-  if (run.prefilled == 0) gen_.begin_prefill(prompt, k_pre, &prompt_top_, &capture);
+  if (!run.prefill_begun) {
+    gen_.begin_prefill(prompt, run.reused_rows, k_pre, &prompt_top_, &capture);
+    run.prefill_begun = true;
+  }
   const float* logits = gen_.prefill_piece(prompt, max_tokens, k_pre, &prompt_top_, &capture);
   if (!logits) return -1;
   if (run.penalties.active()) {  // the first token's row, transformed as every later one is

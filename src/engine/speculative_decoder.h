@@ -136,6 +136,12 @@ class Decoder {
     int32_t step_position = 0;  // cache position of the current step's root
     bool drafted = false;       // the current step has a draft tree
     int32_t prefilled = 0;      // prompt positions in the cache (start_piece)
+    // Prompt rows the cache already holds when the run starts (a prefix cache): set before
+    // start(); the caller vouches that rows [0, reused_rows) hold prompt[0, reused_rows) and were
+    // last prefilled by this decoder (so its K_pre ids and head features of those rows are kept
+    // too). The drafter still begins from the whole prompt, exactly as after a fresh prefill.
+    int32_t reused_rows = 0;
+    bool prefill_begun = false;  // start_piece began the prefill
     std::chrono::steady_clock::time_point prefill_start;  // when the first prompt piece ran
     std::chrono::steady_clock::time_point verify_start;  // when the current step's rows were handed out
   };
@@ -187,7 +193,7 @@ class Decoder {
  private:
   // Checks that a step fits the batch size and sizes the step buffers.
   void size_step_buffers();
-  // The run's next prompt piece (with run.prefilled 0 it begins the prefill; K_pre and the draft
+  // The run's next prompt piece (the first call begins the prefill; K_pre and the draft
   // head's features are collected on the way); once the prompt is in, returns the first generated
   // token (and sets *first_logits to the row it was chosen from), else -1.
   int32_t prefill_piece(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,

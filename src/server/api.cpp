@@ -593,6 +593,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   r.params.logprobs = parse_logprobs(endpoint, body);
 
   r.stream = bool_field(body, "stream", false);
+  r.cache_prompt = bool_field(body, "cache_prompt", true);
   if (const json* opts = field(body, "stream_options")) {
     if (!opts->is_object()) wrong_type("stream_options", "an object", *opts);
     r.include_usage = bool_field(*opts, "include_usage", false);
@@ -630,6 +631,7 @@ json usage_json(const GenerationReport& r) {
   return json{{"prompt_tokens", g.prompt_tokens},
               {"completion_tokens", completion},
               {"total_tokens", g.prompt_tokens + completion},
+              {"prompt_tokens_details", {{"cached_tokens", r.prompt_rows_reused}}},
               {"microspec", ext}};
 }
 

@@ -38,6 +38,7 @@ BatchScheduler::BatchScheduler(Model& model, const Tokenizer& tokenizer, std::ve
   if (slots_.empty()) throw Error("the scheduler needs at least one slot");
   if (prefill_chunk_ < 1) throw Error("--prefill-chunk must be >= 1");
   if (spec_max_batch_ < 0) throw Error("--spec-max-batch must be >= 0");
+  for (SequenceSlot& slot : slots_) slot.cached.reserve(size_t(slot.gen->cache().n_ctx()));
   if (int32_t(slots_.size()) > model_.n_batch())
     throw Error("--parallel " + std::to_string(slots_.size()) + " exceeds the batch size " +
                 std::to_string(model_.n_batch()) + ": every running sequence needs a row per step (raise -b)");
@@ -63,16 +64,17 @@ BatchScheduler::~BatchScheduler() {
 SpecResult BatchScheduler::generate(int slot, const std::vector<int32_t>& prompt, const GenerateParams& params,
                                     bool speculative, const PieceCallback& on_piece, int32_t reuse_prompt_rows) {
   if (slot < 0 || slot >= size()) throw Error("scheduler: no slot " + std::to_string(slot));
-  if (reuse_prompt_rows < 0 || (reuse_prompt_rows > 0 && reuse_prompt_rows >= int32_t(prompt.size())))
-    throw Error("scheduler: " + std::to_string(reuse_prompt_rows) + " reused rows of a " +
-                std::to_string(prompt.size()) + "-token prompt");
   if (speculative && !slots_[slot].decoder->speculative())
     throw Error("speculative generation asked of a server built without speculation");
+  if (reuse_prompt_rows < 0 || reuse_prompt_rows > reusable_rows(slot, prompt, speculative))
+    throw Error("scheduler: " + std::to_string(reuse_prompt_rows) + " reused rows of a " +
+                std::to_string(prompt.size()) + "-token prompt; slot " + std::to_string(slot) + " can give " +
+                std::to_string(reusable_rows(slot, prompt, speculative)));
   Request req;
   req.prompt = &prompt;
   req.params = &params;
   req.speculative = speculative;
-  req.reuse_prompt_rows = speculative ? 0 : reuse_prompt_rows;
+  req.reuse_prompt_rows = reuse_prompt_rows;
   // Log-probability entries travel with the text; both buffers hold the whole generation's, so
   // handing them over allocates nothing per token.
   const size_t logprob_entries = params.logprobs.enabled ? size_t(std::max(params.max_new_tokens, 0)) *
@@ -113,6 +115,16 @@ SpecResult BatchScheduler::generate(int slot, const std::vector<int32_t>& prompt
   }
   if (req.error) std::rethrow_exception(req.error);
   return std::move(req.result);
+}
+
+int32_t BatchScheduler::reusable_rows(int slot, const std::vector<int32_t>& prompt, bool speculative) const {
+  if (slot < 0 || slot >= size()) throw Error("scheduler: no slot " + std::to_string(slot));
+  const SequenceSlot& s = slots_[slot];
+  const auto [mismatch, unused] = std::mismatch(s.cached.begin(), s.cached.end(), prompt.begin(), prompt.end());
+  int32_t rows = static_cast<int32_t>(mismatch - s.cached.begin());
+  rows = std::min(rows, static_cast<int32_t>(prompt.size()) - 1);  // the last prompt row is run again
+  if (speculative) rows = std::min(rows, s.decoder_rows);
+  return std::max(rows, 0);
 }
 
 void BatchScheduler::loop() {
@@ -163,6 +175,7 @@ std::unique_ptr<BatchScheduler::Running> BatchScheduler::admit(int slot, Request
   seq->admitted = Clock::now();
   if (req->speculative) {
     seq->run = std::make_unique<Decoder::Run>(tokenizer_, *req->params, req->to_caller, model_.config().n_vocab);
+    seq->run->reused_rows = req->reuse_prompt_rows;
     req->source = &seq->run->res.gen;
     return seq;
   }
@@ -346,6 +359,7 @@ void BatchScheduler::retire(Running& seq, std::exception_ptr error) {
       error = std::current_exception();
     }
   }
+  remember_cache(seq, error != nullptr);
   {
     std::lock_guard<std::mutex> lock(mu_);
     req.error = error;
@@ -353,6 +367,24 @@ void BatchScheduler::retire(Running& seq, std::exception_ptr error) {
     req.cv.notify_all();
   }
   seq.req = nullptr;  // erased from running_ by the loop
+}
+
+void BatchScheduler::remember_cache(const Running& seq, bool failed) {
+  SequenceSlot& slot = slots_[seq.slot];
+  const std::vector<int32_t>& prompt = *seq.req->prompt;
+  const std::vector<int32_t>& generated = seq.req->result.gen.tokens;  // final (retire moved a run's result there)
+  // The committed rows hold the prompt, then the generated tokens in the order the sink took them;
+  // rows past those (a speculative step's tokens after the end of generation) are not kept.
+  const int32_t n_past = failed ? 0 : slot.gen->cache().n_past();
+  const int32_t rows = std::min<int32_t>(n_past, int32_t(prompt.size() + generated.size()));
+  slot.cached.clear();
+  const int32_t from_prompt = std::min<int32_t>(rows, int32_t(prompt.size()));
+  slot.cached.insert(slot.cached.end(), prompt.begin(), prompt.begin() + from_prompt);
+  slot.cached.insert(slot.cached.end(), generated.begin(), generated.begin() + (rows - from_prompt));
+  // A speculative generation's decoder holds the statistics of every prompt row it prefilled (and
+  // those it kept); plain decoding overwrote the rows after the ones it kept.
+  slot.decoder_rows = std::min(rows, seq.req->speculative ? from_prompt
+                                                          : std::min(slot.decoder_rows, seq.req->reuse_prompt_rows));
 }
 
 }  // namespace microspec::server

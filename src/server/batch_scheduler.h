@@ -55,10 +55,16 @@ namespace microspec::server {
 // are in the result's gen.logprobs only. Return false to stop.
 using PieceCallback = std::function<bool(std::string_view text, std::span<const TokenLogprob> logprobs)>;
 
-// What one slot keeps across generations: its KV cache (in the Generator) and its Decoder.
+// What one slot keeps across generations: its KV cache (in the Generator) and its Decoder, and
+// what a later generation may take from them (the prefix cache).
 struct SequenceSlot {
   std::unique_ptr<Generator> gen;    // the shared model, this slot's KV cache of n_ctx tokens
   std::unique_ptr<Decoder> decoder;  // the server's speculative settings (--spec none: plain decoding)
+  std::vector<int32_t> cached;       // [<= n_ctx] the tokens the cache's committed rows hold, in order
+  // Leading rows of `cached` whose prompt statistics (K_pre ids, a draft head's features) the
+  // decoder still holds: a speculative generation may reuse only these rows, so that its drafter
+  // begins exactly as after a fresh prefill.
+  int32_t decoder_rows = 0;
 };
 
 // The draft policy: the tree a speculative sequence drafts in one step when `in_flight` sequences
@@ -82,14 +88,17 @@ class BatchScheduler {
   // Generates in slot `slot` (the caller holds it exclusively) as part of the running batch;
   // blocks until the generation ends. speculative: through the slot's drafter (which must exist).
   // Throws what the generation threw (Error: an engine fault).
-  // reuse_prompt_rows: rows [0, reuse_prompt_rows) of the slot's cache already hold prompt[0,
-  // reuse_prompt_rows) (the previous choice of the same request left them there; the caller vouches
-  // for it); a plain generation keeps them and prefills only the rest, which is bitwise what a fresh
-  // prefill gives (the kernels are batch invariant). It must be below the prompt's length (the last
-  // prompt token is run again for its logits row); speculative generations ignore it (their
-  // drafter's state starts from the whole prompt).
+  // reuse_prompt_rows: rows of the slot's cache the generation keeps instead of prefilling them
+  // again, at most reusable_rows(); the rest of the prompt is prefilled after them, which is
+  // bitwise what a fresh prefill gives (the kernels are batch invariant), so the output is the
+  // same token for token, and a speculative generation's drafter begins from the whole prompt.
   SpecResult generate(int slot, const std::vector<int32_t>& prompt, const GenerateParams& params, bool speculative,
                       const PieceCallback& on_piece, int32_t reuse_prompt_rows);
+  // The rows of slot `slot`'s cache a generation of `prompt` may keep: the common prefix of the
+  // slot's cached tokens and the prompt, less the prompt's last token (run again for its logits
+  // row); for a speculative generation also at most the decoder's rows (SequenceSlot). The caller
+  // must hold the slot.
+  int32_t reusable_rows(int slot, const std::vector<int32_t>& prompt, bool speculative) const;
 
   int size() const { return static_cast<int>(slots_.size()); }
   const SequenceSlot& slot(int i) const { return slots_[i]; }
@@ -145,6 +154,8 @@ class BatchScheduler {
   bool take_token(Running& seq);
   // Ends a sequence: final text, timings, result (or error) to its caller.
   void retire(Running& seq, std::exception_ptr error);
+  // Records what the sequence's slot cache holds once it ended (nothing after a failure).
+  void remember_cache(const Running& seq, bool failed);
   // The client left, or the caller's on_text asked to stop.
   bool stop_requested(const Running& seq);
 

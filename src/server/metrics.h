@@ -69,7 +69,8 @@ class Metrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;  // (endpoint, status) -> count
   std::map<std::string, uint64_t> generations_;               // outcome -> count
   uint64_t prompt_tokens_ = 0;
-  uint64_t prompt_tokens_prefilled_ = 0;  // prompt_tokens_ less the rows reused across choices
+  uint64_t prompt_tokens_prefilled_ = 0;  // prompt_tokens_ less the rows taken from a slot's cache
+  uint64_t prompt_tokens_cached_ = 0;     // the rows taken from a slot's cache
   uint64_t completion_tokens_ = 0;
   uint64_t decode_tokens_ = 0;   // tokens produced after prefill, over all generations
   double decode_seconds_ = 0.0;  // their decode time

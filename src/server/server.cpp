@@ -181,11 +181,14 @@ struct Backend {
   // request waits for a slot.
   std::function<void(CompletionRequest&)> admit;
   // Generates the request in slot `slot` (held by the caller); throws what the generation threw.
-  // reuse_prompt_rows: prompt rows the slot's cache still holds from the previous choice of the same
-  // request (BatchScheduler::generate); 0 unless reuses_prompt_rows.
+  // reuse_prompt_rows: rows of the slot's cache it keeps, at most reusable_rows (the prefix cache,
+  // and the prompt shared by a request's choices).
   std::function<SpecResult(int slot, const CompletionRequest&, const PieceCallback&, int32_t reuse_prompt_rows)>
       generate;
-  bool reuses_prompt_rows = false;  // a plain choice after the first keeps the prompt's cache rows
+  // The rows of slot `slot`'s cache a generation of the request may keep (0: a backend that keeps none).
+  std::function<int32_t(int slot, const CompletionRequest&)> reusable_rows;
+  // The tokens slot `slot`'s cache holds after a generation (empty: a backend that keeps none).
+  std::function<std::span<const int32_t>(int slot)> cached_tokens;
   std::shared_ptr<void> engine;  // what admit and generate run on, kept alive with them
 };
 
@@ -228,7 +231,10 @@ Backend cpu_backend(const ServerOptions& o, const GgufFile& file, const Tokenize
                                int32_t reuse_prompt_rows) {
         return scheduler.generate(slot, r.prompt_ids, r.params, r.speculative, on_piece, reuse_prompt_rows);
       },
-      .reuses_prompt_rows = true,
+      .reusable_rows = [&scheduler](int slot, const CompletionRequest& r) {
+        return scheduler.reusable_rows(slot, r.prompt_ids, r.speculative);
+      },
+      .cached_tokens = [&scheduler](int slot) { return std::span<const int32_t>(scheduler.slot(slot).cached); },
       .engine = engine};
 }
 
@@ -281,6 +287,8 @@ Backend cuda_backend(const ServerOptions& o, const GgufFile& file, const Tokeniz
             return gen->generate(r.prompt_ids, r.params, on_text,
                                  r.speculative ? Drafting::Speculative : Drafting::Plain);
           },
+      .reusable_rows = [](int, const CompletionRequest&) { return 0; },  // the device prefills every prompt
+      .cached_tokens = [](int) { return std::span<const int32_t>(); },
       .engine = device};
 }
 
@@ -568,7 +576,7 @@ class Server {
     job.ids.created = static_cast<int64_t>(std::time(nullptr));
     job.ids.model = model_name_;
     if (reply.ex->cancelled()) return;  // the client left while it waited for a worker
-    switch (pool_->acquire(&job.lease, &job.queue_seconds)) {
+    switch (pool_->acquire(job.request.prompt_ids, &job.lease, &job.queue_seconds)) {
       case SlotPool::Status::Ok:
         break;
       case SlotPool::Status::QueueFull:
@@ -585,44 +593,47 @@ class Server {
       job.stopped_for_shutdown = true;
       return false;
     };
-    // The choices one after another in this slot (see choice_reuse for their shared prompt rows).
+    // The choices one after another in this slot, sharing the prompt's cache rows.
     std::vector<json> answers;
     answers.reserve(size_t(job.request.n));
-    int32_t reuse = 0;
     for (int32_t choice = 0; choice < job.request.n; ++choice) {
-      const GenerationReport report = generate(job, on_piece, choice, reuse);
+      const GenerationReport report = generate(job, on_piece, choice);
       if (job.stopped_for_shutdown || job.client_gone()) break;
-      reuse = choice_reuse(job, report);
       const LogprobRows& rows = report.result.gen.logprobs;
       size_t text_offset = 0;
       const LogprobsOut lp{.tokenizer = &tokenizer_, .top = rows.top, .entries = rows.entries, .text_offset = &text_offset};
       answers.push_back(answer_json(endpoint, job.ids, report, job.request.params.logprobs.enabled ? &lp : nullptr));
     }
-    job.lease.reset();
+    release_slot(job);
     if (job.stopped_for_shutdown)
       throw ApiError(503, "The server is shutting down; the generation was stopped.", "", "server_shutting_down");
     if (job.client_gone()) return;  // nobody to answer
     reply.json_answer(200, merge_choice_answers(answers));
   }
 
-  // The prompt rows the next choice may take from the slot's cache after `done`, the previous
-  // choice in the same slot: all but the last (run again for its logits row) when that choice
-  // decoded plainly and produced a token (its whole prompt was in the cache, and generation only
-  // appends after it); none for speculative choices (each drafter starts from its own prefill) or
-  // on a backend that does not keep them.
-  int32_t choice_reuse(const Job& job, const GenerationReport& done) const {
-    const int32_t prompt = static_cast<int32_t>(job.request.prompt_ids.size());
-    if (!backend_.reuses_prompt_rows || job.request.speculative || done.result.gen.tokens.empty()) return 0;
-    return std::max(0, prompt - 1);
+  // Whether the job keeps and reuses cache rows across requests: the prefix cache (--no-cache-prompt
+  // and the request's cache_prompt: false turn it off).
+  bool caches_prompt(const Job& job) const { return opt_.cache_prompt && job.request.cache_prompt; }
+
+  // Frees the job's slot; with the prefix cache on in the server, the pool first remembers what its
+  // cache holds (whether or not this request used the cache), so that a later request that
+  // continues it is given this slot.
+  void release_slot(Job& job) {
+    if (!job.lease) return;
+    if (opt_.cache_prompt) job.lease->remember(backend_.cached_tokens(job.lease->index()));
+    job.lease.reset();
   }
 
   // Runs the job's generation in its slot; records metrics and a log line. What fails inside the
   // generation is thrown as the ApiError of generation_error (500: the request was already validated).
-  // choice: which of the request's n choices (its seed is choice_seed(job.seed, choice)); reuse: the
-  // prompt rows it takes from the previous choice (choice_reuse).
-  GenerationReport generate(Job& job, const PieceCallback& on_piece, int32_t choice, int32_t reuse) {
+  // choice: which of the request's n choices (its seed is choice_seed(job.seed, choice)). It keeps
+  // the slot's cache rows it can (BatchScheduler::reusable_rows): those a previous request left
+  // (the prefix cache) or, for a choice after the first, the prompt's.
+  GenerationReport generate(Job& job, const PieceCallback& on_piece, int32_t choice) {
     job.request.params.sampling.seed = choice_seed(job.seed, choice);
     const CompletionRequest& r = job.request;
+    const int32_t reuse =
+        choice > 0 || caches_prompt(job) ? backend_.reusable_rows(job.lease->index(), r) : 0;
     GenerationReport report;
     report.prompt_rows_reused = reuse;
     report.speculative = r.speculative;
@@ -696,26 +707,24 @@ class Server {
     std::vector<GenerationReport> reports;
     reports.reserve(size_t(job.request.n));
     std::string failure;
-    int32_t reuse = 0;
     for (; choice < job.request.n; ++choice) {
       if (endpoint == Endpoint::Chat && !event(chunk_json(endpoint, job.ids, "", true, nullptr, usage_null, nullptr)))
         break;
       entries_sent = text_offset = 0;
       try {
-        reports.push_back(generate(job, on_piece, choice, reuse));
+        reports.push_back(generate(job, on_piece, choice));
       } catch (const ApiError& e) {
         failure = e.what();
         break;
       }
       if (job.client_gone() || job.stopped_for_shutdown) break;
-      reuse = choice_reuse(job, reports.back());
       const GenerationReport& report = reports.back();
       const std::vector<TokenLogprob>& all = report.result.gen.logprobs.entries;
       const LogprobsOut lp = logprobs_of(std::span<const TokenLogprob>(all).subspan(std::min(entries_sent, all.size())));
       event(chunk_json(endpoint, job.ids, "", false, finish_reason(report.result.gen), usage_null,
                        want.enabled ? &lp : nullptr));
     }
-    job.lease.reset();  // the slot is free before the closing writes
+    release_slot(job);  // the slot is free before the closing writes
     if (!job.client_gone()) {
       if (!failure.empty()) {
         event(error_body(500, failure, "", "generation_failed"));

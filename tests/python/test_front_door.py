@@ -17,7 +17,7 @@ import subprocess
 import pytest
 
 from repo_paths import BIN, MODELS
-from server_helpers import ServerProcess, http
+from server_helpers import ServerProcess, http, metrics
 
 SMOL = MODELS["smollm2"]
 PROMPT = "The capital of France is"
@@ -98,16 +98,29 @@ def chat_once(server):
     status, _, body = http(server, "POST", "/v1/chat/completions",
                            {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0})
     assert status == 200, body
-    return body["id"]
+    return body
 
 
 @pytest.mark.parametrize("verbosity", [3, 4])
 def test_server_log_lines_have_time_level_and_request_id(verbosity):
-    s = ServerProcess(SMOL, "-np", 2, "-lv", verbosity)
+    # The second server also runs without the prefix cache (--no-cache-prompt): the same request
+    # again is served from the slot's cache by the first server only.
+    cache_flags = ["--no-cache-prompt"] if verbosity == 4 else []
+    s = ServerProcess(SMOL, "-np", 2, "-lv", verbosity, *cache_flags)
     try:
         status, _, health = http(s, "GET", "/health")
         assert status == 200 and health["slots"] == 2, health
-        request_id = chat_once(s)
+        first = chat_once(s)
+        request_id = first["id"]
+        again = chat_once(s)
+        assert again["choices"] == first["choices"]
+        cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        if cache_flags:
+            assert cached == 0 and metrics(s)["microspec_prompt_tokens_cached_total"] == 0
+        else:
+            assert cached == again["usage"]["prompt_tokens"] - 1, again["usage"]
+            assert metrics(s)["microspec_prompt_tokens_cached_total"] == cached
     finally:
         assert s.terminate() == 0, s.stderr_text()
     lines = s.stderr_text().splitlines()

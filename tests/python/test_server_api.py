@@ -510,7 +510,7 @@ def test_greedy_choices_are_identical_and_the_prompt_is_prefilled_once(server, c
     kw = dict(max_tokens=16, extra_body=SPEC_OFF)
     one = chat(client, N_CHOICES_PROMPT, **kw)
     before = metrics(server)
-    r = chat(client, N_CHOICES_PROMPT, n=2, **kw)
+    r = chat(client, N_CHOICES_PROMPT, n=2, max_tokens=16, extra_body={**SPEC_OFF, "cache_prompt": False})
     after = metrics(server)
     assert [c.message.content for c in r.choices] == [one.choices[0].message.content] * 2
     assert [c.index for c in r.choices] == [0, 1]
@@ -518,6 +518,13 @@ def test_greedy_choices_are_identical_and_the_prompt_is_prefilled_once(server, c
     prompt = one.usage.prompt_tokens
     grew = lambda name: after[name] - before[name]
     assert grew("microspec_prompt_tokens_total") == 2 * prompt
-    # The second choice recomputes only the prompt's last row (for its logits).
+    # Without the prefix cache the first choice prefills the prompt; the second recomputes only
+    # the prompt's last row (for its logits).
     assert grew("microspec_prompt_tokens_prefilled_total") == prompt + 1
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    # With it (the default) the first choice finds the prompt in the slot's cache as well.
+    cached = chat(client, N_CHOICES_PROMPT, n=2, **kw)
+    assert [c.message.content for c in cached.choices] == [c.message.content for c in r.choices]
+    assert metrics(server)["microspec_prompt_tokens_prefilled_total"] - after["microspec_prompt_tokens_prefilled_total"] == 2
+    assert cached.usage.prompt_tokens_details.cached_tokens == prompt - 1
 

@@ -203,6 +203,91 @@ def test_speculative_clients_draft_together_and_get_their_single_stream_outputs(
     assert drafted_together(server, before, len(chosen)) > 0
 
 
+# The prefix cache: 16 three-turn conversations at once, of mixed kinds (plain and speculative,
+# greedy, seeded sampling, penalties, two choices, streamed and not, log-probabilities).
+FOLLOW_UPS = ["Tell me more about that.", "Now say it in one short sentence."]
+CONVERSATION_KINDS = [
+    {"extra_body": SPEC_OFF},
+    {},
+    {"seed": 5, "extra_body": SPEC_OFF, **SAMPLING},
+    {"seed": 6, **SAMPLING},
+    {"presence_penalty": 0.6, "frequency_penalty": 0.3},
+    {"n": 2, "seed": 7, "extra_body": SPEC_OFF, **SAMPLING},
+    {"logprobs": True, "top_logprobs": 2},
+    {"extra_body": {"microspec": {"spec": "none"}, "repeat_penalty": 1.2}},
+]
+
+
+def converse(server, k, cache_prompt, barrier, out):
+    """Conversation k: three turns, each continuing the conversation with the first choice's answer.
+    out[k]: per turn, (the choices' texts, logprobs or None, prompt_tokens, cached_tokens)."""
+    kind = CONVERSATION_KINDS[k % len(CONVERSATION_KINDS)]
+    extra_body = {**kind.get("extra_body", {}), "cache_prompt": cache_prompt}
+    stream = k % 3 == 0
+    messages = [{"role": "user", "content": PROMPTS[k % len(PROMPTS)]}]
+    client = openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0, timeout=300)
+    turns = []
+    barrier.wait()
+    try:
+        for turn in range(3):
+            kw = {"model": "m", "messages": messages, "max_tokens": N_TOKENS, "temperature": 0,
+                  **{key: v for key, v in kind.items() if key != "extra_body"}, "extra_body": extra_body}
+            if stream:
+                texts, usage = {}, None
+                for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+                    for c in chunk.choices:
+                        texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+                    usage = chunk.usage or usage
+                texts, logprobs = [texts[i] for i in sorted(texts)], None
+            else:
+                r = client.chat.completions.create(**kw)
+                texts, usage = [c.message.content for c in r.choices], r.usage
+                logprobs = ([(t.token, t.logprob) for t in r.choices[0].logprobs.content]
+                            if r.choices[0].logprobs else None)
+            turns.append((texts, logprobs, usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens))
+            messages = messages + [{"role": "assistant", "content": texts[0]},
+                                   {"role": "user", "content": FOLLOW_UPS[min(turn, 1)]}]
+        out[k] = turns
+    except Exception as e:  # reported by the comparison
+        out[k] = "error: %r" % e
+    finally:
+        client.close()
+
+
+def conversations_at_once(server, cache_prompt):
+    out = [None] * 16
+    barrier = threading.Barrier(len(out))
+    threads = [threading.Thread(target=converse, args=(server, k, cache_prompt, barrier, out)) for k in range(len(out))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_prompt_cache_on_equals_off_across_sixteen_mixed_conversations(server):
+    """Sixteen clients hold three-turn conversations at once, with the prefix cache and then with
+    cache_prompt: false: every turn's answers (and log-probabilities) are the same token for token.
+    With the cache each later turn was served its conversation's earlier prompt from the slot that
+    holds it (usage.prompt_tokens_details.cached_tokens, /metrics); without, nothing."""
+    before = metrics(server)
+    cached = conversations_at_once(server, cache_prompt=True)
+    middle = metrics(server)
+    fresh = conversations_at_once(server, cache_prompt=False)
+    assert all(isinstance(turns, list) for turns in cached + fresh), (cached, fresh)
+    answers = lambda turns: [turn[:3] for turn in turns]  # texts, logprobs, prompt_tokens
+    assert [answers(t) for t in cached] == [answers(t) for t in fresh]
+    for turns in fresh:
+        assert all(cached_tokens == 0 for *_, cached_tokens in turns)
+    for turns in cached:
+        for previous, now in zip(turns, turns[1:]):
+            # The previous turn's whole prompt at least (a speculative decoder's statistics cover that).
+            assert now[3] >= previous[2], turns
+    served = sum(turn[3] for turns in cached for turn in turns)
+    assert served > 0
+    assert middle["microspec_prompt_tokens_cached_total"] - before["microspec_prompt_tokens_cached_total"] >= served
+
+
 def test_draft_model_slots_share_one_draft_model_and_draft_together():
     """--spec draft (SmolLM2 drafting for itself): every slot runs on one copy of the draft model, so
     three clients' tree levels are drafted in one forward call; answers equal the CLI's."""
