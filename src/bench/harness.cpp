@@ -210,6 +210,9 @@ BenchOptions checked_options(BenchOptions a) {
   if (a.sweep.size() && a.ablation) throw Error("give --sweep or --ablation, not both");
   for (const std::string& p : a.peers)
     if (p != "llama.cpp") throw Error("--peers: unknown peer '" + p + "' (peers: llama.cpp)");
+  if (const char* field = first_active_penalty(a.penalties, a.min_p); field && !a.peers.empty())
+    throw Error(std::string("--peers: the peers run without penalties or filters, so their outputs and speeds "
+                            "would not compare; drop ") + field + " or --peers");
   return a;
 }
 
@@ -277,6 +280,8 @@ OwnRun run_own_methods(const BenchOptions& a, BenchRunner& runner, const std::ve
   ro.params.sampling.top_k = a.top_k;
   ro.params.sampling.top_p = a.top_p;
   ro.params.sampling.seed = static_cast<uint64_t>(a.seed);
+  ro.params.sampling.min_p = a.min_p;
+  ro.params.penalties = a.penalties;
   ro.repeats = a.repeats;
 
   std::vector<std::string> labels;
@@ -365,6 +370,12 @@ nlohmann::json run_metadata(const BenchOptions& a, const std::vector<BenchQuesti
           {"per_category", a.per_category},
           {"max_new_tokens", a.max_new_tokens},
           {"temperature", a.temperature},
+          {"min_p", a.min_p},
+          {"repeat_penalty", a.penalties.repeat_penalty},
+          {"repeat_last_n", a.penalties.repeat_last_n},
+          {"presence_penalty", a.penalties.presence_penalty},
+          {"frequency_penalty", a.penalties.frequency_penalty},
+          {"logit_bias", a.penalties.logit_bias},
           {"greedy", is_greedy(a)},
           {"repeats", a.repeats},
           {"ignore_eos", a.ignore_eos},

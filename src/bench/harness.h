@@ -11,6 +11,7 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "sampling/penalties.h"
 #include "speculative/settings.h"
 #include "tokenizer/tokenizer.h"
 
@@ -35,6 +36,8 @@ struct BenchOptions {
   int top_k = 40;
   float top_p = 0.95f;
   int64_t seed = 0;
+  PenaltyParams penalties;  // --repeat-penalty, --presence-penalty, ..., --logit-bias (every method, plain too)
+  float min_p = 0.0f;
   bool ignore_eos = false;
   std::string output;
   std::vector<std::string> peers;

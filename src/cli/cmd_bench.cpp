@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "bench/harness.h"
 #include "cli/commands.h"
@@ -14,10 +16,12 @@ namespace {
 struct BenchArgs {
   ModelArgs model;
   bench::BenchOptions bench;
+  std::vector<std::string> logit_bias;  // --logit-bias TOKEN_ID(+/-)BIAS
 };
 
 void run_bench(const BenchArgs& a) {
   bench::BenchOptions o = a.bench;
+  o.penalties.logit_bias = parse_logit_bias_flags(a.logit_bias);
   o.model_path = a.model.model_path;
   o.n_ctx = a.model.n_ctx;
   o.n_batch = a.model.n_batch;
@@ -59,6 +63,7 @@ void add_bench_command(CLI::App& app) {
                               .min_seed = 0,
                               .seed_help = "sampling seed (question i uses seed + i for every method)"});
 
+  add_penalty_options(*cmd, {.penalties = b.penalties, .min_p = b.min_p, .logit_bias = args->logit_bias});
   add_spec_options(*cmd, b.spec);
 
   cmd->option_defaults()->group(group::kBenchmark);

@@ -130,6 +130,8 @@ def test_llama_cpp_peer_rows(tmp_path):
     (["--methods", "ar,full", "--sweep", "bogus=1,2"], "unknown speculative setting 'bogus'"),
     (["--methods", "ar,full", "--sweep", "tree-tokens=2", "--ablation"], "not both"),
     (["--peers", "vllm"], "unknown peer 'vllm'"),
+    (["--peers", "llama.cpp", "--presence-penalty", "0.5"], "the peers run without penalties"),
+    (["--logit-bias", "7x"], "--logit-bias: expected TOKEN_ID(+/-)BIAS"),
     (["--categories", "poetry"], "no category 'poetry'"),
     (["--coverage-csv", "/nonexistent.csv"], "/nonexistent.csv: cannot open file"),
 ])
@@ -162,3 +164,23 @@ def test_plot_script_rejects_bad_summary(tmp_path):
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plot_report.py"), str(bad)], capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2 and "not a bench summary" in p.stderr
+
+
+def test_penalties_apply_to_every_method(tmp_path):
+    """bench takes generate's penalty flags: every method decodes with them (the n-gram drafter's
+    output still equals plain decoding's, penalised alike), they are in the run's settings, and
+    they change the output."""
+    def run(out, extra):
+        p = bench(["--methods", "ar,ngram", "--categories", "coding", "--per-category", "1", "-n", "24",
+                   "--no-plots", *extra], out, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["passed"] is True and summary["mismatches"] == []
+        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+        return summary, [t["tokens"] for r in records if r["method"] == "ar" for t in r["turns"]]
+
+    summary, penalised = run(tmp_path / "penalised", ["--repeat-penalty", "1.3", "--frequency-penalty", "0.5"])
+    assert summary["run"]["repeat_penalty"] == pytest.approx(1.3)
+    assert summary["run"]["frequency_penalty"] == pytest.approx(0.5)
+    _, plain = run(tmp_path / "plain", [])
+    assert penalised != plain
