@@ -99,8 +99,10 @@ void expect_same(const SpecResult& cached, const SpecResult& fresh, const std::s
   EXPECT_EQ(cached.gen.finish, fresh.gen.finish) << what;
   ASSERT_EQ(cached.gen.logprobs.entries.size(), fresh.gen.logprobs.entries.size()) << what;
   for (size_t i = 0; i < fresh.gen.logprobs.entries.size(); ++i) {
-    EXPECT_EQ(cached.gen.logprobs.entries[i].token, fresh.gen.logprobs.entries[i].token) << what << " entry " << i;
-    EXPECT_EQ(cached.gen.logprobs.entries[i].logprob, fresh.gen.logprobs.entries[i].logprob) << what << " entry " << i;
+    EXPECT_EQ(cached.gen.logprobs.entries[i].token, fresh.gen.logprobs.entries[i].token)
+        << what << " entry " << i;
+    EXPECT_EQ(cached.gen.logprobs.entries[i].logprob, fresh.gen.logprobs.entries[i].logprob)
+        << what << " entry " << i;
   }
 }
 
@@ -109,14 +111,16 @@ void expect_same(const SpecResult& cached, const SpecResult& fresh, const std::s
 void second_turn_equals_fresh(SpecMode mode) {
   test::require_file(test::smollm_path());
   CachedSlot s(mode);
-  const Tokens first = s.tok->encode("<|im_start|>user\nName three rivers in Europe.<|im_end|>\n<|im_start|>assistant\n",
-                                     /*add_bos=*/false, /*parse_special=*/true);
-  const Tokens more = s.tok->encode("<|im_end|>\n<|im_start|>user\nWhich one is the longest?<|im_end|>\n<|im_start|>assistant\n",
-                                    /*add_bos=*/false, /*parse_special=*/true);
+  const Tokens first =
+      s.tok->encode("<|im_start|>user\nName three rivers in Europe.<|im_end|>\n<|im_start|>assistant\n",
+                    /*add_bos=*/false, /*parse_special=*/true);
+  const Tokens more = s.tok->encode(
+      "<|im_end|>\n<|im_start|>user\nWhich one is the longest?<|im_end|>\n<|im_start|>assistant\n",
+      /*add_bos=*/false, /*parse_special=*/true);
   for (const bool speculative : {false, true}) {
     for (const float temperature : {0.0f, 0.8f}) {
-      const std::string what = std::string(speculative ? "speculative" : "plain") +
-                               (temperature > 0 ? " sampled" : " greedy");
+      const std::string what =
+          std::string(speculative ? "speculative" : "plain") + (temperature > 0 ? " sampled" : " greedy");
       const GenerateParams params = params_for(7, temperature);
       const SpecResult one = s.run(first, params, speculative, 0);
       ASSERT_FALSE(one.gen.tokens.empty()) << what;
@@ -135,8 +139,9 @@ void second_turn_equals_fresh(SpecMode mode) {
       expect_same(cached, fresh, what);
       EXPECT_GT(cached.gen.tokens.size(), 0u) << what;
       // More than the slot can give is refused, never silently wrong.
-      EXPECT_NE(test::error_of([&] { s.run(second, params, speculative, int32_t(second.size())); })
-                    .find("reused rows"),
+      EXPECT_NE(test::error_of([&] {
+                  s.run(second, params, speculative, int32_t(second.size()));
+                }).find("reused rows"),
                 std::string::npos);
     }
   }
@@ -150,8 +155,12 @@ void second_turn_equals_fresh(SpecMode mode) {
   EXPECT_EQ(s.scheduler->reusable_rows(0, longer, false), int32_t(longer.size()) - 1);
 }
 
-TEST(PromptCache, SecondTurnEqualsAFreshPrefillSelfDraft) { second_turn_equals_fresh(SpecMode::Self); }
-TEST(PromptCache, SecondTurnEqualsAFreshPrefillNgram) { second_turn_equals_fresh(SpecMode::Ngram); }
+TEST(PromptCache, SecondTurnEqualsAFreshPrefillSelfDraft) {
+  second_turn_equals_fresh(SpecMode::Self);
+}
+TEST(PromptCache, SecondTurnEqualsAFreshPrefillNgram) {
+  second_turn_equals_fresh(SpecMode::Ngram);
+}
 
 }  // namespace
 }  // namespace microspec::server

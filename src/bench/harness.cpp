@@ -211,8 +211,10 @@ BenchOptions checked_options(BenchOptions a) {
   for (const std::string& p : a.peers)
     if (p != "llama.cpp") throw Error("--peers: unknown peer '" + p + "' (peers: llama.cpp)");
   if (const char* field = first_active_penalty(a.penalties, a.min_p); field && !a.peers.empty())
-    throw Error(std::string("--peers: the peers run without penalties or filters, so their outputs and speeds "
-                            "would not compare; drop ") + field + " or --peers");
+    throw Error(
+        std::string("--peers: the peers run without penalties or filters, so their outputs and speeds "
+                    "would not compare; drop ") +
+        field + " or --peers");
   return a;
 }
 

@@ -36,7 +36,8 @@ struct BenchOptions {
   int top_k = 40;
   float top_p = 0.95f;
   int64_t seed = 0;
-  PenaltyParams penalties;  // --repeat-penalty, --presence-penalty, ..., --logit-bias (every method, plain too)
+  // --repeat-penalty, --presence-penalty, ..., --logit-bias: every method decodes with them, ar too.
+  PenaltyParams penalties;
   float min_p = 0.0f;
   bool ignore_eos = false;
   std::string output;

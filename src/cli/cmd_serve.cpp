@@ -87,10 +87,11 @@ void add_serve_command(CLI::App& app) {
                   "pieces while the other sequences keep decoding)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_flag("!--no-cache-prompt", s.cache_prompt,
-               "keep no slot's cache for later requests (the prefix cache: by default a request continuing a "
-               "previous one, such as the next turn of a chat, goes to the slot holding its longest prefix and "
-               "prefills only the rest)");
+  cmd->add_flag(
+      "!--no-cache-prompt", s.cache_prompt,
+      "keep no slot's cache for later requests (the prefix cache: by default a request continuing a "
+      "previous one, such as the next turn of a chat, goes to the slot holding its longest prefix and "
+      "prefills only the rest)");
   cmd->add_option("--spec-max-batch", s.spec_max_batch,
                   "with --spec: sequences in flight up to which speculative sequences still draft (the configured "
                   "tree up to half of it, a chain of 2 tokens up to it, nothing above; 0: draft only when alone)")

@@ -141,7 +141,7 @@ class Decoder {
     // last prefilled by this decoder (so its K_pre ids and head features of those rows are kept
     // too). The drafter still begins from the whole prompt, exactly as after a fresh prefill.
     int32_t reused_rows = 0;
-    bool prefill_begun = false;  // start_piece began the prefill
+    bool prefill_begun = false;                           // start_piece began the prefill
     std::chrono::steady_clock::time_point prefill_start;  // when the first prompt piece ran
     std::chrono::steady_clock::time_point verify_start;  // when the current step's rows were handed out
   };

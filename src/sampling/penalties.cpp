@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "util/error.h"
@@ -22,9 +23,9 @@ void PenaltyParams::validate(int64_t n_vocab) const {
     if (token < 0 || token >= n_vocab)
       throw Error("logit_bias: token id " + std::to_string(token) + " is not in the vocabulary (0 to " +
                   std::to_string(n_vocab - 1) + ")");
-    if (!(bias >= -100.0f && bias <= 100.0f))
-      throw Error("logit_bias: the bias of token " + std::to_string(token) + " must be in [-100, 100], got " +
-                  std::to_string(bias));
+    if (!(bias >= -100.0f && bias <= 100.0f) && bias != -std::numeric_limits<float>::infinity())
+      throw Error("logit_bias: the bias of token " + std::to_string(token) +
+                  " must be in [-100, 100] or -infinity (never), got " + std::to_string(bias));
   }
 }
 

@@ -29,7 +29,7 @@ struct PenaltyParams {
   int32_t repeat_last_n = 64;      // -1: the whole context, 0: off
   float presence_penalty = 0.0f;   // OpenAI: [-2, 2]
   float frequency_penalty = 0.0f;  // OpenAI: [-2, 2]
-  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100])
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100] or -inf: never)
   // Whether anything changes a row.
   bool active() const {
     return (repeat_penalty != 1.0f && repeat_last_n != 0) || presence_penalty != 0.0f ||

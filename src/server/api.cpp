@@ -260,41 +260,77 @@ void reject_non_neutral_sampling(const json& body) {
                      f.key, "unsupported_parameter");
 }
 
-// OpenAI's logit_bias: an object mapping token ids (as strings) to biases in [-100, 100]. An empty
-// array counts as no bias (some clients send one).
-std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& body, int32_t n_vocab) {
+// A logit_bias entry's bias: a number in [-100, 100], or false (llama.cpp's: the token is never
+// produced, a bias of -infinity).
+float logit_bias_value(const json& value, const std::string& token, const std::string& param) {
+  if (value.is_boolean() && !value.get<bool>()) return -std::numeric_limits<float>::infinity();
+  if (!value.is_number()) wrong_type(param, "a number in [-100, 100] or false (never)", value);
+  const double b = value.get<double>();
+  if (!(b >= -100.0 && b <= 100.0))
+    throw ApiError(400,
+                   "Invalid 'logit_bias': the bias of token " + token + " must be in [-100, 100], got " +
+                       number_text(b) + ".",
+                   "logit_bias", "invalid_value");
+  return float(b);
+}
+
+int32_t logit_bias_token(long long id, const std::string& shown, int32_t n_vocab) {
+  if (id < 0 || id >= n_vocab)
+    throw ApiError(400,
+                   "Invalid 'logit_bias': " + shown + " is not a token id of this model's vocabulary (0 to " +
+                       std::to_string(n_vocab - 1) + ").",
+                   "logit_bias", "invalid_value");
+  return int32_t(id);
+}
+
+// logit_bias in OpenAI's shape, an object mapping token ids (as strings) to biases, or llama.cpp's,
+// an array of [token, bias] pairs where the token is an id or a text (each of its tokens biased).
+// An empty array counts as no bias (some clients send one).
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& body, const Tokenizer& tok) {
   std::vector<std::pair<int32_t, float>> out;
   const json* bias = field(body, "logit_bias");
-  if (!bias || (bias->is_array() && bias->empty())) return out;
-  if (!bias->is_object()) wrong_type("logit_bias", "an object mapping token ids to biases", *bias);
-  for (const auto& [key, value] : bias->items()) {
-    const std::string param = "logit_bias." + key;
-    size_t used = 0;
-    long long id = -1;
-    try {
-      id = std::stoll(key, &used);
-    } catch (const std::exception&) {
-      used = 0;
+  const int32_t n_vocab = tok.n_vocab();
+  if (!bias) return out;
+  if (bias->is_object()) {
+    for (const auto& [key, value] : bias->items()) {
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != key.size() || key.empty()) id = -1;
+      out.emplace_back(logit_bias_token(id, "'" + key + "'", n_vocab),
+                       logit_bias_value(value, key, "logit_bias." + key));
     }
-    if (used != key.size() || key.empty() || id < 0 || id >= n_vocab)
-      throw ApiError(400,
-                     "Invalid 'logit_bias': '" + key + "' is not a token id of this model's vocabulary (0 to " +
-                         std::to_string(n_vocab - 1) + ").",
-                     "logit_bias", "invalid_value");
-    if (!value.is_number()) wrong_type(param, "a number", value);
-    const double b = value.get<double>();
-    if (!(b >= -100.0 && b <= 100.0))
-      throw ApiError(400,
-                     "Invalid 'logit_bias': the bias of token " + key + " must be in [-100, 100], got " +
-                         number_text(b) + ".",
-                     "logit_bias", "invalid_value");
-    out.emplace_back(int32_t(id), float(b));
+    return out;
+  }
+  if (!bias->is_array())
+    wrong_type("logit_bias", "an object mapping token ids to biases, or an array of [token, bias] pairs",
+               *bias);
+  for (const json& pair : *bias) {
+    if (!pair.is_array() || pair.size() != 2 || !(pair[0].is_number_integer() || pair[0].is_string()))
+      wrong_type("logit_bias", "[token id or text, bias] pairs", pair);
+    if (pair[0].is_number_integer()) {
+      const long long id = pair[0].get<long long>();
+      out.emplace_back(logit_bias_token(id, std::to_string(id), n_vocab),
+                       logit_bias_value(pair[1], std::to_string(id), "logit_bias"));
+      continue;
+    }
+    const std::string text = pair[0].get<std::string>();
+    const std::vector<int32_t> ids = tok.encode(text, /*add_bos=*/false, /*parse_special=*/false);
+    if (ids.empty())
+      throw ApiError(400, "Invalid 'logit_bias': the text \"" + text + "\" has no tokens.", "logit_bias",
+                     "invalid_value");
+    const float b = logit_bias_value(pair[1], "\"" + text + "\"", "logit_bias");
+    for (const int32_t id : ids) out.emplace_back(id, b);
   }
   return out;
 }
 
 // Penalties and logit bias (OpenAI's and llama.cpp's names; sampling/penalties.h applies them).
-PenaltyParams parse_penalties(const json& body, int32_t n_vocab) {
+PenaltyParams parse_penalties(const json& body, const Tokenizer& tok) {
   PenaltyParams p;
   p.presence_penalty = static_cast<float>(number_field(body, "presence_penalty", -2.0, 2.0, 0.0));
   p.frequency_penalty = static_cast<float>(number_field(body, "frequency_penalty", -2.0, 2.0, 0.0));
@@ -305,7 +341,7 @@ PenaltyParams parse_penalties(const json& body, int32_t n_vocab) {
                    "repeat_penalty", "below_minimum");
   p.repeat_penalty = static_cast<float>(repeat);
   p.repeat_last_n = static_cast<int32_t>(integer_field(body, "repeat_last_n", -1, INT32_MAX, 64));
-  p.logit_bias = parse_logit_bias(body, n_vocab);
+  p.logit_bias = parse_logit_bias(body, tok);
   return p;
 }
 
@@ -581,7 +617,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   r.params.sampling.top_p = static_cast<float>(number_field(body, "top_p", 0.0, 1.0, 0.95));
   r.params.sampling.top_k = static_cast<int>(integer_field(body, "top_k", 0, INT32_MAX, 40));
   r.params.sampling.min_p = static_cast<float>(number_field(body, "min_p", 0.0, 1.0, 0.0));
-  r.params.penalties = parse_penalties(body, tok.n_vocab());
+  r.params.penalties = parse_penalties(body, tok);
   if (const json* seed = field(body, "seed")) {
     if (!seed->is_number_integer()) wrong_type("seed", "an integer", *seed);
     r.params.sampling.seed =

@@ -61,7 +61,8 @@ struct CompletionRequest {
   std::vector<int32_t> prompt_ids;
   GenerateParams params;  // max_new_tokens: the request's max_tokens, else the rest of the context
   bool stream = false;
-  bool cache_prompt = true;    // llama.cpp's field: false keeps no cache rows (the server's --no-cache-prompt for one request)
+  // llama.cpp's cache_prompt: false keeps no rows an earlier request left (--no-cache-prompt for one request).
+  bool cache_prompt = true;
   bool include_usage = false;  // stream_options.include_usage: a last chunk carrying usage
   bool speculative = false;    // run through the slot's speculative decoder
   std::string spec_note;       // why speculation is off although the server has it ("" if on or never)
@@ -97,7 +98,8 @@ struct GenerationReport {
   std::string spec_note;
   double queue_seconds = 0.0;  // waiting for a free slot
   std::string device = "cpu";  // "cuda": the CUDA backend ran it (it counts a step's parts, never times them)
-  int32_t prompt_rows_reused = 0;  // prompt rows the slot's cache already held (prefix cache, earlier choice): not prefilled
+  // Prompt rows the slot's cache already held (prefix cache, an earlier choice): not prefilled.
+  int32_t prompt_rows_reused = 0;
 };
 
 // "usage" with the microspec extension (speculative statistics, timings).

@@ -120,7 +120,8 @@ SpecResult BatchScheduler::generate(int slot, const std::vector<int32_t>& prompt
 int32_t BatchScheduler::reusable_rows(int slot, const std::vector<int32_t>& prompt, bool speculative) const {
   if (slot < 0 || slot >= size()) throw Error("scheduler: no slot " + std::to_string(slot));
   const SequenceSlot& s = slots_[slot];
-  const auto [mismatch, unused] = std::mismatch(s.cached.begin(), s.cached.end(), prompt.begin(), prompt.end());
+  const auto [mismatch, unused] =
+      std::mismatch(s.cached.begin(), s.cached.end(), prompt.begin(), prompt.end());
   int32_t rows = static_cast<int32_t>(mismatch - s.cached.begin());
   rows = std::min(rows, static_cast<int32_t>(prompt.size()) - 1);  // the last prompt row is run again
   if (speculative) rows = std::min(rows, s.decoder_rows);
@@ -372,7 +373,7 @@ void BatchScheduler::retire(Running& seq, std::exception_ptr error) {
 void BatchScheduler::remember_cache(const Running& seq, bool failed) {
   SequenceSlot& slot = slots_[seq.slot];
   const std::vector<int32_t>& prompt = *seq.req->prompt;
-  const std::vector<int32_t>& generated = seq.req->result.gen.tokens;  // final (retire moved a run's result there)
+  const std::vector<int32_t>& generated = seq.req->result.gen.tokens;  // retire moved a run's result here
   // The committed rows hold the prompt, then the generated tokens in the order the sink took them;
   // rows past those (a speculative step's tokens after the end of generation) are not kept.
   const int32_t n_past = failed ? 0 : slot.gen->cache().n_past();
@@ -383,8 +384,8 @@ void BatchScheduler::remember_cache(const Running& seq, bool failed) {
   slot.cached.insert(slot.cached.end(), generated.begin(), generated.begin() + (rows - from_prompt));
   // A speculative generation's decoder holds the statistics of every prompt row it prefilled (and
   // those it kept); plain decoding overwrote the rows after the ones it kept.
-  slot.decoder_rows = std::min(rows, seq.req->speculative ? from_prompt
-                                                          : std::min(slot.decoder_rows, seq.req->reuse_prompt_rows));
+  slot.decoder_rows = std::min(
+      rows, seq.req->speculative ? from_prompt : std::min(slot.decoder_rows, seq.req->reuse_prompt_rows));
 }
 
 }  // namespace microspec::server

@@ -117,10 +117,12 @@ std::string Metrics::render(const GaugeSnapshot& gauges) const {
   header(out, "microspec_prompt_tokens_prefilled_total", "counter",
          "Prompt tokens run through the model: prompt tokens less those served from a slot's cache.");
   line(out, "microspec_prompt_tokens_prefilled_total %llu", static_cast<unsigned long long>(prompt_tokens_prefilled_));
-  header(out, "microspec_prompt_tokens_cached_total", "counter",
-         "Prompt tokens served from a slot's cache: the prefix an earlier request (or an earlier choice of the "
-         "same request) left there, not run through the model again.");
-  line(out, "microspec_prompt_tokens_cached_total %llu", static_cast<unsigned long long>(prompt_tokens_cached_));
+  header(
+      out, "microspec_prompt_tokens_cached_total", "counter",
+      "Prompt tokens served from a slot's cache: the prefix an earlier request (or an earlier choice of the "
+      "same request) left there, not run through the model again.");
+  line(out, "microspec_prompt_tokens_cached_total %llu",
+       static_cast<unsigned long long>(prompt_tokens_cached_));
   header(out, "microspec_completion_tokens_total", "counter", "Tokens generated.");
   line(out, "microspec_completion_tokens_total %llu", static_cast<unsigned long long>(completion_tokens_));
   header(out, "microspec_prefill_seconds_total", "counter", "Time spent in prompt processing.");

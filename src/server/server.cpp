@@ -224,18 +224,21 @@ Backend cpu_backend(const ServerOptions& o, const GgufFile& file, const Tokenize
                o.parallel, o.parallel == 1 ? "" : "s", o.n_ctx, mopt.n_threads, mopt.n_threads == 1 ? "" : "s",
                o.spec.enabled() ? (", speculative: " + scheduler.slot(0).decoder->describe()).c_str() : "",
                peak_memory_bytes() / (1024.0 * 1024.0));
-  return Backend{
-      .device = "cpu",
-      .admit = [](CompletionRequest&) {},
-      .generate = [&scheduler](int slot, const CompletionRequest& r, const PieceCallback& on_piece,
-                               int32_t reuse_prompt_rows) {
-        return scheduler.generate(slot, r.prompt_ids, r.params, r.speculative, on_piece, reuse_prompt_rows);
-      },
-      .reusable_rows = [&scheduler](int slot, const CompletionRequest& r) {
-        return scheduler.reusable_rows(slot, r.prompt_ids, r.speculative);
-      },
-      .cached_tokens = [&scheduler](int slot) { return std::span<const int32_t>(scheduler.slot(slot).cached); },
-      .engine = engine};
+  return Backend{.device = "cpu",
+                 .admit = [](CompletionRequest&) {},
+                 .generate =
+                     [&scheduler](int slot, const CompletionRequest& r, const PieceCallback& on_piece,
+                                  int32_t reuse_prompt_rows) {
+                       return scheduler.generate(slot, r.prompt_ids, r.params, r.speculative, on_piece,
+                                                 reuse_prompt_rows);
+                     },
+                 .reusable_rows =
+                     [&scheduler](int slot, const CompletionRequest& r) {
+                       return scheduler.reusable_rows(slot, r.prompt_ids, r.speculative);
+                     },
+                 .cached_tokens =
+                     [&scheduler](int slot) { return std::span<const int32_t>(scheduler.slot(slot).cached); },
+                 .engine = engine};
 }
 
 // The GPU's backend (the CUDA backend's generator): the weights, the cache and every step on the

@@ -29,10 +29,11 @@ size_t SlotPool::best_free_slot(std::span<const int32_t> prompt) const {
   size_t best_common = 0;
   for (size_t i = 0; i < free_.size(); ++i) {
     const std::vector<int32_t>& cached = remembered_[size_t(free_[i])];
-    const size_t common = size_t(std::mismatch(cached.begin(), cached.end(), prompt.begin(), prompt.end()).first -
-                                 cached.begin());
+    const size_t common = size_t(
+        std::mismatch(cached.begin(), cached.end(), prompt.begin(), prompt.end()).first - cached.begin());
     const bool longer = common > best_common;
-    const bool older = common == best_common && last_used_[size_t(free_[i])] < last_used_[size_t(free_[best])];
+    const bool older =
+        common == best_common && last_used_[size_t(free_[i])] < last_used_[size_t(free_[best])];
     if (i == 0 || longer || older) {
       best = i;
       best_common = common;

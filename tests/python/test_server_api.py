@@ -333,7 +333,12 @@ def test_sampled_logprobs_are_those_of_the_distribution_drawn_from(client, spec)
     ({"logit_bias": {"49152": 1}}, "logit_bias"),
     ({"logit_bias": {"-1": 1}}, "logit_bias"),
     ({"logit_bias": {"42": "x"}}, "logit_bias.42"),
-    ({"logit_bias": [[42, 5]]}, "logit_bias"),
+    ({"logit_bias": [[42]]}, "logit_bias"),
+    ({"logit_bias": [[42, True]]}, "logit_bias"),
+    ({"logit_bias": [[49152, 1]]}, "logit_bias"),
+    ({"logit_bias": [["", 1]]}, "logit_bias"),
+    ({"logit_bias": [[4.5, 1]]}, "logit_bias"),
+    ({"logit_bias": "x"}, "logit_bias"),
     ({"n": 17}, "n"),
     ({"n": 0}, "n"),
     ({"typical_p": 0.9}, "typical_p"),
@@ -391,6 +396,25 @@ def test_penalties_under_continuous_batching(client):
     with ThreadPoolExecutor(len(asks)) as pool:
         together = list(pool.map(run, asks))
     assert together == alone
+
+
+def test_llama_cpp_logit_bias_arrays(server, client):
+    """llama.cpp's logit_bias shape, [[token id or text, bias or false], ...]: an id pair equals
+    OpenAI's object; a text biases each of its tokens; false bans them (-infinity)."""
+    obj = chat(client, PENALTY_PROMPT, max_tokens=16, logit_bias={"28": 2.0})
+    arr = chat(client, PENALTY_PROMPT, max_tokens=16, extra_body={"logit_bias": [[28, 2.0]]})
+    assert arr.choices[0].message.content == obj.choices[0].message.content
+    plain = chat(client, PENALTY_PROMPT, max_tokens=16, logprobs=True)
+    first = plain.choices[0].logprobs.content[0].token
+    status, _, ids = http(server, "POST", "/tokenize", {"content": first})
+    assert status == 200 and ids["tokens"], ids
+    banned = chat(client, PENALTY_PROMPT, max_tokens=16, logprobs=True, top_logprobs=5,
+                  extra_body={"logit_bias": [[first, False]]})
+    for entry in banned.choices[0].logprobs.content:
+        assert entry.token != first
+        assert first not in [alt.token for alt in entry.top_logprobs]  # never among the alternatives either
+    by_id = chat(client, PENALTY_PROMPT, max_tokens=16, extra_body={"logit_bias": [[i, False] for i in ids["tokens"]]})
+    assert by_id.choices[0].message.content == banned.choices[0].message.content
 
 
 @pytest.mark.parametrize("spec", [True, False], ids=["spec", "plain"])
