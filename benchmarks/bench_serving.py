@@ -244,7 +244,7 @@ def plot(results, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", required=True)
-    ap.add_argument("--dataset", default=str(REPO.parent.parent / "shared" / "data" / "spec_bench" / "question.jsonl"),
+    ap.add_argument("--dataset", default=str(REPO.parent / "shared" / "data" / "spec_bench" / "question.jsonl"),
                     help="SpecBench question.jsonl (read in place)")
     ap.add_argument("--clients", default="1,2,4,8,16", help="comma-separated client counts")
     ap.add_argument("--requests", type=int, default=2, help="requests per client per round")

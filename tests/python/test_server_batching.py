@@ -17,7 +17,9 @@ level over all of them, each answer still its single-stream output. A small serv
 with `--spec draft` shows the slots sharing one draft model and drafting together as well. A last
 small server (4 slots, 96 tokens of context) shows a sequence that fills its context leaving the
 batch without disturbing the others, and SIGTERM mid-batch ending every stream cleanly after a
-prefix of its single-stream output.
+prefix of its single-stream output. The prefix cache: sixteen three-turn conversations of mixed
+kinds at once, with the cache and then with `cache_prompt: false`, give the same answers (and
+log-probabilities) turn for turn, every later turn served its earlier prompt from the cache.
 """
 import json
 import threading
