@@ -57,8 +57,8 @@ TEST(SlotPool, LongestCommonPrefixWinsAndTiesGoToTheLeastRecentlyUsed) {
   EXPECT_EQ(lease_for(pool, {8}, &x), 2) << "slots 0 and 1 were leased after 2";
 }
 
-// One slot over the real SmolLM2, its decoder self-drafting with MicroSpec's window (K_pre 3), or
-// the n-gram drafter.
+// One slot over the real SmolLM2, its decoder drafting with `mode` (the default MicroSpec window,
+// K_pre 3, for the drafters with an LM head).
 struct CachedSlot {
   std::unique_ptr<GgufFile> file;
   std::unique_ptr<Model> model;
@@ -73,6 +73,7 @@ struct CachedSlot {
     tok = Tokenizer::from_gguf(*file);
     SpecConfig spec;
     spec.mode = mode;
+    if (mode == SpecMode::Draft) spec.draft_model = test::smollm_path();  // SmolLM2 drafting for itself
     std::vector<SequenceSlot> slots(1);
     slots[0].gen = std::make_unique<Generator>(*model, *tok, 512);
     slots[0].decoder = std::make_unique<Decoder>(spec, *file, *slots[0].gen, *tok);
@@ -160,6 +161,14 @@ TEST(PromptCache, SecondTurnEqualsAFreshPrefillSelfDraft) {
 }
 TEST(PromptCache, SecondTurnEqualsAFreshPrefillNgram) {
   second_turn_equals_fresh(SpecMode::Ngram);
+}
+// A separate draft model (its own cache prefilled from the whole prompt) and the EAGLE-3 head beside
+// the model (the decoder keeps the kept rows' target features).
+TEST(PromptCache, SecondTurnEqualsAFreshPrefillDraftModel) {
+  second_turn_equals_fresh(SpecMode::Draft);
+}
+TEST(PromptCache, SecondTurnEqualsAFreshPrefillHead) {
+  second_turn_equals_fresh(SpecMode::Head);
 }
 
 }  // namespace
