@@ -21,7 +21,7 @@ import pathlib
 import statistics
 import sys
 
-from bench_serving import REPO, Server, cpu_name, free_port, llama_server_binary, one_request
+from bench_serving import REPO, cpu_name, llama_server_command, one_request, run_engines
 
 # Ten user turns of one conversation, about 60 tokens each.
 USER_TURNS = [
@@ -110,18 +110,8 @@ def main():
                 [args.microspec, "serve", "-m", args.model, "--parallel", "1", "-t", str(args.threads), "-c",
                  str(args.ctx), "--spec", args.spec])]
     if not args.no_peer:
-        engines.append(("llama-server", [llama_server_binary(args), "-m", args.model, "-np", "1", "-t",
-                                         str(args.threads), "-c", str(args.ctx), "--host", "127.0.0.1", "--no-webui"]))
-    results = {}
-    for name, cmd in engines:
-        port = free_port()
-        cmd = cmd + ["--port", str(port)]
-        print(f"{name}: {' '.join(cmd)}", file=sys.stderr)
-        server = Server(name, cmd, port, logdir / f"{name.split()[0]}-prompt-cache.log")
-        try:
-            results[name] = bench_engine(server, args)
-        finally:
-            server.stop()
+        engines.append(("llama-server", llama_server_command(args, 1, args.ctx)))
+    results = run_engines(engines, logdir, lambda server: bench_engine(server, args), log_suffix="-prompt-cache")
 
     lines = [f"CPU: {cpu_name()}; threads {args.threads}; {args.turns} turns of about 60 new tokens, replies of at "
              f"most {args.reply_tokens} tokens (greedy); medians of {args.repeats} conversations", "",

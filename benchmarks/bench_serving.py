@@ -208,6 +208,28 @@ def bench_engine(server, prompts, args, extra):
     return rows
 
 
+def llama_server_command(args, parallel, ctx):
+    """llama-server serving args.model with `parallel` slots and `ctx` tokens of context in all."""
+    return [llama_server_binary(args), "-m", args.model, "-np", str(parallel), "-t", str(args.threads), "-c",
+            str(ctx), "--host", "127.0.0.1", "--no-webui"]
+
+
+def run_engines(engines, logdir, bench, log_suffix=""):
+    """Starts each (name, command) server in turn on a free port, runs bench(server) on it and stops
+    it; returns {name: what bench returned}."""
+    results = {}
+    for name, cmd in engines:
+        port = free_port()
+        cmd = cmd + ["--port", str(port)]
+        print(f"{name}: {' '.join(cmd)}", file=sys.stderr)
+        server = Server(name, cmd, port, logdir / f"{name}{log_suffix}.log")
+        try:
+            results[name] = bench(server)
+        finally:
+            server.stop()
+    return results
+
+
 def llama_server_binary(args):
     if args.llama_server:
         return args.llama_server
@@ -278,19 +300,8 @@ def main():
             cmd += ["--spec-max-batch", str(args.spec_max_batch)]
         engines.append((f"microspec --spec {spec}", cmd))
     if not args.no_peer:
-        engines.append(("llama-server", [llama_server_binary(args), "-m", args.model, "-np", str(np_),
-                                         "-t", str(args.threads), "-c", str(args.ctx * np_), "--host", "127.0.0.1",
-                                         "--no-webui"]))
-    results = {}
-    for name, cmd in engines:
-        port = free_port()
-        cmd = cmd + ["--port", str(port)]
-        print(f"{name}: {' '.join(cmd)}", file=sys.stderr)
-        server = Server(name, cmd, port, logdir / f"{name}.log")
-        try:
-            results[name] = bench_engine(server, prompts, args, {})
-        finally:
-            server.stop()
+        engines.append(("llama-server", llama_server_command(args, np_, args.ctx * np_)))
+    results = run_engines(engines, logdir, lambda server: bench_engine(server, prompts, args, {}))
 
     lines = [f"CPU: {cpu_name()}; threads {args.threads}; max_tokens {args.max_tokens}; "
              f"{args.requests} requests per client per round; {args.repeats} rounds; "
