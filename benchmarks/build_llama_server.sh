@@ -6,20 +6,12 @@
 # Prints the path of the binary; a second run finds it and builds nothing. Not part of CI.
 #   benchmarks/build_llama_server.sh [SOURCE_DIR] [CACHE_DIR]
 set -euo pipefail
-SRC=${1:-${LLAMA_CPP_SRC:-/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp}}
 CACHE=${2:-${XDG_CACHE_HOME:-$HOME/.cache}/microspec/llama-server-0.3.36}
 BIN="$CACHE/build/bin/llama-server"
 if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
-if [ ! -f "$SRC/tools/server/CMakeLists.txt" ]; then
-  if [ ! -d "$SRC" ]; then
-    # The sdist pip builds from: fetch it once (pip download, no install) and unpack it.
-    mkdir -p "$CACHE/sdist"
-    python3 -m pip download --quiet --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$CACHE/sdist" >&2
-    tar -xzf "$CACHE"/sdist/llama_cpp_python-0.3.36.tar.gz -C "$CACHE/sdist"
-    SRC="$CACHE/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp"
-  fi
-  [ -f "$SRC/tools/server/CMakeLists.txt" ] || { echo "no llama.cpp server sources under $SRC" >&2; exit 1; }
-fi
+# The sources: the sdist pip builds from, fetched once (scripts/fetch_llama_cpp_sdist.sh).
+SRC=${1:-${LLAMA_CPP_SRC:-$(bash "$(dirname "$0")/../scripts/fetch_llama_cpp_sdist.sh")}}
+[ -f "$SRC/tools/server/CMakeLists.txt" ] || { echo "no llama.cpp server sources under $SRC" >&2; exit 1; }
 mkdir -p "$CACHE"
 cmake -S "$SRC" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
   -DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \

@@ -21,6 +21,7 @@ fi
 python3 -m pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
 bash scripts/fetch_models.sh
 bash scripts/install_llama_cpp.sh
+bash scripts/fetch_llama_cpp_sdist.sh >/dev/null  # llama.cpp's chat templates, for test_chat_templates.py
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"

@@ -18,5 +18,6 @@ void add_coverage_command(CLI::App& app);     // cmd_coverage.cpp: draft-vocabul
 void add_bench_command(CLI::App& app);        // cmd_bench.cpp: benchmark harness (speed, acceptance, output check)
 void add_serve_command(CLI::App& app);        // cmd_serve.cpp: OpenAI-compatible HTTP server
 void add_convert_command(CLI::App& app);      // cmd_convert.cpp: Hugging Face folders and EAGLE heads -> GGUF
+void add_template_command(CLI::App& app);     // cmd_template.cpp: render a Jinja chat template
 
 }  // namespace microspec::cli

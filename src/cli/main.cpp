@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   microspec::cli::add_bench_command(app);
   microspec::cli::add_serve_command(app);
   microspec::cli::add_convert_command(app);
+  microspec::cli::add_template_command(app);
   // CLI11 answers `microspec WORD --help` with the top-level help and status 0 even when WORD is no
   // subcommand: refuse an unknown first word before parsing.
   if (argc > 1 && argv[1][0] != '-' &&
