@@ -32,6 +32,7 @@ struct GenerateArgs {
   std::string prompt_ids;
   std::string system;
   bool chat = false;
+  std::string chat_template;  // --chat-template: chat_style_for's choice
   int32_t n_predict = 128;
   float temperature = 0.0f;
   int top_k = 40;
@@ -55,19 +56,17 @@ struct GenerateArgs {
 struct PromptEncoder {
   const GenerateArgs& a;
   const Tokenizer& tok;
-  ChatFormat format = ChatFormat::ChatML;
-  std::string default_system;
+  ChatStyle style;
   PromptEncoder(const GenerateArgs& args, const LoadedModel& m) : a(args), tok(*m.tokenizer) {
     if (!a.chat) return;
-    format = detect_chat_format(*m.file, tok);
-    default_system = default_system_prompt(*m.file);
+    style = chat_style_for(*m.file, tok, a.chat_template);
   }
   std::vector<int32_t> operator()(const std::string& text) const {
     if (!a.chat) return tok.encode(text, tok.add_bos_default(), false);
     std::vector<ChatMessage> messages;
     if (!a.system.empty()) messages.push_back({"system", a.system});
     messages.push_back({"user", text});
-    return encode_chat(tok, format, messages, default_system);
+    return encode_chat(tok, style, messages);
   }
 };
 
@@ -351,7 +350,11 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("-p,--prompt", args->prompt, "prompt text");
   cmd->add_option("-f,--file", args->prompt_file, "read the prompt from a file (bytes kept as they are)");
   cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as token ids (\"1 2 3\"), no tokenization");
-  cmd->add_flag("--chat", args->chat, "wrap the prompt in the model's chat format as a user turn");
+  CLI::Option* chat = cmd->add_flag("--chat", args->chat, "wrap the prompt in the model's chat format as a user turn");
+  cmd->add_option("--chat-template", args->chat_template,
+                  "with --chat: a Jinja chat template file, a built-in format (gemma, chatml, llama3) or 'model' "
+                  "(the model's own template); default: the built-in format that fits the model, else its own")
+      ->needs(chat);
   cmd->add_option("--system-prompt,--system", args->system, "system message for --chat");
   cmd->add_option(
       "--prompts-jsonl", args->prompts_jsonl,

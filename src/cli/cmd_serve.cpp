@@ -87,6 +87,10 @@ void add_serve_command(CLI::App& app) {
                   "pieces while the other sequences keep decoding)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--chat-template", s.chat_template,
+                  "how chat messages become a prompt: a Jinja chat template file, a built-in format (gemma, chatml, "
+                  "llama3) or 'model' (the model's own template); default: the built-in format that fits the "
+                  "model, else its own template");
   cmd->add_flag(
       "!--no-cache-prompt", s.cache_prompt,
       "keep no slot's cache for later requests (the prefix cache: by default a request continuing a "

@@ -575,12 +575,12 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   const Tokenizer& tok = *ctx.tokenizer;
   if (endpoint == Endpoint::Chat) {
     std::vector<ChatMessage> messages = parse_messages(body);
-    if (!ctx.chat_format)
+    if (!ctx.chat_style)
       throw ApiError(400, "This model has no chat template: use /v1/completions.", "messages",
                      "no_chat_template");
     // Message text is tokenized as text: control-token strings in it are not control tokens.
     try {
-      r.prompt_ids = encode_chat(tok, *ctx.chat_format, messages, ctx.default_system);
+      r.prompt_ids = encode_chat(tok, *ctx.chat_style, messages);
     } catch (const Error& e) {
       throw ApiError(400, std::string("Invalid 'messages': ") + e.what(), "messages", "invalid_value");
     }

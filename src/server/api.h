@@ -42,8 +42,7 @@ enum class Endpoint { Chat, Completion };
 // What the server knows that request validation needs.
 struct RequestContext {
   const Tokenizer* tokenizer = nullptr;
-  std::optional<ChatFormat> chat_format;  // none: the model has no chat template
-  std::string default_system;             // the chat template's own system message, "" if none
+  std::optional<ChatStyle> chat_style;  // none: the model has no chat template
   int32_t n_ctx = 0;                      // tokens per slot
   const SpecConfig* spec = nullptr;       // the slots' speculative setup (mode "none": off)
 };

@@ -322,9 +322,10 @@ class Server {
     ctx_.n_ctx = opt_.n_ctx;
     ctx_.spec = &opt_.spec;
     try {
-      ctx_.chat_format = detect_chat_format(file_, tokenizer_);
-      ctx_.default_system = default_system_prompt(file_);
+      ctx_.chat_style = chat_style_for(file_, tokenizer_, opt_.chat_template);
+      log::info("serve: chat prompts in %s", ctx_.chat_style->name.c_str());
     } catch (const Error& e) {
+      if (!opt_.chat_template.empty()) throw;  // what the user named must work
       log::warning("serve: no chat format (%s); /v1/chat/completions answers 400", e.what());
     }
     created_ = static_cast<int64_t>(std::time(nullptr));

@@ -31,7 +31,8 @@ struct ServerOptions {
   int32_t prefill_chunk = 64;  // most prompt tokens per batched step, over all newcomers
   int spec_max_batch = 2;      // draft policy (draft_shape): sequences in flight up to which speculative ones draft
   int32_t n_ctx = 4096;   // tokens per slot
-  bool cache_prompt = true;  // the prefix cache: a slot's cache rows serve a later request sharing its prefix
+  bool cache_prompt = true;
+  std::string chat_template;  // --chat-template: "" the built-in format that fits, else the model's own (chat_style_for)  // the prefix cache: a slot's cache rows serve a later request sharing its prefix
   int32_t n_batch = 512;  // most tokens one forward pass takes (all sequences of a step together)
   std::string device = "cpu";  // cpu, or cuda: the CUDA backend, one sequence at a time, greedy
   std::string kernels = "auto";

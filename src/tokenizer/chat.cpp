@@ -4,10 +4,13 @@
 #include "tokenizer/chat.h"
 
 #include <cctype>
+#include <nlohmann/json.hpp>
 
+#include "chat_template/chat_template.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/file.h"
 
 namespace microspec {
 namespace {
@@ -173,6 +176,85 @@ std::vector<int32_t> encode_chat(const Tokenizer& tok, ChatFormat f, std::span<c
   std::vector<Tokenizer::TextRange> contents;
   const std::string text = apply_chat_template(f, messages, true, default_system, &contents);
   return tok.encode_with_literals(text, tok.add_bos_default(), contents);
+}
+
+namespace {
+
+ChatStyle jinja_style(const std::string& source, const std::string& name, const Tokenizer& tok) {
+  ChatStyle style;
+  style.jinja = std::make_shared<const ChatTemplate>(source);
+  style.name = name;
+  if (tok.bos_id() >= 0) style.bos_text = tok.token_text(tok.bos_id());
+  if (tok.eos_id() >= 0) style.eos_text = tok.token_text(tok.eos_id());
+  return style;
+}
+
+ChatStyle model_template_style(const GgufFile& file, const Tokenizer& tok) {
+  const std::vector<NamedTemplate> templates = chat_templates_from_gguf(file);
+  return jinja_style(select_chat_template(templates, "", file.name()).source, "the model's template", tok);
+}
+
+// True when encoding `text` with control-token strings parsed gives other tokens than as text.
+bool holds_control_text(const Tokenizer& tok, std::string_view text) {
+  return tok.encode(text, false, true) != tok.encode(text, false, false);
+}
+
+}  // namespace
+
+ChatStyle chat_style_for(const GgufFile& file, const Tokenizer& tok, const std::string& chosen) {
+  auto builtin = [&](ChatFormat f) {
+    ChatStyle style;
+    style.format = f;
+    style.default_system = default_system_prompt(file);
+    style.name = chat_format_name(f);
+    return style;
+  };
+  if (chosen == "gemma" || chosen == "chatml" || chosen == "llama3") return builtin(chat_format_from_name(chosen));
+  if (chosen == "model") return model_template_style(file, tok);
+  if (!chosen.empty()) return jinja_style(read_file_bytes(chosen), chosen, tok);
+  try {
+    return builtin(detect_chat_format(file, tok));
+  } catch (const Error& no_builtin) {
+    if (!file.get_string_opt("tokenizer.chat_template")) throw;
+    return model_template_style(file, tok);
+  }
+}
+
+std::string render_chat(const ChatStyle& style, const Tokenizer& tok, std::span<const ChatMessage> messages,
+                        std::vector<Tokenizer::TextRange>* content_ranges) {
+  if (style.format) return apply_chat_template(*style.format, messages, true, style.default_system, content_ranges);
+  nlohmann::ordered_json context;
+  context["messages"] = nlohmann::ordered_json::array();
+  for (const ChatMessage& m : messages)
+    context["messages"].push_back({{"role", m.role}, {"content", m.content}});
+  context["add_generation_prompt"] = true;
+  context["bos_token"] = style.bos_text;
+  context["eos_token"] = style.eos_text;
+  ChatTemplateOptions options;
+  options.now = current_utc_time();
+  const std::string text = style.jinja->render(context, options);
+  // Each message's text where the template wrote it, in order.
+  size_t from = 0;
+  for (const ChatMessage& m : messages) {
+    if (m.content.empty()) continue;
+    const size_t at = text.find(m.content, from);
+    if (at == std::string::npos) {
+      if (holds_control_text(tok, m.content))
+        throw Error("the chat template (" + style.name + ") changed a " + m.role +
+                    " message that holds control-token text, which would then be read as control tokens");
+      continue;
+    }
+    if (content_ranges) content_ranges->push_back({at, m.content.size()});
+    from = at + m.content.size();
+  }
+  return text;
+}
+
+std::vector<int32_t> encode_chat(const Tokenizer& tok, const ChatStyle& style, std::span<const ChatMessage> messages) {
+  std::vector<Tokenizer::TextRange> contents;
+  const std::string text = render_chat(style, tok, messages, &contents);
+  const bool wrote_bos = !style.format && !style.bos_text.empty() && text.starts_with(style.bos_text);
+  return tok.encode_with_literals(text, tok.add_bos_default() && !wrote_bos, contents);
 }
 
 }  // namespace microspec

@@ -45,6 +45,24 @@ def test_version_names_version_commit_kernels_and_cuda():
     assert fields["cuda"].split()[0] in ("on", "off"), fields
 
 
+def test_chat_template_flag(tmp_path):
+    """--chat-template model renders SmolLM2's own Jinja template: the same prompt ids as the
+    built-in ChatML format; a template file is used as given; mistakes are errors."""
+    chat = ["--chat", "-sys", "Be brief.", "-p", "Who are you?"]
+    builtin = generate_json(*chat)
+    own = generate_json(*chat, "--chat-template", "model")
+    assert own["prompt_ids"] == builtin["prompt_ids"] and own["tokens"] == builtin["tokens"]
+    plain = tmp_path / "plain.jinja"
+    plain.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    mine = generate_json(*chat, "--chat-template", plain)
+    assert mine["prompt_ids"] == generate_json("-p", "system: Be brief.\nuser: Who are you?\nassistant:")["prompt_ids"]
+    for args, message in [(["-p", "x", "--chat-template", "model"], "--chat"),
+                          ([*chat, "--chat-template", tmp_path / "missing.jinja"], "cannot open"),
+                          ([*chat, "--chat-template", "mistral"], "cannot open")]:
+        p = run("generate", "-m", SMOL, "-n", 1, *args)
+        assert p.returncode != 0 and message in p.stderr, p.stderr
+
+
 def test_short_seed_is_the_seed():
     sampled = ["-p", PROMPT, "--temp", "1.5"]
     short, long = generate_json(*sampled, "-s", 7), generate_json(*sampled, "--seed", 7)
@@ -101,11 +119,15 @@ def chat_once(server):
     return body
 
 
+ANSWER_TO_HI = {}  # the first server's greedy answer, which the second (its own template) must repeat
+
+
 @pytest.mark.parametrize("verbosity", [3, 4])
 def test_server_log_lines_have_time_level_and_request_id(verbosity):
     # The second server also runs without the prefix cache (--no-cache-prompt): the same request
     # again is served from the slot's cache by the first server only.
-    cache_flags = ["--no-cache-prompt"] if verbosity == 4 else []
+    # and with --chat-template model (SmolLM2's own Jinja template: the same prompts as the built-in format).
+    cache_flags = ["--no-cache-prompt", "--chat-template", "model"] if verbosity == 4 else []
     s = ServerProcess(SMOL, "-np", 2, "-lv", verbosity, *cache_flags)
     try:
         status, _, health = http(s, "GET", "/health")
@@ -114,6 +136,8 @@ def test_server_log_lines_have_time_level_and_request_id(verbosity):
         request_id = first["id"]
         again = chat_once(s)
         assert again["choices"] == first["choices"]
+        assert first["choices"][0]["message"]["content"] == (
+            ANSWER_TO_HI.get("text") or ANSWER_TO_HI.setdefault("text", first["choices"][0]["message"]["content"]))
         cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         if cache_flags:
@@ -128,6 +152,7 @@ def test_server_log_lines_have_time_level_and_request_id(verbosity):
     levels = {line.split()[1] for line in lines}
     request_lines = [line for line in lines if request_id in line]
     assert all(line.split()[2] == request_id + ":" for line in request_lines), request_lines
+    assert ("chat prompts in the model's template" in s.stderr_text()) == bool(cache_flags)
     if verbosity == 3:
         assert "D" not in levels and len(request_lines) == 1, lines
     else:
