@@ -46,7 +46,8 @@ class Params {
                   std::to_string(args.positional.size()) + " given");
     for (size_t i = 0; i < args.positional.size(); ++i) values_[i] = args.positional[i], given_[i] = true;
     for (auto& [key, value] : args.keyword) {
-      const auto it = std::find_if(names_.begin(), names_.end(), [&](const char* n) { return key == n; });
+      const std::string& name = key;  // clang 14 cannot capture a structured binding in a lambda
+      const auto it = std::find_if(names_.begin(), names_.end(), [&](const char* n) { return name == n; });
       if (it == names_.end()) throw Error(where_ + " got an unexpected keyword argument '" + key + "'");
       const size_t i = static_cast<size_t>(it - names_.begin());
       if (given_[i]) throw Error(where_ + " got multiple values for argument '" + key + "'");
