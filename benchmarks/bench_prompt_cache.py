@@ -16,12 +16,11 @@ unless --llama-server names one; --no-peer runs microspec alone.
     benchmarks/bench_prompt_cache.py -m models/smollm2-135m-instruct-q4_1.gguf -t 2 -o results/prompt_cache
 """
 import argparse
-import json
 import pathlib
 import statistics
 import sys
 
-from bench_serving import REPO, cpu_name, llama_server_command, one_request, run_engines
+from bench_serving import REPO, cpu_name, llama_server_command, one_request, run_engines, write_report
 
 # Ten user turns of one conversation, about 60 tokens each.
 USER_TURNS = [
@@ -121,12 +120,7 @@ def main():
         for r in rows:
             lines.append(f"| {name} | {r['turn']} | {r['ttft_cache_ms']:.0f} | {r['ttft_no_cache_ms']:.0f} | "
                          f"{r['speedup']:.1f}x | {'yes' if r['same_reply'] else 'no'} |")
-    table = "\n".join(lines)
-    print(table)
-    if out:
-        (out / "results.md").write_text(table + "\n")
-        (out / "results.json").write_text(json.dumps({"command": sys.argv, "cpu": cpu_name(), "results": results},
-                                                     indent=1))
+    write_report(out, lines, results)
 
 
 if __name__ == "__main__":

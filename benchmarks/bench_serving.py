@@ -230,6 +230,17 @@ def run_engines(engines, logdir, bench, log_suffix=""):
     return results
 
 
+def write_report(out, lines, results):
+    """Prints the report's lines; with a folder `out`, writes them to results.md and the results,
+    command and CPU to results.json."""
+    table = "\n".join(lines)
+    print(table)
+    if out:
+        (out / "results.md").write_text(table + "\n")
+        (out / "results.json").write_text(json.dumps({"command": sys.argv, "cpu": cpu_name(), "results": results},
+                                                     indent=1))
+
+
 def llama_server_binary(args):
     if args.llama_server:
         return args.llama_server
@@ -323,12 +334,8 @@ def main():
             lines.append(f"| {name} | {r['clients']} | {r['tok_s']:.1f} | {ratio(r, 'tok_s')} | "
                          f"{r['ttft_p50'] * 1000:.0f} / {r['ttft_p95'] * 1000:.0f} | {ratio(r, 'ttft_p95')} | "
                          f"{r['itl_p50'] * 1000:.1f} / {r['itl_p95'] * 1000:.1f} | {ratio(r, 'itl_p50')} |")
-    table = "\n".join(lines)
-    print(table)
+    write_report(out, lines, results)
     if out:
-        (out / "results.md").write_text(table + "\n")
-        (out / "results.json").write_text(json.dumps({"command": sys.argv, "cpu": cpu_name(), "results": results},
-                                                     indent=1))
         plot(results, out / "serving.png")
 
 

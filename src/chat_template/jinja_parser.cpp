@@ -388,23 +388,26 @@ class Parser {
     return sealed(std::move(e));
   }
 
-  ExprPtr parse_or() {
-    ExprPtr left = parse_and();
-    while (is_name("or")) {
+  // The operator of `ops` (symbols, or names such as "and") the next token is, else null.
+  const char* next_operator(std::initializer_list<const char*> ops) {
+    for (const char* op : ops)
+      if (is_op(op) || is_name(op)) return op;
+    return nullptr;
+  }
+
+  // One left-associative level of binary operators: operands parsed by `operand`, joined by `ops`.
+  template <class Operand>
+  ExprPtr left_associative(std::initializer_list<const char*> ops, Operand operand) {
+    ExprPtr left = operand();
+    while (const char* op = next_operator(ops)) {
       const int line = next().line;
-      left = binary("or", std::move(left), parse_and(), line);
+      left = binary(op, std::move(left), operand(), line);
     }
     return left;
   }
 
-  ExprPtr parse_and() {
-    ExprPtr left = parse_not();
-    while (is_name("and")) {
-      const int line = next().line;
-      left = binary("and", std::move(left), parse_not(), line);
-    }
-    return left;
-  }
+  ExprPtr parse_or() { return left_associative({"or"}, [&] { return parse_and(); }); }
+  ExprPtr parse_and() { return left_associative({"and"}, [&] { return parse_not(); }); }
 
   ExprPtr parse_not() {
     if (!is_name("not")) return parse_compare();
@@ -444,41 +447,10 @@ class Parser {
     return cmp ? sealed(std::move(cmp)) : std::move(first);
   }
 
-  ExprPtr parse_math1() {
-    ExprPtr left = parse_concat();
-    while (is_op("+") || is_op("-")) {
-      const Token& t = next();
-      left = binary(t.text, std::move(left), parse_concat(), t.line);
-    }
-    return left;
-  }
-
-  ExprPtr parse_concat() {
-    ExprPtr left = parse_math2();
-    while (is_op("~")) {
-      const int line = next().line;
-      left = binary("~", std::move(left), parse_math2(), line);
-    }
-    return left;
-  }
-
-  ExprPtr parse_math2() {
-    ExprPtr left = parse_pow();
-    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-      const Token& t = next();
-      left = binary(t.text, std::move(left), parse_pow(), t.line);
-    }
-    return left;
-  }
-
-  ExprPtr parse_pow() {
-    ExprPtr left = parse_unary(WithFilters::Yes);
-    while (is_op("**")) {
-      const int line = next().line;
-      left = binary("**", std::move(left), parse_unary(WithFilters::Yes), line);
-    }
-    return left;
-  }
+  ExprPtr parse_math1() { return left_associative({"+", "-"}, [&] { return parse_concat(); }); }
+  ExprPtr parse_concat() { return left_associative({"~"}, [&] { return parse_math2(); }); }
+  ExprPtr parse_math2() { return left_associative({"*", "/", "//", "%"}, [&] { return parse_pow(); }); }
+  ExprPtr parse_pow() { return left_associative({"**"}, [&] { return parse_unary(WithFilters::Yes); }); }
 
   enum class WithFilters { No, Yes };
 
