@@ -48,10 +48,12 @@
 #include <string>
 #include <vector>
 
+#include "grammar/token_constraint.h"
 #include "sampling/penalties.h"
 #include "sampling/sampler.h"
 #include "speculative/ngram.h"
 #include "speculative/tree.h"
+#include "util/error.h"
 
 namespace microspec {
 namespace {
@@ -254,10 +256,17 @@ Outcome run_case(const Case& c, const Verifier& verify, int n_samples, uint64_t 
 
 // Exact plain-sampling probability of every kLength-token continuation of kStart; with penalties,
 // each prefix's row is transformed with kStart and the prefix as history.
+// grammar: structured output's constraint on top of the penalties (null: none).
+std::unique_ptr<GrammarMatcher> matcher_for(const std::shared_ptr<const TokenConstraint>& grammar,
+                                            const SamplingParams& sampling) {
+  return grammar ? std::make_unique<GrammarMatcher>(grammar, sampling.top_k) : nullptr;  // keep top-k (0: the whole row)
+}
+
 std::map<std::vector<int32_t>, double> exact_sequences(const std::vector<float>& target, const SamplingParams& sampling,
-                                                       const PenaltyParams& penalties = {}) {
+                                                       const PenaltyParams& penalties = {},
+                                                       const std::shared_ptr<const TokenConstraint>& grammar = nullptr) {
   Sampler s(sampling, V);
-  Penalizer pen(penalties, V);
+  Penalizer pen(penalties, V, matcher_for(grammar, sampling));
   std::map<std::vector<int32_t>, double> frontier = {{{}, 1.0}};
   TokenDistribution dist;
   std::vector<float> row(V);
@@ -534,7 +543,9 @@ void history_of(const DraftTree& tree, int32_t node, PenaltyHistory h, std::vect
   std::reverse(out.begin(), out.end());
 }
 
-Outcome run_penalised_case(const Case& c, PenaltyHistory h, const SamplingParams& sp, int n_samples, uint64_t seed) {
+Outcome run_penalised_case(const Case& c, PenaltyHistory h, const SamplingParams& sp, int n_samples, uint64_t seed,
+                           const PenaltyParams& penalties = strong_penalties(),
+                           const std::shared_ptr<const TokenConstraint>& grammar = nullptr) {
   const MarkovPair m = make_pair(c.sigma);
   Sampler target_sampler([&] { SamplingParams t = sp; t.seed = seed; return t; }(), V);
   Sampler draft_sampler([&] { SamplingParams d = sp; d.seed = seed + 1; return d; }(), V);
@@ -543,7 +554,7 @@ Outcome run_penalised_case(const Case& c, PenaltyHistory h, const SamplingParams
   MarkovExpander expander(m.draft);
   TreeBuilder builder;
   TreeSamplingVerifier verifier(V);
-  Penalizer pen(strong_penalties(), V);
+  Penalizer pen(penalties, V, matcher_for(grammar, sp));
   const std::vector<int32_t> prompt = {kStart};
   DraftTree tree;
   std::vector<float> rows;
@@ -566,8 +577,16 @@ Outcome run_penalised_case(const Case& c, PenaltyHistory h, const SamplingParams
       verifier.accept(tree, rows.data(), V, target_sampler, path, emitted);
       out.drafted += tree.size();
       out.accepted += int64_t(path.size());
-      for (int32_t t : emitted) pen.accept(t);
+      bool refused = false;  // a wrong grammar state let through a token the grammar refuses
+      for (int32_t t : emitted) {
+        try {
+          pen.accept(t);
+        } catch (const Error&) {
+          refused = true;
+        }
+      }
       tokens.insert(tokens.end(), emitted.begin(), emitted.end());
+      if (refused) break;  // a sequence of exact probability 0, whatever follows
     }
     tokens.resize(kLength);
     ++out.observed[tokens];
@@ -614,6 +633,83 @@ TEST(SpecSamplingPower, PenalisedSpeculativeSamplingMatchesPenalisedPlainAndBrok
         EXPECT_GT(stat, crit) << r.c.name << ", " << filter_name << ", " << r.what << ": a wrong history must fail";
       EXPECT_GT(rate, 0.1) << r.c.name;  // drafts are accepted at times and rejected at times
       EXPECT_LT(rate, 0.9) << r.c.name;
+    }
+  }
+}
+
+// --- Structured output: the target's rows masked by a grammar, each for its node's own path ---
+//
+// The six tokens spell the letters a-f; the grammar allows after a only b or c, after b only a, d
+// or e, after c anything but c, and anything after the others (a regular language written as one
+// rule per last letter). Every target row is masked by a GrammarMatcher for its history, as
+// Penalizer applies it in the decoder: the committed tokens plus the node's path. The drafts stay
+// unmasked (q is the raw draft row), so the verifier meets drafts the grammar refuses. The exact
+// distribution of masked plain sampling is enumerated with the same matcher. Masking with the
+// committed history only (the path left out) must FAIL: it lets a node's row allow what its own
+// path forbids. Both mask depths run: top-k 4 masks only the tokens ranked above the 4th allowed
+// one, top-k off the whole row. Power: as for the penalties, the wrong history emits sequences of
+// exact probability 0, so its statistic is astronomical; the correct one must pass at 1e-4.
+std::shared_ptr<const TokenConstraint> letter_grammar() {
+  Grammar::Builder b;
+  const char* letters = "abcdef";
+  std::vector<Symbol> after(6);
+  for (int i = 0; i < 6; ++i) after[size_t(i)] = b.rule(std::string("after-") + letters[i]);
+  auto allowed_after = [](int prev, int next) {
+    if (prev == 0) return next == 1 || next == 2;
+    if (prev == 1) return next == 0 || next == 3 || next == 4;
+    if (prev == 2) return next != 2;
+    return true;
+  };
+  for (int prev = 0; prev < 6; ++prev) {
+    b.add(after[size_t(prev)], {});
+    for (int next = 0; next < 6; ++next)
+      if (allowed_after(prev, next))
+        b.add(after[size_t(prev)], b.lit(std::string(1, letters[next])) + Sequence{after[size_t(next)]});
+  }
+  // The sampled sequence follows kStart (token 0, a): the grammar starts after an a.
+  static_assert(kStart == 0);
+  const Grammar g = std::move(b).build(after[0]);
+  std::vector<std::string> pieces;
+  for (int i = 0; i < V; ++i) pieces.push_back(std::string(1, letters[i]));
+  return std::make_shared<TokenConstraint>(g, std::make_shared<GrammarVocabulary>(pieces, std::vector<int32_t>{}));
+}
+
+TEST(SpecSamplingPower, GrammarMaskedSpeculativeSamplingMatchesMaskedPlainAndTheCommittedStateFails) {
+  const auto grammar = letter_grammar();
+  const Case chain{"grammar, medium draft (sigma 1), chain", 1.0f, kChain};
+  const Case tree{"grammar, medium draft (sigma 1), wide tree", 1.0f, kWideTree};
+  struct Run {
+    const Case& c;
+    PenaltyHistory h;
+    bool must_pass;
+    const char* what;
+  };
+  const Run runs[] = {
+      {chain, PenaltyHistory::node_path, true, "node path (correct)"},
+      {tree, PenaltyHistory::node_path, true, "node path (correct)"},
+      {tree, PenaltyHistory::committed_only, false, "committed state only (path left out)"},
+  };
+  const std::pair<const char*, SamplingParams> settings[] = {{"top-k 4, top-p 0.9", filters()}, {"no cuts", no_cuts()}};
+  uint64_t seed = 900;
+  for (const auto& [filter_name, sp] : settings) {
+    const auto exact = exact_sequences(make_pair(1.0f).target, sp, {}, grammar);
+    const auto unmasked = exact_sequences(make_pair(1.0f).target, sp);
+    double tv = 0.0;
+    for (const auto& [seq, p] : exact) tv += std::abs(p - (unmasked.count(seq) ? unmasked.at(seq) : 0.0));
+    for (const auto& [seq, p] : unmasked) tv += exact.count(seq) ? 0.0 : p;
+    EXPECT_GT(tv / 2, 0.2) << filter_name << ": total variation between masked and unmasked sampling";
+    for (const Run& r : runs) {
+      const Outcome o = run_penalised_case(r.c, r.h, sp, kSamples, seed += 10, {}, grammar);
+      const auto [stat, crit] = chi_square(exact, o.observed, kSamples);
+      const double rate = double(o.accepted) / double(o.drafted);
+      std::printf("%s, %s, %s: chi-square %.1f (critical %.1f), acceptance %.3f\n", r.c.name.c_str(), filter_name,
+                  r.what, stat, crit, rate);
+      if (r.must_pass)
+        EXPECT_LT(stat, crit) << r.c.name << ", " << filter_name << ", " << r.what;
+      else
+        EXPECT_GT(stat, crit) << r.c.name << ", " << filter_name << ", " << r.what << ": a wrong state must fail";
+      EXPECT_GT(rate, 0.1) << r.c.name;
+      EXPECT_LT(rate, 0.95) << r.c.name;
     }
   }
 }

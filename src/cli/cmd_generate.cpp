@@ -17,6 +17,7 @@
 #include "engine/generator.h"
 #include "engine/speculative_decoder.h"
 #include "sampling/logprobs.h"
+#include "grammar/json_schema.h"
 #include "speculative/drafter_setup.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
@@ -49,7 +50,24 @@ struct GenerateArgs {
   SpecConfig spec;
   std::string prompts_jsonl;  // batch mode: one prompt per line ({"turns": [...]} or {"prompt": ...})
   std::string device = "cpu";  // cpu, or cuda (greedy decoding on the GPU)
+  std::string json_schema;       // --json-schema: structured output, the schema as JSON text
+  std::string json_schema_file;  // --json-schema-file: the same from a file
 };
+
+// --json-schema / --json-schema-file: the grammar every generated token must keep to (null: none).
+std::shared_ptr<const TokenConstraint> structured_output(const GenerateArgs& a, const Tokenizer& tok) {
+  if (a.json_schema.empty() && a.json_schema_file.empty()) return nullptr;
+  if (!a.json_schema.empty() && !a.json_schema_file.empty()) throw Error("give one of --json-schema, --json-schema-file");
+  const std::string flag = a.json_schema.empty() ? "--json-schema-file" : "--json-schema";
+  const std::string text = a.json_schema.empty() ? read_file_bytes(a.json_schema_file) : a.json_schema;
+  const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (schema.is_discarded()) throw Error(flag + ": not valid JSON");
+  try {
+    return std::make_shared<TokenConstraint>(json_schema_grammar(schema), std::make_shared<GrammarVocabulary>(tok));
+  } catch (const Error& e) {
+    throw Error(flag + ": " + e.what());
+  }
+}
 
 // How text prompts become ids: plain, or (--chat) as one user turn in the file's chat format,
 // which is detected once per run.
@@ -179,8 +197,9 @@ nlohmann::json logprobs_json(const LogprobRows& rows) {
 
 // Generates from one prompt and prints the statistics lines (stderr) and, with json, one JSON line.
 // seed: the sampler's seed (-1 = random).
+// grammar: structured output's constraint (null: none).
 void generate_one(const GenerateArgs& a, const Tokenizer& tok, const RunOne& run, const std::vector<int32_t>& prompt_ids,
-                  int64_t seed, bool json) {
+                  int64_t seed, bool json, const std::shared_ptr<const TokenConstraint>& grammar) {
   for (int32_t id : prompt_ids)
     if (id < 0 || id >= tok.n_vocab())
       throw Error("prompt token id " + std::to_string(id) + " is outside the vocabulary");
@@ -197,6 +216,7 @@ void generate_one(const GenerateArgs& a, const Tokenizer& tok, const RunOne& run
   params.stop_strings = a.stop;
   params.ignore_eos = a.ignore_eos;
   params.logprobs = {.enabled = a.logprobs >= 0, .top = std::max(a.logprobs, 0)};
+  params.grammar = grammar;
 
   const bool stream = !json && !a.quiet;
   auto on_text = [&](std::string_view text) {
@@ -254,6 +274,8 @@ void run_generate(const GenerateArgs& a) {
   const bool on_device = a.device == "cuda";
   if (a.logprobs >= 0 && !a.json) throw Error("--logprobs needs --json (the values are printed in the JSON line)");
   if (a.logprobs >= 0 && on_device) throw Error("--logprobs: the device hands back tokens, not logits rows; use --device cpu");
+  if ((!a.json_schema.empty() || !a.json_schema_file.empty()) && on_device)
+    throw Error("--json-schema: the device applies no grammar; use --device cpu");
   if (on_device) {
     const SamplingParams sampling{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p};
     if (const std::string why = cuda_params_unsupported(sampling); !why.empty()) throw Error("--device cuda: " + why);
@@ -269,6 +291,7 @@ void run_generate(const GenerateArgs& a) {
   // The device loads its own weights: the CPU reads only the file's metadata and tokenizer.
   LoadedModel m = on_device ? open_model(a.model) : load_model(a.model);
   const PromptEncoder encode(a, m);
+  const std::shared_ptr<const TokenConstraint> grammar = structured_output(a, *m.tokenizer);
   RunOne run;
   std::unique_ptr<Generator> gen;
   std::unique_ptr<Decoder> decoder;
@@ -310,7 +333,7 @@ void run_generate(const GenerateArgs& a) {
           throw Error(a.prompts_jsonl + ":" + std::to_string(line_no) + ": \"prompt_ids\" must be token ids");
         }
         if (a.chat) throw Error("--chat applies to text prompts, not \"prompt_ids\"");
-        generate_one(a, tok, run, ids, seed, true);
+        generate_one(a, tok, run, ids, seed, true, grammar);
         continue;
       }
       std::vector<std::string> turns;
@@ -322,7 +345,7 @@ void run_generate(const GenerateArgs& a) {
       if (turns.empty())
         throw Error(a.prompts_jsonl + ":" + std::to_string(line_no) +
                     ": expected a JSON object with \"prompt\" (string), \"turns\" (strings) or \"prompt_ids\" (token ids)");
-      generate_one(a, tok, run, encode(turns[0]), seed, true);
+      generate_one(a, tok, run, encode(turns[0]), seed, true, grammar);
     }
     return;
   }
@@ -331,7 +354,7 @@ void run_generate(const GenerateArgs& a) {
     prompt_ids = parse_token_ids(a.prompt_ids);
   else
     prompt_ids = encode(a.prompt_file.empty() ? a.prompt : read_file_bytes(a.prompt_file));
-  generate_one(a, tok, run, prompt_ids, a.seed, a.json);
+  generate_one(a, tok, run, prompt_ids, a.seed, a.json, grammar);
 }
 
 }  // namespace
@@ -373,6 +396,12 @@ void add_generate_command(CLI::App& app) {
                               .seed_help = "RNG seed; -1 = random"});
   add_penalty_options(*cmd, {.penalties = args->penalties, .min_p = args->min_p, .logit_bias = args->logit_bias});
   cmd->add_option("--stop", args->stop, "stop before this string (repeatable)")->group(group::kSampling);
+  cmd->add_option("--json-schema", args->json_schema,
+                  "structured output: generate only JSON that validates against this JSON Schema (text); '{}' is any "
+                  "JSON value, '{\"type\": \"object\"}' any object")
+      ->group(group::kSampling);
+  cmd->add_option("--json-schema-file", args->json_schema_file, "--json-schema, read from a file")
+      ->group(group::kSampling);
 
   add_spec_options(*cmd, args->spec);
 

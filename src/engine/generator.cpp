@@ -223,6 +223,21 @@ void TokenSink::finish() {
   }
 }
 
+std::unique_ptr<GrammarMatcher> grammar_matcher(const GenerateParams& params, int32_t n_vocab) {
+  if (!params.grammar) return nullptr;
+  if (params.grammar->vocab().size() != n_vocab)
+    throw Error("grammar: made for a vocabulary of " + std::to_string(params.grammar->vocab().size()) +
+                " tokens, but the model has " + std::to_string(n_vocab));
+  constexpr int32_t kMaxRankedKeep = 64;  // a larger top-k masks the whole row instead
+  const SamplingParams& s = params.sampling;
+  int32_t keep = 0;
+  if (!params.logprobs.enabled) {
+    if (s.greedy()) keep = 1;
+    else if (s.top_k > 0 && s.top_k <= kMaxRankedKeep) keep = s.top_k;
+  }
+  return std::make_unique<GrammarMatcher>(params.grammar, keep);
+}
+
 GenerateResult Generator::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                                    const TextCallback& on_text) {
   using clock = std::chrono::steady_clock;
@@ -230,7 +245,7 @@ GenerateResult Generator::generate(const std::vector<int32_t>& prompt, const Gen
   r.prompt_tokens = static_cast<int32_t>(prompt.size());
   const int32_t V = model_.config().n_vocab;
   Sampler sampler(params.sampling, V);
-  Penalizer penalizer(params.penalties, V);
+  Penalizer penalizer(params.penalties, V, grammar_matcher(params, V));
   penalizer.begin(prompt, kv_.n_ctx() + 1);
   if (penalizer.active()) penalised_.resize(size_t(V));
   TokenSink sink(tokenizer_, params, on_text, r);

@@ -12,6 +12,7 @@
 
 #include "model/kv_cache.h"
 #include "model/model.h"
+#include "grammar/token_constraint.h"
 #include "sampling/logprobs.h"
 #include "sampling/penalties.h"
 #include "sampling/sampler.h"
@@ -27,7 +28,15 @@ struct GenerateParams {
   bool ignore_eos = false;                // keep going past end-of-generation tokens (benchmarks)
   const std::atomic<bool>* cancel = nullptr;  // when set (the client left), generation ends at the next token
   LogprobSettings logprobs;  // record each generated token's log-probability (sampling/logprobs.h)
+  // Structured output: only what this grammar allows is generated (grammar/token_constraint.h;
+  // null: no constraint). Shared, so requests with the same schema share its mask cache.
+  std::shared_ptr<const TokenConstraint> grammar;
 };
+
+// The grammar matcher a generation's row transform (Penalizer) applies: null without a grammar.
+// It masks as much of each row as the sampling settings read: the best allowed token for greedy
+// choice, the top-k for top-k sampling, the whole row for log-probabilities or top-k off.
+std::unique_ptr<GrammarMatcher> grammar_matcher(const GenerateParams& params, int32_t n_vocab);
 
 enum class FinishReason { Length, EndOfGeneration, StopString, ContextFull };
 const char* finish_reason_name(FinishReason r);

@@ -59,11 +59,12 @@ void Decoder::size_step_buffers() {
   out_.logits.reserve(size_t(rows) * model.config().n_vocab);
   argmax_.reserve(size_t(rows));
   node_path_.reserve(size_t(rows));
+  node_index_.reserve(size_t(rows));
 }
 
 Decoder::Run::Run(const Tokenizer& tokenizer, const GenerateParams& params, const TextCallback& on_text,
                   int32_t n_vocab)
-    : sink(tokenizer, params, on_text, res.gen), sampling(params.sampling, n_vocab), penalties(params.penalties, n_vocab) {
+    : sink(tokenizer, params, on_text, res.gen), sampling(params.sampling, n_vocab), penalties(params.penalties, n_vocab, grammar_matcher(params, n_vocab)) {
   if (penalties.active()) first_row.resize(size_t(n_vocab));
 }
 
@@ -185,6 +186,9 @@ void Decoder::draft_steps(std::span<const DraftStep> steps, std::span<DraftJob> 
           d.drafter_->begin_propose(run.root, run.step_position, steps[i].shape, run.sampling.for_drafter(), d.tree_);
   }
   draft_together(jobs);
+  for (const DraftStep& s : steps)
+    if (s.run->drafted && !s.run->sampling.draft && s.run->penalties.constrained())
+      s.decoder->drop_disallowed(s.run->penalties);
   // The shared drafting counts whole for each sequence (as a shared verification pass does).
   const double seconds = since(t0);
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -263,19 +267,40 @@ void Decoder::verify(const SequenceForward& rows, SpecStats& st) {
   st.verify_lm_head_seconds += model.timings().lm_head_seconds - head0;
 }
 
+std::span<const int32_t> Decoder::path_to(int32_t k) {
+  node_path_.resize(size_t(tree_.nodes[size_t(k)].depth));  // within the capacity reserved for a whole tree
+  int32_t depth = tree_.nodes[size_t(k)].depth;
+  for (int32_t i = k; i >= 0; i = tree_.nodes[size_t(i)].parent) node_path_[size_t(--depth)] = tree_.nodes[size_t(i)].token;
+  if (depth != 0) throw Error("decoder: a draft tree node's depth does not match its ancestors");
+  return node_path_;
+}
+
 void Decoder::penalise_rows(Penalizer& penalties) {
   if (!penalties.active()) return;
   const size_t V = size_t(gen_.model().config().n_vocab);
   float* logits = out_.logits.data();
   penalties.apply(logits);  // the root's row: the committed history alone
+  for (int32_t k = 0; k < tree_.size(); ++k) penalties.apply(logits + V * size_t(k + 1), path_to(k));
+}
+
+void Decoder::drop_disallowed(Penalizer& constraint) {
+  // Decided on the whole tree first (paths read the nodes as they are), then compacted. Nodes stay
+  // in candidate order (parents first), so a node is decided after its parent.
+  node_index_.assign(size_t(tree_.size()), -1);
+  int32_t kept = 0;
   for (int32_t k = 0; k < tree_.size(); ++k) {
-    const TreeNode& node = tree_.nodes[size_t(k)];
-    node_path_.resize(size_t(node.depth));  // within the capacity reserved for a whole tree
-    int32_t depth = node.depth;
-    for (int32_t i = k; i >= 0; i = tree_.nodes[size_t(i)].parent) node_path_[size_t(--depth)] = tree_.nodes[size_t(i)].token;
-    if (depth != 0) throw Error("decoder: a draft tree node's depth does not match its ancestors");
-    penalties.apply(logits + V * size_t(k + 1), node_path_);
+    const int32_t parent = tree_.nodes[size_t(k)].parent;
+    if (parent >= 0 && node_index_[size_t(parent)] < 0) continue;  // its parent was dropped
+    if (constraint.allows_path(path_to(k))) node_index_[size_t(k)] = kept++;
   }
+  for (int32_t k = 0; k < tree_.size(); ++k) {
+    const int32_t to = node_index_[size_t(k)];
+    if (to < 0) continue;
+    TreeNode node = tree_.nodes[size_t(k)];
+    node.parent = node.parent >= 0 ? node_index_[size_t(node.parent)] : -1;
+    tree_.nodes[size_t(to)] = node;  // to <= k: an earlier slot, already read
+  }
+  tree_.nodes.resize(size_t(kept));
 }
 
 void Decoder::accept_and_commit(Sampling& sampling, SpecStats& st) {

@@ -208,6 +208,13 @@ class Decoder {
   // Applies the run's penalties to every verified row in place: row 0 with the history, node k's
   // row with the history plus the path root -> k (its ancestors and itself, never its siblings).
   void penalise_rows(Penalizer& penalties);
+  // Structured output, greedy trees: drops every node the grammar does not allow after its path,
+  // with its subtree (the constrained target could never accept it), so drafters propose only
+  // grammar-valid tokens. Sampled trees keep theirs: dropping a drawn node would bias the draws
+  // that verification assumes (the masked target rejects such a node instead).
+  void drop_disallowed(Penalizer& constraint);
+  // The tokens root -> node k of the tree (its ancestors and itself), in node_path_.
+  std::span<const int32_t> path_to(int32_t k);
   void accept_and_commit(Sampling& sampling, SpecStats& st);
   void update_drafter(int32_t root, SpecStats& st);
   bool emit(int32_t position, Run& run, const DecodeObserver* observer);
@@ -228,6 +235,7 @@ class Decoder {
   std::vector<int32_t> emitted_;  // tokens of one step
   std::vector<int32_t> commit_;   // pending slots to commit
   std::vector<int32_t> node_path_;  // [tree depth] tokens root -> node (penalise_rows)
+  std::vector<int32_t> node_index_;  // [tree nodes] a node's index after drop_disallowed, -1: dropped
   TreeSamplingVerifier verifier_;
   std::vector<int32_t> prompt_top_;  // [prompt][drafter's K_pre] target top ids per prompt position
   std::vector<float> prompt_features_;  // [prompt][drafter's feature layers][n_embd] (a draft head's)

@@ -1,5 +1,7 @@
 #include "sampling/penalties.h"
 
+#include "grammar/token_constraint.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -38,15 +40,22 @@ const char* first_active_penalty(const PenaltyParams& p, float min_p) {
   return nullptr;
 }
 
-Penalizer::Penalizer(const PenaltyParams& params, int64_t n_vocab)
-    : params_(params), n_vocab_(n_vocab), active_(params.active()) {
+Penalizer::Penalizer(const PenaltyParams& params, int64_t n_vocab) : Penalizer(params, n_vocab, nullptr) {}
+
+Penalizer::Penalizer(const PenaltyParams& params, int64_t n_vocab, std::unique_ptr<GrammarMatcher> grammar)
+    : params_(params), n_vocab_(n_vocab), active_(params.active()), grammar_(std::move(grammar)) {
   params_.validate(n_vocab);
   if (!active_) return;
   seen_.assign(size_t(n_vocab), 0u);
   if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) gen_count_.assign(size_t(n_vocab), 0);
 }
 
+Penalizer::~Penalizer() = default;
+
+bool Penalizer::allows_path(std::span<const int32_t> path) { return !grammar_ || grammar_->allows_path(path); }
+
 void Penalizer::begin(std::span<const int32_t> prompt, int64_t capacity) {
+  if (grammar_) grammar_->begin();
   if (!active_) return;
   for (int32_t t : gen_distinct_) gen_count_[size_t(t)] = 0;
   gen_distinct_.clear();
@@ -58,6 +67,7 @@ void Penalizer::begin(std::span<const int32_t> prompt, int64_t capacity) {
 }
 
 void Penalizer::accept(int32_t token) {
+  if (grammar_) grammar_->accept(token);
   if (!active_) return;
   context_.push_back(token);
   if (!gen_count_.empty() && gen_count_[size_t(token)]++ == 0) gen_distinct_.push_back(token);
@@ -78,6 +88,11 @@ bool Penalizer::stamp(int32_t token) {
 }
 
 void Penalizer::apply(float* logits, std::span<const int32_t> path) {
+  penalise(logits, path);
+  if (grammar_) grammar_->mask_row(logits, path);  // last: it ranks the penalised row
+}
+
+void Penalizer::penalise(float* logits, std::span<const int32_t> path) {
   if (!active_) return;
   for (const auto& [token, bias] : params_.logit_bias) logits[token] += bias;
 

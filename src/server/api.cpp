@@ -4,6 +4,7 @@
 #include <limits>
 #include <random>
 
+#include "grammar/json_schema.h"
 #include "tokenizer/unicode.h"
 #include "util/error.h"
 
@@ -366,11 +367,55 @@ void reject_unsupported(Endpoint endpoint, const json& body) {
   if (const json* choice = field(body, "tool_choice"))
     if (!(choice->is_string() && choice->get<std::string>() == "none"))
       unsupported("tool_choice", "Tool and function calling");
-  if (const json* fmt = field(body, "response_format")) {
+  if (const json* grammar = field(body, "grammar")) {  // llama.cpp's GBNF grammar
+    if (!grammar->is_string()) wrong_type("grammar", "a string", *grammar);
+    if (!grammar->get<std::string>().empty())
+      unsupported("grammar", "A GBNF grammar (use response_format with a JSON Schema)");
+  }
+}
+
+// response_format (OpenAI): {"type": "text"}, {"type": "json_object"} or {"type": "json_schema",
+// "json_schema": {"name", "schema", "strict"}}; llama.cpp's top-level "json_schema" too. The
+// schema is read again from the body text in its written order (properties are generated in it).
+std::shared_ptr<const TokenConstraint> parse_response_format(const json& body, const std::string& body_text,
+                                                             const RequestContext& ctx) {
+  const json* fmt = field(body, "response_format");
+  const json* llama_schema = field(body, "json_schema");
+  if (!fmt && !llama_schema) return nullptr;
+  if (fmt && llama_schema)
+    throw ApiError(400, "Give one of 'response_format' and 'json_schema'.", "json_schema", "invalid_value");
+  const char* param = fmt ? "response_format" : "json_schema";
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body_text);  // valid: parse_body read it
+  const nlohmann::ordered_json* schema = nullptr;
+  if (llama_schema) {
+    if (!llama_schema->is_object()) wrong_type("json_schema", "an object", *llama_schema);
+    schema = &ordered["json_schema"];
+  } else {
     if (!fmt->is_object()) wrong_type("response_format", "an object", *fmt);
     const json* type = field(*fmt, "type");
-    if (!type || !type->is_string() || type->get<std::string>() != "text")
-      unsupported("response_format", "A response_format other than {\"type\": \"text\"}");
+    if (!type || !type->is_string()) wrong_type("response_format.type", "a string", type ? *type : json());
+    const std::string kind = type->get<std::string>();
+    if (kind == "text") return nullptr;
+    if (kind == "json_schema") {
+      const json* spec = field(*fmt, "json_schema");
+      if (!spec || !spec->is_object()) wrong_type("response_format.json_schema", "an object", spec ? *spec : json());
+      if (const json* strict = field(*spec, "strict"); strict && !strict->is_boolean())
+        wrong_type("response_format.json_schema.strict", "a boolean", *strict);
+      const json* s = field(*spec, "schema");
+      if (!s || !(s->is_object() || s->is_boolean()))
+        wrong_type("response_format.json_schema.schema", "a JSON Schema object", s ? *s : json());
+      schema = &ordered["response_format"]["json_schema"]["schema"];
+    } else if (kind != "json_object") {
+      throw ApiError(400,
+                     "Invalid 'response_format.type': expected 'text', 'json_object' or 'json_schema', but got '" +
+                         kind + "'.",
+                     "response_format.type", "invalid_value");
+    }
+  }
+  try {
+    return ctx.grammars->get(schema);
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("Invalid '") + param + "': " + e.what(), param, "unsupported_schema");
   }
 }
 
@@ -562,6 +607,19 @@ json detokenize_answer(const std::string& body_text, const Tokenizer& tok) {
   return json{{"content", tok.decode(ids, true)}};
 }
 
+std::shared_ptr<const TokenConstraint> GrammarCache::get(const nlohmann::ordered_json* schema) {
+  const std::string key = schema ? schema->dump() : std::string("json_object");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = by_schema_.find(key); it != by_schema_.end()) return it->second;
+  }
+  // Compiled outside the lock: a large schema does not hold up other requests.
+  auto made = std::make_shared<const TokenConstraint>(schema ? json_schema_grammar(*schema) : json_object_grammar(), vocab_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (by_schema_.size() >= kMaxGrammars) by_schema_.clear();
+  return by_schema_.emplace(key, std::move(made)).first->second;
+}
+
 CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body_text,
                                            const RequestContext& ctx) {
   const json body = parse_body(body_text);
@@ -627,6 +685,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   }
   r.params.stop_strings = parse_stop(body);
   r.params.logprobs = parse_logprobs(endpoint, body);
+  r.params.grammar = parse_response_format(body, body_text, ctx);
 
   r.stream = bool_field(body, "stream", false);
   r.cache_prompt = bool_field(body, "cache_prompt", true);

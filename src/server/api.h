@@ -5,6 +5,9 @@
 // what a request may contain lives in one place.
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "engine/generator.h"
+#include "grammar/token_constraint.h"
 #include "engine/speculative_decoder.h"
 #include "sampling/logprobs.h"
 #include "speculative/settings.h"
@@ -39,12 +43,29 @@ const char* error_type_for_status(int status);
 
 enum class Endpoint { Chat, Completion };
 
+// Structured output's grammars over the model's vocabulary: each distinct schema compiled once and
+// shared, with its cache of token masks, by every request that asks for it. Thread-safe.
+class GrammarCache {
+ public:
+  explicit GrammarCache(std::shared_ptr<const GrammarVocabulary> vocab) : vocab_(std::move(vocab)) {}
+  // The grammar of a JSON Schema, or of any JSON object when schema is null. Throws Error (from
+  // grammar/json_schema.h) for a schema it cannot express.
+  std::shared_ptr<const TokenConstraint> get(const nlohmann::ordered_json* schema);
+
+ private:
+  static constexpr size_t kMaxGrammars = 64;  // then the cache starts over
+  std::shared_ptr<const GrammarVocabulary> vocab_;
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<const TokenConstraint>> by_schema_;  // key: the schema's JSON text
+};
+
 // What the server knows that request validation needs.
 struct RequestContext {
   const Tokenizer* tokenizer = nullptr;
   std::optional<ChatStyle> chat_style;  // none: the model has no chat template
   int32_t n_ctx = 0;                      // tokens per slot
   const SpecConfig* spec = nullptr;       // the slots' speculative setup (mode "none": off)
+  GrammarCache* grammars = nullptr;       // structured output (response_format)
 };
 
 // `n`: choices per request, 1..kMaxChoices (outside: 400 naming `n`).

@@ -183,7 +183,8 @@ std::unique_ptr<BatchScheduler::Running> BatchScheduler::admit(int slot, Request
   req->source = &req->result.gen;
   req->result.gen.prompt_tokens = static_cast<int32_t>(req->prompt->size());
   seq->sampler = std::make_unique<Sampler>(req->params->sampling, model_.config().n_vocab);
-  seq->penalties = std::make_unique<Penalizer>(req->params->penalties, model_.config().n_vocab);
+  seq->penalties = std::make_unique<Penalizer>(req->params->penalties, model_.config().n_vocab,
+                                               grammar_matcher(*req->params, model_.config().n_vocab));
   seq->penalties->begin(*req->prompt, slots_[slot].gen->cache().n_ctx() + 1);
   seq->sink = std::make_unique<TokenSink>(tokenizer_, *req->params, req->to_caller, req->result.gen);
   return seq;

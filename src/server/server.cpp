@@ -273,6 +273,10 @@ Backend cuda_backend(const ServerOptions& o, const GgufFile& file, const Tokeniz
               throw ApiError(400, "Invalid 'n': this server runs on a GPU, where several choices have not been "
                                   "tested (serve on the CPU for them).",
                              "n", "unsupported_parameter");
+            if (r.params.grammar)
+              throw ApiError(400, "Invalid 'response_format': this server runs on a GPU, which applies no "
+                                  "grammar (serve on the CPU for structured output).",
+                             "response_format", "unsupported_parameter");
             // The device hands back tokens, not logits rows.
             if (r.params.logprobs.enabled)
               throw ApiError(400, "Invalid 'logprobs': this server runs on a GPU, which does not report "
@@ -303,6 +307,7 @@ class Server {
       : opt_(options),
         file_(file),
         tokenizer_(tokenizer),
+        grammars_(std::make_shared<GrammarVocabulary>(tokenizer)),
         backend_(std::move(backend)),
         pool_(std::move(pool)),
         // A worker for every slot and queue place: workers wait for slots, I/O threads never do.
@@ -321,6 +326,7 @@ class Server {
     ctx_.tokenizer = &tokenizer_;
     ctx_.n_ctx = opt_.n_ctx;
     ctx_.spec = &opt_.spec;
+    ctx_.grammars = &grammars_;
     try {
       ctx_.chat_style = chat_style_for(file_, tokenizer_, opt_.chat_template);
       log::info("serve: chat prompts in %s", ctx_.chat_style->name.c_str());
@@ -355,6 +361,7 @@ class Server {
   ServerOptions opt_;
   const GgufFile& file_;
   const Tokenizer& tokenizer_;
+  GrammarCache grammars_;  // structured output's grammars over the model's vocabulary
   Backend backend_;
   std::unique_ptr<SlotPool> pool_;
   RequestContext ctx_;
