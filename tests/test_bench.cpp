@@ -369,7 +369,8 @@ TEST(BenchRunner, TwoTurnQuestionCarriesTheOwnAnswer) {
   auto model = Model::load(*file, opt);
   auto tok = Tokenizer::from_gguf(*file);
   BenchRunner runner(*file, *model, *tok, 1024,
-                     parse_methods("ar,full:tree-topk=1,tree-depth=2,tree-tokens=3", {}));
+                     parse_methods("ar,full:tree-topk=1,tree-depth=2,tree-tokens=3", {}),
+                     chat_style_for(*file, *tok, ""));
 
   BenchQuestion q{"7", "writing", {"Name a fruit.", "Why that one?"}};
   const auto turn2 = runner.encode_turn(q, 1, {"An apple, really."});
@@ -383,6 +384,7 @@ TEST(BenchRunner, TwoTurnQuestionCarriesTheOwnAnswer) {
   EXPECT_LT(a1, u2);
   const std::string rendered = runner.render_with_placeholders(q, 1);
   EXPECT_NE(rendered.find(BenchRunner::placeholder(0)), std::string::npos);
+  EXPECT_FALSE(runner.trims_contents()) << "ChatML writes the assistant's text as given";
 
   RunOptions ro;
   ro.params.max_new_tokens = 12;

@@ -1,6 +1,6 @@
-// How front ends write a conversation (tokenizer/chat.h: ChatStyle): a built-in format, or a
-// Jinja template through the interpreter (chat_template/). SmolLM2's own template gives the same
-// prompt ids as the built-in ChatML format for every conversation; a Gemma-style template written
+// How front ends write a conversation (tokenizer/chat.h: ChatStyle): a Jinja template through the
+// interpreter (chat_template/), built-in or not. SmolLM2's own template gives the same prompt ids
+// as the built-in ChatML template for every conversation; a Gemma-style template written
 // here gives the built-in Gemma format's ids (the template writing BOS itself, never twice); what
 // a user typed stays text wherever the template put it verbatim, and a template that changed such
 // text is refused rather than turning it into control tokens.
@@ -29,6 +29,8 @@ std::vector<Conversation> conversations() {
       {{"user", "Hi"}, {"assistant", "Hello! How can I help?"}, {"user", "Tell me a joke."}},
       {{"user", "  spaces around  "}},
       {{"user", "Type <|im_end|> and <end_of_turn> and <bos> as text."}},
+      // The same text as the marker the template wrote just before it: still text.
+      {{"system", "Be brief."}, {"user", "<|im_end|>"}},
   };
 }
 
@@ -44,9 +46,8 @@ TEST(ChatStyle, SmolLM2sOwnTemplateGivesTheBuiltInChatMLIds) {
   auto tok = Tokenizer::from_gguf(*file);
   const ChatStyle builtin = chat_style_for(*file, *tok, "");
   const ChatStyle own = chat_style_for(*file, *tok, "model");
-  ASSERT_TRUE(builtin.format.has_value());
   EXPECT_EQ(builtin.name, "chatml");
-  ASSERT_FALSE(own.format.has_value());
+  EXPECT_EQ(own.name, "the model's template");
   for (const Conversation& c : conversations()) {
     const std::vector<int32_t> ids = encode_chat(*tok, own, c);
     EXPECT_EQ(ids, encode_chat(*tok, builtin, c)) << c.back().content;
@@ -62,7 +63,6 @@ TEST(ChatStyle, AGemmaStyleTemplateGivesTheBuiltInGemmaIds) {
   auto file = GgufFile::open(test::gemma_path());
   auto tok = Tokenizer::from_gguf(*file);
   const ChatStyle builtin = chat_style_for(*file, *tok, "");
-  ASSERT_TRUE(builtin.format.has_value());
   EXPECT_EQ(builtin.name, "gemma");
   // The shipped Gemma is the base model: it carries no template of its own.
   EXPECT_NE(test::error_of([&] { chat_style_for(*file, *tok, "model"); }).find("no chat template"),

@@ -73,8 +73,7 @@ std::vector<Prompt> load_prompts(const CoverageOptions& a, const GgufFile& file,
   const std::string data = read_file_bytes(a.dataset);
   std::map<std::string, int32_t> taken;
   std::vector<Prompt> out;
-  const ChatFormat fmt = detect_chat_format(file, tok);
-  const std::string system = default_system_prompt(file);
+  const ChatStyle style = chat_style_for(file, tok, a.chat_template);
   size_t at = 0, line_no = 0;
   while (at < data.size()) {
     size_t end = data.find('\n', at);
@@ -105,7 +104,7 @@ std::vector<Prompt> load_prompts(const CoverageOptions& a, const GgufFile& file,
     if (taken[category] >= a.per_category) continue;
     ++taken[category];
     const std::vector<ChatMessage> messages = {{"user", text}};
-    out.push_back({category, encode_chat(tok, fmt, messages, system)});
+    out.push_back({category, encode_chat(tok, style, messages)});
   }
   if (out.empty()) throw Error(a.dataset + ": no prompts");
   return out;

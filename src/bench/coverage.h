@@ -27,8 +27,9 @@
 namespace microspec::bench {
 
 struct CoverageOptions {
-  std::string dataset;    // JSONL prompts (first turns; bench/dataset.h's row rule)
-  std::string freq_file;  // frequency file for the static top-K sets (vocab-freq)
+  std::string dataset;        // JSONL prompts (first turns; bench/dataset.h's row rule)
+  std::string freq_file;      // frequency file for the static top-K sets (vocab-freq)
+  std::string chat_template;  // --chat-template: tokenizer/chat.h's chat_style_for's choice
   std::string output = "coverage";
   int32_t n_ctx = 4096;
   int32_t per_category = 2;

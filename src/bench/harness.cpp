@@ -166,7 +166,7 @@ void print_progress(const Progress& p) {
   std::fflush(stderr);
 }
 
-// Writes the job for benchmarks/peer_llama_cpp.py: the same questions, rendered through our chat format
+// Writes the job for benchmarks/peer_llama_cpp.py: the same questions, rendered through our chat template
 // with placeholders where the peer puts its own earlier answers.
 nlohmann::json peer_job(const BenchOptions& a, const BenchRunner& runner,
                         const std::vector<BenchQuestion>& qs, int n_threads) {
@@ -472,7 +472,8 @@ void run_bench(BenchOptions options, const std::function<LoadedTarget()>& load_t
 
   const LoadedTarget m = load_target();
   const int n_threads = m.model.pool().size();
-  BenchRunner runner(m.file, m.model, m.tokenizer, a.n_ctx, methods);
+  BenchRunner runner(m.file, m.model, m.tokenizer, a.n_ctx, methods,
+                     chat_style_for(m.file, m.tokenizer, a.chat_template));
   std::ofstream records_out(out_dir / "records.jsonl", std::ios::binary);
   if (!records_out) throw Error((out_dir / "records.jsonl").string() + ": cannot write");
   OwnRun run = run_own_methods(a, runner, methods, questions, records_out);

@@ -24,6 +24,7 @@ struct BenchOptions {
   int32_t n_batch = 512;
   SpecConfig spec;  // the shared speculative flags
   std::string dataset;
+  std::string chat_template;  // --chat-template: tokenizer/chat.h's chat_style_for's choice
   std::vector<std::string> methods;
   std::string categories;
   int32_t per_category = 0;

@@ -118,6 +118,13 @@ void check_unique(const std::vector<MethodSpec>& methods) {
       throw Error("benchmark method '" + m.info.label + "' given twice");
 }
 
+// Whether the template trims the assistant's text: a reply with spaces around it, rendered.
+bool template_trims_answers(const ChatStyle& style, const Tokenizer& tok) {
+  const std::string reply = " " + BenchRunner::placeholder(0) + " ";
+  const std::vector<ChatMessage> probe = {{"user", "Hi"}, {"assistant", reply}, {"user", "Again"}};
+  return render_chat(style, tok, probe, nullptr).find(reply) == std::string::npos;
+}
+
 }  // namespace
 
 std::vector<MethodSpec> parse_methods(const std::string& list, const SpecConfig& shared) {
@@ -248,11 +255,11 @@ struct BenchRunner::Method {
 };
 
 BenchRunner::BenchRunner(const GgufFile& file, Model& model, const Tokenizer& tokenizer, int32_t n_ctx,
-                         const std::vector<MethodSpec>& methods)
+                         const std::vector<MethodSpec>& methods, ChatStyle chat_style)
     : tokenizer_(tokenizer),
       gen_(model, tokenizer, n_ctx),
-      chat_format_(detect_chat_format(file, tokenizer)),
-      default_system_(default_system_prompt(file)) {
+      chat_style_(std::move(chat_style)),
+      trims_contents_(template_trims_answers(chat_style_, tokenizer)) {
   if (methods.empty()) throw Error("benchmark: no methods");
   check_unique(methods);
   methods_.reserve(methods.size());
@@ -283,17 +290,13 @@ std::string BenchRunner::placeholder(size_t i) {
   return "\x01MICROSPEC_ANSWER_" + std::to_string(i) + "\x01";
 }
 
-bool BenchRunner::trims_contents() const {
-  return chat_format_ != ChatFormat::ChatML;
-}
-
 std::string BenchRunner::render_with_placeholders(const BenchQuestion& q, size_t turn) const {
   std::vector<ChatMessage> messages;
   for (size_t i = 0; i <= turn; ++i) {
     messages.push_back({"user", q.turns[i]});
     if (i < turn) messages.push_back({"assistant", placeholder(i)});
   }
-  return apply_chat_template(chat_format_, messages, true, default_system_);
+  return render_chat(chat_style_, tokenizer_, messages, nullptr);
 }
 
 std::vector<int32_t> BenchRunner::encode_turn(const BenchQuestion& q, size_t turn,
@@ -303,7 +306,7 @@ std::vector<int32_t> BenchRunner::encode_turn(const BenchQuestion& q, size_t tur
     messages.push_back({"user", q.turns[i]});
     if (i < turn) messages.push_back({"assistant", answers.at(i)});
   }
-  return encode_chat(tokenizer_, chat_format_, messages, default_system_);
+  return encode_chat(tokenizer_, chat_style_, messages);
 }
 
 PromptRecord BenchRunner::run_one(Method& m, const BenchQuestion& q, int32_t index,

@@ -62,9 +62,9 @@ struct Progress {
 class BenchRunner {
  public:
   // Builds a Decoder per method (ar: without a drafter), all sharing one Generator (the model is
-  // loaded once).
+  // loaded once). Prompts are written in chat_style (tokenizer/chat.h: chat_style_for).
   BenchRunner(const GgufFile& file, Model& model, const Tokenizer& tokenizer, int32_t n_ctx,
-              const std::vector<MethodSpec>& methods);
+              const std::vector<MethodSpec>& methods, ChatStyle chat_style);
   ~BenchRunner();
 
   // The methods as run (descriptions filled in from their setups).
@@ -76,8 +76,8 @@ class BenchRunner {
   // The rendered conversation up to turn `turn` with answer i replaced by placeholder(i).
   std::string render_with_placeholders(const BenchQuestion& q, size_t turn) const;
   static std::string placeholder(size_t i);
-  // Whether the chat format trims message contents (answers must be trimmed the same way).
-  bool trims_contents() const;
+  // Whether the chat template trims what the assistant said (answers must be trimmed the same way).
+  bool trims_contents() const { return trims_contents_; }
 
   // Runs every method on every question, interleaved per question. on_record sees each record as it
   // is final (for streaming to disk). Errors name the method and question.
@@ -92,8 +92,8 @@ class BenchRunner {
   const Tokenizer& tokenizer_;
   Generator gen_;
   std::vector<Method> methods_;
-  ChatFormat chat_format_;
-  std::string default_system_;
+  ChatStyle chat_style_;
+  bool trims_contents_;
 };
 
 // Resets the process's resident-memory high-water mark (Linux /proc/self/clear_refs), so that

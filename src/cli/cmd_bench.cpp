@@ -52,6 +52,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--per-category", b.per_category, "first N questions of each category (0 = all)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 30));
+  add_chat_template_option(*cmd, b.chat_template);
 
   add_sampling_options(*cmd, {.n_predict = b.max_new_tokens,
                               .temperature = b.temperature,

@@ -36,6 +36,7 @@ void add_coverage_command(CLI::App& app) {
   cmd->add_option("--per-category", c.per_category, "prompts per category")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  add_chat_template_option(*cmd, c.chat_template);
   cmd->add_option("-n,--n-predict,--max-new-tokens", c.max_new_tokens, "greedy tokens per prompt")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));

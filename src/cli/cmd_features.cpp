@@ -4,8 +4,8 @@
 // log-probabilities (the head's soft labels), from one teacher-forced pass.
 //
 // Input: JSONL, one {"messages": [{"role", "content"}, ...]} (rendered with the model's chat
-// format, whole conversation, no generation prompt) or {"ids": [...]} per line. Output (-o): per
-// sequence, in input order, raw little-endian arrays
+// template, or --chat-template's; whole conversation, no generation prompt) or {"ids": [...]} per
+// line. Output (-o): per sequence, in input order, raw little-endian arrays
 //   ids        int32 [n]
 //   features   bf16  [n][layers][n_embd]   (bfloat16: the residual streams exceed half-float range,
 //                                           Gemma 3's reach 1e5; round to nearest even)
@@ -18,6 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -37,6 +38,7 @@ struct FeaturesArgs {
   std::string input;
   std::string output;
   std::string layers;
+  std::string chat_template;  // --chat-template: chat_style_for's choice
   int32_t top_k = 16;
   int32_t max_tokens = 1024;
 };
@@ -60,8 +62,9 @@ std::vector<int32_t> parse_layers(const std::string& text, int32_t n_layer) {
   return layers;
 }
 
-// The token ids of one input line.
-std::vector<int32_t> sequence_ids(const nlohmann::json& j, const LoadedModel& m, const std::string& where) {
+// The token ids of one input line. The chat template is chosen at the first line with messages.
+std::vector<int32_t> sequence_ids(const nlohmann::json& j, const LoadedModel& m, const FeaturesArgs& a,
+                                  std::optional<ChatStyle>& style, const std::string& where) {
   if (j.is_object() && j.contains("ids")) return j["ids"].get<std::vector<int32_t>>();
   if (!j.is_object() || !j.contains("messages") || !j["messages"].is_array())
     throw Error(where + "expected {\"messages\": [...]} or {\"ids\": [...]}");
@@ -72,11 +75,8 @@ std::vector<int32_t> sequence_ids(const nlohmann::json& j, const LoadedModel& m,
       throw Error(where + "each message needs string \"role\" and \"content\"");
     messages.push_back({msg["role"].get<std::string>(), msg["content"].get<std::string>()});
   }
-  const ChatFormat format = detect_chat_format(*m.file, *m.tokenizer);
-  std::vector<Tokenizer::TextRange> contents;
-  const std::string text =
-      apply_chat_template(format, messages, false, default_system_prompt(*m.file), &contents);
-  return m.tokenizer->encode_with_literals(text, m.tokenizer->add_bos_default(), contents);
+  if (!style) style = chat_style_for(*m.file, *m.tokenizer, a.chat_template);
+  return encode_chat(*m.tokenizer, *style, messages, GenerationPrompt::Omit);
 }
 
 void run_features(const FeaturesArgs& a) {
@@ -99,6 +99,7 @@ void run_features(const FeaturesArgs& a) {
   std::vector<uint16_t> features;     // [chunk][L][E] bfloat16
   std::vector<int32_t> top_ids;       // [chunk][k]
   std::vector<float> top_logp;        // [chunk][k]
+  std::optional<ChatStyle> style;
   std::istringstream lines(read_file_bytes(a.input));
   std::string line;
   int line_no = 0;
@@ -108,7 +109,7 @@ void run_features(const FeaturesArgs& a) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = a.input + ":" + std::to_string(line_no) + ": ";
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    std::vector<int32_t> ids = sequence_ids(j, m, where);
+    std::vector<int32_t> ids = sequence_ids(j, m, a, style, where);
     if (ids.size() > size_t(a.max_tokens)) ids.resize(size_t(a.max_tokens));
     const int32_t n = static_cast<int32_t>(ids.size());
     if (n == 0) throw Error(where + "empty sequence");
@@ -157,9 +158,11 @@ void add_features_command(CLI::App& app) {
       "features", "an EAGLE-3 head's training data: chosen layers' hidden states and the target's top-k labels");
   args->model.add_to(*cmd, 64);
   cmd->option_defaults()->group(group::kInput);
-  cmd->add_option("--input", args->input,
-                  "JSONL of {\"messages\": [...]} (rendered with the model's chat format) or {\"ids\": [...]}")
+  cmd->add_option(
+         "--input", args->input,
+         "JSONL of {\"messages\": [...]} (rendered with the model's chat template) or {\"ids\": [...]}")
       ->required();
+  add_chat_template_option(*cmd, args->chat_template);
   cmd->add_option("-o,--output", args->output, "binary output (see the command's header comment)")
       ->required()
       ->group(group::kOutput);

@@ -1,6 +1,6 @@
-// `microspec template`: renders a model's Jinja chat template (or a template file) over a
-// conversation and prints the text, for debugging chat formats. A JSON-lines batch mode renders
-// many conversations in one process (the oracle test against Python's jinja2 uses it).
+// `microspec template`: renders a model's Jinja chat template (or a template file, or a built-in
+// one) over a conversation and prints the text, for debugging chat formats. A JSON-lines batch mode
+// renders many conversations in one process (the oracle test against Python's jinja2 uses it).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "gguf/gguf.h"
+#include "tokenizer/builtin_templates.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -69,7 +70,9 @@ std::optional<std::string> token_text_from_config(const ordered_json& config, co
 
 TemplateSource load_source(const TemplateOptions& o) {
   TemplateSource source;
-  if (!o.template_file.empty()) {
+  if (is_builtin_template_name(o.template_file)) {
+    source.text = builtin_template(chat_format_from_name(o.template_file)).source;
+  } else if (!o.template_file.empty()) {
     source.text = read_file_bytes(o.template_file);
   } else if (is_hf_folder(o.model)) {
     source.text = select_chat_template(chat_templates_from_hf_folder(o.model), o.name, o.model).source;
@@ -182,7 +185,10 @@ void add_template_command(CLI::App& app) {
   cmd->add_option("-m,--model", opts->model,
                   "GGUF model file or Hugging Face model folder: its chat template and "
                   "its BOS / EOS tokens");
-  cmd->add_option("--template", opts->template_file, "a Jinja chat template file (instead of -m)");
+  cmd->add_option(
+      "--template", opts->template_file,
+      "a Jinja chat template file, or a built-in one: gemma, chatml, llama3 (instead of -m; the "
+      "built-in chatml writes the variable default_system when the first message is not a system one)");
   cmd->add_option("--name", opts->name,
                   "the model's named template variant, e.g. tool_use (default: the main one)");
   cmd->option_defaults()->group(group::kInput);

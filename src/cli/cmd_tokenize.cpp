@@ -163,12 +163,10 @@ json handle_batch_request(const json& req, const GgufFile& file, const Tokenizer
     for (const json& m : req.at("messages")) {
       messages.push_back(ChatMessage{m.at("role").get<std::string>(), m.at("content").get<std::string>()});
     }
-    const ChatFormat format = req.contains("format")
-                                  ? chat_format_from_name(req.at("format").get<std::string>())
-                                  : detect_chat_format(file, tok);
-    const std::string text = apply_chat_template(format, messages, req.value("add_generation_prompt", true),
-                                                 default_system_prompt(file));
-    return json{{"format", chat_format_name(format)}, {"text", text}};
+    const ChatStyle style = chat_style_for(file, tok, req.value("format", std::string()));
+    const GenerationPrompt prompt =
+        req.value("add_generation_prompt", true) ? GenerationPrompt::Add : GenerationPrompt::Omit;
+    return json{{"format", style.name}, {"text", render_chat(style, tok, messages, nullptr, prompt)}};
   }
   if (op == "info") {
     json info{{"n_vocab", tok.n_vocab()},

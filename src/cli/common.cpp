@@ -18,6 +18,16 @@ CLI::Option* add_model_path_option(CLI::App& cmd, std::string& path, const char*
   return cmd.add_option("-m,--model", path, help)->required()->group(group::kModel);
 }
 
+CLI::Option* add_chat_template_option(CLI::App& cmd, std::string& choice) {
+  return cmd
+      .add_option(
+          "--chat-template", choice,
+          "how chat messages become a prompt: a Jinja chat template file, a built-in format (gemma, chatml, "
+          "llama3) or 'model' (the model's own template); default: the built-in format that fits the model, "
+          "else its own template")
+      ->group(group::kInput);
+}
+
 void ModelArgs::add_to(CLI::App& cmd, int32_t default_batch) {
   n_batch = default_batch;
   CLI::OptionDefaults before = *cmd.option_defaults();

@@ -29,6 +29,10 @@ inline constexpr const char* kOther = "Other";
 // The options of the model file every subcommand that reads one has (-m/--model), in the Model group.
 CLI::Option* add_model_path_option(CLI::App& cmd, std::string& path, const char* help);
 
+// --chat-template: how chat messages become a prompt (tokenizer/chat.h: chat_style_for's choice), in
+// the Input group, for the commands that write conversations without --chat (bench, coverage, features).
+CLI::Option* add_chat_template_option(CLI::App& cmd, std::string& choice);
+
 struct ModelArgs {
   std::string model_path;
   int threads = 0;  // 0: all cores

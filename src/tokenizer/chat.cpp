@@ -1,10 +1,9 @@
-// Built-in chat formats. Rendering follows llama.cpp's built-in templates for the same formats
-// (contents trimmed for Gemma and Llama 3, verbatim for ChatML), which also agree with the
-// models' own Jinja templates for ordinary conversations.
+// Chat prompts through Jinja templates, and where the messages' text lies in the result.
 #include "tokenizer/chat.h"
 
-#include <cctype>
+#include <charconv>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "chat_template/chat_template.h"
 #include "gguf/gguf.h"
@@ -14,13 +13,6 @@
 
 namespace microspec {
 namespace {
-
-std::string trim(const std::string& s) {
-  size_t begin = 0, end = s.size();
-  while (begin < end && std::isspace(static_cast<unsigned char>(s[begin]))) ++begin;
-  while (end > begin && std::isspace(static_cast<unsigned char>(s[end - 1]))) --end;
-  return s.substr(begin, end - begin);
-}
 
 bool contains(std::string_view haystack, std::string_view needle) {
   return haystack.find(needle) != std::string_view::npos;
@@ -56,25 +48,6 @@ std::string unescape_jinja_literal(std::string_view s, char quote) {
 }
 
 }  // namespace
-
-const char* chat_format_name(ChatFormat f) {
-  switch (f) {
-    case ChatFormat::Gemma:
-      return "gemma";
-    case ChatFormat::ChatML:
-      return "chatml";
-    case ChatFormat::Llama3:
-      return "llama3";
-  }
-  return "unknown";
-}
-
-ChatFormat chat_format_from_name(std::string_view name) {
-  if (name == "gemma") return ChatFormat::Gemma;
-  if (name == "chatml") return ChatFormat::ChatML;
-  if (name == "llama3") return ChatFormat::Llama3;
-  throw Error("unknown chat format '" + std::string(name) + "' (known: gemma, chatml, llama3)");
-}
 
 ChatFormat detect_chat_format(const GgufFile& file, const Tokenizer& tok) {
   if (const auto tmpl = file.get_string_opt("tokenizer.chat_template")) {
@@ -113,71 +86,6 @@ std::string default_system_prompt(const GgufFile& file) {
   return "";
 }
 
-std::string apply_chat_template(ChatFormat f, std::span<const ChatMessage> messages,
-                                bool add_generation_prompt, const std::string& default_system,
-                                std::vector<Tokenizer::TextRange>* content_ranges) {
-  std::string out;
-  // Appends what a message says (recording where it lies: text, never control tokens).
-  auto content = [&](std::string_view text) {
-    if (content_ranges && !text.empty()) content_ranges->push_back({out.size(), text.size()});
-    out += text;
-  };
-  switch (f) {
-    case ChatFormat::Gemma: {
-      // Gemma has no system role: system text goes at the top of the next user turn.
-      std::string system;
-      for (const ChatMessage& m : messages) {
-        if (m.role == "system") {
-          system += trim(m.content);
-          continue;
-        }
-        const std::string role = m.role == "assistant" ? "model" : m.role;
-        out += "<start_of_turn>" + role + "\n";
-        if (!system.empty() && role != "model") {
-          content(system);
-          out += "\n\n";
-          system.clear();
-        }
-        content(trim(m.content));
-        out += "<end_of_turn>\n";
-      }
-      if (!system.empty())
-        throw Error("the gemma chat format has no system role: a system message must be followed by a user message");
-      if (add_generation_prompt) out += "<start_of_turn>model\n";
-      break;
-    }
-    case ChatFormat::ChatML: {
-      if (!default_system.empty() && !messages.empty() && messages[0].role != "system") {
-        out += "<|im_start|>system\n" + default_system + "<|im_end|>\n";
-      }
-      for (const ChatMessage& m : messages) {
-        out += "<|im_start|>" + m.role + "\n";
-        content(m.content);
-        out += "<|im_end|>\n";
-      }
-      if (add_generation_prompt) out += "<|im_start|>assistant\n";
-      break;
-    }
-    case ChatFormat::Llama3: {
-      for (const ChatMessage& m : messages) {
-        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
-        content(trim(m.content));
-        out += "<|eot_id|>";
-      }
-      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-      break;
-    }
-  }
-  return out;
-}
-
-std::vector<int32_t> encode_chat(const Tokenizer& tok, ChatFormat f, std::span<const ChatMessage> messages,
-                                 const std::string& default_system) {
-  std::vector<Tokenizer::TextRange> contents;
-  const std::string text = apply_chat_template(f, messages, true, default_system, &contents);
-  return tok.encode_with_literals(text, tok.add_bos_default(), contents);
-}
-
 namespace {
 
 ChatStyle jinja_style(const std::string& source, const std::string& name, const Tokenizer& tok) {
@@ -194,46 +102,105 @@ ChatStyle model_template_style(const GgufFile& file, const Tokenizer& tok) {
   return jinja_style(select_chat_template(templates, "", file.name()).source, "the model's template", tok);
 }
 
+// A message as the template sees it: role and content, an assistant's tool_calls with each call's
+// arguments as an object where they parse as one (OpenAI sends a JSON string), a tool result's
+// tool_call_id.
+nlohmann::ordered_json message_value(const ChatMessage& m) {
+  nlohmann::ordered_json v{{"role", m.role}, {"content", m.content}};
+  if (!m.tool_calls.is_null()) {
+    nlohmann::ordered_json calls = m.tool_calls;
+    for (auto& call : calls) {
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
+      auto& fn = call["function"];
+      if (fn.contains("arguments") && fn["arguments"].is_string()) {
+        const auto parsed = nlohmann::ordered_json::parse(fn["arguments"].get<std::string>(), nullptr, false);
+        if (parsed.is_object()) fn["arguments"] = parsed;
+      }
+    }
+    v["tool_calls"] = std::move(calls);
+  }
+  if (!m.tool_call_id.empty()) v["tool_call_id"] = m.tool_call_id;
+  return v;
+}
+
+nlohmann::ordered_json chat_context(const ChatStyle& style, std::span<const ChatMessage> messages,
+                                    GenerationPrompt prompt, const nlohmann::ordered_json* tools) {
+  nlohmann::ordered_json context;
+  context["messages"] = nlohmann::ordered_json::array();
+  for (const ChatMessage& m : messages) context["messages"].push_back(message_value(m));
+  if (tools) context["tools"] = *tools;
+  context["add_generation_prompt"] = prompt == GenerationPrompt::Add;
+  context["bos_token"] = style.bos_text;
+  context["eos_token"] = style.eos_text;
+  if (!style.default_system.empty()) context["default_system"] = style.default_system;
+  return context;
+}
+
 // True when encoding `text` with control-token strings parsed gives other tokens than as text.
 bool holds_control_text(const Tokenizer& tok, std::string_view text) {
   return tok.encode(text, false, true) != tok.encode(text, false, false);
 }
 
-}  // namespace
+constexpr const char* kAsciiSpace = " \t\n\v\f\r";
 
-ChatStyle chat_style_for(const GgufFile& file, const Tokenizer& tok, const std::string& chosen) {
-  auto builtin = [&](ChatFormat f) {
-    ChatStyle style;
-    style.format = f;
-    style.default_system = default_system_prompt(file);
-    style.name = chat_format_name(f);
-    return style;
-  };
-  if (chosen == "gemma" || chosen == "chatml" || chosen == "llama3") return builtin(chat_format_from_name(chosen));
-  if (chosen == "model") return model_template_style(file, tok);
-  if (!chosen.empty()) return jinja_style(read_file_bytes(chosen), chosen, tok);
-  try {
-    return builtin(detect_chat_format(file, tok));
-  } catch (const Error& no_builtin) {
-    if (!file.get_string_opt("tokenizer.chat_template")) throw;
-    return model_template_style(file, tok);
+// The ranges from a second render in which each message's text, less the whitespace at its ends,
+// is a marker "\x01<index>\x02". Put back in place of its marker, the texts must give `text`
+// itself (each marker at most once), and then they lie exactly where the markers were; otherwise
+// (a template that changed the text or wrote it twice) nothing.
+std::optional<std::vector<Tokenizer::TextRange>> ranges_by_markers(const ChatStyle& style,
+                                                                   std::span<const ChatMessage> messages,
+                                                                   GenerationPrompt prompt,
+                                                                   const nlohmann::ordered_json* tools,
+                                                                   const ChatTemplateOptions& options,
+                                                                   const std::string& text) {
+  std::vector<ChatMessage> marked(messages.begin(), messages.end());
+  std::vector<std::string_view> cores(messages.size());
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& c = messages[i].content;
+    const size_t begin = c.find_first_not_of(kAsciiSpace);
+    if (begin == std::string::npos) continue;  // whitespace alone: never control-token text
+    const size_t end = c.find_last_not_of(kAsciiSpace) + 1;
+    cores[i] = std::string_view(c).substr(begin, end - begin);
+    marked[i].content = c.substr(0, begin) + "\x01" + std::to_string(i) + "\x02" + c.substr(end);
   }
+  std::string with_markers;
+  try {
+    with_markers = style.jinja->render(chat_context(style, marked, prompt, tools), options);
+  } catch (const Error&) {
+    return std::nullopt;  // the template looks at the text itself
+  }
+  std::string rebuilt;
+  std::vector<Tokenizer::TextRange> ranges;
+  std::vector<bool> seen(messages.size(), false);
+  size_t at = 0;
+  for (size_t open = with_markers.find('\x01'); open != std::string::npos;
+       open = with_markers.find('\x01', open + 1)) {
+    const size_t close = with_markers.find('\x02', open);
+    if (close == std::string::npos) break;
+    size_t i = 0;
+    const char* first = with_markers.data() + open + 1;
+    const char* last = with_markers.data() + close;
+    const auto [end, error] = std::from_chars(first, last, i);
+    if (error != std::errc() || end != last || i >= messages.size() || cores[i].empty()) continue;
+    if (seen[i]) return std::nullopt;
+    seen[i] = true;
+    rebuilt.append(with_markers, at, open - at);
+    ranges.push_back({rebuilt.size(), cores[i].size()});
+    rebuilt += cores[i];
+    at = close + 1;
+    open = close;
+  }
+  rebuilt.append(with_markers, at);
+  if (rebuilt != text) return std::nullopt;
+  return ranges;
 }
 
-std::string render_chat(const ChatStyle& style, const Tokenizer& tok, std::span<const ChatMessage> messages,
-                        std::vector<Tokenizer::TextRange>* content_ranges) {
-  if (style.format) return apply_chat_template(*style.format, messages, true, style.default_system, content_ranges);
-  nlohmann::ordered_json context;
-  context["messages"] = nlohmann::ordered_json::array();
-  for (const ChatMessage& m : messages)
-    context["messages"].push_back({{"role", m.role}, {"content", m.content}});
-  context["add_generation_prompt"] = true;
-  context["bos_token"] = style.bos_text;
-  context["eos_token"] = style.eos_text;
-  ChatTemplateOptions options;
-  options.now = current_utc_time();
-  const std::string text = style.jinja->render(context, options);
-  // Each message's text where the template wrote it, in order.
+// The ranges found by searching `text` for each message's text in order, for a template that
+// changed some of it: text not found that holds control-token text is refused.
+std::vector<Tokenizer::TextRange> ranges_by_search(const ChatStyle& style, const Tokenizer& tok,
+                                                   std::span<const ChatMessage> messages,
+                                                   const std::string& text) {
+  std::vector<Tokenizer::TextRange> ranges;
   size_t from = 0;
   for (const ChatMessage& m : messages) {
     if (m.content.empty()) continue;
@@ -244,16 +211,70 @@ std::string render_chat(const ChatStyle& style, const Tokenizer& tok, std::span<
                     " message that holds control-token text, which would then be read as control tokens");
       continue;
     }
-    if (content_ranges) content_ranges->push_back({at, m.content.size()});
+    ranges.push_back({at, m.content.size()});
     from = at + m.content.size();
+  }
+  return ranges;
+}
+
+}  // namespace
+
+ChatStyle builtin_chat_style(ChatFormat f, const std::string& default_system) {
+  const BuiltinTemplate& t = builtin_template(f);
+  ChatStyle style;
+  style.jinja = std::make_shared<const ChatTemplate>(t.source);
+  if (t.writes_default_system) style.default_system = default_system;
+  style.name = t.name;
+  return style;
+}
+
+ChatStyle chat_style_for(const GgufFile& file, const Tokenizer& tok, const std::string& chosen) {
+  if (is_builtin_template_name(chosen))
+    return builtin_chat_style(chat_format_from_name(chosen), default_system_prompt(file));
+  if (chosen == "model") return model_template_style(file, tok);
+  if (!chosen.empty()) return jinja_style(read_file_bytes(chosen), chosen, tok);
+  try {
+    return builtin_chat_style(detect_chat_format(file, tok), default_system_prompt(file));
+  } catch (const Error& no_builtin) {
+    if (!file.get_string_opt("tokenizer.chat_template")) throw;
+    return model_template_style(file, tok);
+  }
+}
+
+// Tool definitions and calls are rendered as template data, and so tokenized with control tokens
+// parsed: control-token text in them is refused.
+void refuse_control_text_in_tools(const Tokenizer& tok, std::span<const ChatMessage> messages,
+                                  const nlohmann::ordered_json* tools) {
+  if (tools && holds_control_text(tok, tools->dump()))
+    throw Error("the tool definitions hold control-token text");
+  for (const ChatMessage& m : messages)
+    if (!m.tool_calls.is_null() && holds_control_text(tok, m.tool_calls.dump()))
+      throw Error("a message's tool calls hold control-token text");
+}
+
+std::string render_chat(const ChatStyle& style, const Tokenizer& tok, std::span<const ChatMessage> messages,
+                        std::vector<Tokenizer::TextRange>* content_ranges, GenerationPrompt prompt,
+                        const nlohmann::ordered_json* tools) {
+  refuse_control_text_in_tools(tok, messages, tools);
+  ChatTemplateOptions options;
+  options.now = current_utc_time();
+  const std::string text = style.jinja->render(chat_context(style, messages, prompt, tools), options);
+  if (!content_ranges) return text;
+  if (auto exact = ranges_by_markers(style, messages, prompt, tools, options, text)) {
+    content_ranges->insert(content_ranges->end(), exact->begin(), exact->end());
+  } else {
+    const std::vector<Tokenizer::TextRange> found = ranges_by_search(style, tok, messages, text);
+    content_ranges->insert(content_ranges->end(), found.begin(), found.end());
   }
   return text;
 }
 
-std::vector<int32_t> encode_chat(const Tokenizer& tok, const ChatStyle& style, std::span<const ChatMessage> messages) {
+std::vector<int32_t> encode_chat(const Tokenizer& tok, const ChatStyle& style,
+                                 std::span<const ChatMessage> messages, GenerationPrompt prompt,
+                                 const nlohmann::ordered_json* tools) {
   std::vector<Tokenizer::TextRange> contents;
-  const std::string text = render_chat(style, tok, messages, &contents);
-  const bool wrote_bos = !style.format && !style.bos_text.empty() && text.starts_with(style.bos_text);
+  const std::string text = render_chat(style, tok, messages, &contents, prompt, tools);
+  const bool wrote_bos = !style.bos_text.empty() && text.starts_with(style.bos_text);
   return tok.encode_with_literals(text, tok.add_bos_default() && !wrote_bos, contents);
 }
 

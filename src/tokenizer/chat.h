@@ -1,13 +1,15 @@
 #pragma once
-// Chat prompts: the built-in formats, chosen from the model file, or the model's own Jinja template.
+// Chat prompts: a conversation rendered by a Jinja template (chat_template/): a built-in one
+// (builtin_templates.h) chosen from the model file, the model's own, or one from a file.
 #include <cstdint>
 #include <memory>
-#include <optional>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/builtin_templates.h"
 #include "tokenizer/tokenizer.h"
 
 namespace microspec {
@@ -15,63 +17,66 @@ namespace microspec {
 class GgufFile;
 class ChatTemplate;
 
-enum class ChatFormat { Gemma, ChatML, Llama3 };
-
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant"
+  ChatMessage() = default;
+  ChatMessage(std::string role_, std::string content_) : role(std::move(role_)), content(std::move(content_)) {}
+  std::string role;  // "system", "user", "assistant", "tool"
   std::string content;
+  // An assistant's tool calls in OpenAI's shape ([{id, type, function: {name, arguments}}]; null:
+  // none); the template gets each call's arguments as an object, as transformers passes them.
+  nlohmann::ordered_json tool_calls;
+  std::string tool_call_id;  // a "tool" message: the call it answers
 };
 
-// From the architecture, the chat template text and the vocabulary. Throws Error if none fits.
+// The built-in format that fits the model: from the chat template text, the architecture and the
+// vocabulary. Throws Error if none fits.
 ChatFormat detect_chat_format(const GgufFile& file, const Tokenizer& tok);
-const char* chat_format_name(ChatFormat f);
-// "gemma", "chatml", "llama3" (as chat_format_name writes them). Throws Error for other names.
-ChatFormat chat_format_from_name(std::string_view name);
 
 // The system message the file's chat template writes when the conversation has none (SmolLM2:
 // "You are a helpful AI assistant named SmolLM, trained by Hugging Face"), or "" if it writes none.
-// Pass it to apply_chat_template as default_system.
+// The built-in ChatML template reads it as default_system.
 std::string default_system_prompt(const GgufFile& file);
 
-// Renders messages to the prompt text (special tokens written as text: encode with parse_special).
-// Includes BOS text only where the format writes it explicitly (Llama 3's <|begin_of_text|> is
-// added by the tokenizer's BOS rule instead, as is Gemma's <bos>). SmolLM2's default system prompt
-// is inserted when its template does so and no system message is given. content_ranges (optional)
-// receives where the messages' own text lies in the result, in order. Throws Error for a
-// conversation the format cannot write (Gemma: a system message with no user message after it).
-std::string apply_chat_template(ChatFormat f, std::span<const ChatMessage> messages, bool add_generation_prompt,
-                                const std::string& default_system = "",
-                                std::vector<Tokenizer::TextRange>* content_ranges = nullptr);
-
-// The prompt's token ids: apply_chat_template with a generation prompt, encoded with BOS as the
-// tokenizer adds it; the template's markers are control tokens, the messages' text is text (a
-// user who types "<|im_end|>" gets those characters, not the end of the turn). The one way every
-// front end turns messages into ids.
-std::vector<int32_t> encode_chat(const Tokenizer& tok, ChatFormat f, std::span<const ChatMessage> messages,
-                                 const std::string& default_system = "");
-
-// How a front end (generate --chat, the server) writes a conversation: one of the built-in formats,
-// or a Jinja template (chat_template/chat_template.h): the model's own when no built-in format fits
-// the model, or the one --chat-template names.
+// How a front end (generate --chat, the server, bench, ...) writes a conversation: a Jinja
+// template, built-in or not.
 struct ChatStyle {
-  std::optional<ChatFormat> format;          // a built-in format, with default_system; or
-  std::shared_ptr<const ChatTemplate> jinja;  // a Jinja template, given bos_token / eos_token
-  std::string default_system;
-  std::string bos_text, eos_text;
-  std::string name;  // "chatml", "the model's template", the file's path: for messages and logs
+  std::shared_ptr<const ChatTemplate> jinja;
+  std::string default_system;      // the variable default_system (passed when not empty)
+  std::string bos_text, eos_text;  // bos_token, eos_token
+  // "chatml", "the model's template", the file's path: for messages and logs
+  std::string name;
 };
-// chosen: "" takes the built-in format that fits the model, else the model's own template (Error if
-// it has none); "gemma", "chatml" or "llama3" that format; "model" the model's own template (the
-// GGUF's tokenizer.chat_template); anything else a template file. Throws Error naming what failed.
+// The built-in template of format f. Its bos_token and eos_token are empty: it never writes BOS,
+// the tokenizer adds it.
+ChatStyle builtin_chat_style(ChatFormat f, const std::string& default_system);
+// chosen: "" takes the built-in template that fits the model (detect_chat_format), else the
+// model's own (Error if it has none); "gemma", "chatml" or "llama3" that built-in template;
+// "model" the model's own template (the GGUF's tokenizer.chat_template); anything else a template
+// file. A built-in template gets the file's default_system_prompt. Throws Error naming what failed.
 ChatStyle chat_style_for(const GgufFile& file, const Tokenizer& tok, const std::string& chosen);
-// The prompt's text (a generation prompt after the messages) and where the messages' own text lies
-// in it. A Jinja template's output is searched for each message's content in order; content the
-// template changed is not found, and is then refused (Error) if it holds control-token text, so a
-// user's "<|im_end|>" is never a control token.
+
+// Whether the prompt ends with the opening of the assistant's turn (add_generation_prompt).
+enum class GenerationPrompt { Add, Omit };
+
+// The prompt's text and (content_ranges, when given) where the messages' own text lies in it, in
+// order. The ranges come from a second render with each message's text replaced by a marker:
+// exact wherever the template wrote the text as given or trimmed. The output of a template that
+// changed the text is searched for it instead; text not found is then refused (Error) if it holds
+// control-token text, so a user's "<|im_end|>" is never a control token. Throws Error for what the
+// template raises (Gemma: a system message with no user message after it).
+// tools: the request's tool definitions (OpenAI's shape) for the template's `tools` variable, null
+// for none. Tool definitions and calls are template data, not message text: control-token text in
+// them is refused (Error) rather than tokenized.
 std::string render_chat(const ChatStyle& style, const Tokenizer& tok, std::span<const ChatMessage> messages,
-                        std::vector<Tokenizer::TextRange>* content_ranges);
-// render_chat's text encoded, its content ranges as text; BOS as the tokenizer adds it unless the
-// template already wrote it.
-std::vector<int32_t> encode_chat(const Tokenizer& tok, const ChatStyle& style, std::span<const ChatMessage> messages);
+                        std::vector<Tokenizer::TextRange>* content_ranges,
+                        GenerationPrompt prompt = GenerationPrompt::Add,
+                        const nlohmann::ordered_json* tools = nullptr);
+// The prompt's token ids, the one way every front end turns messages into ids: render_chat's text
+// with the template's markers as control tokens and the messages' text as text; BOS as the
+// tokenizer adds it unless the template already wrote it.
+std::vector<int32_t> encode_chat(const Tokenizer& tok, const ChatStyle& style,
+                                 std::span<const ChatMessage> messages,
+                                 GenerationPrompt prompt = GenerationPrompt::Add,
+                                 const nlohmann::ordered_json* tools = nullptr);
 
 }  // namespace microspec

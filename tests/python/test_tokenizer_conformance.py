@@ -3,8 +3,8 @@
 Every corpus text (tokenizer_texts.json, plus a ~4k-token long text) is encoded with and without BOS
 and with and without special-token parsing; ids must be identical. Token pieces are compared for the
 whole vocabulary, decoding must round-trip, the end-of-generation set must agree, and the chat
-formats must render exactly as the file's own Jinja template (SmolLM2) or llama.cpp's built-in
-templates (Gemma, ChatML, Llama 3) do.
+formats (microspec's built-in Jinja templates) must render exactly as the file's own Jinja template
+(SmolLM2) or llama.cpp's built-in formats (Gemma, ChatML, Llama 3) do.
 
 Needs the `llama_cpp` module; without it the tests fail, unless MICROSPEC_ALLOW_MISSING_LLAMA_CPP=1.
 All requests for one model go to one `microspec tokenize --batch-jsonl` process.
@@ -390,7 +390,14 @@ def test_builtin_chat_formats_match_llama_cpp(fmt, llama_name):
             requests.append({"op": "chat", "format": fmt, "messages": conv, "add_generation_prompt": gen})
     replies = run_batch(path, requests)
     for reply, want in zip(replies, expected):
+        assert reply["format"] == fmt
         assert reply["text"] == want
+    # The built-in template by name, through `microspec template`: the same text.
+    contexts = "".join(json.dumps({k: r[k] for k in ("messages", "add_generation_prompt")}) + "\n" for r in requests)
+    proc = subprocess.run([str(microspec_bin()), "template", "--template", fmt, "--batch-jsonl", "-"],
+                          input=contexts.encode(), capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert [json.loads(line)["text"] for line in proc.stdout.decode().splitlines()] == expected
 
 
 def run_cli(*args, stdin=None):
