@@ -153,6 +153,28 @@ TEST(JsonSchemaGrammar, RefusesWhatItCannotExpressNamingKeywordAndPlace) {
   }
 }
 
+TEST(JsonSchemaGrammar, TaggedCallsAloneOrInFreeText) {
+  const ojson schema = ojson::parse(R"({"type": "object", "properties": {"name": {"const": "f"},
+      "arguments": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+      "required": ["name", "arguments"]})");
+  const JsonTags tags{"<tool_call>", "</tool_call>"};
+  const std::string call = R"(<tool_call>
+{"name": "f", "arguments": {"x": 1}}
+</tool_call>)";
+  const Grammar only = tagged_json_grammar(schema, tags, TaggedJsonMode::CallsOnly, 2);
+  for (const std::string& ok : {call, "\n" + call, call + "\n" + call}) EXPECT_TRUE(accepts(only, ok)) << ok;
+  for (const std::string& bad : {std::string("hello"), call + call + call, "x" + call, std::string("<tool_call>{}</tool_call>"),
+                                 call.substr(0, call.size() - 1)})
+    EXPECT_FALSE(accepts(only, bad)) << bad;
+  const Grammar text = tagged_json_grammar(schema, tags, TaggedJsonMode::TextOrCalls, 1);
+  for (const std::string& ok : {std::string(""), std::string("hello"), "Let me look. " + call + " Done.", std::string("a <tool_ca"),
+                                std::string("<<tool_call"), std::string("<tool_cal<tool_cal") , call})
+    EXPECT_TRUE(accepts(text, ok)) << ok;
+  for (const std::string& bad : {std::string("x <tool_call>nonsense</tool_call>"), "ab" + call.substr(0, call.size() - 2),
+                                 std::string("<<tool_call>{\"name\": \"g\", \"arguments\": {\"x\": 1}}</tool_call>")})
+    EXPECT_FALSE(accepts(text, bad)) << bad;
+}
+
 // A random sentence of the grammar: random allowed bytes, ending as soon as the state is complete
 // once past min_len. Empty when it ran past max_len.
 std::string random_sentence(const Grammar& g, std::mt19937& rng, size_t min_len, size_t max_len) {

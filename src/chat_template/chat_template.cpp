@@ -109,7 +109,7 @@ TemplateTime current_utc_time() {
 }
 
 ChatTemplate::ChatTemplate(std::string_view source)
-    : body_(std::make_shared<const jinja::Body>(jinja::parse_template(source))) {}
+    : source_(source), body_(std::make_shared<const jinja::Body>(jinja::parse_template(source))) {}
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& context,
                                  const ChatTemplateOptions& options) const {

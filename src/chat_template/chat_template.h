@@ -44,8 +44,11 @@ class ChatTemplate {
   // (enable_thinking, documents, ...); keys keep their order, as tojson prints them. Throws Error for
   // whatever the template raises (raise_exception's message included) or a limit it exceeds.
   std::string render(const nlohmann::ordered_json& context, const ChatTemplateOptions& options = {}) const;
+  // The template's text, as given.
+  const std::string& source() const { return source_; }
 
  private:
+  std::string source_;
   std::shared_ptr<const jinja::Body> body_;
 };
 

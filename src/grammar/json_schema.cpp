@@ -27,6 +27,10 @@ class SchemaCompiler {
 
   Symbol compile(const json& schema, const std::string& where);
   Symbol any_object() { return object_rule(); }
+  Symbol whitespace() { return ws(); }
+  Grammar::Builder& builder() { return b_; }
+  // A grammar whose root is `root` as it is (no leading whitespace added).
+  Grammar finish_as_is(Symbol root) && { return std::move(b_).build(root); }
   // The grammar of `value` after optional leading whitespace.
   Grammar finish(Symbol value) && {
     const Symbol root = b_.alt("root", {Sequence{ws(), value}});
@@ -355,6 +359,59 @@ Grammar json_schema_grammar(const nlohmann::ordered_json& schema) {
   SchemaCompiler c(schema);
   const Symbol value = c.compile(schema, "#");
   return std::move(c).finish(value);
+}
+
+namespace {
+
+// The tagged texts of tagged_json_grammar: open ws JSON ws close.
+Sequence tagged(SchemaCompiler& c, Symbol value, const JsonTags& tags) {
+  Grammar::Builder& b = c.builder();
+  return b.lit(tags.open) + Sequence{c.whitespace(), value, c.whitespace()} + b.lit(tags.close);
+}
+
+// Free text that becomes a tagged text wherever `open` appears: state j has matched open[0, j) as
+// the text's latest bytes; a byte moves it to the longest prefix of `open` that the text then ends
+// with (the prefix function), and the last byte of `open` to the tagged text, after which the free
+// text starts over.
+Symbol free_text_with_calls(SchemaCompiler& c, Symbol value, const JsonTags& tags) {
+  Grammar::Builder& b = c.builder();
+  const std::string& open = tags.open;
+  const size_t n = open.size();
+  std::vector<Symbol> state;
+  for (size_t j = 0; j < n; ++j) state.push_back(b.rule("text" + std::to_string(j)));
+  // What follows a completed `open`: the JSON text, `close`, then free text again.
+  const Symbol call = b.alt("call", {Sequence{c.whitespace(), value, c.whitespace()} + b.lit(tags.close) +
+                                     Sequence{state[0]}});
+  for (size_t j = 0; j < n; ++j) {
+    b.add(state[j], {});  // the text may end here
+    std::vector<ByteSet> to(n);  // bytes moving to state k < n
+    for (int byte = 0; byte < 256; ++byte) {
+      if (uint8_t(byte) == uint8_t(open[j])) continue;
+      const std::string seen = open.substr(0, j) + char(byte);
+      size_t k = std::min(seen.size(), n - 1);
+      while (k > 0 && seen.compare(seen.size() - k, k, open, 0, k) != 0) --k;
+      to[k].add(uint8_t(byte), uint8_t(byte));
+    }
+    for (size_t k = 0; k < n; ++k)
+      if (to[k] != ByteSet{}) b.add(state[j], Sequence{b.bytes(to[k]), state[k]});
+    b.add(state[j], Sequence{b.bytes(ByteSet::of(uint8_t(open[j]))), j + 1 < n ? state[j + 1] : call});
+  }
+  return state[0];
+}
+
+}  // namespace
+
+Grammar tagged_json_grammar(const nlohmann::ordered_json& schema, const JsonTags& tags, TaggedJsonMode mode,
+                            int32_t max_calls) {
+  if (tags.open.empty() || tags.close.empty()) throw Error("tagged JSON: the tags must not be empty");
+  if (max_calls < 1) throw Error("tagged JSON: max_calls must be at least 1");
+  SchemaCompiler c(schema);
+  const Symbol value = c.compile(schema, "#");
+  Grammar::Builder& b = c.builder();
+  if (mode == TaggedJsonMode::TextOrCalls) return std::move(c).finish_as_is(free_text_with_calls(c, value, tags));
+  const Sequence one = tagged(c, value, tags);
+  const Symbol more = b.repeat("more-calls", Sequence{c.whitespace()} + one, 0, max_calls - 1);
+  return std::move(c).finish_as_is(b.alt("calls", {Sequence{c.whitespace()} + one + Sequence{more}}));
 }
 
 Grammar json_object_grammar() {

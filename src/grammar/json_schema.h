@@ -18,7 +18,9 @@
 //     of indent (pretty-printed JSON fits; a model cannot pad forever);
 //   - numbers with at most 16 integer and 16 fraction digits and a 3-digit exponent;
 //   - strings of valid UTF-8 (escapes as JSON writes them), control characters escaped.
+#include <cstdint>
 #include <nlohmann/json_fwd.hpp>
+#include <string>
 
 #include "grammar/grammar.h"
 
@@ -29,5 +31,19 @@ namespace microspec {
 Grammar json_schema_grammar(const nlohmann::ordered_json& schema);
 // The grammar of any JSON object (response_format {"type": "json_object"}).
 Grammar json_object_grammar();
+
+// JSON texts between two tags, as models write tool calls (`<tool_call>` CALL `</tool_call>`).
+struct JsonTags {
+  std::string open, close;
+};
+enum class TaggedJsonMode {
+  CallsOnly,    // whitespace, then 1..max_calls tagged texts separated by whitespace, then the end
+  TextOrCalls,  // any text, in which every `open` begins a tagged text; text may follow each one
+};
+// The grammar of `mode` with each tagged text valid against `schema`. In TextOrCalls the free text
+// is a matcher of `open` (the prefix-function automaton over its bytes): once the text holds
+// `open`, only a valid tagged JSON text and `close` may follow. Throws Error as json_schema_grammar.
+Grammar tagged_json_grammar(const nlohmann::ordered_json& schema, const JsonTags& tags, TaggedJsonMode mode,
+                            int32_t max_calls);
 
 }  // namespace microspec

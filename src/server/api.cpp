@@ -4,6 +4,7 @@
 #include <limits>
 #include <random>
 
+#include "chat_template/chat_template.h"
 #include "grammar/json_schema.h"
 #include "tokenizer/unicode.h"
 #include "util/error.h"
@@ -148,6 +149,25 @@ std::string message_content(const json& content, const std::string& param) {
   return text;
 }
 
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}],
+// arguments a string (OpenAI's) or an object.
+void validate_tool_calls(const json& calls, const std::string& p) {
+  if (!calls.is_array()) wrong_type(p, "an array", calls);
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const std::string q = p + "[" + std::to_string(i) + "]";
+    const json& call = calls[i];
+    if (!call.is_object()) wrong_type(q, "an object", call);
+    if (const json* id = field(call, "id"); id && !id->is_string()) wrong_type(q + ".id", "a string", *id);
+    const json* fn = field(call, "function");
+    if (!fn || !fn->is_object()) wrong_type(q + ".function", "an object", fn ? *fn : json());
+    const json* name = field(*fn, "name");
+    if (!name || !name->is_string()) wrong_type(q + ".function.name", "a string", name ? *name : json());
+    const json* args = field(*fn, "arguments");
+    if (!args || !(args->is_string() || args->is_object()))
+      wrong_type(q + ".function.arguments", "a string or an object", args ? *args : json());
+  }
+}
+
 std::vector<ChatMessage> parse_messages(const json& body) {
   const json* msgs = &required_field(body, "messages", "messages");
   if (!msgs->is_array()) wrong_type("messages", "an array", *msgs);
@@ -163,17 +183,30 @@ std::vector<ChatMessage> parse_messages(const json& body) {
     if (!role->is_string()) wrong_type(p + ".role", "a string", *role);
     std::string r = role->get<std::string>();
     if (r == "developer") r = "system";  // OpenAI's newer name for the system role
-    if (r != "system" && r != "user" && r != "assistant")
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
       throw ApiError(400,
                      "Invalid value for '" + p + ".role': '" + role->get<std::string>() +
-                         "'. Supported values are: 'system', 'developer', 'user' and 'assistant'.",
+                         "'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.",
                      p + ".role", "invalid_value");
-    if (field(m, "tool_calls")) unsupported(p + ".tool_calls", "Tool calls are");
+    ChatMessage msg;
+    msg.role = r;
+    const json* calls = field(m, "tool_calls");
+    if (calls) {
+      if (r != "assistant") unsupported(p + ".tool_calls", "tool_calls outside an assistant message are");
+      validate_tool_calls(*calls, p + ".tool_calls");
+      msg.tool_calls = nlohmann::ordered_json::parse(calls->dump());
+    }
+    if (r == "tool") {
+      const json* id = field(m, "tool_call_id");
+      if (!id || !id->is_string()) wrong_type(p + ".tool_call_id", "a string", id ? *id : json());
+      msg.tool_call_id = id->get<std::string>();
+    }
     auto content = m.find("content");
-    if (content == m.end())
+    if (content == m.end() && !calls)
       throw ApiError(400, "Missing required parameter: '" + p + ".content'.", p + ".content",
                      "missing_required_parameter");
-    out.push_back({r, message_content(*content, p + ".content")});
+    if (content != m.end()) msg.content = message_content(*content, p + ".content");
+    out.push_back(std::move(msg));
   }
   return out;
 }
@@ -359,14 +392,11 @@ void reject_unsupported(Endpoint endpoint, const json& body) {
     }
   }
   reject_non_neutral_sampling(body);
-  for (const char* key : {"tools", "functions"})
-    if (const json* t = field(body, key)) {
-      if (!t->is_array()) wrong_type(key, "an array", *t);
-      if (!t->empty()) unsupported(key, "Tool and function calling");
-    }
-  if (const json* choice = field(body, "tool_choice"))
-    if (!(choice->is_string() && choice->get<std::string>() == "none"))
-      unsupported("tool_choice", "Tool and function calling");
+  if (const json* f = field(body, "functions")) {  // the deprecated form of tools
+    if (!f->is_array()) wrong_type("functions", "an array", *f);
+    if (!f->empty()) unsupported("functions", "'functions' (deprecated; use 'tools')");
+  }
+  if (field(body, "function_call")) unsupported("function_call", "'function_call' (deprecated; use 'tool_choice')");
   if (const json* grammar = field(body, "grammar")) {  // llama.cpp's GBNF grammar
     if (!grammar->is_string()) wrong_type("grammar", "a string", *grammar);
     if (!grammar->get<std::string>().empty())
@@ -374,10 +404,120 @@ void reject_unsupported(Endpoint endpoint, const json& body) {
   }
 }
 
+// tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}]; the names, in
+// order, of the functions the request offers. Throws ApiError naming the first invalid field.
+std::vector<std::string> validate_tools(const json& tools) {
+  if (!tools.is_array()) wrong_type("tools", "an array", tools);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string p = "tools[" + std::to_string(i) + "]";
+    const json& tool = tools[i];
+    if (!tool.is_object()) wrong_type(p, "an object", tool);
+    const json* type = field(tool, "type");
+    if (!type || !type->is_string() || type->get<std::string>() != "function")
+      throw ApiError(400, "Invalid '" + p + ".type': only 'function' tools are supported.", p + ".type", "invalid_value");
+    const json* fn = field(tool, "function");
+    if (!fn || !fn->is_object()) wrong_type(p + ".function", "an object", fn ? *fn : json());
+    const json* name = field(*fn, "name");
+    if (!name || !name->is_string()) wrong_type(p + ".function.name", "a string", name ? *name : json());
+    const std::string n = name->get<std::string>();
+    const bool valid = !n.empty() && n.size() <= 64 && std::all_of(n.begin(), n.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+    });
+    if (!valid)
+      throw ApiError(400, "Invalid '" + p + ".function.name': 1 to 64 letters, digits, '_' or '-'.",
+                     p + ".function.name", "invalid_value");
+    if (std::find(names.begin(), names.end(), n) != names.end())
+      throw ApiError(400, "Invalid '" + p + ".function.name': '" + n + "' is named twice.", p + ".function.name",
+                     "invalid_value");
+    if (const json* d = field(*fn, "description"); d && !d->is_string())
+      wrong_type(p + ".function.description", "a string", *d);
+    if (const json* s = field(*fn, "parameters"); s && !s->is_object())
+      wrong_type(p + ".function.parameters", "a JSON Schema object", *s);
+    names.push_back(n);
+  }
+  return names;
+}
+
+// The function tool_choice names: "" for "auto" (the default), "*" for "required", "-" for "none",
+// else the function's name (one of `names`).
+std::string parse_tool_choice(const json& body, const std::vector<std::string>& names) {
+  const json* choice = field(body, "tool_choice");
+  if (!choice) return "";
+  if (choice->is_string()) {
+    const std::string c = choice->get<std::string>();
+    if (c == "auto") return "";
+    if (c == "required") return "*";
+    if (c == "none") return "-";
+    throw ApiError(400, "Invalid 'tool_choice': expected 'none', 'auto', 'required' or a function, but got '" + c + "'.",
+                   "tool_choice", "invalid_value");
+  }
+  if (!choice->is_object()) wrong_type("tool_choice", "a string or an object", *choice);
+  const json* fn = field(*choice, "function");
+  const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+  if (!name || !name->is_string()) wrong_type("tool_choice.function.name", "a string", name ? *name : json());
+  const std::string n = name->get<std::string>();
+  if (std::find(names.begin(), names.end(), n) == names.end())
+    throw ApiError(400, "Invalid 'tool_choice': no tool named '" + n + "' is in 'tools'.", "tool_choice.function.name",
+                   "invalid_value");
+  return n;
+}
+
+// Tool calling: the tools for the chat template and, unless tool_choice is "none", the grammar of
+// the calls: {"name": NAME, "arguments": ARGUMENTS} between kToolCallTags, ARGUMENTS valid against
+// the function's parameters; "auto" lets text come before, between and after calls, "required"
+// and a named function make the answer calls only. Checked against the chat template: one that
+// renders no tools, or does not teach the <tool_call> syntax, is refused.
+void parse_tools(const json& body, const nlohmann::ordered_json& ordered, const RequestContext& ctx,
+                 CompletionRequest& r) {
+  const json* tools = field(body, "tools");
+  if (!tools || (tools->is_array() && tools->empty())) {
+    if (const json* choice = field(body, "tool_choice"); choice && !(choice->is_string() && (*choice == "none" || *choice == "auto")))
+      throw ApiError(400, "Invalid 'tool_choice': it needs 'tools'.", "tool_choice", "invalid_value");
+    return;
+  }
+  const std::vector<std::string> names = validate_tools(*tools);
+  if (r.endpoint != Endpoint::Chat) unsupported("tools", "Tools on /v1/completions are");
+  if (bool_field(body, "stream", false)) unsupported("stream", "Streaming an answer with tools");
+  if (r.params.grammar)
+    throw ApiError(400, "Give one of 'tools' and 'response_format'.", "response_format", "invalid_value");
+  const std::string& source = ctx.chat_style ? ctx.chat_style->jinja->source() : std::string();
+  const std::string style = ctx.chat_style ? ctx.chat_style->name : std::string("none");
+  if (source.find("tools") == std::string::npos)
+    throw ApiError(400, "The chat template (" + style + ") does not render tools: serve with --chat-template naming one that does.",
+                   "tools", "tools_unsupported");
+  if (source.find(kToolCallTags.open) == std::string::npos)
+    throw ApiError(400, "The chat template (" + style + ") writes tool calls in a syntax this server does not read (it reads " +
+                            kToolCallTags.open + " JSON " + kToolCallTags.close + ", as the Hermes and Qwen 2.5 templates teach).",
+                   "tools", "tools_unsupported");
+  r.tools.tools = ordered["tools"];
+  const std::string choice = parse_tool_choice(body, names);
+  if (choice == "-") return;  // tools shown, never called
+  r.tools.parse_calls = true;
+  const int32_t max_calls = bool_field(body, "parallel_tool_calls", true) ? 4 : 1;
+  nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (choice.size() > 1 && names[i] != choice) continue;
+    const nlohmann::ordered_json& fn = r.tools.tools[i]["function"];
+    calls.push_back({{"type", "object"},
+                     {"properties", {{"name", {{"const", names[i]}}},
+                                     {"arguments", fn.contains("parameters") ? fn["parameters"] : nlohmann::ordered_json{{"type", "object"}}}}},
+                     {"required", {"name", "arguments"}}});
+  }
+  const nlohmann::ordered_json schema = calls.size() == 1 ? calls[0] : nlohmann::ordered_json{{"anyOf", calls}};
+  const TaggedJsonMode mode = choice.empty() ? TaggedJsonMode::TextOrCalls : TaggedJsonMode::CallsOnly;
+  const std::string key = "tools:" + std::to_string(int(mode)) + ":" + std::to_string(max_calls) + ":" + schema.dump();
+  try {
+    r.params.grammar = ctx.grammars->get(key, [&] { return tagged_json_grammar(schema, kToolCallTags, mode, max_calls); });
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("Invalid 'tools': ") + e.what(), "tools", "unsupported_schema");
+  }
+}
+
 // response_format (OpenAI): {"type": "text"}, {"type": "json_object"} or {"type": "json_schema",
 // "json_schema": {"name", "schema", "strict"}}; llama.cpp's top-level "json_schema" too. The
 // schema is read again from the body text in its written order (properties are generated in it).
-std::shared_ptr<const TokenConstraint> parse_response_format(const json& body, const std::string& body_text,
+std::shared_ptr<const TokenConstraint> parse_response_format(const json& body, const nlohmann::ordered_json& ordered,
                                                              const RequestContext& ctx) {
   const json* fmt = field(body, "response_format");
   const json* llama_schema = field(body, "json_schema");
@@ -385,7 +525,6 @@ std::shared_ptr<const TokenConstraint> parse_response_format(const json& body, c
   if (fmt && llama_schema)
     throw ApiError(400, "Give one of 'response_format' and 'json_schema'.", "json_schema", "invalid_value");
   const char* param = fmt ? "response_format" : "json_schema";
-  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body_text);  // valid: parse_body read it
   const nlohmann::ordered_json* schema = nullptr;
   if (llama_schema) {
     if (!llama_schema->is_object()) wrong_type("json_schema", "an object", *llama_schema);
@@ -608,13 +747,17 @@ json detokenize_answer(const std::string& body_text, const Tokenizer& tok) {
 }
 
 std::shared_ptr<const TokenConstraint> GrammarCache::get(const nlohmann::ordered_json* schema) {
-  const std::string key = schema ? schema->dump() : std::string("json_object");
+  return get(schema ? "schema:" + schema->dump() : std::string("json_object"),
+             [&] { return schema ? json_schema_grammar(*schema) : json_object_grammar(); });
+}
+
+std::shared_ptr<const TokenConstraint> GrammarCache::get(const std::string& key, const std::function<Grammar()>& make) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = by_schema_.find(key); it != by_schema_.end()) return it->second;
   }
   // Compiled outside the lock: a large schema does not hold up other requests.
-  auto made = std::make_shared<const TokenConstraint>(schema ? json_schema_grammar(*schema) : json_object_grammar(), vocab_);
+  auto made = std::make_shared<const TokenConstraint>(make(), vocab_);
   std::lock_guard<std::mutex> lock(mutex_);
   if (by_schema_.size() >= kMaxGrammars) by_schema_.clear();
   return by_schema_.emplace(key, std::move(made)).first->second;
@@ -630,6 +773,10 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   CompletionRequest r;
   r.n = static_cast<int32_t>(integer_field(body, "n", 1, kMaxChoices, 1));
   r.endpoint = endpoint;
+  // Schemas are read from the body in its written order (properties are generated in it).
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body_text);  // valid: parse_body read it
+  r.params.grammar = parse_response_format(body, ordered, ctx);
+  parse_tools(body, ordered, ctx, r);
   const Tokenizer& tok = *ctx.tokenizer;
   if (endpoint == Endpoint::Chat) {
     std::vector<ChatMessage> messages = parse_messages(body);
@@ -638,7 +785,8 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
                      "no_chat_template");
     // Message text is tokenized as text: control-token strings in it are not control tokens.
     try {
-      r.prompt_ids = encode_chat(tok, *ctx.chat_style, messages);
+      r.prompt_ids = encode_chat(tok, *ctx.chat_style, messages, GenerationPrompt::Add,
+                                 r.tools.tools.is_null() ? nullptr : &r.tools.tools);
     } catch (const Error& e) {
       throw ApiError(400, std::string("Invalid 'messages': ") + e.what(), "messages", "invalid_value");
     }
@@ -685,7 +833,6 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   }
   r.params.stop_strings = parse_stop(body);
   r.params.logprobs = parse_logprobs(endpoint, body);
-  r.params.grammar = parse_response_format(body, body_text, ctx);
 
   r.stream = bool_field(body, "stream", false);
   r.cache_prompt = bool_field(body, "cache_prompt", true);
@@ -781,15 +928,60 @@ json logprobs_json(Endpoint endpoint, const LogprobsOut& lp) {
               {"text_offset", offsets}};
 }
 
-json answer_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport& r, const LogprobsOut* logprobs) {
+namespace {
+
+// Adds the tool calls in `text` to `message` (OpenAI's tool_calls: id, type, function.name and
+// function.arguments as a JSON string) and sets its content to the text around them, null when
+// only whitespace is left. A call is a complete kToolCallTags pair around {"name": string,
+// "arguments": object}; anything else stays text. Returns whether a call was found.
+bool add_tool_calls(const std::string& text, const std::string& id_base, json& message) {
+  const JsonTags& tags = kToolCallTags;
+  std::string content;
+  json calls = json::array();
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t open = text.find(tags.open, at);
+    const size_t body = open == std::string::npos ? open : open + tags.open.size();
+    const size_t close = open == std::string::npos ? open : text.find(tags.close, body);
+    if (close == std::string::npos) break;
+    const json call = json::parse(text.substr(body, close - body), nullptr, false);
+    const json* name = call.is_object() ? field(call, "name") : nullptr;
+    const json* args = call.is_object() ? field(call, "arguments") : nullptr;
+    if (name && name->is_string() && args && args->is_object()) {
+      content += text.substr(at, open - at);
+      calls.push_back({{"id", id_base + std::to_string(calls.size())},
+                       {"type", "function"},
+                       {"function", {{"name", *name}, {"arguments", args->dump()}}}});
+    } else {
+      content += text.substr(at, close + tags.close.size() - at);
+    }
+    at = close + tags.close.size();
+  }
+  content += text.substr(std::min(at, text.size()));
+  if (calls.empty()) return false;
+  const bool blank = content.find_first_not_of(" \t\r\n") == std::string::npos;
+  message["content"] = blank ? json() : json(content);
+  message["tool_calls"] = std::move(calls);
+  return true;
+}
+
+}  // namespace
+
+json answer_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport& r, const LogprobsOut* logprobs,
+                 const ToolCalling& tools, int32_t choice_index) {
   const GenerateResult& g = r.result.gen;
   json choice = {{"index", 0},
                  {"finish_reason", finish_reason(g)},
                  {"logprobs", logprobs ? logprobs_json(endpoint, *logprobs) : json()}};
-  if (endpoint == Endpoint::Chat)
+  if (endpoint == Endpoint::Chat) {
     choice["message"] = {{"role", "assistant"}, {"content", g.text}};
-  else
+    const std::string id_base = "call_" + ids.id.substr(ids.id.find('-') + 1) + "_" + std::to_string(choice_index) + "_";
+    // A generation cut short keeps its finish_reason ("length"), its complete calls still listed.
+    if (tools.parse_calls && add_tool_calls(g.text, id_base, choice["message"]) && g.finish == FinishReason::EndOfGeneration)
+      choice["finish_reason"] = "tool_calls";
+  } else {
     choice["text"] = g.text;
+  }
   return json{{"id", ids.id},
               {"object", endpoint == Endpoint::Chat ? "chat.completion" : "text_completion"},
               {"created", ids.created},

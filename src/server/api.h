@@ -5,6 +5,7 @@
 // what a request may contain lives in one place.
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "engine/generator.h"
+#include "grammar/json_schema.h"
 #include "grammar/token_constraint.h"
 #include "engine/speculative_decoder.h"
 #include "sampling/logprobs.h"
@@ -51,6 +53,8 @@ class GrammarCache {
   // The grammar of a JSON Schema, or of any JSON object when schema is null. Throws Error (from
   // grammar/json_schema.h) for a schema it cannot express.
   std::shared_ptr<const TokenConstraint> get(const nlohmann::ordered_json* schema);
+  // The grammar `make` builds, compiled once per key.
+  std::shared_ptr<const TokenConstraint> get(const std::string& key, const std::function<Grammar()>& make);
 
  private:
   static constexpr size_t kMaxGrammars = 64;  // then the cache starts over
@@ -75,6 +79,17 @@ constexpr int32_t kMaxChoices = 16;
 // is the request with n = 1 and the same seed, and choice i the request with n = 1 and seed + i.
 uint64_t choice_seed(uint64_t seed, int32_t choice);
 
+// How models write a tool call, the syntax of the Hermes and Qwen 2.5 templates:
+// <tool_call>{"name": ..., "arguments": {...}}</tool_call>. A chat template that renders tools is
+// served when it teaches this syntax.
+inline const JsonTags kToolCallTags{"<tool_call>", "</tool_call>"};
+
+// A chat request's tool calling (OpenAI's tools, tool_choice, parallel_tool_calls).
+struct ToolCalling {
+  nlohmann::ordered_json tools;  // the request's "tools" as the chat template receives them (null: none)
+  bool parse_calls = false;      // tool_choice is not "none": calls in the text become message.tool_calls
+};
+
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::Chat;
   int32_t n = 1;  // choices, each generated from params with its own choice_seed
@@ -86,6 +101,7 @@ struct CompletionRequest {
   bool include_usage = false;  // stream_options.include_usage: a last chunk carrying usage
   bool speculative = false;    // run through the slot's speculative decoder
   std::string spec_note;       // why speculation is off although the server has it ("" if on or never)
+  ToolCalling tools;
 };
 
 // Parses and validates a request body. Throws ApiError (400, with the offending param) for invalid
@@ -147,8 +163,11 @@ struct LogprobsOut {
 nlohmann::json logprobs_json(Endpoint endpoint, const LogprobsOut& lp);
 
 // Non-streamed answer: chat.completion or text_completion. logprobs: null for "logprobs": null.
+// With tool calling, the calls in a chat choice's text become its message's tool_calls and its
+// finish_reason "tool_calls"; choice_index keeps the calls' ids distinct between choices.
 nlohmann::json answer_json(Endpoint endpoint, const AnswerIds& ids, const GenerationReport& r,
-                           const LogprobsOut* logprobs = nullptr);
+                           const LogprobsOut* logprobs = nullptr, const ToolCalling& tools = {},
+                           int32_t choice_index = 0);
 // Stream chunks. `text` chunk; the first chat chunk carries the role; the last carries finish_reason.
 // logprobs: those of the tokens since the previous chunk (null: "logprobs": null).
 nlohmann::json chunk_json(Endpoint endpoint, const AnswerIds& ids, const std::string& text, bool first,

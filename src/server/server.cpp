@@ -613,7 +613,8 @@ class Server {
       const LogprobRows& rows = report.result.gen.logprobs;
       size_t text_offset = 0;
       const LogprobsOut lp{.tokenizer = &tokenizer_, .top = rows.top, .entries = rows.entries, .text_offset = &text_offset};
-      answers.push_back(answer_json(endpoint, job.ids, report, job.request.params.logprobs.enabled ? &lp : nullptr));
+      answers.push_back(answer_json(endpoint, job.ids, report, job.request.params.logprobs.enabled ? &lp : nullptr,
+                                    job.request.tools, choice));
     }
     release_slot(job);
     if (job.stopped_for_shutdown)

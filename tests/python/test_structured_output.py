@@ -170,3 +170,109 @@ def test_unsupported_schema_is_a_400_naming_the_keyword(client):
             response_format=response_format({"type": "object", "properties": {"d": {"type": "string",
                                                                                    "format": "date"}}}))
     assert "'format'" in str(e.value) and "#/properties/d" in str(e.value)
+
+
+# --- Tools -------------------------------------------------------------------------------------
+# SmolLM2 writes ChatML, as Qwen 2.5 does: served with Qwen 2.5's template (from the llama.cpp
+# sources the setup fetched), which renders tools and teaches the <tool_call> syntax.
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                                        "unit": {"enum": ["celsius", "fahrenheit"]}},
+                       "required": ["city", "unit"]}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Add two numbers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                       "required": ["a", "b"]}}},
+]
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+QUESTIONS = ["What is the weather in Paris?", "Add 17 and 25.", "Is it raining in Tokyo right now?",
+             "What is 3.5 plus 4?"]
+
+
+def qwen_template():
+    import pathlib
+    import subprocess
+    from repo_paths import REPO
+    out = subprocess.run(["bash", str(REPO / "scripts" / "fetch_llama_cpp_sdist.sh")], check=True,
+                         capture_output=True, text=True)
+    return pathlib.Path(out.stdout.strip()) / "models" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
+
+
+@pytest.fixture(scope="module")
+def tool_client():
+    s = ServerProcess(SMOLLM2, *SPEC_ARGS, "--chat-template", qwen_template())
+    with openai.OpenAI(base_url=s.url("/v1"), api_key="unused", max_retries=0, timeout=300) as c:
+        yield c
+    assert s.terminate() == 0, s.stderr_text()
+
+
+def ask(client, question, **kw):
+    kw.setdefault("temperature", 0)
+    return client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": question}],
+                                          tools=TOOLS, max_tokens=96, **kw)
+
+
+def check_calls(message):
+    for call in message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+
+
+def test_required_and_named_tool_choice_give_valid_calls(tool_client):
+    for q in QUESTIONS:
+        r = ask(tool_client, q, tool_choice="required", parallel_tool_calls=False)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1, choice
+        assert choice.message.content is None
+        check_calls(choice.message)
+        named = ask(tool_client, q, tool_choice={"type": "function", "function": {"name": "add"}},
+                    parallel_tool_calls=False, temperature=0.7, seed=5)
+        assert [c.function.name for c in named.choices[0].message.tool_calls] == ["add"]
+        check_calls(named.choices[0].message)
+
+
+def test_auto_answers_text_or_valid_calls_and_none_never_calls(tool_client):
+    for q in QUESTIONS:
+        auto = ask(tool_client, q).choices[0]
+        if auto.message.tool_calls:
+            check_calls(auto.message)
+        else:
+            assert auto.message.content and "<tool_call>" not in auto.message.content
+        none = ask(tool_client, q, tool_choice="none").choices[0]
+        assert not none.message.tool_calls
+
+
+def test_tool_calls_are_identical_with_and_without_speculation(tool_client):
+    for q in QUESTIONS:
+        spec = ask(tool_client, q, tool_choice="required")
+        plain = ask(tool_client, q, tool_choice="required", extra_body={"microspec": {"spec": "none"}})
+        assert spec.usage.model_extra["microspec"]["speculative"]
+        assert [(c.function.name, c.function.arguments) for c in spec.choices[0].message.tool_calls] == \
+            [(c.function.name, c.function.arguments) for c in plain.choices[0].message.tool_calls]
+        assert spec.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_a_tool_round_trip_renders(tool_client):
+    r = tool_client.chat.completions.create(model="smollm2", max_tokens=24, temperature=0, tools=TOOLS, messages=[
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees and sunny"}])
+    assert r.choices[0].message.content
+
+
+def test_tool_requests_that_cannot_be_served_are_400s(tool_client, client):
+    with pytest.raises(openai.BadRequestError) as e:  # SmolLM2's built-in template renders no tools
+        client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "x"}], tools=TOOLS)
+    assert "does not render tools" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(tool_client, "x", tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert "nope" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(tool_client, "x", stream=True)
+    assert "streaming" in str(e.value).lower()
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(tool_client, "x", response_format={"type": "json_object"})
+    assert "response_format" in str(e.value)
