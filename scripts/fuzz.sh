@@ -4,7 +4,9 @@
 #   http: the server's HTTP request reader, head and body, with its limits (fuzz/fuzz_http.cpp)
 #   checkpoint: the safetensors reader, the restricted unpickler and torch.save's zip archives
 #         (fuzz/fuzz_checkpoint.cpp)
-#   scripts/fuzz.sh [SECONDS=60] [gguf|http|checkpoint ...] [extra libFuzzer flags...]   (default: all)
+#   structured: JSON Schemas to grammars and their recognizer, and chat templates (the Jinja
+#         interpreter) rendered with a conversation and tools (fuzz/fuzz_structured.cpp)
+#   scripts/fuzz.sh [SECONDS=60] [gguf|http|checkpoint|structured ...] [extra libFuzzer flags...]   (default: all)
 # Builds in build-fuzz/ with clang++ (the library is instrumented too), writes seed corpora (the
 # GGUF writer plus truncated headers of the real models; a few requests for http), and keeps the
 # evolving corpora in build-fuzz/corpus/<target> between runs. Exits non-zero on any crash, leak,
@@ -14,10 +16,10 @@ set -euo pipefail
 
 secs="${1:-60}"
 shift || true
-case "$secs" in '' | *[!0-9]*) echo "usage: $0 [SECONDS] [gguf|http|checkpoint ...] [libFuzzer flags...]" >&2; exit 2 ;; esac
+case "$secs" in '' | *[!0-9]*) echo "usage: $0 [SECONDS] [gguf|http|checkpoint|structured ...] [libFuzzer flags...]" >&2; exit 2 ;; esac
 targets=()
-while [ $# -gt 0 ] && { [ "$1" = gguf ] || [ "$1" = http ] || [ "$1" = checkpoint ]; }; do targets+=("$1"); shift; done
-[ ${#targets[@]} -gt 0 ] || targets=(gguf http checkpoint)
+while [ $# -gt 0 ] && { [ "$1" = gguf ] || [ "$1" = http ] || [ "$1" = checkpoint ] || [ "$1" = structured ]; }; do targets+=("$1"); shift; done
+[ ${#targets[@]} -gt 0 ] || targets=(gguf http checkpoint structured)
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${MICROSPEC_FUZZ_BUILD_DIR:-$root/build-fuzz}"
@@ -26,7 +28,7 @@ sanitizers="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=un
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DMICROSPEC_FUZZ=ON -DMICROSPEC_TESTS=OFF -DMICROSPEC_CUDA=OFF -DCMAKE_CXX_FLAGS="$sanitizers" >/dev/null
-cmake --build "$build" -j"$jobs" --target fuzz_gguf make_gguf_seeds fuzz_http fuzz_checkpoint
+cmake --build "$build" -j"$jobs" --target fuzz_gguf make_gguf_seeds fuzz_http fuzz_checkpoint fuzz_structured
 
 artifacts="$build/artifacts"
 mkdir -p "$artifacts"
@@ -92,6 +94,23 @@ PY
     -max_total_time="$secs" -max_len=16384 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256 \
     -artifact_prefix="$artifacts/" -print_final_stats=1 "$@"
   echo "fuzz.sh: checkpoint: no crash in ${secs}s; corpus: $(ls "$corpus" | wc -l) files in $corpus"
+}
+
+fuzz_structured() {
+  local seeds="$build/seeds/structured" corpus="$build/corpus/structured"
+  rm -rf "$seeds"
+  mkdir -p "$seeds" "$corpus"
+  # Byte 0 even: a schema, then NUL and text for its recognizer; odd: a chat template. Seeds: the
+  # schemas of the structured-output tests and the built-in templates' constructs.
+  printf '\x00{"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}}, "required": ["name"]}\x00{"name": "ab\\u00e9", "n": -12}' >"$seeds/object"
+  printf '\x02{"$defs": {"t": {"anyOf": [{"type": "null"}, {"type": "array", "items": {"$ref": "#/$defs/t"}, "maxItems": 3}]}}, "$ref": "#/$defs/t"}\x00[[null], []]' >"$seeds/recursive"
+  printf '\x04{"enum": ["a", 1, null, {"b": [true]}], "type": ["string", "object"]}\x00{"b":[true]}' >"$seeds/enum"
+  printf '\x01{%%- for m in messages -%%}<|im_start|>{{ m.role }}\n{{ m.content | trim }}{%% if m.tool_calls %%}{{ m.tool_calls | tojson }}{%% endif %%}<|im_end|>\n{%%- endfor %%}{%% if tools %%}{%% for t in tools %%}{{ t.function.name | upper }}{%% endfor %%}{%% endif %%}{{ raise_exception("x") if not messages }}' >"$seeds/template"
+  printf '\x03{%% set ns = namespace(n=0) %%}{%% macro f(x) %%}{{ x ~ caller() }}{%% endmacro %%}{%% call f(1) %%}{{ loop }}{%% endcall %%}{{ messages | selectattr("role", "equalto", "user") | map(attribute="content") | join(", ") }}{{ "%%s" | format(1) }}{{ messages[1:][::-1] | length }}' >"$seeds/template2"
+  "$build/fuzz_structured" "$corpus" "$seeds" \
+    -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256 \
+    -artifact_prefix="$artifacts/" -print_final_stats=1 "$@"
+  echo "fuzz.sh: structured: no crash in ${secs}s; corpus: $(ls "$corpus" | wc -l) files in $corpus"
 }
 
 for target in "${targets[@]}"; do "fuzz_$target" "$@"; done

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test suite, in two tiers.
 #   scripts/test.sh          the whole suite (what CI runs): a bounded fuzzing run of the GGUF
-#                            parser, the server's HTTP request reader and the checkpoint readers
-#                            (safetensors, the restricted unpickler; libFuzzer, ASan/UBSan),
+#                            parser, the server's HTTP request reader, the checkpoint readers
+#                            (safetensors, the restricted unpickler) and the JSON Schema compiler
+#                            and Jinja chat templates (libFuzzer, ASan/UBSan),
 #                            the C++ unit and model tests (ctest),
 #                            then every Python test against llama.cpp and the gguf package (pytest).
 #   scripts/test.sh --quick  the fast tier for development: the C++ tests and the Python tests not
@@ -23,6 +24,7 @@ if [ "$quick" = 0 ]; then
   bash scripts/fuzz.sh 45 gguf
   bash scripts/fuzz.sh 25 http
   bash scripts/fuzz.sh 20 checkpoint
+  bash scripts/fuzz.sh 20 structured
 fi
 ctest --test-dir build --output-on-failure -j1
 if [ "$quick" = 1 ]; then

@@ -14,7 +14,8 @@ namespace {
 using json = nlohmann::ordered_json;
 
 constexpr int32_t kMaxIndent = 20;
-constexpr int32_t kMaxCount = 256;  // minItems/maxItems/minLength/maxLength the grammar spells out
+constexpr int32_t kMaxCount = 256;
+constexpr int32_t kMaxNesting = 64;  // schemas inside schemas  // minItems/maxItems/minLength/maxLength the grammar spells out
 
 // Keywords that describe a value without constraining it.
 const std::set<std::string> kAnnotations = {"title",      "description", "default",  "examples",
@@ -64,6 +65,7 @@ class SchemaCompiler {
   std::optional<Symbol> ws_, string_, char_, number_, integer_, value_, object_, array_;
   std::map<std::string, Symbol> refs_;
   int32_t counter_ = 0;
+  int32_t depth_ = 0;  // compile() calls in progress
 };
 
 [[noreturn]] void refuse(const std::string& what, const std::string& where) {
@@ -294,6 +296,12 @@ bool is_of_type(const json& v, const std::string& type) {
 }
 
 Symbol SchemaCompiler::compile(const json& schema, const std::string& where) {
+  struct Nesting {  // bounds the recursion a hostile schema can ask for
+    int32_t& depth;
+    explicit Nesting(int32_t& d) : depth(++d) {}
+    ~Nesting() { --depth; }
+  } nesting(depth_);
+  if (depth_ > kMaxNesting) refuse("schemas nested deeper than " + std::to_string(kMaxNesting) + " levels", where);
   if (schema.is_boolean()) {
     if (!schema.get<bool>()) refuse("the schema 'false' matches nothing", where);
     return value_rule();
