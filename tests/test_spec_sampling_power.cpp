@@ -45,6 +45,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -594,35 +595,31 @@ Outcome run_penalised_case(const Case& c, PenaltyHistory h, const SamplingParams
   return out;
 }
 
-TEST(SpecSamplingPower, PenalisedSpeculativeSamplingMatchesPenalisedPlainAndBrokenHistoriesFail) {
-  const Case chain{"penalties, medium draft (sigma 1), chain", 1.0f, kChain};
-  const Case tree{"penalties, medium draft (sigma 1), wide tree", 1.0f, kWideTree};
-  struct Run {
-    const Case& c;
-    PenaltyHistory h;
-    bool must_pass;
-    const char* what;
-  };
-  const Run runs[] = {
-      {chain, PenaltyHistory::node_path, true, "node path (correct)"},
-      {tree, PenaltyHistory::node_path, true, "node path (correct)"},
-      {chain, PenaltyHistory::committed_only, false, "committed history only (path left out)"},
-      {tree, PenaltyHistory::committed_only, false, "committed history only (path left out)"},
-      {tree, PenaltyHistory::tree_order, false, "flattened tree order (siblings included)"},
-  };
-  const std::pair<const char*, SamplingParams> settings[] = {{"top-k 4, top-p 0.9, min-p 0.12", penalised_filters()},
-                                                             {"no cuts", no_cuts()}};
-  uint64_t seed = 600;
+// One speculative history rule verified under transformed target rows (penalties, a grammar or
+// both), against the exact transformed plain distribution.
+struct HistoryRun {
+  const Case& c;
+  PenaltyHistory h;
+  bool must_pass;
+  const char* what;
+};
+using FilterSetting = std::pair<const char*, SamplingParams>;
+
+// Each run under each filter setting must pass (or, a broken rule, fail) the chi-square test, and
+// the transform must move the exact distribution far from the untransformed one (else a passing
+// run would prove nothing).
+void check_transformed_sampling(std::span<const HistoryRun> runs, std::span<const FilterSetting> settings,
+                                const PenaltyParams& penalties, const std::shared_ptr<const TokenConstraint>& grammar,
+                                uint64_t seed) {
   for (const auto& [filter_name, sp] : settings) {
-    const auto exact = exact_sequences(make_pair(1.0f).target, sp, strong_penalties());
-    // The penalties matter: the penalised distribution is far from the unpenalised one.
-    const auto unpenalised = exact_sequences(make_pair(1.0f).target, sp);
+    const auto exact = exact_sequences(make_pair(1.0f).target, sp, penalties, grammar);
+    const auto plain = exact_sequences(make_pair(1.0f).target, sp);
     double tv = 0.0;
-    for (const auto& [seq, p] : exact) tv += std::abs(p - (unpenalised.count(seq) ? unpenalised.at(seq) : 0.0));
-    for (const auto& [seq, p] : unpenalised) tv += exact.count(seq) ? 0.0 : p;
-    EXPECT_GT(tv / 2, 0.2) << filter_name << ": total variation between penalised and unpenalised sampling";
-    for (const Run& r : runs) {
-      const Outcome o = run_penalised_case(r.c, r.h, sp, kSamples, seed += 10);
+    for (const auto& [seq, p] : exact) tv += std::abs(p - (plain.count(seq) ? plain.at(seq) : 0.0));
+    for (const auto& [seq, p] : plain) tv += exact.count(seq) ? 0.0 : p;
+    EXPECT_GT(tv / 2, 0.2) << filter_name << ": total variation between transformed and untransformed sampling";
+    for (const HistoryRun& r : runs) {
+      const Outcome o = run_penalised_case(r.c, r.h, sp, kSamples, seed += 10, penalties, grammar);
       const auto [stat, crit] = chi_square(exact, o.observed, kSamples);
       const double rate = double(o.accepted) / double(o.drafted);
       std::printf("%s, %s, %s: chi-square %.1f (critical %.1f), statistic / N %.4f, acceptance %.3f\n",
@@ -635,6 +632,20 @@ TEST(SpecSamplingPower, PenalisedSpeculativeSamplingMatchesPenalisedPlainAndBrok
       EXPECT_LT(rate, 0.9) << r.c.name;
     }
   }
+}
+
+TEST(SpecSamplingPower, PenalisedSpeculativeSamplingMatchesPenalisedPlainAndBrokenHistoriesFail) {
+  const Case chain{"penalties, medium draft (sigma 1), chain", 1.0f, kChain};
+  const Case tree{"penalties, medium draft (sigma 1), wide tree", 1.0f, kWideTree};
+  const HistoryRun runs[] = {
+      {chain, PenaltyHistory::node_path, true, "node path (correct)"},
+      {tree, PenaltyHistory::node_path, true, "node path (correct)"},
+      {chain, PenaltyHistory::committed_only, false, "committed history only (path left out)"},
+      {tree, PenaltyHistory::committed_only, false, "committed history only (path left out)"},
+      {tree, PenaltyHistory::tree_order, false, "flattened tree order (siblings included)"},
+  };
+  const FilterSetting settings[] = {{"top-k 4, top-p 0.9, min-p 0.12", penalised_filters()}, {"no cuts", no_cuts()}};
+  check_transformed_sampling(runs, settings, strong_penalties(), nullptr, 600);
 }
 
 // --- Structured output: the target's rows masked by a grammar, each for its node's own path ---
@@ -675,43 +686,15 @@ std::shared_ptr<const TokenConstraint> letter_grammar() {
 }
 
 TEST(SpecSamplingPower, GrammarMaskedSpeculativeSamplingMatchesMaskedPlainAndTheCommittedStateFails) {
-  const auto grammar = letter_grammar();
   const Case chain{"grammar, medium draft (sigma 1), chain", 1.0f, kChain};
   const Case tree{"grammar, medium draft (sigma 1), wide tree", 1.0f, kWideTree};
-  struct Run {
-    const Case& c;
-    PenaltyHistory h;
-    bool must_pass;
-    const char* what;
-  };
-  const Run runs[] = {
+  const HistoryRun runs[] = {
       {chain, PenaltyHistory::node_path, true, "node path (correct)"},
       {tree, PenaltyHistory::node_path, true, "node path (correct)"},
       {tree, PenaltyHistory::committed_only, false, "committed state only (path left out)"},
   };
-  const std::pair<const char*, SamplingParams> settings[] = {{"top-k 4, top-p 0.9", filters()}, {"no cuts", no_cuts()}};
-  uint64_t seed = 900;
-  for (const auto& [filter_name, sp] : settings) {
-    const auto exact = exact_sequences(make_pair(1.0f).target, sp, {}, grammar);
-    const auto unmasked = exact_sequences(make_pair(1.0f).target, sp);
-    double tv = 0.0;
-    for (const auto& [seq, p] : exact) tv += std::abs(p - (unmasked.count(seq) ? unmasked.at(seq) : 0.0));
-    for (const auto& [seq, p] : unmasked) tv += exact.count(seq) ? 0.0 : p;
-    EXPECT_GT(tv / 2, 0.2) << filter_name << ": total variation between masked and unmasked sampling";
-    for (const Run& r : runs) {
-      const Outcome o = run_penalised_case(r.c, r.h, sp, kSamples, seed += 10, {}, grammar);
-      const auto [stat, crit] = chi_square(exact, o.observed, kSamples);
-      const double rate = double(o.accepted) / double(o.drafted);
-      std::printf("%s, %s, %s: chi-square %.1f (critical %.1f), acceptance %.3f\n", r.c.name.c_str(), filter_name,
-                  r.what, stat, crit, rate);
-      if (r.must_pass)
-        EXPECT_LT(stat, crit) << r.c.name << ", " << filter_name << ", " << r.what;
-      else
-        EXPECT_GT(stat, crit) << r.c.name << ", " << filter_name << ", " << r.what << ": a wrong state must fail";
-      EXPECT_GT(rate, 0.1) << r.c.name;
-      EXPECT_LT(rate, 0.95) << r.c.name;
-    }
-  }
+  const FilterSetting settings[] = {{"top-k 4, top-p 0.9", filters()}, {"no cuts", no_cuts()}};
+  check_transformed_sampling(runs, settings, {}, letter_grammar(), 900);
 }
 
 }  // namespace
