@@ -122,7 +122,7 @@ def main():
             for s in specs:
                 rows[s].append(same_text(a.bin, a.model, a.threads, s))
         print(f"# {pathlib.Path(a.model).name}, {cpu_name()}, {a.threads} threads, {len(LINE_PROMPTS)} few-shot "
-              f"prompts, identical tokens only, greedy, medians of {a.repeats}")
+              f"prompts, identical text only, greedy, medians of {a.repeats}")
         print("| --spec | tokens compared | unconstrained tok/s | constrained tok/s | constrained / unconstrained |")
         print("|---|---|---|---|---|")
         for s in specs:
