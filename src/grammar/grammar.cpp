@@ -21,12 +21,6 @@ ByteSet& ByteSet::add(uint8_t lo, uint8_t hi) {
   return *this;
 }
 
-ByteSet ByteSet::complement() const {
-  ByteSet c;
-  for (size_t i = 0; i < 4; ++i) c.bits[i] = ~bits[i];
-  return c;
-}
-
 Sequence operator+(Sequence a, const Sequence& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -141,41 +135,6 @@ bool Grammar::accepts(const GrammarState& state, uint8_t byte) const {
     if (depth > 0 && sets_[size_t(elems_[size_t(state.flat[i + size_t(depth)])].index)].has(byte)) return true;
   }
   return false;
-}
-
-std::string Grammar::describe() const {
-  auto set_text = [](const ByteSet& set) {
-    std::string t = "[";
-    for (int b = 0; b < 256; ++b) {
-      if (!set.has(uint8_t(b))) continue;
-      int e = b;
-      while (e + 1 < 256 && set.has(uint8_t(e + 1))) ++e;
-      auto one = [](int v) {
-        if (v >= 0x21 && v < 0x7f && v != ']' && v != '\\' && v != '-') return std::string(1, char(v));
-        char buf[8];
-        snprintf(buf, sizeof buf, "\\x%02X", v);
-        return std::string(buf);
-      };
-      t += one(b);
-      if (e > b) t += "-" + one(e);
-      b = e;
-    }
-    return t + "]";
-  };
-  std::string out;
-  for (size_t r = 0; r < rule_alts_.size(); ++r) {
-    out += rule_names_[r] + " ::=";
-    for (size_t a = 0; a < rule_alts_[r].size(); ++a) {
-      if (a) out += " |";
-      for (int32_t p = rule_alts_[r][a]; elems_[size_t(p)].kind != ElemKind::End; ++p) {
-        const Elem e = elems_[size_t(p)];
-        out += " " + (e.kind == ElemKind::Rule ? rule_names_[size_t(e.index)] : set_text(sets_[size_t(e.index)]));
-      }
-      if (elems_[size_t(rule_alts_[r][a])].kind == ElemKind::End) out += " ()";
-    }
-    out += "\n";
-  }
-  return out;
 }
 
 // ---- builder ----

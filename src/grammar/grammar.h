@@ -27,7 +27,6 @@ struct ByteSet {
   static ByteSet of(uint8_t b) { return range(b, b); }
   static ByteSet range(uint8_t lo, uint8_t hi);
   ByteSet& add(uint8_t lo, uint8_t hi);
-  ByteSet complement() const;
   bool has(uint8_t b) const { return (bits[b >> 6] >> (b & 63)) & 1u; }
   bool operator==(const ByteSet&) const = default;
 };
@@ -55,6 +54,7 @@ struct GrammarScratch {
   std::vector<int32_t> arena;                 // candidate stacks: [depth, positions...] each
   std::vector<std::pair<int32_t, int32_t>> found;  // (offset, depth) of each candidate in arena
   GrammarState tmp;                           // advance_bytes' other buffer
+  GrammarState probe;                         // a state tried without changing the caller's
 };
 
 class Grammar {
@@ -72,10 +72,6 @@ class Grammar {
   // Whether some stack's next byte set holds `byte` (advance would not die).
   bool accepts(const GrammarState& state, uint8_t byte) const;
 
-  int32_t rule_count() const { return static_cast<int32_t>(rule_alts_.size()); }
-  // A readable listing of the rules (for tests and `--grammar-dump` style debugging).
-  std::string describe() const;
-
  private:
   enum class ElemKind : uint8_t { End, Bytes, Rule };
   struct Elem {
@@ -89,7 +85,7 @@ class Grammar {
 
   std::vector<Elem> elems_;                     // every alternative's symbols, each ended by End
   std::vector<std::vector<int32_t>> rule_alts_;  // [rules][alternatives] start position in elems_
-  std::vector<std::string> rule_names_;          // [rules]
+  std::vector<std::string> rule_names_;          // [rules] for the builder's errors
   std::vector<ByteSet> sets_;                    // byte sets, by Bytes index
   int32_t root_ = 0;
 };
@@ -98,7 +94,7 @@ class Grammar {
 // add rules for the usual repetitions and return a reference to them.
 class Grammar::Builder {
  public:
-  // A new rule with no alternatives yet (add them with add()); names are for describe() only.
+  // A new rule with no alternatives yet (add them with add()); names appear in build()'s errors.
   Symbol rule(std::string name);
   void add(Symbol rule, Sequence alternative);
   // A new rule whose alternatives are these.
@@ -123,6 +119,5 @@ inline Sequence operator+(Sequence a, Symbol b) {
   a.push_back(b);
   return a;
 }
-inline Sequence operator+(Symbol a, const Sequence& b) { return Sequence{a} + b; }
 
 }  // namespace microspec

@@ -88,8 +88,8 @@ bool TokenConstraint::allows(const GrammarState& state, int32_t token, GrammarSc
   if (vocab_->ends(token)) return Grammar::complete(state);
   const std::string_view b = vocab_->bytes(token);
   if (b.empty() || !grammar_.accepts(state, uint8_t(b[0]))) return false;
-  GrammarState copy = state;  // small: a few stacks
-  return grammar_.advance_bytes(copy, b, scratch);
+  scratch.probe.flat.assign(state.flat.begin(), state.flat.end());  // its capacity reused: no allocation per check
+  return grammar_.advance_bytes(scratch.probe, b, scratch);
 }
 
 bool TokenConstraint::advance(GrammarState& state, int32_t token, GrammarScratch& scratch) const {

@@ -106,8 +106,6 @@ class GrammarMatcher {
   void mask_row(float* logits, std::span<const int32_t> path = {});
   // Whether every token of `path` is allowed in turn after the history.
   bool allows_path(std::span<const int32_t> path);
-  // Whether the history so far is a complete sentence of the grammar.
-  bool complete() const { return Grammar::complete(state_); }
 
  private:
   void state_after(std::span<const int32_t> path, GrammarState& out);

@@ -16,7 +16,6 @@ for byte; where jinja2 raises (the template rejects the conversation), microspec
 template may be left out only by naming it in SKIPPED with the reason."""
 import datetime
 import json
-import pathlib
 import subprocess
 
 import jinja2
@@ -25,7 +24,7 @@ import jinja2.nodes
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from repo_paths import BIN, REPO
+from repo_paths import BIN, llama_cpp_templates
 
 DATE = "2024-07-26"
 BOS, EOS = "<s>", "</s>"
@@ -34,13 +33,7 @@ BOS, EOS = "<s>", "</s>"
 SKIPPED = {}
 
 
-def _template_dir():
-    out = subprocess.run(["bash", str(REPO / "scripts" / "fetch_llama_cpp_sdist.sh")], check=True,
-                         capture_output=True, text=True)
-    return pathlib.Path(out.stdout.strip()) / "models" / "templates"
-
-
-TEMPLATE_DIR = _template_dir()
+TEMPLATE_DIR = llama_cpp_templates()
 TEMPLATES = sorted(p.name for p in TEMPLATE_DIR.glob("*.jinja"))
 
 

@@ -16,6 +16,7 @@ import jsonschema
 import openai
 import pytest
 
+from repo_paths import llama_cpp_templates
 from server_helpers import GEMMA, SMOLLM2, SPEC_ARGS, ServerProcess, cli_generate
 from spec_bench import first_turns
 
@@ -191,18 +192,9 @@ QUESTIONS = ["What is the weather in Paris?", "Add 17 and 25.", "Is it raining i
              "What is 3.5 plus 4?"]
 
 
-def qwen_template():
-    import pathlib
-    import subprocess
-    from repo_paths import REPO
-    out = subprocess.run(["bash", str(REPO / "scripts" / "fetch_llama_cpp_sdist.sh")], check=True,
-                         capture_output=True, text=True)
-    return pathlib.Path(out.stdout.strip()) / "models" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
-
-
 @pytest.fixture(scope="module")
 def tool_client():
-    s = ServerProcess(SMOLLM2, *SPEC_ARGS, "--chat-template", qwen_template())
+    s = ServerProcess(SMOLLM2, *SPEC_ARGS, "--chat-template", llama_cpp_templates() / "Qwen-Qwen2.5-7B-Instruct.jinja")
     with openai.OpenAI(base_url=s.url("/v1"), api_key="unused", max_retries=0, timeout=300) as c:
         yield c
     assert s.terminate() == 0, s.stderr_text()
