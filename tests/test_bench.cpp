@@ -280,6 +280,12 @@ TEST(BenchMethods, ParseSettingsSweepAndAblation) {
   auto ms = parse_methods("ar,full:draft-layers=12,tree-topk=2,tree-tokens=6,dynamic", shared);
   ASSERT_EQ(ms.size(), 3u);
   EXPECT_FALSE(ms[0].info.speculative);
+  EXPECT_EQ(ms[0].config.mode, SpecMode::None) << "ar decodes plainly whatever the shared --spec";
+  EXPECT_EQ(shared.mode, SpecMode::Auto) << "the default --spec";
+  EXPECT_EQ(ms[2].config.mode, SpecMode::Self) << "a bare vocabulary under the default --spec drafts with self";
+  const auto automatic = parse_methods("auto", shared);
+  ASSERT_EQ(automatic.size(), 1u);
+  EXPECT_EQ(automatic[0].config.mode, SpecMode::Auto);
   EXPECT_EQ(ms[1].info.label, "full:draft-layers=12,tree-topk=2,tree-tokens=6");
   EXPECT_EQ(ms[1].config.mode, SpecMode::Self);
   EXPECT_EQ(ms[1].config.draft_layers, 12);

@@ -14,6 +14,7 @@
 #include "engine/speculative_decoder.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "speculative/step_costs.h"
 #include "server/api.h"
 #include "speculative/settings.h"
 #include "support/test_helpers.h"
@@ -60,7 +61,7 @@ TEST(SpecSettings, EveryMemberRoundTripsThroughTheTable) {
   EXPECT_EQ(spec_config_json(back), j);
   EXPECT_NO_THROW(back.validate());
   // Defaults as the CLI shows them are the config's own.
-  EXPECT_EQ(spec_setting("spec").default_text(), "none");
+  EXPECT_EQ(spec_setting("spec").default_text(), "auto");
   EXPECT_EQ(spec_setting("draft-vocab").default_text(), "dynamic");
   EXPECT_EQ(spec_setting("vocab-window").default_text(), "3072");
   EXPECT_EQ(spec_setting("async-gather").default_text(), "true");
@@ -69,8 +70,22 @@ TEST(SpecSettings, EveryMemberRoundTripsThroughTheTable) {
 TEST(SpecSettings, ErrorsNameTheValidValuesAndRanges) {
   SpecConfig c;
   EXPECT_NE(error_of([&] { apply_spec_setting(c, "spec", "fast"); })
-                .find("none, self, draft, head, ngram, self+ngram, draft+ngram, head+ngram; got 'fast'"),
+                .find("none, self, draft, head, ngram, self+ngram, draft+ngram, head+ngram, auto; got 'fast'"),
             std::string::npos);
+  // auto takes one model drafter; --step-costs is auto's.
+  SpecConfig a;
+  a.draft_layers = 6;
+  a.draft_head = "h.gguf";
+  EXPECT_NE(error_of([&] { a.validate(); }).find("--spec auto takes one model drafter"), std::string::npos);
+  a.draft_head.clear();
+  EXPECT_NO_THROW(a.validate());
+  EXPECT_EQ(auto_model_mode(a, true), SpecMode::Self) << "--draft-layers picks the self-draft";
+  a.draft_layers = 0;
+  EXPECT_EQ(auto_model_mode(a, true), SpecMode::Head) << "a head beside the model";
+  EXPECT_EQ(auto_model_mode(a, false), SpecMode::Self);
+  a.step_costs = "costs.json";
+  a.mode = SpecMode::Ngram;
+  EXPECT_NE(error_of([&] { a.validate(); }).find("--step-costs applies to --spec auto"), std::string::npos);
   EXPECT_NE(error_of([&] { apply_spec_setting(c, "ngram-min", "0"); }).find("--ngram-min must be in [1, 64]"),
             std::string::npos);
   EXPECT_NE(
@@ -152,6 +167,32 @@ TEST(SpecSettings, ErrorsNameTheValidValuesAndRanges) {
 
 // --kernels reference --spec draft: the draft model runs on the reference kernels too, and a
 // second decoder can share it.
+TEST(StepCosts, InterpolatesRoundTripsAndRefusesMalformedFiles) {
+  StepCosts c;
+  c.rows = {1, 2, 4};
+  c.forward = {1.0, 1.5, 2.5};
+  c.lm_head = {0.5, 0.5, 0.6};
+  EXPECT_DOUBLE_EQ(c.forward_at(0), 0.0);
+  EXPECT_DOUBLE_EQ(c.forward_at(3), 2.0);
+  EXPECT_DOUBLE_EQ(c.forward_at(6), 3.5) << "beyond the last point: the last two's slope";
+  EXPECT_DOUBLE_EQ(c.body_at(2), 1.0);
+  std::string key;
+  const StepCosts back = parse_step_costs(step_costs_json(c, "k"), &key);
+  EXPECT_EQ(key, "k");
+  EXPECT_EQ(back.forward, c.forward);
+  EXPECT_EQ(calibration_rows(5), (std::vector<int32_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(calibration_rows(40), (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 40}));
+  EXPECT_NE(error_of([] { parse_step_costs("{", nullptr); }).find("malformed"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_step_costs(R"({"version":1,"key":"k","rows":[2],"forward":[1],"lm_head":[0]})", nullptr);
+            }).find("first row count must be 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_step_costs(R"({"version":1,"key":"k","rows":[1,2],"forward":[1,-1],"lm_head":[0,0]})", nullptr);
+            }).find("positive"),
+            std::string::npos);
+}
+
 TEST(SpecSettings, DraftModelLoadsWithTheTargetsKernels) {
   const std::string path = test::smollm_path();
   test::require_file(path);
@@ -175,7 +216,7 @@ TEST(SpecSettings, DraftModelLoadsWithTheTargetsKernels) {
   Generator gen2(*model, *tok, 64);
   Decoder second(c, *file, gen2, *tok, &decoder);
   EXPECT_EQ(second.draft_model(), decoder.draft_model());
-  Decoder plain(SpecConfig{}, *file, gen, *tok);
+  Decoder plain(SpecConfig{.mode = SpecMode::None}, *file, gen, *tok);
   EXPECT_FALSE(plain.speculative());
   EXPECT_EQ(plain.draft_model(), nullptr);
 }

@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "sampling/sampler.h"
 #include "server/batch_scheduler.h"
+#include "speculative/auto_drafter.h"
 #include "speculative/drafter.h"
 #include "speculative/head_drafter.h"
 #include "speculative/ngram.h"
@@ -99,6 +100,26 @@ class SpecTiny : public ::testing::Test {
 };
 
 const std::vector<int32_t> kPrompt = {1, 17, 250, 33, 90, 141};
+
+// Step costs for --spec auto on tiny models, in units of a one-row forward: a forward of r rows
+// costs 1 + extra_row * (r - 1), a tenth of it in the LM head.
+StepCosts linear_costs(double extra_row) {
+  StepCosts c;
+  for (int32_t r = 1; r <= 16; ++r) {
+    c.rows.push_back(r);
+    c.forward.push_back(1.0 + extra_row * (r - 1));
+    c.lm_head.push_back(0.1 * c.forward.back());
+  }
+  return c;
+}
+
+std::unique_ptr<AutoDrafter> make_auto(Model& model, Generator& g, int32_t n_ctx, double extra_row,
+                                       double level = 0.1) {
+  return std::make_unique<AutoDrafter>(NgramParams{1, 4}, n_ctx,
+                                       std::make_unique<SelfDrafter>(model, g.cache(), 2, DraftVocabulary::full(kVocab)),
+                                       ModelDraftCost{.level_seconds = level, .resumed_share = 0.0},
+                                       linear_costs(extra_row));
+}
 
 TEST_F(SpecTiny, SelfDraftMatchesPlainAcrossSlidingWindow) {
   for (const char* arch : {"gemma3", "mistral", "llama"}) {
@@ -200,6 +221,79 @@ TEST_F(SpecTiny, NgramDraftingMatchesPlain) {
             });
       }
   }
+}
+
+TEST_F(SpecTiny, AutoMatchesPlainAndPicksByCost) {
+  // --spec auto on a model that repeats itself (tied embeddings) and one that wanders, up to a full
+  // context: greedy output equals plain whichever options run. Cheap rows draft (n-gram chains
+  // where the text repeats, the model where it does not); rows that each cost a whole step never
+  // pay, so every step is plain but the model's probes (one step in kProbeInterval).
+  const std::vector<int32_t> prompt = {1, 17, 250, 33, 90, 141, 17, 250, 33, 2, 17, 250};
+  GenerateParams params;
+  params.max_new_tokens = 60;
+  params.ignore_eos = true;
+  for (const bool tied : {true, false}) {
+    test::TinyModelSpec sp = spec("gemma3", 21);
+    sp.untied_output = !tied;
+    Tiny t = load_tiny(sp, (dir_ / (tied ? "tied.gguf" : "untied.gguf")).string());
+    for (const int32_t n_ctx : {128, 48})
+      for (const double extra_row : {0.05, 1.0}) {
+        const std::string what = std::string(tied ? "tied" : "untied") + " n_ctx " + std::to_string(n_ctx) +
+                                 " row cost " + std::to_string(extra_row);
+        SpecStats stats;
+        Generator plain_gen(*t.model, *tok_, n_ctx);
+        const GenerateResult plain = plain_gen.generate(prompt, params);
+        Generator gen(*t.model, *tok_, n_ctx);
+        std::unique_ptr<AutoDrafter> drafter = make_auto(*t.model, gen, n_ctx, extra_row);
+        Decoder sg(gen, *tok_, drafter.get(), TreeParams{3, 1, 4});
+        const SpecResult r = sg.generate(prompt, params);
+        EXPECT_EQ(plain.tokens, r.gen.tokens) << what;
+        EXPECT_EQ(plain.finish, r.gen.finish) << what;
+        const auto& by = r.stats.by_source;
+        EXPECT_EQ(by[0].steps + by[1].steps + by[2].steps, r.stats.steps) << what;
+        if (extra_row >= 1.0) {
+          EXPECT_EQ(by[size_t(DraftSource::Ngram)].steps, 0) << what;
+          EXPECT_LE(by[size_t(DraftSource::Model)].steps, r.stats.steps / AutoDrafter::kProbeInterval + 1) << what;
+          EXPECT_GT(by[size_t(DraftSource::None)].steps, r.stats.steps / 2) << what;
+        } else if (tied) {
+          EXPECT_GT(by[size_t(DraftSource::Ngram)].steps, 0) << what;
+          EXPECT_GT(r.stats.mean_acceptance_length(), 2.0) << what;
+        } else {
+          EXPECT_GT(by[size_t(DraftSource::Model)].steps, 0) << what;
+        }
+      }
+  }
+}
+
+TEST(AutoDrafterChoice, ExpectedTokensPerSecond) {
+  // At the priors (every rate 1/2) with rows at 0.3 of a step and a model level at 0.1: the model's
+  // chain of 1 is worth 1.5 / 1.4 = 1.07 steps' tokens per step, over plain's 1; a one-token n-gram
+  // chain 1.5 / 1.3 = 1.15. Rows that cost a step each never beat plain.
+  test::TinyModelSpec sp;
+  sp.n_vocab = kVocab;
+  sp.seed = 5;
+  const std::string dir = (std::filesystem::temp_directory_path() / ("microspec_auto_" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  Tiny t = test::load_tiny_model(sp, dir + "/m.gguf");
+  auto tok_file = GgufFile::open(test::write_tiny_tokenizer(dir + "/tok.gguf", kVocab));
+  auto tok = Tokenizer::from_gguf(*tok_file);
+  Generator g(*t.model, *tok, 64);
+  auto cheap = make_auto(*t.model, g, 64, 0.3);
+  AutoDrafter::Choice c = cheap->choose(0, 0, 4);
+  EXPECT_EQ(c.source, DraftSource::Model);
+  EXPECT_EQ(c.tokens, 1);
+  EXPECT_NEAR(c.value, 1.5 / 1.4, 1e-9);
+  c = cheap->choose(2, 4, 4);
+  EXPECT_EQ(c.source, DraftSource::Ngram);
+  EXPECT_EQ(c.tokens, 1);
+  EXPECT_NEAR(c.value, 1.5 / 1.3, 1e-9);
+  auto dear = make_auto(*t.model, g, 64, 1.0);
+  EXPECT_EQ(dear->choose(2, 4, 4).source, DraftSource::None);
+  // Shared rows: with 7 other sequences in the pass, a row costs what it adds to theirs.
+  dear->set_shared_rows(7);
+  EXPECT_EQ(dear->choose(2, 4, 4).source, DraftSource::None);
+  EXPECT_THROW(make_auto(*t.model, g, 64, 0.3, -1.0), Error);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(SpecTiny, StopsExactlyWherePlainStops) {
@@ -732,6 +826,12 @@ TEST_F(SpecSampling, OutputDistributionEqualsPlainSampling) {
        },
        {2, 2, 6},
        0.0005},
+      // --spec auto switching between an n-gram chain, the self-draft and plain steps within a
+      // generation (checked below): each step's option depends only on the steps before it.
+      {"auto (n-gram, self 2 layers, plain)",
+       [&](Generator& g) { return make_auto(*t.model, g, 64, 0.3); },
+       {3, 1, 4},
+       0.02},
       {"self 2 layers, pruned vocabulary, tree k2",
        [&](Generator& g) {
          return std::make_unique<SelfDrafter>(*t.model, g.cache(), 2, DraftVocabulary::subset(odd, kVocab));
@@ -745,6 +845,7 @@ TEST_F(SpecSampling, OutputDistributionEqualsPlainSampling) {
     Decoder sg(gen, *tok_, d.get(), c.tree);
     std::map<std::vector<int32_t>, int> observed;
     int64_t accepted = 0, drafted = 0;
+    int switched = 0;  // generations whose steps came from more than one option (auto)
     for (int i = 0; i < kSamples; ++i) {
       params.sampling.seed = 1000 + i;
       const SpecResult r = sg.generate(kPrompt, params);
@@ -752,6 +853,13 @@ TEST_F(SpecSampling, OutputDistributionEqualsPlainSampling) {
       ++observed[r.gen.tokens];
       accepted += r.stats.accepted_draft;
       drafted += r.stats.drafted;
+      int sources = 0;
+      for (const auto& by : r.stats.by_source) sources += by.steps > 0;
+      switched += sources > 1;
+    }
+    if (dynamic_cast<const AutoDrafter*>(d.get())) {
+      EXPECT_GT(switched, kSamples / 10) << c.name;
+      std::printf("%s: %d of %d generations switched options\n", c.name.c_str(), switched, kSamples);
     }
     const auto [stat, crit] = chi_square(exact, observed, kSamples);
     EXPECT_LT(stat, crit) << c.name << ": chi-square " << stat << " >= " << crit;

@@ -153,7 +153,7 @@ void run_coverage(const CoverageOptions& a, const GgufFile& file, Model& model, 
   // Plain greedy decoding through the one generation path; the observer sees the prompt's top ids
   // and every token with the logits it was chosen from, before it is emitted.
   Generator gen(model, tokenizer, a.n_ctx);
-  Decoder decoder(SpecConfig{}, file, gen, tokenizer);
+  Decoder decoder(SpecConfig{.mode = SpecMode::None}, file, gen, tokenizer);  // plain: it observes the target
   GenerateParams params;
   params.max_new_tokens = a.max_new_tokens;
   std::vector<int32_t> emitted(1);

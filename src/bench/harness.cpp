@@ -226,7 +226,7 @@ bool is_greedy(const BenchOptions& a) {
 // asked for, expanded by --sweep or --ablation.
 std::vector<MethodSpec> bench_methods(const BenchOptions& a) {
   std::string list =
-      a.methods.empty() ? (a.ablation ? "ar,dynamic" : "ar,full,dynamic") : join(a.methods, ",");
+      a.methods.empty() ? (a.ablation ? "ar,dynamic" : "ar,full,dynamic,auto") : join(a.methods, ",");
   std::vector<MethodSpec> methods = parse_methods(list, a.spec);
   if (methods.empty() || methods.front().info.label != "ar") {
     auto it = std::find_if(methods.begin(), methods.end(),

@@ -70,7 +70,9 @@ MethodSpec make_method(const std::string& base,
       m.config.draft_vocab = parse_draft_vocab(base.substr(colon + 1));
     }
   } else {
-    if (m.config.mode == SpecMode::None) m.config.mode = SpecMode::Self;
+    // A bare vocabulary is a model drafter's: the self-draft unless --spec names another (auto, the
+    // default, weighs drafters and is a method of its own).
+    if (m.config.mode == SpecMode::None || m.config.mode == SpecMode::Auto) m.config.mode = SpecMode::Self;
     m.config.draft_vocab = parse_draft_vocab(base);
   }
   for (const auto& [key, value] : settings) {
@@ -83,6 +85,7 @@ MethodSpec make_method(const std::string& base,
     }
   }
   if (m.config.mode == SpecMode::None) throw Error("method " + m.info.label + ": spec=none is the ar method");
+  if (m.config.mode != SpecMode::Auto) m.config.step_costs.clear();  // the shared --step-costs is auto's
   try {
     m.config.validate();
   } catch (const Error& e) {

@@ -23,7 +23,7 @@ namespace microspec::bench {
 // One method of a run: `ar`, or a speculative configuration.
 struct MethodSpec {
   MethodInfo info;
-  SpecConfig config;                                          // speculative methods only
+  SpecConfig config{.mode = SpecMode::None};                  // speculative methods only (ar: none)
   std::vector<std::pair<std::string, std::string>> settings;  // per-method overrides, in order
 };
 

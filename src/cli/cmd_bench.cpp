@@ -73,7 +73,7 @@ void add_bench_command(CLI::App& app) {
       "comma-separated methods: ar, full, freq, dynamic, hybrid (the vocabulary, with the drafter of "
       "--spec), or a --spec mode optionally with its vocabulary (ngram, self+ngram:dynamic), each "
       "optionally with settings (dynamic:vocab-window=1024,tree-topk=2); the shared --spec/--draft-*/--tree-*/--vocab-* flags "
-      "apply to every speculative method (default ar,full,dynamic; with --ablation ar,dynamic)");
+      "apply to every speculative method (default ar,full,dynamic,auto; with --ablation ar,dynamic)");
   cmd->add_option("--repeats", b.repeats, "runs per prompt and method; the median wall time is kept")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));

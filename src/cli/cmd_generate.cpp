@@ -131,8 +131,22 @@ Outcome run_on_cpu(const GenerateArgs& a, Decoder& decoder, const std::vector<in
         decoder.describe().c_str(), o.decode_tokens_per_second, st.steps, st.mean_acceptance_length(),
         st.mean_active_vocab(), 100 * share(st.draft_backbone_seconds()), 100 * share(st.draft_lm_head_seconds),
         100 * share(st.verify_seconds), 100 * share(st.verify_lm_head_seconds), 100 * share(st.bookkeeping_seconds)));
+  if (decoder.speculative()) {
+    // Which drafter ran each step: auto's choices, or an X+ngram mode's split.
+    std::string line = "steps by drafter:";
+    for (int i = 0; i < kDraftSources; ++i) {
+      const SpecStats::SourceCounts& c = st.by_source[size_t(i)];
+      line += format(" %s %d (acceptance %.2f)%s", name_of(DraftSource(i)), c.steps,
+                     c.steps ? 1.0 + double(c.accepted) / c.steps : 0.0, i + 1 < kDraftSources ? "," : "");
+    }
+    o.stats_lines.push_back(line);
+  }
   o.extra["decode_lm_head_seconds"] = r.decode_lm_head_seconds;
   if (decoder.speculative()) {
+    nlohmann::json by_source = nlohmann::json::object();
+    for (int i = 0; i < kDraftSources; ++i)
+      by_source[name_of(DraftSource(i))] = {{"steps", st.by_source[size_t(i)].steps},
+                                            {"accepted_draft_tokens", st.by_source[size_t(i)].accepted}};
     o.extra["spec"] = {{"mode", name_of(a.spec.mode)},
                        {"steps", st.steps},
                        {"drafted_tokens", st.drafted},
@@ -148,7 +162,8 @@ Outcome run_on_cpu(const GenerateArgs& a, Decoder& decoder, const std::vector<in
                        {"lm_head_seconds", st.lm_head_seconds()},
                        {"draft_share", share(st.draft_seconds)},
                        {"verify_share", share(st.verify_seconds)},
-                       {"lm_head_share", share(st.lm_head_seconds())}};
+                       {"lm_head_share", share(st.lm_head_seconds())},
+                       {"steps_by_drafter", by_source}};
   }
   return o;
 }

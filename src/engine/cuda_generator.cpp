@@ -19,8 +19,13 @@
 
 namespace microspec {
 
+// --spec auto (the default) decodes plainly on the device: the device has no auto step yet.
+bool device_speculates(const SpecConfig& spec) {
+  return spec.enabled() && spec.mode != SpecMode::Auto;
+}
+
 std::string cuda_spec_unsupported(const SpecConfig& spec) {
-  if (!spec.enabled()) return {};
+  if (!device_speculates(spec)) return {};
   // A chain or a tree from the target's own first layers, a draft model or an EAGLE-3 head.
   const bool drafter = spec.mode == SpecMode::Self || spec.mode == SpecMode::Draft || spec.mode == SpecMode::Head;
   if (drafter && spec.tree.p_min == 0) return {};
@@ -31,7 +36,7 @@ std::string cuda_spec_unsupported(const SpecConfig& spec) {
 std::string cuda_spec_sampling_unsupported(const SpecConfig& spec) {
   // A chain, or a tree whose draft rows' draws fit a step's (what cuda_spec_unsupported refuses,
   // such as --draft-p-min, it names).
-  if (!spec.enabled() || spec.tree.top_k == 1 || spec.tree.p_min != 0 || spec.tree.total_tokens <= 0) return {};
+  if (!device_speculates(spec) || spec.tree.top_k == 1 || spec.tree.p_min != 0 || spec.tree.total_tokens <= 0) return {};
   const TreeShape shape = spec.tree.fixed_shape();
   const int32_t draws = tree_draft_draws(shape);
   if (draws <= kMaxDraftDrawsPerStep) return {};
@@ -42,7 +47,7 @@ std::string cuda_spec_sampling_unsupported(const SpecConfig& spec) {
 
 void set_cuda_speculation(const SpecConfig& spec, const GgufFile& target, const Tokenizer& tokenizer,
                           CudaGeneratorOptions& o) {
-  if (!spec.enabled()) return;
+  if (!device_speculates(spec)) return;
   if (const std::string why = cuda_spec_unsupported(spec); !why.empty()) throw Error(why);
   spec.validate();
   if (spec.mode == SpecMode::Draft) o.draft_model = spec.draft_model;

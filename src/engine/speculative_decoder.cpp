@@ -25,11 +25,11 @@ Decoder::Sampling::Sampling(const SamplingParams& params, int32_t n_vocab) : tar
 }
 
 Decoder::Decoder(const SpecConfig& config, const GgufFile& target_file, Generator& gen,
-                 const Tokenizer& tokenizer, const Decoder* share_draft_model_of)
+                 const Tokenizer& tokenizer, const Decoder* share_draft_model_of, int32_t batch_sequences)
     : gen_(gen), tokenizer_(tokenizer), params_(config.tree), verifier_(gen.model().config().n_vocab) {
   config.validate();
   built_ = build_drafter(config, target_file, gen.model(), gen.cache(), tokenizer,
-                         share_draft_model_of ? share_draft_model_of->built_.draft_model : nullptr);
+                         share_draft_model_of ? share_draft_model_of->built_.draft_model : nullptr, batch_sequences);
   drafter_ = built_.drafter.get();
   describe_ = "plain decoding";
   if (drafter_)
@@ -181,6 +181,7 @@ void Decoder::draft_steps(std::span<const DraftStep> steps, std::span<DraftJob> 
     run.drafted = d.will_draft(run.step_position, steps[i].shape);
     jobs[i] = DraftJob{};
     jobs[i].tree = &d.tree_;
+    if (run.drafted) d.drafter_->set_shared_rows(steps[i].shared_rows);
     if (run.drafted)
       jobs[i].growth =
           d.drafter_->begin_propose(run.root, run.step_position, steps[i].shape, run.sampling.for_drafter(), d.tree_);
@@ -192,7 +193,10 @@ void Decoder::draft_steps(std::span<const DraftStep> steps, std::span<DraftJob> 
   // The shared drafting counts whole for each sequence (as a shared verification pass does).
   const double seconds = since(t0);
   for (size_t i = 0; i < steps.size(); ++i) {
-    if (!steps[i].run->drafted) continue;
+    Run& run = *steps[i].run;
+    run.source = run.drafted && !steps[i].decoder->tree_.nodes.empty() ? steps[i].decoder->drafter_->last_source()
+                                                                       : DraftSource::None;
+    if (!run.drafted) continue;
     SpecStats& st = steps[i].run->res.stats;
     st.draft_seconds += seconds;
     st.active_vocab_sum += steps[i].decoder->drafter_->active_vocab_size();
@@ -228,6 +232,11 @@ bool Decoder::accept_step(Run& run, const DecodeObserver* observer) {
   }
   penalise_rows(run.penalties);
   accept_and_commit(run.sampling, run.res.stats);
+  if (drafter_) {
+    SpecStats::SourceCounts& by = run.res.stats.by_source[size_t(run.source)];
+    ++by.steps;
+    by.accepted += static_cast<int64_t>(path_.size());
+  }
   update_drafter(run.root, run.res.stats);
   const bool running = emit(run.step_position, run, observer);
   run.root = emitted_.back();

@@ -15,6 +15,7 @@
 // reason) equals Generator::generate's exactly. With temperature > 0 the draft tree is sampled and
 // verified by recursive rejection sampling (speculative/tree.h, TreeSamplingVerifier): the output
 // has exactly plain sampling's distribution, though not the same tokens for a seed.
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -51,6 +52,13 @@ struct SpecStats {
   // Draft forwards (tree levels) that ran in one forward call with other sequences' draft rows
   // (Decoder::draft_steps over several sequences: the batching server).
   int64_t shared_draft_forwards = 0;
+  // Per DraftSource (none: a plain step, n-gram, model): the steps it drafted and the draft tokens
+  // accepted from them (a speculative decoder's steps only).
+  struct SourceCounts {
+    int32_t steps = 0;
+    int64_t accepted = 0;
+  };
+  std::array<SourceCounts, kDraftSources> by_source{};
   double draft_backbone_seconds() const { return draft_seconds - draft_lm_head_seconds; }
   double lm_head_seconds() const { return draft_lm_head_seconds + verify_lm_head_seconds; }
   double mean_active_vocab() const {
@@ -92,8 +100,10 @@ class Decoder {
   // invalid settings.
   // share_draft_model_of: a decoder whose --spec draft model this one runs on as well (must
   // outlive it; see build_drafter), null to load its own.
+  // batch_sequences: most sequences whose steps share one verification pass (the batching server's
+  // slots), for --spec auto's costs (build_drafter).
   Decoder(const SpecConfig& config, const GgufFile& target_file, Generator& gen, const Tokenizer& tokenizer,
-          const Decoder* share_draft_model_of = nullptr);
+          const Decoder* share_draft_model_of = nullptr, int32_t batch_sequences = 1);
   // With a drafter made elsewhere (tests), or none (nullptr: plain decoding); not owned.
   Decoder(Generator& gen, const Tokenizer& tokenizer, Drafter* drafter, const TreeParams& tree);
 
@@ -135,6 +145,7 @@ class Decoder {
     int32_t root = -1;          // newest token, not yet in the cache
     int32_t step_position = 0;  // cache position of the current step's root
     bool drafted = false;       // the current step has a draft tree
+    DraftSource source = DraftSource::None;  // who drafted the current step's tree (None: empty)
     int32_t prefilled = 0;      // prompt positions in the cache (start_piece)
     // Prompt rows the cache already holds when the run starts (a prefix cache): set before
     // start(); the caller vouches that rows [0, reused_rows) hold prompt[0, reused_rows) and were
@@ -181,6 +192,7 @@ class Decoder {
     Decoder* decoder = nullptr;
     Run* run = nullptr;
     TreeParams shape;
+    int32_t shared_rows = 0;  // rows of other sequences in the same verification pass (Drafter::set_shared_rows)
   };
   static void draft_steps(std::span<const DraftStep> steps, std::span<DraftJob> jobs);
   bool accept_step(Run& run, const DecodeObserver* observer = nullptr);

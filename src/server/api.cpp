@@ -857,6 +857,11 @@ json usage_json(const GenerationReport& r) {
     ext["accepted_draft_tokens"] = st.accepted_draft;
     ext["mean_acceptance_length"] = st.mean_acceptance_length();
     if (r.device == "cpu") {
+      json by_source = json::object();
+      for (int i = 0; i < kDraftSources; ++i)
+        by_source[name_of(DraftSource(i))] = {{"steps", st.by_source[size_t(i)].steps},
+                                              {"accepted_draft_tokens", st.by_source[size_t(i)].accepted}};
+      ext["steps_by_drafter"] = by_source;
       ext["mean_active_vocab"] = st.mean_active_vocab();
       ext["draft_seconds"] = st.draft_seconds;
       ext["verify_seconds"] = st.verify_seconds;

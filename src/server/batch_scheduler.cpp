@@ -239,7 +239,7 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
       Decoder& decoder = *slots_[seq->slot].decoder;
       TreeParams shape = draft_shape(decoder.tree_params(), in_flight, spec_max_batch_);
       shape.total_tokens = std::min(shape.total_tokens, model_.n_batch() - reserved - waiting - 1);
-      draft_steps_.push_back({.decoder = &decoder, .run = seq->run.get(), .shape = shape});
+      draft_steps_.push_back({.decoder = &decoder, .run = seq->run.get(), .shape = shape, .shared_rows = in_flight - 1});
       drafting_.push_back(seq.get());
       reserved += shape.total_tokens + 1;  // the root and at most total_tokens nodes
       options = decoder.verify_options();  // the same for every slot: one server configuration

@@ -63,6 +63,10 @@ void Metrics::record_generation(const GenerationReport& r, Outcome outcome, cons
     shared_drafting_steps_ += uint64_t(st.shared_drafting_steps);
     shared_draft_forwards_ += uint64_t(st.shared_draft_forwards);
     accepted_draft_tokens_ += uint64_t(st.accepted_draft);
+    for (size_t i = 0; i < source_steps_.size(); ++i) {
+      source_steps_[i] += uint64_t(st.by_source[i].steps);
+      source_accepted_[i] += uint64_t(st.by_source[i].accepted);
+    }
     acceptance_.observe(st.mean_acceptance_length());
     last_active_vocab_ = st.mean_active_vocab();
   }
@@ -149,6 +153,16 @@ std::string Metrics::render(const GaugeSnapshot& gauges) const {
   header(out, "microspec_spec_accepted_tokens_total", "counter", "Draft tokens accepted by the target.");
   line(out, "microspec_spec_accepted_tokens_total %llu",
        static_cast<unsigned long long>(accepted_draft_tokens_));
+  header(out, "microspec_spec_steps_by_drafter_total", "counter",
+         "Speculative steps by who drafted them: plain (the root alone), n-gram or model (--spec auto's choices).");
+  for (size_t i = 0; i < source_steps_.size(); ++i)
+    line(out, "microspec_spec_steps_by_drafter_total{drafter=\"%s\"} %llu", name_of(DraftSource(i)),
+         static_cast<unsigned long long>(source_steps_[i]));
+  header(out, "microspec_spec_accepted_tokens_by_drafter_total", "counter",
+         "Draft tokens accepted, by who drafted them.");
+  for (size_t i = 0; i < source_accepted_.size(); ++i)
+    line(out, "microspec_spec_accepted_tokens_by_drafter_total{drafter=\"%s\"} %llu", name_of(DraftSource(i)),
+         static_cast<unsigned long long>(source_accepted_[i]));
   header(out, "microspec_acceptance_length", "histogram",
          "Mean acceptance length (tokens per target pass) of each speculative generation.");
   acceptance_.render(out, "microspec_acceptance_length");

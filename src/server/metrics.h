@@ -82,6 +82,8 @@ class Metrics {
   uint64_t shared_drafting_steps_ = 0;  // drafting steps verified together with other sequences
   uint64_t shared_draft_forwards_ = 0;  // draft forwards (tree levels) run together with other sequences'
   uint64_t accepted_draft_tokens_ = 0;
+  // Per DraftSource (plain, n-gram, model): steps, and draft tokens accepted from them.
+  std::array<uint64_t, kDraftSources> source_steps_{}, source_accepted_{};
   Histogram acceptance_{kAcceptanceBounds};   // per speculative generation
   Histogram first_token_{kFirstTokenBounds};  // time to first token, per request with text
   Histogram inter_token_{kInterTokenBounds};  // mean time between tokens, per request of 2+ tokens

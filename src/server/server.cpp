@@ -214,7 +214,7 @@ Backend cpu_backend(const ServerOptions& o, const GgufFile& file, const Tokenize
     SequenceSlot slot;
     slot.gen = std::make_unique<Generator>(*engine->model, tokenizer, o.n_ctx);
     slot.decoder = std::make_unique<Decoder>(o.spec, file, *slot.gen, tokenizer,
-                                             slots.empty() ? nullptr : slots.front().decoder.get());
+                                             slots.empty() ? nullptr : slots.front().decoder.get(), o.parallel);
     slots.push_back(std::move(slot));
   }
   engine->scheduler = std::make_unique<BatchScheduler>(*engine->model, tokenizer, std::move(slots), o.prefill_chunk,

@@ -10,6 +10,15 @@
 
 namespace microspec {
 
+const char* name_of(DraftSource source) {
+  switch (source) {
+    case DraftSource::None: return "plain";
+    case DraftSource::Ngram: return "n-gram";
+    case DraftSource::Model: return "model";
+  }
+  return "?";
+}
+
 ModelTreeExpander::ModelTreeExpander(Model& model, KVCache& kv, int32_t n_layers, DraftVocabulary vocab)
     : model_(model), kv_(kv), n_layers_(n_layers), vocab_(std::move(vocab)) {
   if (n_layers < 1 || n_layers > model.config().n_layer)

@@ -48,6 +48,12 @@ struct TreeGrowth {
   void grow_alone(DraftTree& tree) const;
 };
 
+// Who drafted a step's tree: nobody (a plain step: the root alone), an n-gram match, or a model
+// (the self-draft, a draft model or a head).
+enum class DraftSource { None, Ngram, Model };
+constexpr int kDraftSources = 3;
+const char* name_of(DraftSource source);  // "plain", "n-gram", "model"
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -96,6 +102,12 @@ class Drafter {
   // and before accepted() (the verification rows: root, then tree node i at row i + 1), with those
   // rows' features, [rows][feature_layers().size()][n_embd]; valid until that call returns.
   virtual void target_features(const float* features, int32_t rows) {}
+  // Who drafted the last propose()'s tree, when it is not empty (the decoder counts an empty tree
+  // as DraftSource::None).
+  virtual DraftSource last_source() const { return DraftSource::Model; }
+  // Rows of other sequences that will share this step's verification pass (the batching server sets
+  // it before each step; 0 alone). A drafter that weighs the cost of its rows (--spec auto) reads it.
+  virtual void set_shared_rows(int32_t rows) {}
 };
 
 // The draft LM-head step every drafter shares: scores `rows` normed hidden states

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "model/model_file.h"
+#include "speculative/auto_drafter.h"
 #include "speculative/head_drafter.h"
 #include "speculative/ngram.h"
 #include "util/error.h"
@@ -77,6 +78,40 @@ void build_model_drafter(SpecMode mode, const SpecConfig& config, const GgufFile
   b.describe += ", " + vocab;
 }
 
+// Bytes of the tensors of f whose names start with `prefix` (empty: all).
+size_t tensor_bytes(const GgufFile& f, const std::string& prefix) {
+  size_t bytes = 0;
+  for (const GgufTensor& t : f.tensors())
+    if (t.name.rfind(prefix, 0) == 0) bytes += t.n_bytes;
+  return bytes;
+}
+
+// What a level of auto's model drafter costs, from the target's measured costs and the shapes: a
+// one-row forward streams its weights, so a drafter's layers cost their share of the target's
+// layers' bytes; its draft LM head scores at most the vocabulary's rows (the dynamic window's W_max).
+ModelDraftCost model_draft_cost(SpecMode model_mode, const SpecConfig& config, const GgufFile& target_file,
+                                const Model& target, const BuiltDrafter& b, const StepCosts& costs) {
+  const int32_t n_vocab = target.config().n_vocab;
+  const double body = costs.body_at(1), head = costs.lm_head_at(1);
+  const double vocab_rows = config.draft_vocab == DraftVocabKind::Full   ? n_vocab
+                            : config.draft_vocab == DraftVocabKind::Freq ? config.freq_top
+                                                                         : config.vocab_window + config.hybrid_top;
+  const double draft_head = head * std::min(1.0, vocab_rows / n_vocab);
+  const double target_layers = std::max<size_t>(1, tensor_bytes(target_file, "blk."));
+  ModelDraftCost c;
+  if (model_mode == SpecMode::Self) {
+    const int32_t layers = config.draft_layers > 0 ? config.draft_layers : default_draft_layers(target.config().n_layer);
+    c.resumed_share = double(layers) / target.config().n_layer;
+    c.level_seconds = c.resumed_share * body + draft_head;
+  } else if (model_mode == SpecMode::Head) {
+    const auto head_file = GgufFile::open(draft_head_path(config, target_file.name()));
+    c.level_seconds = body * double(tensor_bytes(*head_file, "")) / target_layers + draft_head;
+  } else {
+    c.level_seconds = body * double(tensor_bytes(*b.file, "blk.")) / target_layers + draft_head;
+  }
+  return c;
+}
+
 }  // namespace
 
 PrunedVocabSpec pruned_vocab_spec(const SpecConfig& c, const std::string& target_file_name, int32_t n_vocab,
@@ -144,7 +179,7 @@ std::string draft_head_path(const SpecConfig& config, const std::string& target_
 }
 
 BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Model& target, KVCache& target_kv,
-                           const Tokenizer& tokenizer, Model* shared_draft_model) {
+                           const Tokenizer& tokenizer, Model* shared_draft_model, int32_t batch_sequences) {
   BuiltDrafter b;
   if (!config.enabled()) return b;
   const NgramParams ngram{config.ngram_min, config.ngram_max, config.ngram_min_accept};
@@ -154,6 +189,20 @@ BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file
   if (config.mode == SpecMode::Ngram) {
     b.drafter = std::make_unique<NgramDrafter>(ngram, n_ctx);
     b.describe = ngram_describe;
+    return b;
+  }
+  if (config.mode == SpecMode::Auto) {
+    const bool head_found = std::filesystem::exists(default_draft_head_path(target_file.name()));
+    const SpecMode model_mode = auto_model_mode(config, head_found);
+    build_model_drafter(model_mode, config, target_file, target, target_kv, tokenizer, shared_draft_model, b);
+    // The costs of every verification this drafter's steps can take part in: its own tree and, in
+    // the batching server, the other sequences' rows.
+    const int32_t rows = std::min(target.n_batch(), std::max(1, batch_sequences) * (config.tree.total_tokens + 1));
+    std::string note;
+    StepCosts costs = cached_step_costs(target, target_file, rows, config.step_costs, &note);
+    const ModelDraftCost model_cost = model_draft_cost(model_mode, config, target_file, target, b, costs);
+    b.drafter = std::make_unique<AutoDrafter>(ngram, n_ctx, std::move(b.drafter), model_cost, std::move(costs));
+    b.describe = "auto: " + ngram_describe + ", " + b.describe + " or plain; " + note;
     return b;
   }
   const SpecMode model_mode = fallback_mode(config.mode);

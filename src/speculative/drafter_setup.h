@@ -46,7 +46,10 @@ PrunedVocabSpec pruned_vocab_spec(const SpecConfig& config, const std::string& t
 // target file, which must then exist (Error asking for --draft-head otherwise).
 std::string draft_head_path(const SpecConfig& config, const std::string& target_file_name);
 
+// batch_sequences: most sequences whose rows share one verification pass (the batching server's
+// slots; 1 alone): --spec auto measures the target's costs up to that many sequences' trees.
 BuiltDrafter build_drafter(const SpecConfig& config, const GgufFile& target_file, Model& target, KVCache& target_kv,
-                           const Tokenizer& tokenizer, Model* shared_draft_model = nullptr);
+                           const Tokenizer& tokenizer, Model* shared_draft_model = nullptr,
+                           int32_t batch_sequences = 1);
 
 }  // namespace microspec

@@ -133,6 +133,7 @@ class NgramDrafter final : public Drafter {
   bool fits(const TreeParams& params, int32_t room) const override { return params.total_tokens < room; }
   double lm_head_seconds() const override { return 0.0; }
   int32_t active_vocab_size() const override { return 0; }  // no LM head: nothing is scored
+  DraftSource last_source() const override { return DraftSource::Ngram; }
 
   // The step's root joins the context (once per step) and the longest suffix match is returned.
   NgramMatch match_with_root(int32_t root);
@@ -140,6 +141,9 @@ class NgramDrafter final : public Drafter {
   // the confidence keeps (0: not worth a draft). The step then observes the continuation against
   // what the target commits, whoever drafts.
   int32_t plan_chain(const NgramMatch& m, const TreeParams& params);
+  // The same continuation, planned and observed alike, without the confidence's cut: how many
+  // tokens it has (a caller that weighs them itself, --spec auto).
+  int32_t plan_continuation(const NgramMatch& m, const TreeParams& params);
   // Fills `tree` with the first `tokens` tokens of the planned continuation; with sampling, every
   // node's draft distribution is the point mass on its token.
   void draft_chain(int32_t tokens, DraftSampling* sampling, DraftTree& tree);
@@ -188,6 +192,7 @@ class NgramFirstDrafter final : public Drafter {
     return fallback_drafted_ ? fallback_->resume_for(tree) : VerifyResume{};
   }
   int32_t active_vocab_size() const override { return fallback_drafted_ ? fallback_->active_vocab_size() : 0; }
+  DraftSource last_source() const override { return fallback_drafted_ ? DraftSource::Model : DraftSource::Ngram; }
   // Steps drafted by the n-gram side and by the fallback since the drafter was made.
   int64_t ngram_steps() const { return ngram_steps_; }
   int64_t fallback_steps() const { return fallback_steps_; }

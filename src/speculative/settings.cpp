@@ -14,7 +14,8 @@ namespace microspec {
 namespace {
 
 // Names of an enum's values, in declaration order: name_of and parse read the same list.
-const std::vector<std::string> kModeNames = {"none", "self", "draft", "head", "ngram", "self+ngram", "draft+ngram", "head+ngram"};
+const std::vector<std::string> kModeNames = {"none",       "self",        "draft",      "head", "ngram",
+                                             "self+ngram", "draft+ngram", "head+ngram", "auto"};
 const std::vector<std::string> kVocabNames = {"full", "freq", "dynamic", "hybrid"};
 const std::vector<std::string> kSourceNames = {"both", "ctx", "ext"};
 
@@ -138,7 +139,8 @@ std::vector<SpecSetting> make_table() {
   std::vector<SpecSetting> t;
   t.push_back(choice<SpecMode>(
       "spec", [](C & c) -> auto& { return c.mode; }, kModeNames,
-      "speculative decoding: none, self (the target's first layers), draft (--draft-model), head (an "
+      "speculative decoding: auto (each step picks an n-gram chain, the model drafter or a plain step by "
+      "expected tokens per second), none, self (the target's first layers), draft (--draft-model), head (an "
       "EAGLE-3 head, --draft-head), ngram (prompt lookup, no weights), self+ngram, draft+ngram or head+ngram "
       "(an n-gram match drafts, else self/draft/head)"));
   t.push_back(ranged(
@@ -206,6 +208,10 @@ std::vector<SpecSetting> make_table() {
       "ngram, X+ngram: a chain stops before the token whose estimated chance of being accepted with "
       "all before it (counted in this generation per match length) is below this percent; 0 = the "
       "whole continuation"));
+  t.push_back(text(
+      "step-costs", [](C & c) -> auto& { return c.step_costs; },
+      "auto: JSON file of the target's forward seconds per row count to read (measured and written "
+      "first if missing; default: the cache directory, see docs/speculative.md)"));
   return t;
 }
 
@@ -242,7 +248,7 @@ std::string spec_mode_names() {
 }
 
 bool uses_ngram(SpecMode mode) {
-  return mode == SpecMode::Ngram || mode == SpecMode::SelfNgram || mode == SpecMode::DraftNgram ||
+  return mode == SpecMode::Ngram || mode == SpecMode::Auto || mode == SpecMode::SelfNgram || mode == SpecMode::DraftNgram ||
          mode == SpecMode::HeadNgram;
 }
 
@@ -254,6 +260,12 @@ SpecMode fallback_mode(SpecMode mode) {
     case SpecMode::HeadNgram: return SpecMode::Head;
     default: return mode;
   }
+}
+
+SpecMode auto_model_mode(const SpecConfig& config, bool head_found) {
+  if (!config.draft_model.empty()) return SpecMode::Draft;
+  if (config.draft_layers != 0) return SpecMode::Self;
+  return !config.draft_head.empty() || head_found ? SpecMode::Head : SpecMode::Self;
 }
 
 std::string SpecSetting::default_text() const {
@@ -289,7 +301,17 @@ void SpecConfig::validate() const {
   for (const SpecSetting& s : spec_settings())
     if (s.kind == SpecSetting::Kind::Integer || s.kind == SpecSetting::Kind::Number)
       check_range(s.flag, s.get(*this).get<double>(), s.min, s.max);
-  // An X+ngram mode takes X's settings.
+  // An X+ngram mode takes X's settings; auto takes one model drafter's.
+  if (mode == SpecMode::Auto) {
+    if (int(!draft_model.empty()) + int(draft_layers != 0) + int(!draft_head.empty()) > 1)
+      throw Error("--spec auto takes one model drafter: --draft-model, --draft-layers or --draft-head");
+    if (ngram_min > ngram_max)
+      throw Error("--ngram-min " + std::to_string(ngram_min) + " must not exceed --ngram-max " +
+                  std::to_string(ngram_max));
+    tree.validate();
+    return;
+  }
+  if (!step_costs.empty()) throw Error("--step-costs applies to --spec auto");
   const SpecMode model_mode = fallback_mode(mode);
   const std::string spec = std::string("--spec ") + name_of(mode);
   if (mode == SpecMode::None && (!draft_model.empty() || draft_layers != 0 || !draft_head.empty()))

@@ -22,7 +22,9 @@ namespace microspec {
 // drafting, or n-gram drafting first with self / draft / head as the fallback
 // (speculative/ngram.h). A new "X+ngram" mode is a value here, its name in settings.cpp and a
 // line in fallback_mode().
-enum class SpecMode { None, Self, Draft, Head, Ngram, SelfNgram, DraftNgram, HeadNgram };
+// auto (the default) weighs, step by step, an n-gram chain, a model drafter and a plain step
+// (speculative/auto_drafter.h).
+enum class SpecMode { None, Self, Draft, Head, Ngram, SelfNgram, DraftNgram, HeadNgram, Auto };
 // --draft-vocab: the draft vocabulary kind (see vocab/draft_vocab.h).
 enum class DraftVocabKind { Full, Freq, Dynamic, Hybrid };
 // --vocab-source: the candidate stream's ablation (see vocab/candidate_stream.h).
@@ -39,12 +41,13 @@ std::string spec_mode_names();
 // Whether the mode drafts from n-gram matches (ngram, X+ngram).
 bool uses_ngram(SpecMode mode);
 // The model-based drafter of a mode: X for X+ngram, None for ngram, the mode itself otherwise.
+// (auto's depends on the files: auto_model_mode.)
 SpecMode fallback_mode(SpecMode mode);
 DraftVocabKind parse_draft_vocab(const std::string& name);
 VocabSource parse_vocab_source(const std::string& name);
 
 struct SpecConfig {
-  SpecMode mode = SpecMode::None;
+  SpecMode mode = SpecMode::Auto;
   int32_t draft_layers = 0;  // self: target layers the draft runs; 0 = all but the last eighth
   std::string draft_model;   // draft: GGUF file with the target's vocabulary
   std::string draft_head;    // head: eagle3 GGUF; empty = heads/<model stem>.eagle3.gguf beside the model
@@ -63,6 +66,7 @@ struct SpecConfig {
   int32_t ngram_max = 5;    // ngram / X+ngram: longest suffix match tried
   int32_t ngram_first = 3;  // X+ngram: a match this long drafts instead of the fallback drafter
   int32_t ngram_min_accept = 10;  // ngram / X+ngram: a chain's cut, percent (NgramParams)
+  std::string step_costs;         // auto: the cost file to read (written first if missing); empty = the cache
 
   bool enabled() const { return mode != SpecMode::None; }
   // Throws Error for inconsistent settings (e.g. --draft-model without --spec draft) and values
@@ -97,6 +101,10 @@ void apply_spec_setting(SpecConfig& config, const std::string& flag, const std::
 
 // Every setting as {flag: value}, as recorded in bench reports.
 nlohmann::json spec_config_json(const SpecConfig& config);
+
+// auto's model drafter: draft with --draft-model, self with --draft-layers, head with --draft-head
+// or when head_found (a head beside the model), else self.
+SpecMode auto_model_mode(const SpecConfig& config, bool head_found);
 
 // Self-draft layers the default (draft_layers = 0) picks for a model of n_layer layers.
 int32_t default_draft_layers(int32_t n_layer);

@@ -189,6 +189,8 @@ def cli_generate(model, prompts, n_predict, chat, extra=()):
             path = f.name
         try:
             cmd = [BIN, "generate", "-m", str(model), "--prompts-jsonl", path, "-n", str(n_predict), *map(str, extra)]
+            if "--spec" not in map(str, extra):
+                cmd += ["--spec", "none"]  # a baseline is plain decoding (--spec auto is the default)
             if chat:
                 cmd.append("--chat")
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)

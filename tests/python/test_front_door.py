@@ -188,3 +188,31 @@ def test_cpu_without_avx2_gets_one_line_error():
 def test_cpu_with_avx2_passes_the_check():
     p = subprocess.run([QEMU, "-cpu", "Haswell", BIN, "--version"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.startswith("microspec "), (p.returncode, p.stderr)
+
+
+def test_spec_auto_is_the_default_and_a_seed_gives_the_same_text(tmp_path):
+    """`--spec auto` runs by default, says which options ran, and decides from token counts and a
+    cost file only: two sampled runs with one seed give the same text, the first measuring the
+    costs into the cache directory and the second reading them."""
+    import os
+    env = dict(os.environ, MICROSPEC_CACHE_DIR=str(tmp_path / "cache"))
+    args = [str(BIN), "generate", "-m", str(SMOL), "--chat", "-p", "List five colours, then list them again.",
+            "-n", "48", "--temp", "0.8", "-s", "7"]
+    runs = [subprocess.run(args, capture_output=True, text=True, timeout=300, env=env) for _ in range(2)]
+    for p in runs:
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert "speculative (auto: " in p.stderr and "steps by drafter: plain " in p.stderr, p.stderr
+    assert "step costs measured and written to" in runs[0].stderr
+    assert "step costs read from" in runs[1].stderr
+    assert runs[0].stdout == runs[1].stdout
+    cost_files = list((tmp_path / "cache").glob("step-costs-*.json"))
+    assert len(cost_files) == 1
+    costs = json.loads(cost_files[0].read_text())
+    assert costs["rows"][0] == 1 and len(costs["forward"]) == len(costs["rows"])
+    # A cost file the user names must parse; --step-costs belongs to auto.
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    p = run("generate", "-m", SMOL, "-p", PROMPT, "-n", 2, "--step-costs", bad)
+    assert p.returncode != 0 and "step costs: malformed file" in p.stderr, p.stderr
+    p = run("generate", "-m", SMOL, "-p", PROMPT, "-n", 2, "--spec", "ngram", "--step-costs", bad)
+    assert p.returncode != 0 and "--step-costs applies to --spec auto" in p.stderr, p.stderr

@@ -172,7 +172,8 @@ def test_readme_first_command_runs_and_reports_acceptance():
     binary_or_skip()
     args = first_readme_generate()
     assert args is not None, "README.md shows no `build/microspec generate` command"
-    assert "--spec" in args, "the README's first generate command should speculate (--spec)"
+    assert "--spec" not in args or args[args.index("--spec") + 1] == "auto", \
+        "the README's first generate command should run the default, --spec auto"
     model = REPO / args[args.index("-m") + 1]
     if not model.exists():
         pytest.skip(f"{model} missing (scripts/setup.sh fetches it)")
@@ -185,6 +186,8 @@ def test_readme_first_command_runs_and_reports_acceptance():
     p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert p.returncode == 0, p.stderr
     assert re.search(r"mean acceptance length [0-9.]+", p.stderr), p.stderr
+    assert "speculative (auto: " in p.stderr, p.stderr
+    assert re.search(r"steps by drafter: plain \d+ .*, n-gram \d+ .*, model \d+ ", p.stderr), p.stderr
     assert re.search(r"decode:? [0-9.]+ tok/s", p.stderr), p.stderr
 
 

@@ -1,6 +1,7 @@
 """N-gram drafting is lossless on both real models: greedy output of `--spec ngram` (prompt lookup,
 no weights) and `--spec self+ngram` (an n-gram match of at least --ngram-first tokens drafts, else
-self-drafting with the dynamic vocabulary) equals plain greedy decoding token for token.
+self-drafting with the dynamic vocabulary) and of `--spec auto` (the default: each step an n-gram
+chain, the model drafter or a plain step) equals plain greedy decoding token for token.
 
 `microspec generate --json --chat -n 128 --prompts-jsonl` over SpecBench first turns spread across
 the categories (coding among them), one process per model and configuration. The plain baseline
@@ -41,6 +42,8 @@ CONFIGS = {
     "ngram-whole": ["--spec", "ngram", "--ngram-min", "1", "--tree-tokens", "6", "--ngram-min-accept", "0"],
     "self+ngram-dynamic": ["--spec", "self+ngram", "--draft-vocab", "dynamic", "--ngram-first", "2",
                            "--ngram-min", "2"],
+    # The default: each step an n-gram chain, the model drafter (the shipped head) or a plain step.
+    "auto": [],
 }
 
 
@@ -87,6 +90,10 @@ def test_ngram_greedy_equals_plain(model, config, tmp_path):
     # The drafter really drafted and was right at times (chat replies repeat the prompt's words).
     assert drafted > 0 and accepted > 0, f"{model} {config}: drafted {drafted}, accepted {accepted}"
     assert (accepted + steps) / steps > 1.05
+    if config == "auto":
+        assert all(r["spec"]["mode"] == "auto" for r in rows)
+        by = {k: sum(r["spec"]["steps_by_drafter"][k]["steps"] for r in rows) for k in ("plain", "n-gram", "model")}
+        assert sum(by.values()) == steps and by["n-gram"] > 0 and by["model"] > 0, by
     if config.startswith("ngram"):
         # No LM head: the draft vocabulary is empty and the draft LM head costs nothing.
         assert all(r["spec"]["mean_active_vocab"] == 0 for r in rows)

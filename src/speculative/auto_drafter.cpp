@@ -1,0 +1,118 @@
+#include "speculative/auto_drafter.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace microspec {
+
+namespace {
+// A model chain's counts are kept as the n-gram side's are, under one "match length".
+constexpr int32_t kModelLength = 1;
+
+// 1 + the expected accepted tokens of a chain of `tokens`, the rate at depth d given by rate(d).
+template <class Rate>
+double expected_tokens(int32_t tokens, Rate&& rate) {
+  double all = 1.0, sum = 1.0;
+  for (int32_t d = 1; d <= tokens; ++d) {
+    all *= rate(d);
+    sum += all;
+  }
+  return sum;
+}
+}  // namespace
+
+AutoDrafter::AutoDrafter(const NgramParams& ngram, int32_t n_ctx, std::unique_ptr<Drafter> model,
+                         const ModelDraftCost& model_cost, StepCosts costs)
+    : ngram_(ngram, n_ctx), model_(std::move(model)), model_cost_(model_cost), costs_(std::move(costs)),
+      model_rates_(kModelLength) {
+  if (!model_) throw Error("--spec auto: the model drafter is missing");
+  costs_.validate();
+  if (!(model_cost.level_seconds >= 0) || !(model_cost.resumed_share >= 0 && model_cost.resumed_share <= 1))
+    throw Error("--spec auto: a draft level's cost must be >= 0 and the resumed share in [0, 1]");
+}
+
+void AutoDrafter::begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) {
+  ngram_.begin(prompt, prompt_top);
+  model_->begin(prompt, prompt_top);
+  model_rates_.reset();
+  chosen_ = DraftSource::None;
+  steps_since_model_ = 0;
+}
+
+double AutoDrafter::verify_seconds(int32_t rows) const {
+  const double b = shared_rows_;
+  return costs_.forward_at(b + rows) - costs_.forward_at(b);
+}
+
+double AutoDrafter::model_seconds(int32_t tokens) const {
+  const double b = shared_rows_;
+  const double resumed = model_cost_.resumed_share * (costs_.body_at(b + tokens) - costs_.body_at(b));
+  return tokens * model_cost_.level_seconds + verify_seconds(1 + tokens) - resumed;
+}
+
+AutoDrafter::Choice AutoDrafter::choose(int32_t match_length, int32_t ngram_tokens, int32_t max_model_tokens) const {
+  // Plain first: an option must beat it strictly.
+  Choice best{DraftSource::None, 0, 1.0 / verify_seconds(1)};
+  for (int32_t L = 1; L <= ngram_tokens && match_length > 0; ++L) {
+    const double e = expected_tokens(L, [&](int32_t d) { return ngram_.confidence().rate(match_length, d); });
+    const double v = e / verify_seconds(1 + L);
+    if (v > best.value) best = {DraftSource::Ngram, L, v};
+  }
+  for (int32_t L = 1; L <= max_model_tokens; ++L) {
+    const double e = expected_tokens(L, [&](int32_t d) { return model_rates_.rate(kModelLength, d); });
+    const double v = e / model_seconds(L);
+    if (v > best.value) best = {DraftSource::Model, L, v};
+  }
+  return best;
+}
+
+void AutoDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
+                          DraftTree& tree) {
+  begin_propose(root, position, params, sampling, tree).grow_alone(tree);
+}
+
+TreeGrowth AutoDrafter::begin_propose(int32_t root, int32_t position, const TreeParams& params,
+                                      DraftSampling* sampling, DraftTree& tree) {
+  tree.clear();
+  // The n-gram side plans its continuation whenever there is a match, so that it is observed
+  // against what the target commits whoever drafts.
+  const NgramMatch m = ngram_.match_with_root(root);
+  const int32_t ngram_tokens = m.length >= ngram_.index().params().min_n ? ngram_.plan_continuation(m, params) : 0;
+  // The model drafts a chain no longer than the configured tree's depth allows.
+  const int32_t max_model_tokens = std::min(params.total_tokens, params.depth + 1);
+  Choice c = choose(ngram_tokens > 0 ? m.length : 0, ngram_tokens, max_model_tokens);
+  ++steps_since_model_;
+  if (c.source != DraftSource::Model && steps_since_model_ >= kProbeInterval && max_model_tokens > 0)
+    c = {DraftSource::Model, max_model_tokens, 0.0};  // a probe: its longest chain
+  chosen_ = c.source;
+  if (c.source == DraftSource::Ngram) {
+    ngram_.draft_chain(c.tokens, sampling, tree);
+    return {};
+  }
+  if (c.source == DraftSource::None) return {};
+  steps_since_model_ = 0;
+  TreeParams chain = params;
+  chain.top_k = 1;
+  chain.depth = c.tokens - 1;
+  chain.total_tokens = c.tokens;
+  return model_->begin_propose(root, position, chain, sampling, tree);
+}
+
+void AutoDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
+                           const float* verify_logits) {
+  if (chosen_ == DraftSource::Model && !tree.nodes.empty()) {
+    // A chain's depth d was accepted when the path reached it; the first depth past the path was
+    // refused if the chain had it. (A p-min cut may have drafted fewer tokens than planned.)
+    int32_t drafted = 0;
+    for (const TreeNode& n : tree.nodes) drafted = std::max(drafted, n.depth);
+    const int32_t held = static_cast<int32_t>(path.size());
+    for (int32_t d = 1; d <= held; ++d) model_rates_.record(kModelLength, d, true);
+    if (held < drafted) model_rates_.record(kModelLength, held + 1, false);
+  }
+  ngram_.accepted(root, tree, path, verify_logits);
+  model_->accepted(root, tree, path, verify_logits);
+  chosen_ = DraftSource::None;
+}
+
+}  // namespace microspec
