@@ -268,7 +268,8 @@ TEST_F(SpecTiny, AutoMatchesPlainAndPicksByCost) {
 TEST(AutoDrafterChoice, ExpectedTokensPerSecond) {
   // At the priors (every rate 1/2) with rows at 0.3 of a step and a model level at 0.1: the model's
   // chain of 1 is worth 1.5 / 1.4 = 1.07 steps' tokens per step, over plain's 1; a one-token n-gram
-  // chain 1.5 / 1.3 = 1.15. Rows that cost a step each never beat plain.
+  // chain 1.5 / 1.3 = 1.15, a two-token one 1.75 / 1.6 = 1.09. Rows that cost a step each never
+  // beat plain.
   test::TinyModelSpec sp;
   sp.n_vocab = kVocab;
   sp.seed = 5;
@@ -283,16 +284,30 @@ TEST(AutoDrafterChoice, ExpectedTokensPerSecond) {
   EXPECT_EQ(c.source, DraftSource::Model);
   EXPECT_EQ(c.tokens, 1);
   EXPECT_NEAR(c.value, 1.5 / 1.4, 1e-9);
-  c = cheap->choose(2, 4, 4);
+  c = cheap->choose(2, 1, 4);
   EXPECT_EQ(c.source, DraftSource::Ngram);
   EXPECT_EQ(c.tokens, 1);
   EXPECT_NEAR(c.value, 1.5 / 1.3, 1e-9);
+  c = cheap->choose(2, 2, 4);
+  EXPECT_EQ(c.source, DraftSource::Ngram);
+  EXPECT_EQ(c.tokens, 2) << "the n-gram chain is drafted as its confidence cut it";
+  EXPECT_NEAR(c.value, 1.75 / 1.6, 1e-9);
+  EXPECT_EQ(cheap->choose(2, 4, 4).source, DraftSource::Model) << "1.94 / 2.2 = 0.88: the model's 1.07 wins";
   auto dear = make_auto(*t.model, g, 64, 1.0);
   EXPECT_EQ(dear->choose(2, 4, 4).source, DraftSource::None);
   // Shared rows: with 7 other sequences in the pass, a row costs what it adds to theirs.
   dear->set_shared_rows(7);
   EXPECT_EQ(dear->choose(2, 4, 4).source, DraftSource::None);
   EXPECT_THROW(make_auto(*t.model, g, 64, 0.3, -1.0), Error);
+  // Measured costs: positive, never falling with rows; extending a file keeps its points, so what
+  // earlier runs read stays as it was.
+  const StepCosts three = measure_step_costs(*t.model, 3);
+  EXPECT_EQ(three.rows, (std::vector<int32_t>{1, 2, 3}));
+  const StepCosts more = measure_step_costs(*t.model, 12, three);
+  EXPECT_EQ(more.rows, (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 12}));
+  EXPECT_EQ(std::vector<double>(more.forward.begin(), more.forward.begin() + 3), three.forward);
+  EXPECT_NO_THROW(more.validate());
+  for (size_t i = 1; i < more.rows.size(); ++i) EXPECT_GE(more.forward[i], more.forward[i - 1]);
   std::filesystem::remove_all(dir);
 }
 
@@ -829,7 +844,7 @@ TEST_F(SpecSampling, OutputDistributionEqualsPlainSampling) {
       // --spec auto switching between an n-gram chain, the self-draft and plain steps within a
       // generation (checked below): each step's option depends only on the steps before it.
       {"auto (n-gram, self 2 layers, plain)",
-       [&](Generator& g) { return make_auto(*t.model, g, 64, 0.3); },
+       [&](Generator& g) { return make_auto(*t.model, g, 64, 0.15); },
        {3, 1, 4},
        0.02},
       {"self 2 layers, pruned vocabulary, tree k2",

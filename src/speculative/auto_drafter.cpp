@@ -36,6 +36,10 @@ void AutoDrafter::begin(const std::vector<int32_t>& prompt, std::span<const int3
   ngram_.begin(prompt, prompt_top);
   model_->begin(prompt, prompt_top);
   model_rates_.reset();
+  // The model's prior at depth 1 is one hit in three trials (deeper depths: one in two, given the
+  // earlier ones): a trained head or a self-draft must show it beats the n-gram side's chains,
+  // which, where the text repeats, are usually right.
+  model_rates_.record(kModelLength, 1, false);
   chosen_ = DraftSource::None;
   steps_since_model_ = 0;
 }
@@ -54,12 +58,19 @@ double AutoDrafter::model_seconds(int32_t tokens) const {
 AutoDrafter::Choice AutoDrafter::choose(int32_t match_length, int32_t ngram_tokens, int32_t max_model_tokens) const {
   // Plain first: an option must beat it strictly.
   Choice best{DraftSource::None, 0, 1.0 / verify_seconds(1)};
-  for (int32_t L = 1; L <= ngram_tokens && match_length > 0; ++L) {
+  if (match_length > 0 && ngram_tokens > 0) {
+    const int32_t L = ngram_tokens;
     const double e = expected_tokens(L, [&](int32_t d) { return ngram_.confidence().rate(match_length, d); });
     const double v = e / verify_seconds(1 + L);
     if (v > best.value) best = {DraftSource::Ngram, L, v};
   }
-  for (int32_t L = 1; L <= max_model_tokens; ++L) {
+  const Choice model = best_model_chain(max_model_tokens);
+  return model.value > best.value ? model : best;
+}
+
+AutoDrafter::Choice AutoDrafter::best_model_chain(int32_t max_tokens) const {
+  Choice best{DraftSource::Model, 0, 0.0};
+  for (int32_t L = 1; L <= max_tokens; ++L) {
     const double e = expected_tokens(L, [&](int32_t d) { return model_rates_.rate(kModelLength, d); });
     const double v = e / model_seconds(L);
     if (v > best.value) best = {DraftSource::Model, L, v};
@@ -78,13 +89,17 @@ TreeGrowth AutoDrafter::begin_propose(int32_t root, int32_t position, const Tree
   // The n-gram side plans its continuation whenever there is a match, so that it is observed
   // against what the target commits whoever drafts.
   const NgramMatch m = ngram_.match_with_root(root);
-  const int32_t ngram_tokens = m.length >= ngram_.index().params().min_n ? ngram_.plan_continuation(m, params) : 0;
+  const int32_t ngram_tokens = m.length >= ngram_.index().params().min_n ? ngram_.plan_chain(m, params) : 0;
   // The model drafts a chain no longer than the configured tree's depth allows.
   const int32_t max_model_tokens = std::min(params.total_tokens, params.depth + 1);
   Choice c = choose(ngram_tokens > 0 ? m.length : 0, ngram_tokens, max_model_tokens);
   ++steps_since_model_;
-  if (c.source != DraftSource::Model && steps_since_model_ >= kProbeInterval && max_model_tokens > 0)
-    c = {DraftSource::Model, max_model_tokens, 0.0};  // a probe: its longest chain
+  if (c.source != DraftSource::Model && steps_since_model_ >= kProbeInterval && max_model_tokens > 0) {
+    // A probe: the model's best chain and one token more, so that each probe measures a depth
+    // its chains do not reach yet.
+    c = best_model_chain(max_model_tokens);
+    c.tokens = std::min(max_model_tokens, c.tokens + 1);
+  }
   chosen_ = c.source;
   if (c.source == DraftSource::Ngram) {
     ngram_.draft_chain(c.tokens, sampling, tree);

@@ -1,6 +1,7 @@
 #pragma once
 // --spec auto: each step takes whichever option promises the most tokens per unit of time:
-//   an n-gram chain  the context's longest earlier match, its continuation cut at the best length;
+//   an n-gram chain  the context's longest earlier match, its continuation cut where the n-gram
+//                    confidence cuts it (--ngram-min-accept, as --spec ngram drafts it);
 //   the model        the model drafter (a head found for the model, else the self-draft) as a chain
 //                    of its best length;
 //   a plain step     the root alone.
@@ -22,7 +23,9 @@
 // verification. Nothing reads a clock while generating, so a fixed seed gives the same text.
 //
 // The model's counts move only when it drafts, so while another option wins it still drafts one
-// step in every kProbeInterval (its longest chain): a model that got better comes back.
+// step in every kProbeInterval (its best chain and one token more, so each probe also measures a
+// depth its chains do not reach): a model that got better comes back. Its prior at depth 1 is one
+// hit in three trials (it must show it beats the n-gram side's chains).
 //
 // Lossless as every drafter: the choice at a step depends only on earlier steps, never on this
 // step's draws, and each option's tree is verified exactly as alone.
@@ -44,7 +47,7 @@ struct ModelDraftCost {
 
 class AutoDrafter final : public Drafter {
  public:
-  static constexpr int32_t kProbeInterval = 16;
+  static constexpr int32_t kProbeInterval = 32;
 
   // model: the model drafter (never null); costs: the target's (StepCosts::validate'd).
   AutoDrafter(const NgramParams& ngram, int32_t n_ctx, std::unique_ptr<Drafter> model, const ModelDraftCost& model_cost,
@@ -79,9 +82,8 @@ class AutoDrafter final : public Drafter {
     int32_t tokens = 0;       // chain length (0: a plain step)
     double value = 0.0;       // (1 + expected accepted tokens) / seconds
   };
-  // What the next step would choose for an n-gram continuation of `ngram_tokens` tokens found by a
-  // match of `match_length` (0: none), with up to max_model_tokens from the model: for tests and
-  // the statistics.
+  // What the next step would choose for an n-gram chain of `ngram_tokens` tokens found by a match of
+  // `match_length` (0: none), with up to max_model_tokens from the model: for tests.
   Choice choose(int32_t match_length, int32_t ngram_tokens, int32_t max_model_tokens) const;
   const NgramConfidence& model_confidence() const { return model_rates_; }
   const StepCosts& costs() const { return costs_; }
@@ -90,6 +92,8 @@ class AutoDrafter final : public Drafter {
   // Seconds of a step verifying `rows` rows of this sequence; the model's drafting added for `drafted`.
   double verify_seconds(int32_t rows) const;
   double model_seconds(int32_t tokens) const;
+  // The model's chain of 1..max_tokens tokens worth most (tokens 0 when max_tokens is 0).
+  Choice best_model_chain(int32_t max_tokens) const;
 
   NgramDrafter ngram_;
   std::unique_ptr<Drafter> model_;

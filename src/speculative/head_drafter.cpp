@@ -89,12 +89,13 @@ void HeadDrafter::begin(const std::vector<int32_t>& prompt, std::span<const int3
     throw Error("draft head: features of " + std::to_string(feature_rows_) + " prompt rows for a prompt of " +
                 std::to_string(n));
   kv_.clear();
-  pair_tokens_.clear();
-  pair_features_.clear();
   root_run_ = false;
   // Position i pairs the features at i with the token at i + 1; the last position's features
-  // pair with the first generated token, the first root.
-  run_committed(std::span<const int32_t>(prompt).subspan(1), feature_row(0));
+  // pair with the first generated token, the first root. They wait for the first proposal (as the
+  // committed rows of steps the head does not draft do): a generation that never asks the head
+  // (--spec auto, head+ngram) never runs them.
+  pair_tokens_.assign(prompt.begin() + 1, prompt.end());
+  pair_features_.assign(feature_row(0), feature_row(0) + size_t(n - 1) * size_t(feature_size_));
   std::copy_n(feature_row(n - 1), feature_size_, root_features_.begin());
   vocab_.begin(prompt, prompt_top);
 }

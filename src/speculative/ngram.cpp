@@ -154,14 +154,9 @@ NgramMatch NgramDrafter::match_with_root(int32_t root) {
   return index_.longest_match();
 }
 
-int32_t NgramDrafter::plan_continuation(const NgramMatch& m, const TreeParams& params) {
+int32_t NgramDrafter::plan_chain(const NgramMatch& m, const TreeParams& params) {
   const int32_t n = index_.continuation(m, params.total_tokens, chain_);
   chain_length_ = n > 0 ? m.length : 0;
-  return n;
-}
-
-int32_t NgramDrafter::plan_chain(const NgramMatch& m, const TreeParams& params) {
-  const int32_t n = plan_continuation(m, params);
   return n > 0 ? confidence_.tokens_worth_drafting(m.length, n, index_.params().min_accept_percent) : 0;
 }
 

@@ -141,9 +141,6 @@ class NgramDrafter final : public Drafter {
   // the confidence keeps (0: not worth a draft). The step then observes the continuation against
   // what the target commits, whoever drafts.
   int32_t plan_chain(const NgramMatch& m, const TreeParams& params);
-  // The same continuation, planned and observed alike, without the confidence's cut: how many
-  // tokens it has (a caller that weighs them itself, --spec auto).
-  int32_t plan_continuation(const NgramMatch& m, const TreeParams& params);
   // Fills `tree` with the first `tokens` tokens of the planned continuation; with sampling, every
   // node's draft distribution is the point mass on its token.
   void draft_chain(int32_t tokens, DraftSampling* sampling, DraftTree& tree);

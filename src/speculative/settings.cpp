@@ -183,7 +183,7 @@ std::vector<SpecSetting> make_table() {
       "dynamic/hybrid: W_max, candidate-stream entries kept"));
   t.push_back(ranged(
       "vocab-kpre", [](C & c) -> auto& { return c.vocab_kpre; }, 0, 1024,
-      "dynamic/hybrid: target top-k per prompt position"));
+      "dynamic/hybrid: target top-k per prompt position (K_pre; --spec auto skips the prompt pass)"));
   t.push_back(ranged(
       "vocab-kver", [](C & c) -> auto& { return c.vocab_kver; }, 0, 1024,
       "dynamic/hybrid: target top-k per verification"));

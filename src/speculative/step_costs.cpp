@@ -111,7 +111,7 @@ std::vector<int32_t> calibration_rows(int32_t max_rows) {
   return out;
 }
 
-StepCosts measure_step_costs(Model& model, int32_t max_rows) {
+StepCosts measure_step_costs(Model& model, int32_t max_rows, const StepCosts& known) {
   if (max_rows < 1 || max_rows > model.n_batch())
     throw Error("step costs: rows to measure must be in [1, " + std::to_string(model.n_batch()) + "], got " +
                 std::to_string(max_rows));
@@ -131,11 +131,14 @@ StepCosts measure_step_costs(Model& model, int32_t max_rows) {
     *head = model.timings().lm_head_seconds - head0;
     return s;
   };
-  StepCosts c;
-  c.rows = calibration_rows(max_rows);
+  StepCosts c = known;
+  const size_t first_new = c.rows.size();
+  for (int32_t r : calibration_rows(max_rows))
+    if (r > c.max_rows()) c.rows.push_back(r);
   double head = 0;
   run(1, &head);  // warm up: page in the weights, spin up the pool
-  for (int32_t r : c.rows) {
+  for (size_t i = first_new; i < c.rows.size(); ++i) {
+    const int32_t r = c.rows[i];
     double s[3], h[3];
     for (int i = 0; i < 3; ++i) s[i] = run(r, &h[i]);
     const int median = s[0] < s[1] ? (s[1] < s[2] ? 1 : s[0] < s[2] ? 2 : 0) : (s[0] < s[2] ? 0 : s[1] < s[2] ? 2 : 1);
@@ -143,7 +146,7 @@ StepCosts measure_step_costs(Model& model, int32_t max_rows) {
     c.lm_head.push_back(std::min(h[median], s[median]));
   }
   // A measured curve may dip (noise); costs must not fall with more rows.
-  for (size_t i = 1; i < c.rows.size(); ++i) {
+  for (size_t i = std::max<size_t>(first_new, 1); i < c.rows.size(); ++i) {
     c.forward[i] = std::max(c.forward[i], c.forward[i - 1]);
     c.lm_head[i] = std::min(std::max(c.lm_head[i], c.lm_head[i - 1]), c.forward[i]);
   }
@@ -176,6 +179,7 @@ StepCosts cached_step_costs(Model& model, const GgufFile& file, int32_t max_rows
   const std::string key = costs_key(model, file);
   const std::string dir = cache_dir();
   const std::string where = !path.empty() ? path : dir.empty() ? "" : dir + "/step-costs-" + key_hash(key) + ".json";
+  StepCosts known;  // the file's points, when it holds this key's
   if (!where.empty() && std::filesystem::exists(where)) {
     std::string stored;
     try {
@@ -184,11 +188,12 @@ StepCosts cached_step_costs(Model& model, const GgufFile& file, int32_t max_rows
         *note = "step costs read from " + where;
         return c;
       }
+      if (stored == key) known = std::move(c);
     } catch (const Error&) {
       if (!path.empty()) throw;  // a file the user named must be right; a cache file is remade
     }
   }
-  const StepCosts measured = measure_step_costs(model, max_rows);
+  const StepCosts measured = measure_step_costs(model, max_rows, known);
   // Use exactly what a later run will read back.
   const std::string text = step_costs_json(measured, key);
   StepCosts c = parse_step_costs(text, nullptr);

@@ -39,15 +39,18 @@ struct StepCosts {
 // 64, ... up to max_rows (which is always included).
 std::vector<int32_t> calibration_rows(int32_t max_rows);
 
-// Measures `model` on a scratch cache of its own (the live cache is not touched).
-StepCosts measure_step_costs(Model& model, int32_t max_rows);
+// Measures `model` on a scratch cache of its own (the live cache is not touched) at the row counts
+// of calibration_rows(max_rows) above `known`'s last, and returns `known`'s points followed by
+// them (costs never fall with more rows).
+StepCosts measure_step_costs(Model& model, int32_t max_rows, const StepCosts& known = {});
 
 // The costs file for this model on this machine: `path` when not empty (written there if it does
 // not exist), else <cache dir>/step-costs-<key>.json, where the cache dir is $MICROSPEC_CACHE_DIR,
 // else $XDG_CACHE_HOME/microspec, else $HOME/.cache/microspec. A file whose rows stop short of
-// max_rows, or whose key differs, is measured again and rewritten. *note says what happened (read
-// from / measured and written to / measured, not cached because ...). Throws Error for a `path`
-// that exists but does not parse.
+// max_rows (a server with more sequences than any run before) is extended, its points kept, so
+// what earlier runs read does not change; a file of another key (another model or machine) is
+// measured anew. *note says what happened (read from / measured and written to / measured, not
+// cached because ...). Throws Error for a `path` that exists but does not parse.
 StepCosts cached_step_costs(Model& model, const GgufFile& file, int32_t max_rows, const std::string& path,
                             std::string* note);
 
