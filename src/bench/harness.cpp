@@ -46,17 +46,6 @@ std::string command_line() {
   return out;
 }
 
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(colon + 2);
-    }
-  return "unknown CPU";
-}
-
 std::string now_utc() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -363,7 +352,7 @@ nlohmann::json run_metadata(const BenchOptions& a, const std::vector<BenchQuesti
   return {{"command", command_line()},
           {"date", now_utc()},
           {"machine",
-           cpu_model() + ", " + std::to_string(std::thread::hardware_concurrency()) + " hardware threads"},
+           cpu_model_name() + ", " + std::to_string(std::thread::hardware_concurrency()) + " hardware threads"},
           {"threads", n_threads},
           {"model", a.model_path},
           {"dataset", a.dataset},

@@ -3,7 +3,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <string_view>
 
@@ -109,6 +111,17 @@ const KernelTable& kernels_by_name(std::string_view name) {
     throw Error("kernels 'amx': this CPU or OS gives no AMX int8 tiles (or lacks AVX-512 F/BW/VL/DQ/VNNI)");
   }
   throw Error("kernels '" + std::string(name) + "': expected auto, reference, avx2, avx512 or amx");
+}
+
+std::string cpu_model_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(std::min(line.size(), colon + 2));
+    }
+  return "unknown CPU";
 }
 
 }  // namespace microspec

@@ -6,6 +6,7 @@
 // type's integer dot product consumes (activation_type), then each weight row is dotted with it.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "kernels/types.h"
@@ -154,5 +155,7 @@ struct CpuFeatures {
   bool amx_int8 = false;
 };
 const CpuFeatures& cpu_features();
+// The CPU's model name as /proc/cpuinfo gives it ("AMD EPYC ..."), or "unknown CPU".
+std::string cpu_model_name();
 
 }  // namespace microspec

@@ -24,23 +24,20 @@ double expected_tokens(int32_t tokens, Rate&& rate) {
 
 AutoDrafter::AutoDrafter(const NgramParams& ngram, int32_t n_ctx, std::unique_ptr<Drafter> model,
                          const ModelDraftCost& model_cost, StepCosts costs)
-    : ngram_(ngram, n_ctx), model_(std::move(model)), model_cost_(model_cost), costs_(std::move(costs)),
+    : NgramAndModelDrafter(ngram, n_ctx, std::move(model)), model_cost_(model_cost), costs_(std::move(costs)),
       model_rates_(kModelLength) {
-  if (!model_) throw Error("--spec auto: the model drafter is missing");
   costs_.validate();
   if (!(model_cost.level_seconds >= 0) || !(model_cost.resumed_share >= 0 && model_cost.resumed_share <= 1))
     throw Error("--spec auto: a draft level's cost must be >= 0 and the resumed share in [0, 1]");
 }
 
 void AutoDrafter::begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) {
-  ngram_.begin(prompt, prompt_top);
-  model_->begin(prompt, prompt_top);
+  NgramAndModelDrafter::begin(prompt, prompt_top);
   model_rates_.reset();
   // The model's prior at depth 1 is one hit in three trials (deeper depths: one in two, given the
   // earlier ones): a trained head or a self-draft must show it beats the n-gram side's chains,
   // which, where the text repeats, are usually right.
   model_rates_.record(kModelLength, 1, false);
-  chosen_ = DraftSource::None;
   steps_since_model_ = 0;
 }
 
@@ -76,11 +73,6 @@ AutoDrafter::Choice AutoDrafter::best_model_chain(int32_t max_tokens) const {
     if (v > best.value) best = {DraftSource::Model, L, v};
   }
   return best;
-}
-
-void AutoDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
-                          DraftTree& tree) {
-  begin_propose(root, position, params, sampling, tree).grow_alone(tree);
 }
 
 TreeGrowth AutoDrafter::begin_propose(int32_t root, int32_t position, const TreeParams& params,
@@ -125,9 +117,7 @@ void AutoDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const 
     for (int32_t d = 1; d <= held; ++d) model_rates_.record(kModelLength, d, true);
     if (held < drafted) model_rates_.record(kModelLength, held + 1, false);
   }
-  ngram_.accepted(root, tree, path, verify_logits);
-  model_->accepted(root, tree, path, verify_logits);
-  chosen_ = DraftSource::None;
+  NgramAndModelDrafter::accepted(root, tree, path, verify_logits);
 }
 
 }  // namespace microspec

@@ -45,7 +45,7 @@ struct ModelDraftCost {
   double resumed_share = 0.0;   // share of the target's layers a drafted row skips in verification
 };
 
-class AutoDrafter final : public Drafter {
+class AutoDrafter final : public NgramAndModelDrafter {
  public:
   static constexpr int32_t kProbeInterval = 32;
 
@@ -56,24 +56,12 @@ class AutoDrafter final : public Drafter {
   // head per position (Gemma, a 24-token prompt: prefill 757 -> 222 tok/s), which auto's model
   // drafter, one option of three, does not repay. The window still starts with the prompt's tokens.
   int32_t prompt_top_k() const override { return 0; }
-  std::span<const int32_t> feature_layers() const override { return model_->feature_layers(); }
-  void target_features(const float* features, int32_t rows) override { model_->target_features(features, rows); }
   void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override;
-  void propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
-               DraftTree& tree) override;
   TreeGrowth begin_propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
                            DraftTree& tree) override;
+  // The model's counts learn from its own chains; then both sides learn the committed tokens.
   void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
                 const float* verify_logits) override;
-  bool fits(const TreeParams& params, int32_t room) const override {
-    return ngram_.fits(params, room) && model_->fits(params, room);
-  }
-  double lm_head_seconds() const override { return model_->lm_head_seconds(); }
-  VerifyResume resume_for(const DraftTree& tree) const override {
-    return chosen_ == DraftSource::Model ? model_->resume_for(tree) : VerifyResume{};
-  }
-  int32_t active_vocab_size() const override { return chosen_ == DraftSource::Model ? model_->active_vocab_size() : 0; }
-  DraftSource last_source() const override { return chosen_; }
   void set_shared_rows(int32_t rows) override { shared_rows_ = rows; }
 
   // One option's worth: expected tokens per second, and the chain length that gets it.
@@ -95,13 +83,10 @@ class AutoDrafter final : public Drafter {
   // The model's chain of 1..max_tokens tokens worth most (tokens 0 when max_tokens is 0).
   Choice best_model_chain(int32_t max_tokens) const;
 
-  NgramDrafter ngram_;
-  std::unique_ptr<Drafter> model_;
   ModelDraftCost model_cost_;
   StepCosts costs_;
   NgramConfidence model_rates_;  // the model's acceptance per depth (match length 1)
   int32_t shared_rows_ = 0;
-  DraftSource chosen_ = DraftSource::None;  // who drafts this step
   int32_t steps_since_model_ = 0;
 };
 

@@ -199,24 +199,30 @@ void NgramDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const
   chain_length_ = 0;
 }
 
+NgramAndModelDrafter::NgramAndModelDrafter(const NgramParams& params, int32_t n_ctx, std::unique_ptr<Drafter> model)
+    : ngram_(params, n_ctx), model_(std::move(model)) {
+  if (!model_) throw Error("n-gram drafting: the fallback (model) drafter is missing");
+}
+
+void NgramAndModelDrafter::begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) {
+  ngram_.begin(prompt, prompt_top);
+  model_->begin(prompt, prompt_top);
+  chosen_ = DraftSource::None;
+}
+
+void NgramAndModelDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
+                                    const float* verify_logits) {
+  ngram_.accepted(root, tree, path, verify_logits);
+  model_->accepted(root, tree, path, verify_logits);
+  chosen_ = DraftSource::None;
+}
+
 NgramFirstDrafter::NgramFirstDrafter(const NgramParams& params, int32_t first_min, int32_t n_ctx,
                                      std::unique_ptr<Drafter> fallback)
-    : ngram_(params, n_ctx), first_min_(first_min), fallback_(std::move(fallback)) {
-  if (!fallback_) throw Error("n-gram drafting: the fallback drafter is missing");
+    : NgramAndModelDrafter(params, n_ctx, std::move(fallback)), first_min_(first_min) {
   if (first_min < params.min_n || first_min > params.max_n)
     throw Error("--ngram-first must be in [ngram-min, ngram-max] = [" + std::to_string(params.min_n) + ", " +
                 std::to_string(params.max_n) + "], got " + std::to_string(first_min));
-}
-
-void NgramFirstDrafter::begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) {
-  ngram_.begin(prompt, prompt_top);
-  fallback_->begin(prompt, prompt_top);
-  fallback_drafted_ = false;
-}
-
-void NgramFirstDrafter::propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
-                                DraftTree& tree) {
-  begin_propose(root, position, params, sampling, tree).grow_alone(tree);
 }
 
 TreeGrowth NgramFirstDrafter::begin_propose(int32_t root, int32_t position, const TreeParams& params,
@@ -225,21 +231,15 @@ TreeGrowth NgramFirstDrafter::begin_propose(int32_t root, int32_t position, cons
   // A long enough match drafts unless its continuation is not worth it (then the fallback drafts
   // and the continuation is still observed).
   const int32_t tokens = m.length >= first_min_ ? ngram_.plan_chain(m, params) : 0;
-  fallback_drafted_ = tokens == 0;
-  if (fallback_drafted_) {
+  if (tokens == 0) {
+    chosen_ = DraftSource::Model;
     ++fallback_steps_;
-    return fallback_->begin_propose(root, position, params, sampling, tree);
+    return model_->begin_propose(root, position, params, sampling, tree);
   }
+  chosen_ = DraftSource::Ngram;
   ++ngram_steps_;
   ngram_.draft_chain(tokens, sampling, tree);
   return {};
-}
-
-void NgramFirstDrafter::accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
-                                 const float* verify_logits) {
-  ngram_.accepted(root, tree, path, verify_logits);
-  fallback_->accepted(root, tree, path, verify_logits);
-  fallback_drafted_ = false;
 }
 
 }  // namespace microspec

@@ -163,42 +163,54 @@ class NgramDrafter final : public Drafter {
   } open_;
 };
 
-class NgramFirstDrafter final : public Drafter {
+// An n-gram drafter and a model drafter side by side; each step one of them drafts, or neither (a
+// plain step). Subclasses choose who (begin_propose, setting chosen_). Both learn every committed
+// token (the model's cache and draft vocabulary stay in step), a draft head model reads the
+// target's features of every row whoever drafted, and only a tree the model built hands rows to
+// verification (a self-drafter's resume applies to its own tree).
+class NgramAndModelDrafter : public Drafter {
  public:
-  // A match of at least first_min tokens drafts; otherwise `fallback` does. n_ctx as NgramDrafter's.
-  NgramFirstDrafter(const NgramParams& params, int32_t first_min, int32_t n_ctx, std::unique_ptr<Drafter> fallback);
-  int32_t prompt_top_k() const override { return fallback_->prompt_top_k(); }
-  // A draft head fallback reads the target's features of every row, whoever drafted the tree.
-  std::span<const int32_t> feature_layers() const override { return fallback_->feature_layers(); }
-  void target_features(const float* features, int32_t rows) override { fallback_->target_features(features, rows); }
+  int32_t prompt_top_k() const override { return model_->prompt_top_k(); }
+  std::span<const int32_t> feature_layers() const override { return model_->feature_layers(); }
+  void target_features(const float* features, int32_t rows) override { model_->target_features(features, rows); }
   void begin(const std::vector<int32_t>& prompt, std::span<const int32_t> prompt_top) override;
   void propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
-               DraftTree& tree) override;
-  // The n-gram chain at once, or the fallback's growth (its tree then grows with other sequences').
-  TreeGrowth begin_propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
-                           DraftTree& tree) override;
-  // Both learn the committed tokens (the fallback's cache and draft vocabulary stay in step).
+               DraftTree& tree) override {
+    begin_propose(root, position, params, sampling, tree).grow_alone(tree);
+  }
   void accepted(int32_t root, const DraftTree& tree, std::span<const int32_t> path,
                 const float* verify_logits) override;
   bool fits(const TreeParams& params, int32_t room) const override {
-    return ngram_.fits(params, room) && fallback_->fits(params, room);
+    return ngram_.fits(params, room) && model_->fits(params, room);
   }
-  double lm_head_seconds() const override { return fallback_->lm_head_seconds(); }
-  // Only a tree the fallback built may hand rows over (a self-drafter's resume applies to its own).
+  double lm_head_seconds() const override { return model_->lm_head_seconds(); }
   VerifyResume resume_for(const DraftTree& tree) const override {
-    return fallback_drafted_ ? fallback_->resume_for(tree) : VerifyResume{};
+    return chosen_ == DraftSource::Model ? model_->resume_for(tree) : VerifyResume{};
   }
-  int32_t active_vocab_size() const override { return fallback_drafted_ ? fallback_->active_vocab_size() : 0; }
-  DraftSource last_source() const override { return fallback_drafted_ ? DraftSource::Model : DraftSource::Ngram; }
+  int32_t active_vocab_size() const override { return chosen_ == DraftSource::Model ? model_->active_vocab_size() : 0; }
+  DraftSource last_source() const override { return chosen_; }
+
+ protected:
+  // n_ctx as NgramDrafter's; model never null.
+  NgramAndModelDrafter(const NgramParams& params, int32_t n_ctx, std::unique_ptr<Drafter> model);
+  NgramDrafter ngram_;
+  std::unique_ptr<Drafter> model_;
+  DraftSource chosen_ = DraftSource::None;  // who drafts this step's tree
+};
+
+class NgramFirstDrafter final : public NgramAndModelDrafter {
+ public:
+  // A match of at least first_min tokens drafts; otherwise `fallback` does. n_ctx as NgramDrafter's.
+  NgramFirstDrafter(const NgramParams& params, int32_t first_min, int32_t n_ctx, std::unique_ptr<Drafter> fallback);
+  // The n-gram chain at once, or the fallback's growth (its tree then grows with other sequences').
+  TreeGrowth begin_propose(int32_t root, int32_t position, const TreeParams& params, DraftSampling* sampling,
+                           DraftTree& tree) override;
   // Steps drafted by the n-gram side and by the fallback since the drafter was made.
   int64_t ngram_steps() const { return ngram_steps_; }
   int64_t fallback_steps() const { return fallback_steps_; }
 
  private:
-  NgramDrafter ngram_;
   int32_t first_min_;
-  std::unique_ptr<Drafter> fallback_;
-  bool fallback_drafted_ = false;  // the last propose() was the fallback's
   int64_t ngram_steps_ = 0, fallback_steps_ = 0;
 };
 

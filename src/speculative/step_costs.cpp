@@ -10,6 +10,7 @@
 #include <system_error>
 #include <unistd.h>
 
+#include "kernels/kernels.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -18,18 +19,6 @@ namespace microspec {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The CPU's model name (/proc/cpuinfo), or "unknown".
-std::string cpu_model_name() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(std::min(line.size(), colon + 2));
-    }
-  return "unknown";
-}
 
 // What the costs depend on, readable: the model's file and weights, how it runs, the CPU.
 std::string costs_key(Model& model, const GgufFile& file) {

@@ -35,8 +35,9 @@ def run(model, *args):
     [
         ["--spec", "self"],
         ["--spec", "self", "--tree-topk", "2", "--tree-depth", "2", "--tree-tokens", "5"],
+        ["--spec", "auto"],
     ],
-    ids=["chain", "tree"],
+    ids=["chain", "tree", "auto"],
 )
 def test_sampling_runs_and_is_reproducible(model, spec):
     args = ["-n", "48", "--temp", "0.8", "--top-k", "40", "--top-p", "0.95", *spec]
