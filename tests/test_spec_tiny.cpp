@@ -265,20 +265,13 @@ TEST_F(SpecTiny, AutoMatchesPlainAndPicksByCost) {
   }
 }
 
-TEST(AutoDrafterChoice, ExpectedTokensPerSecond) {
+TEST_F(SpecTiny, AutoChoosesByExpectedTokensPerSecond) {
   // At the priors (every rate 1/2) with rows at 0.3 of a step and a model level at 0.1: the model's
   // chain of 1 is worth 1.5 / 1.4 = 1.07 steps' tokens per step, over plain's 1; a one-token n-gram
   // chain 1.5 / 1.3 = 1.15, a two-token one 1.75 / 1.6 = 1.09. Rows that cost a step each never
   // beat plain.
-  test::TinyModelSpec sp;
-  sp.n_vocab = kVocab;
-  sp.seed = 5;
-  const std::string dir = (std::filesystem::temp_directory_path() / ("microspec_auto_" + std::to_string(::getpid()))).string();
-  std::filesystem::create_directories(dir);
-  Tiny t = test::load_tiny_model(sp, dir + "/m.gguf");
-  auto tok_file = GgufFile::open(test::write_tiny_tokenizer(dir + "/tok.gguf", kVocab));
-  auto tok = Tokenizer::from_gguf(*tok_file);
-  Generator g(*t.model, *tok, 64);
+  Tiny t = load_tiny(spec("llama", 5), (dir_ / "m.gguf").string());
+  Generator g(*t.model, *tok_, 64);
   auto cheap = make_auto(*t.model, g, 64, 0.3);
   AutoDrafter::Choice c = cheap->choose(0, 0, 4);
   EXPECT_EQ(c.source, DraftSource::Model);
@@ -308,7 +301,6 @@ TEST(AutoDrafterChoice, ExpectedTokensPerSecond) {
   EXPECT_EQ(std::vector<double>(more.forward.begin(), more.forward.begin() + 3), three.forward);
   EXPECT_NO_THROW(more.validate());
   for (size_t i = 1; i < more.rows.size(); ++i) EXPECT_GE(more.forward[i], more.forward[i - 1]);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_F(SpecTiny, StopsExactlyWherePlainStops) {

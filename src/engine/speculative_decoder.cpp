@@ -181,10 +181,11 @@ void Decoder::draft_steps(std::span<const DraftStep> steps, std::span<DraftJob> 
     run.drafted = d.will_draft(run.step_position, steps[i].shape);
     jobs[i] = DraftJob{};
     jobs[i].tree = &d.tree_;
-    if (run.drafted) d.drafter_->set_shared_rows(steps[i].shared_rows);
-    if (run.drafted)
+    if (run.drafted) {
+      d.drafter_->set_shared_rows(steps[i].shared_rows);
       jobs[i].growth =
           d.drafter_->begin_propose(run.root, run.step_position, steps[i].shape, run.sampling.for_drafter(), d.tree_);
+    }
   }
   draft_together(jobs);
   for (const DraftStep& s : steps)

@@ -77,7 +77,7 @@ AutoDrafter::Choice AutoDrafter::best_model_chain(int32_t max_tokens) const {
 
 TreeGrowth AutoDrafter::begin_propose(int32_t root, int32_t position, const TreeParams& params,
                                       DraftSampling* sampling, DraftTree& tree) {
-  tree.clear();
+  tree.clear();  // a plain step's tree
   // The n-gram side plans its continuation whenever there is a match, so that it is observed
   // against what the target commits whoever drafts.
   const NgramMatch m = ngram_.match_with_root(root);
