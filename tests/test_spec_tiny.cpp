@@ -288,9 +288,21 @@ TEST_F(SpecTiny, AutoChoosesByExpectedTokensPerSecond) {
   EXPECT_EQ(cheap->choose(2, 4, 4).source, DraftSource::Model) << "1.94 / 2.2 = 0.88: the model's 1.07 wins";
   auto dear = make_auto(*t.model, g, 64, 1.0);
   EXPECT_EQ(dear->choose(2, 4, 4).source, DraftSource::None);
-  // Shared rows: with 7 other sequences in the pass, a row costs what it adds to theirs.
-  dear->set_shared_rows(7);
-  EXPECT_EQ(dear->choose(2, 4, 4).source, DraftSource::None);
+  // Shared rows: with 7 other sequences in the pass, a row costs what it adds to theirs. Rows free
+  // up to 4 then a step each: alone a 2-token n-gram chain costs what a plain step does (F(3) = F(1)),
+  // beside 7 other rows it costs three times a plain row (F(10) - F(7) = 3 against F(8) - F(7) = 1).
+  StepCosts knee;
+  for (int32_t r = 1; r <= 16; ++r) {
+    knee.rows.push_back(r);
+    knee.forward.push_back(1.0 + std::max(0, r - 4));
+    knee.lm_head.push_back(0.1);
+  }
+  AutoDrafter batched(NgramParams{1, 4}, 64,
+                      std::make_unique<SelfDrafter>(*t.model, g.cache(), 2, DraftVocabulary::full(kVocab)),
+                      ModelDraftCost{.level_seconds = 0.1, .resumed_share = 0.0}, knee);
+  EXPECT_EQ(batched.choose(2, 2, 0).source, DraftSource::Ngram);
+  batched.set_shared_rows(7);
+  EXPECT_EQ(batched.choose(2, 2, 0).source, DraftSource::None);
   EXPECT_THROW(make_auto(*t.model, g, 64, 0.3, -1.0), Error);
   // Measured costs: positive, never falling with rows; extending a file keeps its points, so what
   // earlier runs read stays as it was.
