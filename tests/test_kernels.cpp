@@ -1148,6 +1148,112 @@ TEST(Matmul, Avx2AndAvx512TablesGiveTheSameBits) {
       }
 }
 
+// What the AVX2 table computes, written out per (row, token) in scalar code: each block's exact
+// integer dot product, then the float steps of kernels_avx2_quantized.cpp (its top comment) in
+// order, one std::fma per fused step. The AVX-512 table takes the same steps (the test above), so
+// this pins both to one sequence on any x86 CPU, AVX-512 or not: reordering or fusing a single
+// float step in any AVX2 path changes some bits here.
+//
+// The integers come from the format's own decoding: a block dequantized with its scale set to 1
+// (and its offset or min to 0) gives its quants as the kernels multiply them (Q8_0, Q4_0, Q5_0:
+// q - bias; Q4_1, Q5_1: q; Q4_K, Q5_K: sc_j q; Q6_K: sc_j (q - 32)), and with scale 0 and min 1
+// it gives -m_j per element (Q4_K, Q5_K).
+struct BlockInts {
+  std::vector<int32_t> q, m;  // per element; m: only the K-quants with mins
+};
+
+BlockInts block_ints(GgmlType type, const uint8_t* block) {
+  const TypeTraits& tr = type_traits(type);
+  const std::vector<size_t> fields = f16_fields(type);
+  std::vector<uint8_t> b(block, block + tr.block_bytes);
+  auto decode = [&](float scale, float offset) {
+    put_f16(b, fields[0], scale);
+    if (fields.size() > 1) put_f16(b, fields[1], offset);
+    const std::vector<float> v = dequant(type, b.data(), tr.block_elems);
+    return std::vector<int32_t>(v.begin(), v.end());
+  };
+  BlockInts ints{decode(1.0f, 0.0f), {}};
+  if (type == GgmlType::Q4_K || type == GgmlType::Q5_K) ints.m = decode(0.0f, 1.0f);
+  return ints;
+}
+
+float field_f16(const uint8_t* p) {
+  fp16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_fp32(h);
+}
+
+// One row against one token's quantized activations `act` (activation_type(type) blocks).
+float float_steps_model(GgmlType type, const uint8_t* row, const uint8_t* act, int64_t cols) {
+  const TypeTraits& tr = type_traits(type);
+  const GgmlType at = activation_type(type);
+  const std::vector<size_t> fields = f16_fields(type);
+  float acc = 0.0f;
+  for (int64_t b = 0; b < cols / tr.block_elems; ++b) {
+    const uint8_t* wb = row + size_t(b) * tr.block_bytes;
+    const BlockInts w = block_ints(type, wb);
+    const float dw = field_f16(wb + fields[0]);
+    if (at == GgmlType::Q8_K) {
+      const auto& a = reinterpret_cast<const BlockQ8_K*>(act)[b];
+      int32_t isum = 0, m = 0;
+      for (int e = 0; e < kQKK; ++e) {
+        isum += w.q[size_t(e)] * a.qs[e];
+        if (!w.m.empty()) m -= w.m[size_t(e)] * a.qs[e];
+      }
+      if (type == GgmlType::Q6_K) {  // the offset -32 sc_j is in w.q
+        acc = std::fma(float(isum), dw * a.d, acc);
+      } else {
+        acc = std::fma(float(isum), dw * a.d, acc);
+        acc = std::fma(-float(m), field_f16(wb + fields[1]) * a.d, acc);
+      }
+    } else {
+      const size_t ab = row_bytes(at, kQK);
+      const uint8_t* a = act + size_t(b) * ab;
+      const auto* qs = reinterpret_cast<const int8_t*>(a + ab - kQK);
+      int32_t i = 0;
+      for (int e = 0; e < kQK; ++e) i += w.q[size_t(e)] * qs[e];
+      const float scaled = float(i) * field_f16(a);
+      acc = std::fma(scaled, dw, acc);
+      if (at == GgmlType::Q8_1) acc = std::fma(field_f16(wb + fields[1]), field_f16(a + 2), acc);
+    }
+  }
+  return acc;
+}
+
+TEST(Matmul, Avx2TableTakesTheDocumentedFloatStepsBitForBit) {
+  std::mt19937 rng(33);
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                        GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
+    for (int64_t cols : type_traits(type).block_elems == kQKK ? std::vector<int64_t>{256, 1024}
+                                                                : std::vector<int64_t>{32, 160, 640}) {
+      const int64_t rows = 37, max_tokens = 19;
+      const Matrix w = random_matrix(type, rows, cols, rng);
+      const std::vector<uint8_t> packed = has_interleaved_layout(type) ? interleave(w) : std::vector<uint8_t>{};
+      const std::vector<float> x = random_floats(rng, max_tokens * cols);
+      std::vector<float> want(size_t(max_tokens * rows));
+      for (int64_t t = 0; t < max_tokens; ++t) {
+        const std::vector<uint8_t> a =
+            quantize_act(reference_kernels(), type, {x.begin() + t * cols, x.begin() + (t + 1) * cols});
+        for (int64_t r = 0; r < rows; ++r)
+          want[size_t(t * rows + r)] = float_steps_model(type, w.data.data() + size_t(r) * row_bytes(type, cols),
+                                                         a.data(), cols);
+      }
+      const QMatrix wf = w.q(), wi = with_tiles(w, packed);
+      std::vector<const QMatrix*> layouts{&wf};
+      if (!packed.empty()) layouts.push_back(&wi);
+      ThreadPool pool(2);
+      MatmulContext ctx(pool, avx2_kernels());
+      for (const QMatrix* m : layouts)
+        for (int64_t nt = 1; nt <= max_tokens; ++nt) {
+          std::vector<float> got(size_t(nt * rows), NAN);
+          matmul(ctx, *m, x.data(), nt, got.data(), rows);
+          for (size_t i = 0; i < got.size(); ++i)
+            ASSERT_EQ(got[i], want[i]) << tname(type) << (m == &wi ? " interleaved" : " file layout") << " cols "
+                                       << cols << " tokens " << nt << " token " << i / rows << " row " << i % rows;
+        }
+    }
+}
+
 // The largest integer products the formats allow: every quant at its extreme (Q8_0: -128 and
 // 127; 4-, 5- and 6-bit: all bits set; K-quant scales and mins at their largest) against
 // activations that all quantize to +127 or all to -127. The AVX2 kernels keep sums of products in

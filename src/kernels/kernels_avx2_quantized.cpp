@@ -51,6 +51,17 @@ inline __m256i widen16(__m256i p) {
   return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
+// Keeps v in a register where it stands. Without it GCC reassociates a chain of integer adds over
+// the groups (the sum is the same in any order) into all the products first and their sum after,
+// and spills the products to the stack. Pinned where it measured faster (Zen 3, one thread, hot
+// 2048-row matrices, half-tile passes of 3 or more tokens): Q5_0's int16 sums at 3 to 8 tokens
+// (5 tokens 108 -> 98 us, 8 tokens 192 -> 165 us), Q4_1's at 3 to 5 (5 tokens 99 -> 91 us; at 6
+// to 8, pinning 8 more registers spills the float accumulators: 118 -> 152 us at 6). Pinning
+// Q8_0's int32 sums or the K-quants' made them slower.
+[[gnu::always_inline]] inline void pin(__m256i& v) {
+  __asm__("" : "+x"(v));
+}
+
 // Per-thread scratch (activation summaries); grows to the largest call and stays.
 float* info_scratch(size_t floats) {
   thread_local std::vector<float> buf;
@@ -198,7 +209,9 @@ float vec_dot(const void* w, const void* a, int64_t n) {
 //   products are summed in int16 (0: Q8_0's sign trick);
 //   file(g, b, u): block b of the 8 rows of g in row lanes, u[k] = elements 4k..4k+3 (Q8_0: the
 //   signed quants; the others unsigned); kWholeTileTokens: the most tokens that take whole tiles
-//   (for_each_tile_pass);
+//   (for_each_tile_pass); kMaxTokens: the most tokens of one pass over a half tile (all three
+//   measured, see for_each_tile_pass); kPinTokens: the most tokens whose int16 sums stay pinned
+//   in registers (pin);
 //   tile(quants, high, half, k): register k of the same from an interleaved tile's block (repack.h),
 //   rows 8 half..8 half+7;
 //   kQuantBytes / kHighBytes: a tile block's bytes of quants and of fifth bits (16 rows).
@@ -210,6 +223,7 @@ struct Q8_0L {
   static constexpr int kBiasShift = -1;
   static constexpr int kSum16 = 0;
   static constexpr int64_t kWholeTileTokens = 2;
+  static constexpr int64_t kMaxTokens = 8;
   static constexpr size_t kQuantBytes = 8 * 64, kHighBytes = 0;
   static void file(const RowGroup& g, int64_t b, __m256i* u) {
     for (int r = 0; r < kLaneRows; ++r) u[r] = loadu256(reinterpret_cast<const Block*>(g.rows[r])[b].qs);
@@ -285,6 +299,8 @@ struct NibbleL {
   static constexpr int kBiasShift = kShift;
   static constexpr int kSum16 = kSum;
   static constexpr int64_t kWholeTileTokens = 2;
+  static constexpr int64_t kMaxTokens = 8;
+  static constexpr int kPinTokens = kSum == 4 ? 8 : 5;
 };
 
 struct Q4_0L : NibbleL<BlockQ4_0, BlockQ8_0, false, 3, 8> {
@@ -348,7 +364,10 @@ template <class W, int NT, class Group>
       for (int t = 0; t < NT; ++t) p[t] = _mm256_maddubs_epi16(u0, bcast32(q[t] + 4 * k0));
       for (int k = k0 + 1; k < k0 + W::kSum16; ++k) {
         const __m256i u = group(k);
-        for (int t = 0; t < NT; ++t) p[t] = _mm256_add_epi16(p[t], _mm256_maddubs_epi16(u, bcast32(q[t] + 4 * k)));
+        for (int t = 0; t < NT; ++t) {
+          p[t] = _mm256_add_epi16(p[t], _mm256_maddubs_epi16(u, bcast32(q[t] + 4 * k)));
+          if constexpr (NT >= 3 && NT <= W::kPinTokens) pin(p[t]);
+        }
       }
       for (int t = 0; t < NT; ++t) i[t] = _mm256_add_epi32(i[t], widen16(p[t]));
     }
@@ -449,12 +468,28 @@ void for_each_tile_part(const void* tiles, int64_t n_rows, size_t tile_bytes, F&
   }
 }
 
+// f<NT>(t0) on tokens [b0, b1) in the fewest groups of at most kMax, their sizes as even as can be
+// (5 tokens with kMax 4: 3 and 2): a group's accumulators must fit in the 16 registers.
+template <class F>
+void for_balanced_token_groups(int64_t b0, int64_t b1, int64_t kMax, F&& f) {
+  for (int64_t t0 = b0; t0 < b1;) {
+    const int64_t left = b1 - t0, groups = (left + kMax - 1) / kMax, nt = (left + groups - 1) / groups;
+    with_token_count(nt, [&]<int NT>() { f.template operator()<NT>(t0); });
+    t0 += nt;
+  }
+}
+
 // part<NT, kHalves>(tile, next, first_half, r0, valid, t0) on every part of the tiles and group of
 // tokens from t0: whole tiles (kHalves 2) for up to kWholeTileTokens tokens, otherwise halves and
-// groups of up to kGroupTokens.
-template <int64_t kWholeTileTokens, class Part>
+// balanced groups of up to kMaxTokens. A group's accumulators (float and int32 per token, and the
+// int16 sums of the 4- and 5-bit types) must fit in the 16 registers beside the weights: Q4_K
+// loses a tenth past 5 tokens, so its 6 to 8 tokens run as two groups (Zen 3, one thread, a hot
+// 2048x1024 matrix: 8 tokens 248 us as one group, 218 us as 4 + 4); the other types measured best
+// at 8 (Q6_K at 8 tokens: 571 us as one group, 601 us as 4 + 4).
+template <int64_t kWholeTileTokens, int64_t kMaxTokens, class Part>
 void for_each_tile_pass(const void* tiles, int64_t n_rows, size_t tile_bytes, int64_t n_tokens, Part&& part) {
   static_assert(kWholeTileTokens <= 2);
+  static_assert(kMaxTokens >= 1 && kMaxTokens <= 8, "with_token_count (token_count.h) covers 1..8 tokens");
   if (n_tokens <= kWholeTileTokens) {
     for_each_tile_part<2>(tiles, n_rows, tile_bytes, [&](const uint8_t* tile, const NextRows& next, int, int64_t r0,
                                                           const __m256i* valid) {
@@ -473,10 +508,9 @@ void for_each_tile_pass(const void* tiles, int64_t n_rows, size_t tile_bytes, in
     const int64_t chunk_rows = min64(n_rows, i1 * kInterleavedRows) - c0;
     auto block_on_part = [&](const uint8_t* tile, const NextRows& next, int first_half, int64_t r0,
                              const __m256i* valid) {
-      for (int64_t t0 = b0; t0 < b1; t0 += kGroupTokens)
-        with_token_count(min64(kGroupTokens, b1 - t0), [&]<int NT>() {
-          part.template operator()<NT, 1>(tile, t0 == 0 ? next : NextRows{}, first_half, c0 + r0, valid, t0);
-        });
+      for_balanced_token_groups(b0, b1, kMaxTokens, [&]<int NT>(int64_t t0) {
+        part.template operator()<NT, 1>(tile, t0 == 0 ? next : NextRows{}, first_half, c0 + r0, valid, t0);
+      });
     };
     for_each_tile_part<1>(first + size_t(i0) * tile_bytes, chunk_rows, tile_bytes, block_on_part);
   });
@@ -491,7 +525,7 @@ void gemm_interleaved32(const void* tiles, int64_t n_rows, const void* act, size
   const ActInfo info{base, base + n_tokens * nb};
   const auto* ab = static_cast<const uint8_t*>(act);
   act_info<W>(ab, act_stride, n_tokens, nb, info);
-  for_each_tile_pass<W::kWholeTileTokens>(tiles, n_rows, interleaved_tile_bytes(W::kType, n), n_tokens,
+  for_each_tile_pass<W::kWholeTileTokens, W::kMaxTokens>(tiles, n_rows, interleaved_tile_bytes(W::kType, n), n_tokens,
                      [&]<int NT, int kHalves>(const uint8_t* tile, const NextRows& next, int first_half, int64_t r0,
                                               const __m256i* valid, int64_t t0) {
                        tile_tokens<W, NT, kHalves>(tile, next.sliced(nb), first_half, nb, ab + size_t(t0) * act_stride,
@@ -555,6 +589,7 @@ struct Q45KL {
   static constexpr bool kSixBit = false;
   static constexpr int kRowTokens = 4;  // tokens per row pass: two accumulators each
   static constexpr int64_t kWholeTileTokens = 0;
+  static constexpr int64_t kMaxTokens = 5;
   // isum[t] = sum_j sc_j <q_j, a_t,j>, m[t] = sum_j m_j (bsum_2j + bsum_2j+1), for one row.
   template <int NT>
   static void row_ints(const uint8_t* blk, const BlockQ8_K* const* a, int32_t* isum, int32_t* m) {
@@ -635,6 +670,7 @@ struct Q6KL {
   static constexpr bool kSixBit = true;
   static constexpr int kRowTokens = 8;
   static constexpr int64_t kWholeTileTokens = 0;
+  static constexpr int64_t kMaxTokens = 8;
   // isum[t] = sum_j sc_j <q_j, a_t,j> with the quants unsigned, m[t] = the offset -32 sum_j sc_j bsum_j.
   template <int NT>
   static void row_ints(const uint8_t* blk, const BlockQ8_K* const* a, int32_t* isum, int32_t* m) {
@@ -792,7 +828,7 @@ void gemm_interleaved_k(const void* tiles, int64_t n_rows, const void* act, size
   if (n_rows <= 0 || n_tokens <= 0) return;
   const int64_t nsb = n / kQKK;
   const auto* ab = static_cast<const uint8_t*>(act);
-  for_each_tile_pass<K::kWholeTileTokens>(tiles, n_rows, size_t(nsb) * K::R::kBytes, n_tokens,
+  for_each_tile_pass<K::kWholeTileTokens, K::kMaxTokens>(tiles, n_rows, size_t(nsb) * K::R::kBytes, n_tokens,
                      [&]<int NT, int kHalves>(const uint8_t* tile, const NextRows& next, int first_half, int64_t r0,
                                               const __m256i* valid, int64_t t0) {
                        tile_k<K, NT, kHalves>(tile, next.sliced(nsb), first_half, nsb, ab + size_t(t0) * act_stride,
