@@ -40,6 +40,12 @@ void put_f16(std::vector<uint8_t>& b, size_t off, float v) {
   std::memcpy(b.data() + off, &h, 2);
 }
 
+float get_f16(const uint8_t* p) {
+  fp16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_fp32(h);
+}
+
 std::vector<float> dequant(GgmlType type, const void* data, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
   dequantize_row(type, data, out.data(), n);
@@ -96,21 +102,15 @@ std::vector<float> offset_magnitudes(GgmlType type, const uint8_t* row, int64_t 
   std::vector<float> off(static_cast<size_t>(n), 0.0f);
   if (type == GgmlType::Q4_1 || type == GgmlType::Q5_1) {
     const size_t bb = type_traits(type).block_bytes;
-    for (int64_t i = 0; i < n; ++i) {
-      fp16_t m;
-      std::memcpy(&m, row + size_t(i / kQK) * bb + 2, 2);
-      off[size_t(i)] = std::fabs(fp16_to_fp32(m));
-    }
+    for (int64_t i = 0; i < n; ++i) off[size_t(i)] = std::fabs(get_f16(row + size_t(i / kQK) * bb + 2));
   } else if (type == GgmlType::Q4_K || type == GgmlType::Q5_K) {
     const size_t bb = type_traits(type).block_bytes;
     for (int64_t i = 0; i < n; ++i) {
       const uint8_t* blk = row + size_t(i / kQKK) * bb;
-      fp16_t dmin;
-      std::memcpy(&dmin, blk + 2, 2);
       const uint8_t* s = blk + 4;
       const int j = int(i % kQKK) / 32;
       const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-      off[size_t(i)] = std::fabs(fp16_to_fp32(dmin) * float(m));
+      off[size_t(i)] = std::fabs(get_f16(blk + 2) * float(m));
     }
   }
   return off;
@@ -1177,12 +1177,6 @@ BlockInts block_ints(GgmlType type, const uint8_t* block) {
   return ints;
 }
 
-float field_f16(const uint8_t* p) {
-  fp16_t h;
-  std::memcpy(&h, p, 2);
-  return fp16_to_fp32(h);
-}
-
 // One row against one token's quantized activations `act` (activation_type(type) blocks).
 float float_steps_model(GgmlType type, const uint8_t* row, const uint8_t* act, int64_t cols) {
   const TypeTraits& tr = type_traits(type);
@@ -1192,7 +1186,7 @@ float float_steps_model(GgmlType type, const uint8_t* row, const uint8_t* act, i
   for (int64_t b = 0; b < cols / tr.block_elems; ++b) {
     const uint8_t* wb = row + size_t(b) * tr.block_bytes;
     const BlockInts w = block_ints(type, wb);
-    const float dw = field_f16(wb + fields[0]);
+    const float dw = get_f16(wb + fields[0]);
     if (at == GgmlType::Q8_K) {
       const auto& a = reinterpret_cast<const BlockQ8_K*>(act)[b];
       int32_t isum = 0, m = 0;
@@ -1200,21 +1194,17 @@ float float_steps_model(GgmlType type, const uint8_t* row, const uint8_t* act, i
         isum += w.q[size_t(e)] * a.qs[e];
         if (!w.m.empty()) m -= w.m[size_t(e)] * a.qs[e];
       }
-      if (type == GgmlType::Q6_K) {  // the offset -32 sc_j is in w.q
-        acc = std::fma(float(isum), dw * a.d, acc);
-      } else {
-        acc = std::fma(float(isum), dw * a.d, acc);
-        acc = std::fma(-float(m), field_f16(wb + fields[1]) * a.d, acc);
-      }
+      acc = std::fma(float(isum), dw * a.d, acc);  // Q6_K: the offset -32 sc_j is in w.q
+      if (!w.m.empty()) acc = std::fma(-float(m), get_f16(wb + fields[1]) * a.d, acc);
     } else {
       const size_t ab = row_bytes(at, kQK);
       const uint8_t* a = act + size_t(b) * ab;
       const auto* qs = reinterpret_cast<const int8_t*>(a + ab - kQK);
       int32_t i = 0;
       for (int e = 0; e < kQK; ++e) i += w.q[size_t(e)] * qs[e];
-      const float scaled = float(i) * field_f16(a);
+      const float scaled = float(i) * get_f16(a);
       acc = std::fma(scaled, dw, acc);
-      if (at == GgmlType::Q8_1) acc = std::fma(field_f16(wb + fields[1]), field_f16(a + 2), acc);
+      if (at == GgmlType::Q8_1) acc = std::fma(get_f16(wb + fields[1]), get_f16(a + 2), acc);
     }
   }
   return acc;

@@ -366,7 +366,7 @@ template <class W, int NT, class Group>
         const __m256i u = group(k);
         for (int t = 0; t < NT; ++t) {
           p[t] = _mm256_add_epi16(p[t], _mm256_maddubs_epi16(u, bcast32(q[t] + 4 * k)));
-          if constexpr (NT >= 3 && NT <= W::kPinTokens) pin(p[t]);
+          if constexpr (NT > W::kWholeTileTokens && NT <= W::kPinTokens) pin(p[t]);
         }
       }
       for (int t = 0; t < NT; ++t) i[t] = _mm256_add_epi32(i[t], widen16(p[t]));
