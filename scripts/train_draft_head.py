@@ -47,6 +47,7 @@ import torch
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import draft_head_gguf  # noqa: E402
+import features_file  # noqa: E402
 from draft_head_torch import Eagle3Head  # noqa: E402
 
 REPO = HERE.parent
@@ -152,31 +153,7 @@ def feature_shard(args, work, name, convs, layers):
             subprocess.run(["nice", "-n", "10"] + cmd, stdout=out, check=True)
         os.replace(str(bin_path) + ".part", bin_path)
         os.replace(str(idx_path) + ".part", idx_path)
-    return read_shard(bin_path, idx_path, len(layers), args.n_embd, args.top_k)
-
-
-def read_shard(bin_path, idx_path, n_layers, n_embd, k):
-    raw = np.memmap(bin_path, dtype=np.uint8, mode="r")
-    seqs = []
-    for line in idx_path.read_text().splitlines():
-        e = json.loads(line)
-        n, at = e["n_tokens"], e["offset"]
-
-        def take(dtype, count):
-            nonlocal at
-            nbytes = count * np.dtype(dtype).itemsize
-            x = np.frombuffer(raw[at:at + nbytes], dtype=dtype)
-            at += nbytes
-            return x
-        ids = take(np.int32, n)
-        bf16 = take(np.uint16, n * n_layers * n_embd).reshape(n, n_layers * n_embd)
-        feats = (bf16.astype(np.uint32) << 16).view(np.float32)
-        if not np.isfinite(feats).all():
-            raise ValueError(f"{bin_path}: non-finite features")
-        top_ids = take(np.int32, n * k).reshape(n, k)
-        top_logp = take(np.float32, n * k).reshape(n, k)
-        seqs.append((ids, feats, top_ids, top_logp))
-    return seqs
+    return features_file.read(bin_path, idx_path, len(layers), args.n_embd, args.top_k)
 
 
 # ---- the target's embedding and LM-head rows -------------------------------------------------------
@@ -202,11 +179,11 @@ def target_rows(model_path, ids):
 def unrolled_losses(head, emb_of, lm_rows, in_vocab, seq, unroll, noise, gen, train):
     """EAGLE-3 training-time test over one sequence. Returns (losses per step, top-1 agreement per
     step with the target's argmax, rows per step, the head's prenorm outputs per step)."""
-    ids, feats, top_ids, top_logp = seq
+    ids, top_ids, top_logp = seq.ids, seq.top_ids, seq.top_logp
     n = len(ids)
     if n < 3:
         return None
-    feats = torch.tensor(feats)
+    feats = torch.from_numpy(seq.features_f32())
     ids_t = torch.tensor(ids.astype(np.int64))
     if train and noise > 0:
         rms = feats.pow(2).mean(-1, keepdim=True).sqrt()
@@ -348,16 +325,16 @@ def main():
             print(f"feature budget reached after {len(shards)} shards", flush=True)
             break
         shards.append(feature_shard(a, work, f"train_{s // a.shard:04d}", train_convs[s:s + a.shard], layers))
-        print(f"features: shard {len(shards)} ({sum(len(q[0]) for sh in shards for q in sh)} tokens), "
+        print(f"features: shard {len(shards)} ({sum(len(q.ids) for sh in shards for q in sh)} tokens), "
               f"{time.time() - t_start:.0f} s", flush=True)
     train = [q for sh in shards for q in sh]
 
     # Training vocabulary: the ids most often among the labels; every id of the data gets an embedding row.
-    counts = np.bincount(np.concatenate([q[2].reshape(-1) for q in train]), minlength=n_vocab)
+    counts = np.bincount(np.concatenate([q.top_ids.reshape(-1) for q in train]), minlength=n_vocab)
     vocab = np.argsort(-counts, kind="stable")[:a.train_vocab]
     in_vocab = torch.full((n_vocab,), -1, dtype=torch.int64)
     in_vocab[torch.tensor(vocab)] = torch.arange(len(vocab))
-    used = np.unique(np.concatenate([q[0] for q in train + held]))
+    used = np.unique(np.concatenate([q.ids for q in train + held]))
     emb_rows, _ = target_rows(a.model, used)
     _, lm_rows = target_rows(a.model, vocab)
     emb_index = torch.full((n_vocab,), -1, dtype=torch.int64)
@@ -419,7 +396,7 @@ def main():
         torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
         opt.step()
         sched.step()
-        state["tokens"] += len(seq[0])
+        state["tokens"] += len(seq.ids)
         if state["step"] % a.eval_every == 0:
             record()
             save()

@@ -12,7 +12,14 @@
 //   top_ids    int32 [n][k]
 //   top_logp   f32   [n][k]   log-softmax over the whole vocabulary, best first
 // and on stdout one JSON line per sequence: {"n_tokens", "offset"} (byte offset in the file).
+// The trainer memory-maps the file and reads a sequence's arrays in place (nothing is held in RAM).
+//
+// The labels are the LM head over kLabelRows positions per call (the many-token kernels), then
+// each position's log-softmax and top-k with the positions split across the model's threads. The
+// values are the ones `generate --logprobs` reports for the same position: one log-sum-exp
+// (sampling/logprobs.h) and batch-invariant kernels.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -25,6 +32,7 @@
 #include "cli/common.h"
 #include "math/select.h"
 #include "model/kv_cache.h"
+#include "sampling/logprobs.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -62,10 +70,22 @@ std::vector<int32_t> parse_layers(const std::string& text, int32_t n_layer) {
   return layers;
 }
 
-// The token ids of one input line. The chat template is chosen at the first line with messages.
+// The token ids of one input line, each checked against the vocabulary. The chat template is
+// chosen at the first line with messages.
 std::vector<int32_t> sequence_ids(const nlohmann::json& j, const LoadedModel& m, const FeaturesArgs& a,
                                   std::optional<ChatStyle>& style, const std::string& where) {
-  if (j.is_object() && j.contains("ids")) return j["ids"].get<std::vector<int32_t>>();
+  std::vector<int32_t> ids;
+  if (j.is_object() && j.contains("ids")) {
+    const nlohmann::json& list = j["ids"];
+    if (!list.is_array()) throw Error(where + "\"ids\" must be an array of token ids");
+    const int32_t V = m.model->config().n_vocab;
+    for (const auto& id : list) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= V)
+        throw Error(where + "token id " + id.dump() + " is not in [0, " + std::to_string(V) + ")");
+      ids.push_back(id.get<int32_t>());
+    }
+    return ids;
+  }
   if (!j.is_object() || !j.contains("messages") || !j["messages"].is_array())
     throw Error(where + "expected {\"messages\": [...]} or {\"ids\": [...]}");
   std::vector<ChatMessage> messages;
@@ -77,6 +97,34 @@ std::vector<int32_t> sequence_ids(const nlohmann::json& j, const LoadedModel& m,
   }
   if (!style) style = chat_style_for(*m.file, *m.tokenizer, a.chat_template);
   return encode_chat(*m.tokenizer, *style, messages, GenerationPrompt::Omit);
+}
+
+// Positions' labels per LM-head call: enough tokens for the many-token kernels' full tiles.
+constexpr int32_t kLabelRows = 64;
+
+// The labels of `rows` positions whose final hidden states are hidden[rows][E]: the LM head in
+// one call into logits[rows][V], then per position its k best ids and their log-softmax values
+// (top_ids[rows][k], top_logp[rows][k]), the positions split across the model's threads.
+void label_rows(Model& model, const float* hidden, int32_t rows, int32_t k, float* logits, int32_t* top_ids,
+                float* top_logp) {
+  const int32_t V = model.config().n_vocab;
+  model.lm_head(hidden, rows, logits);
+  std::atomic<int32_t> non_finite{-1};  // a row whose maximum is not finite (workers must not throw)
+  model.pool().parallel_for(rows, 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* row = logits + size_t(i) * V;
+      const float mx = max_ignoring_nan(row, V);
+      if (!std::isfinite(mx)) {
+        non_finite.store(int32_t(i));
+        continue;
+      }
+      const double offset = double(mx) + log_sum_exp_below(row, V, mx);  // log p = x - offset
+      int32_t* ids = top_ids + size_t(i) * k;
+      top_k_indices(row, V, k, ids);
+      for (int32_t t = 0; t < k; ++t) top_logp[size_t(i) * k + t] = float(double(row[ids[t]]) - offset);
+    }
+  });
+  if (non_finite.load() >= 0) throw Error("the target's logits are not finite at a position (NaN or infinite)");
 }
 
 void run_features(const FeaturesArgs& a) {
@@ -92,13 +140,13 @@ void run_features(const FeaturesArgs& a) {
   std::unique_ptr<FILE, int (*)(FILE*)> close_out(out, std::fclose);
   KVCache kv = model.make_cache(std::min(a.model.n_ctx, a.max_tokens));
 
-  constexpr int32_t kHeadRows = 16;
   Batch batch;
   ForwardOutput fo;
-  std::vector<float> logits(size_t(kHeadRows) * V);
-  std::vector<uint16_t> features;     // [chunk][L][E] bfloat16
-  std::vector<int32_t> top_ids;       // [chunk][k]
-  std::vector<float> top_logp;        // [chunk][k]
+  std::vector<float> logits(size_t(kLabelRows) * V);  // [kLabelRows][V]
+  std::vector<float> hidden;                           // [n][E] final hidden states of a sequence
+  std::vector<uint16_t> features;                      // [n_batch][L][E] bfloat16
+  std::vector<int32_t> top_ids;                        // [n][k]
+  std::vector<float> top_logp;                         // [n][k]
   std::optional<ChatStyle> style;
   std::istringstream lines(read_file_bytes(a.input));
   std::string line;
@@ -114,10 +162,10 @@ void run_features(const FeaturesArgs& a) {
     const int32_t n = static_cast<int32_t>(ids.size());
     if (n == 0) throw Error(where + "empty sequence");
     std::fwrite(ids.data(), sizeof(int32_t), ids.size(), out);
+    // The features go out per forward call (the file's layout holds them before the labels); the
+    // final hidden states are kept for the labels, computed kLabelRows at a time.
     kv.clear();
-    // Features first for the whole sequence (the file's layout), then the labels.
-    std::vector<int32_t> all_top(size_t(n) * k);
-    std::vector<float> all_logp(size_t(n) * k);
+    hidden.resize(size_t(n) * E);
     for (int32_t at = 0; at < n; at += model.n_batch()) {
       const int32_t len = std::min(model.n_batch(), n - at);
       batch.set_sequence(std::span<const int32_t>(ids.data() + at, len), at, true);
@@ -126,23 +174,15 @@ void run_features(const FeaturesArgs& a) {
       features.resize(fo.layer_inputs.size());
       for (size_t i = 0; i < features.size(); ++i) features[i] = to_bf16(fo.layer_inputs[i]);
       std::fwrite(features.data(), sizeof(uint16_t), features.size(), out);
-      for (int32_t r = 0; r < len; r += kHeadRows) {
-        const int32_t rows = std::min(kHeadRows, len - r);
-        model.lm_head(fo.hidden.data() + size_t(r) * E, rows, logits.data());
-        for (int32_t i = 0; i < rows; ++i) {
-          const float* row = logits.data() + size_t(i) * V;
-          const float mx = *std::max_element(row, row + V);
-          double sum = 0.0;
-          for (int32_t t = 0; t < V; ++t) sum += std::exp(double(row[t] - mx));
-          const float log_z = mx + float(std::log(sum));
-          int32_t* ti = all_top.data() + size_t(at + r + i) * k;
-          top_k_indices(row, V, k, ti);
-          for (int32_t t = 0; t < k; ++t) all_logp[size_t(at + r + i) * k + t] = row[ti[t]] - log_z;
-        }
-      }
+      std::copy(fo.hidden.begin(), fo.hidden.begin() + ptrdiff_t(len) * E, hidden.begin() + ptrdiff_t(at) * E);
     }
-    std::fwrite(all_top.data(), sizeof(int32_t), all_top.size(), out);
-    std::fwrite(all_logp.data(), sizeof(float), all_logp.size(), out);
+    top_ids.resize(size_t(n) * k);
+    top_logp.resize(size_t(n) * k);
+    for (int32_t r = 0; r < n; r += kLabelRows)
+      label_rows(model, hidden.data() + size_t(r) * E, std::min(kLabelRows, n - r), k, logits.data(),
+                 top_ids.data() + size_t(r) * k, top_logp.data() + size_t(r) * k);
+    std::fwrite(top_ids.data(), sizeof(int32_t), top_ids.size(), out);
+    std::fwrite(top_logp.data(), sizeof(float), top_logp.size(), out);
     if (std::ferror(out)) throw Error(a.output + ": write failed");
     std::printf("%s\n", nlohmann::json{{"n_tokens", n}, {"offset", offset}}.dump().c_str());
     std::fflush(stdout);
@@ -156,7 +196,7 @@ void add_features_command(CLI::App& app) {
   auto args = std::make_shared<FeaturesArgs>();
   CLI::App* cmd = app.add_subcommand(
       "features", "an EAGLE-3 head's training data: chosen layers' hidden states and the target's top-k labels");
-  args->model.add_to(*cmd, 64);
+  args->model.add_to(*cmd);
   cmd->option_defaults()->group(group::kInput);
   cmd->add_option(
          "--input", args->input,
