@@ -47,6 +47,7 @@ import torch
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import draft_head_gguf  # noqa: E402
+import draft_targets  # noqa: E402
 import features_file  # noqa: E402
 from draft_head_torch import Eagle3Head  # noqa: E402
 
@@ -176,10 +177,11 @@ def target_rows(model_path, ids):
 
 # ---- training ---------------------------------------------------------------------------------------
 
-def unrolled_losses(head, emb_of, lm_rows, in_vocab, seq, unroll, noise, gen, train):
-    """EAGLE-3 training-time test over one sequence. Returns (losses per step, top-1 agreement per
-    step with the target's argmax, rows per step, the head's prenorm outputs per step)."""
-    ids, top_ids, top_logp = seq.ids, seq.top_ids, seq.top_logp
+def unrolled_losses(head, emb_of, targets, seq, unroll, noise, gen, train):
+    """EAGLE-3 training-time test over one sequence, scored over `targets` (draft_targets.Targets).
+    Returns (losses per step, top-1 agreement over the dynamic vocabulary per step, rows per step,
+    the head's prenorm outputs per step)."""
+    ids = seq.ids
     n = len(ids)
     if n < 3:
         return None
@@ -190,15 +192,6 @@ def unrolled_losses(head, emb_of, lm_rows, in_vocab, seq, unroll, noise, gen, tr
         feats = feats + (torch.rand(feats.shape, generator=gen) * 2 - 1) * noise * rms
     m = n - 1  # chains: row i pairs features at i with the token at i + 1, predicts the target at i + 1
     g = head.fuse(feats[:m])
-    # Soft labels at positions 1..n-1 over the training vocabulary.
-    lab_ids = torch.tensor(top_ids[1:].astype(np.int64))
-    lab_p = torch.tensor(np.exp(top_logp[1:]))
-    lab_col = in_vocab[lab_ids]  # column in the training vocabulary, -1 outside
-    keep = lab_col >= 0
-    lab_p = lab_p * keep
-    mass = lab_p.sum(-1, keepdim=True).clamp_min(1e-8)
-    lab_p = lab_p / mass
-    target_top1 = lab_ids[:, 0]
     losses, agree, counts, outputs = [], [], [], []
     keys0 = vals0 = None
     chain_k, chain_v = [], []  # per step >= 1: [m][nkv][hd] keys of each chain's row
@@ -234,24 +227,21 @@ def unrolled_losses(head, emb_of, lm_rows, in_vocab, seq, unroll, noise, gen, tr
             chain_k.append(k)
             chain_v.append(v)
         h, normed = head.finish(attn, g[:rows])
-        logits = normed @ lm_rows.T
-        logp = torch.log_softmax(logits, -1)
-        lp = logp.gather(1, lab_col[j:j + rows].clamp_min(0))
-        loss = -(lab_p[j:j + rows] * lp).sum(-1).mean()
-        losses.append(loss)
-        pred = logits.argmax(-1)
-        agree.append((in_vocab[target_top1[j:j + rows]] == pred).float().sum().item())
+        logits = normed @ targets.lm.T
+        losses.append(draft_targets.soft_cross_entropy(logits, targets.loss_mask(j, rows), targets.lab_col[j:j + rows],
+                                                       targets.lab_p[j:j + rows]))
+        agree.append(draft_targets.window_agreement(logits.detach(), targets, j, rows))
         counts.append(rows)
         outputs.append(h)
         g = h  # next step: each chain's own output
     return losses, agree, counts, outputs
 
 
-def evaluate(head, emb_of, lm_rows, in_vocab, seqs, unroll):
+def evaluate(head, emb_of, targets_of, seqs, unroll):
     agree, counts = np.zeros(unroll), np.zeros(unroll)
     with torch.no_grad():
         for seq in seqs:
-            r = unrolled_losses(head, emb_of, lm_rows, in_vocab, seq, unroll, 0.0, None, False)
+            r = unrolled_losses(head, emb_of, targets_of(seq), seq, unroll, 0.0, None, False)
             if r is None:
                 continue
             for j, (a, c) in enumerate(zip(r[1], r[2])):
@@ -278,7 +268,12 @@ def main():
     ap.add_argument("--eval-conversations", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--top-k", type=int, default=16)
-    ap.add_argument("--train-vocab", type=int, default=8192)
+    ap.add_argument("--train-vocab", type=int, default=8192, help="columns of --loss vocab")
+    ap.add_argument("--loss", default="vocab", choices=["vocab", "window"],
+                    help="softmax over the training vocabulary, or over each row's dynamic vocabulary and the "
+                         "target's top-k (scripts/draft_targets.py)")
+    ap.add_argument("--k-ver", type=int, default=3, help="the dynamic vocabulary's K_ver (--loss window, evaluation)")
+    ap.add_argument("--w-max", type=int, default=3072, help="the dynamic vocabulary's W_max")
     ap.add_argument("--unroll", type=int, default=4)
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -332,11 +327,16 @@ def main():
     # Training vocabulary: the ids most often among the labels; every id of the data gets an embedding row.
     counts = np.bincount(np.concatenate([q.top_ids.reshape(-1) for q in train]), minlength=n_vocab)
     vocab = np.argsort(-counts, kind="stable")[:a.train_vocab]
-    in_vocab = torch.full((n_vocab,), -1, dtype=torch.int64)
-    in_vocab[torch.tensor(vocab)] = torch.arange(len(vocab))
+    vocab_cols = np.full(n_vocab, -1, dtype=np.int64)
+    vocab_cols[vocab] = np.arange(len(vocab))
     used = np.unique(np.concatenate([q.ids for q in train + held]))
     emb_rows, _ = target_rows(a.model, used)
-    _, lm_rows = target_rows(a.model, vocab)
+    _, all_rows = target_rows(a.model, np.arange(n_vocab))  # every LM-head row: the window loss and evaluation
+
+
+    def targets_of(seq):
+        return draft_targets.make_targets(seq, a.loss, all_rows.numpy(), vocab_cols, a.k_ver, a.w_max)
+
     emb_index = torch.full((n_vocab,), -1, dtype=torch.int64)
     emb_index[torch.tensor(used)] = torch.arange(len(used))
 
@@ -371,7 +371,7 @@ def main():
         draft_head_gguf.write_head(a.output, head.weights(), cfg, a.matrix_type, tokenizer_from=tokenizer_from)
 
     def record():
-        acc, tau = evaluate(head, emb_of, lm_rows, in_vocab, held, a.unroll)
+        acc, tau = evaluate(head, emb_of, targets_of, held, a.unroll)
         state["curve"].append({"step": state["step"], "train_tokens": state["tokens"], "held_out_top1": acc,
                                "chain_acceptance_estimate": tau})
         with open(work / "curve.jsonl", "a") as f:
@@ -381,12 +381,13 @@ def main():
 
     if state["step"] == 0:
         record()
+    t_train, tokens_before = time.time(), state["tokens"]
     while state["step"] < total_steps:
         if (time.time() - t_start) / 60 > a.time_budget_min:
             print("time budget reached", flush=True)
             break
         seq = train[order[state["step"]]]
-        r = unrolled_losses(head, emb_of, lm_rows, in_vocab, seq, a.unroll, a.noise, gen, True)
+        r = unrolled_losses(head, emb_of, targets_of(seq), seq, a.unroll, a.noise, gen, True)
         state["step"] += 1
         if r is None:
             continue
@@ -400,6 +401,9 @@ def main():
         if state["step"] % a.eval_every == 0:
             record()
             save()
+    seconds = time.time() - t_train
+    print(f"training: {state['tokens'] - tokens_before} tokens in {seconds:.0f} s "
+          f"({(state['tokens'] - tokens_before) / max(seconds, 1e-9):.0f} tokens/s, evaluations included)", flush=True)
     record()
     save()
     print(f"wrote {a.output} after {state['step']} steps, {state['tokens']} training tokens", flush=True)
