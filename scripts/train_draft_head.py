@@ -237,6 +237,22 @@ def unrolled_losses(head, emb_of, targets, seq, unroll, noise, gen, train):
     return losses, agree, counts, outputs
 
 
+def initial_head(cfg, init_from):
+    """A random head of cfg's shape, or (warm start) the head in the eagle3 GGUF init_from, which
+    must be made for the same target: its hidden size and layers are cfg's. Its own sizes (heads,
+    FFN) are kept."""
+    if init_from is None:
+        return Eagle3Head(cfg)
+    weights, file_cfg = draft_head_gguf.read_head(init_from)
+    if "output.weight" in weights:
+        raise ValueError(f"{init_from}: the head has its own LM head; this trainer trains heads that score "
+                         "through the target's")
+    for key in ("n_embd", "target_hidden", "target_layers"):
+        if file_cfg[key] != cfg[key]:
+            raise ValueError(f"{init_from}: {key} is {file_cfg[key]}, the target needs {cfg[key]}")
+    return Eagle3Head(file_cfg, weights)
+
+
 def evaluate(head, emb_of, targets_of, seqs, unroll):
     agree, counts = np.zeros(unroll), np.zeros(unroll)
     with torch.no_grad():
@@ -263,6 +279,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--conversations", type=int, default=400, help="training conversations to featurise")
+    ap.add_argument("--skip-conversations", type=int, default=0,
+                    help="start after this many training conversations (a later run on data an earlier one did not use)")
     ap.add_argument("--shard", type=int, default=50, help="conversations per feature shard")
     ap.add_argument("--held-out", type=float, default=0.02)
     ap.add_argument("--eval-conversations", type=int, default=20)
@@ -288,6 +306,9 @@ def main():
     ap.add_argument("--no-tokenizer-metadata", action="store_true",
                     help="leave the target's tokenizer.* metadata out of the head file (microspec does not need it; "
                          "llama.cpp does; for a 262k vocabulary it is 6 MB)")
+    ap.add_argument("--init-from", metavar="HEAD.gguf",
+                    help="start from this head (warm start; e.g. the committed one) instead of random weights, "
+                         "when --work holds no checkpoint")
     ap.add_argument("--export-only", action="store_true",
                     help="write -o from the checkpoint in --work and stop (no data, features or training)")
     a = ap.parse_args()
@@ -312,14 +333,17 @@ def main():
     a.n_embd = n_embd
     layers = draft_head_gguf.default_layers(n_layer)
     data = prepare_data(work, a.seed, a.held_out)
-    train_convs = data["train"][:a.conversations]
+    if a.skip_conversations % a.shard:
+        sys.exit(f"--skip-conversations {a.skip_conversations} must be a multiple of --shard {a.shard}")
+    first = a.skip_conversations
+    train_convs = data["train"][first:first + a.conversations]
     held = feature_shard(a, work, "held_out", data["held_out"][:a.eval_conversations], layers)
     shards = []
     for s in range(0, len(train_convs), a.shard):
         if (time.time() - t_start) / 60 > a.time_budget_min * 0.6 and shards:
             print(f"feature budget reached after {len(shards)} shards", flush=True)
             break
-        shards.append(feature_shard(a, work, f"train_{s // a.shard:04d}", train_convs[s:s + a.shard], layers))
+        shards.append(feature_shard(a, work, f"train_{(first + s) // a.shard:04d}", train_convs[s:s + a.shard], layers))
         print(f"features: shard {len(shards)} ({sum(len(q.ids) for sh in shards for q in sh)} tokens), "
               f"{time.time() - t_start:.0f} s", flush=True)
     train = [q for sh in shards for q in sh]
@@ -346,13 +370,14 @@ def main():
     cfg = dict(n_embd=n_embd, n_head=a.n_head, n_head_kv=a.n_head_kv, head_dim=n_embd // a.n_head,
                n_ff=int(a.ffn_mult * n_embd), rms_eps=1e-6, rope_base=10000.0, target_layers=layers,
                target_hidden=n_embd, norm_before_fc=True)
-    head = Eagle3Head(cfg)
+    ckpt = work / "checkpoint.pt"
+    head = initial_head(cfg, None if ckpt.exists() else a.init_from)
+    cfg = head.cfg
     opt = torch.optim.AdamW(head.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
     total_steps = int(a.epochs * len(train))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / a.warmup) * max(0.05, 1 - s / max(1, total_steps)))
     state = {"step": 0, "tokens": 0, "curve": []}
-    ckpt = work / "checkpoint.pt"
     if ckpt.exists():
         c = torch.load(ckpt, weights_only=False)
         head.load_state_dict(c["head"])

@@ -123,3 +123,21 @@ def test_the_unrolled_training_forward_is_the_head_run_chain_by_chain():
                                                  past_k, past_v)
                 assert torch.allclose(outputs[j][i], h[0], atol=1e-5), (i, j)
                 g = h
+
+
+def test_a_warm_start_takes_the_heads_weights_and_refuses_another_targets_head(tmp_path):
+    import draft_head_gguf
+    import train_draft_head
+    cfg = dict(n_embd=16, n_head=4, n_head_kv=2, head_dim=4, n_ff=32, rms_eps=1e-6, rope_base=10000.0,
+               target_layers=[2, 5, 9], target_hidden=16, norm_before_fc=True)
+    weights = draft_head_gguf.random_head(16, 2, 1, 8, 24, seed=5, norm_before_fc=True)
+    file_cfg = dict(cfg, n_head=2, n_head_kv=1, head_dim=8, n_ff=24, rope_base=5e5)
+    path = tmp_path / "head.gguf"
+    draft_head_gguf.write_head(path, weights, file_cfg, "f32")
+    head = train_draft_head.initial_head(cfg, path)
+    assert head.cfg["n_head"] == 2 and head.cfg["n_ff"] == 24 and head.cfg["rope_base"] == 5e5  # the file's own sizes
+    got = head.weights()
+    assert got.keys() == weights.keys() and all(np.array_equal(got[k], weights[k]) for k in weights)
+    assert not np.array_equal(train_draft_head.initial_head(cfg, None).weights()["fc.weight"], weights["fc.weight"])
+    with pytest.raises(ValueError, match=r"target_layers is \[2, 5, 9\], the target needs \[2, 6, 9\]"):
+        train_draft_head.initial_head(dict(cfg, target_layers=[2, 6, 9]), path)
