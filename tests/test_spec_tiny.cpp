@@ -227,7 +227,7 @@ TEST_F(SpecTiny, AutoMatchesPlainAndPicksByCost) {
   // --spec auto on a model that repeats itself (tied embeddings) and one that wanders, up to a full
   // context: greedy output equals plain whichever options run. Cheap rows draft (n-gram chains
   // where the text repeats, the model where it does not); rows that each cost a whole step never
-  // pay, so every step is plain but the model's probes (one step in kProbeInterval).
+  // pay, not even with every drafted token accepted, so every step is plain (not even a probe).
   const std::vector<int32_t> prompt = {1, 17, 250, 33, 90, 141, 17, 250, 33, 2, 17, 250};
   GenerateParams params;
   params.max_new_tokens = 60;
@@ -253,7 +253,7 @@ TEST_F(SpecTiny, AutoMatchesPlainAndPicksByCost) {
         EXPECT_EQ(by[0].steps + by[1].steps + by[2].steps, r.stats.steps) << what;
         if (extra_row >= 1.0) {
           EXPECT_EQ(by[size_t(DraftSource::Ngram)].steps, 0) << what;
-          EXPECT_LE(by[size_t(DraftSource::Model)].steps, r.stats.steps / AutoDrafter::kProbeInterval + 1) << what;
+          EXPECT_EQ(by[size_t(DraftSource::Model)].steps, 0) << what;
           EXPECT_GT(by[size_t(DraftSource::None)].steps, r.stats.steps / 2) << what;
         } else if (tied) {
           EXPECT_GT(by[size_t(DraftSource::Ngram)].steps, 0) << what;
@@ -263,6 +263,50 @@ TEST_F(SpecTiny, AutoMatchesPlainAndPicksByCost) {
         }
       }
   }
+}
+
+TEST_F(SpecTiny, AutoCountsTheRowsADraftModelMustCatchUpOn) {
+  // A draft model runs the rows of the steps it did not draft when it next drafts, so auto counts
+  // them into the model's cost. Rows at 0.1 of a step, a level at 0.1, the model's prior of 1 in 3:
+  // its one-token chain is worth (1 + 1/3) / 1.2 = 1.11 with nothing pending and beats plain's 1;
+  // three pending rows at 0.1 each make it (1 + 1/3) / 1.5 = 0.89, and no longer chain does better.
+  Tiny t = load_tiny(spec("llama", 5), (dir_ / "m.gguf").string());
+  AutoDrafter lazy(NgramParams{1, 4}, 64, std::make_unique<ModelDrafter>(*t.model, 64, DraftVocabulary::full(kVocab)),
+                   ModelDraftCost{.level_seconds = 0.1, .resumed_share = 0.0, .catch_up_row_seconds = 0.1},
+                   linear_costs(0.1));
+  lazy.begin(kPrompt, {});
+  AutoDrafter::Choice c = lazy.choose(0, 0, 4);
+  EXPECT_EQ(c.source, DraftSource::Model);
+  EXPECT_EQ(c.tokens, 1);
+  EXPECT_NEAR(c.value, (4.0 / 3.0) / 1.2, 1e-9);
+  const DraftTree plain_step;
+  const std::vector<float> logits(kVocab);
+  for (int32_t i = 0; i < 3; ++i) lazy.accepted(40 + i, plain_step, {}, logits.data());
+  c = lazy.choose(0, 0, 4);
+  EXPECT_EQ(c.source, DraftSource::None);
+  EXPECT_NEAR(c.value, 1.0, 1e-9);
+}
+
+TEST_F(SpecTiny, AutoProbesALosingModelEverMoreRarely) {
+  // Rows at half a step: the model's one-token chain, at its prior (1 + 1/3) / 1.6, loses to plain,
+  // though with its token accepted it would win (2 / 1.6). Every step is plain but the model's
+  // probes, the first 32 steps after the start, each later one twice as long after the last (32,
+  // 96, 224, 480, ...), as long as they leave the model losing.
+  Tiny t = load_tiny(spec("llama", 5), (dir_ / "m.gguf").string());
+  GenerateParams params;
+  params.max_new_tokens = 400;
+  params.ignore_eos = true;
+  Generator gen(*t.model, *tok_, 512);
+  std::unique_ptr<AutoDrafter> drafter = make_auto(*t.model, gen, 512, 0.5);
+  Decoder sg(gen, *tok_, drafter.get(), TreeParams{3, 1, 4});
+  const SpecResult r = sg.generate(kPrompt, params);
+  int32_t probes = 0;
+  for (int64_t at = AutoDrafter::kProbeInterval, wait = 2 * at; at <= r.stats.steps; at += wait, wait *= 2) ++probes;
+  ASSERT_GE(r.stats.steps, 224);
+  const auto& by = r.stats.by_source;
+  EXPECT_EQ(by[size_t(DraftSource::Ngram)].steps, 0);
+  EXPECT_GE(by[size_t(DraftSource::Model)].steps, probes - 1);
+  EXPECT_LE(by[size_t(DraftSource::Model)].steps, probes) << "one in 32 would be " << r.stats.steps / 32;
 }
 
 TEST_F(SpecTiny, AutoChoosesByExpectedTokensPerSecond) {

@@ -39,6 +39,7 @@ void AutoDrafter::begin(const std::vector<int32_t>& prompt, std::span<const int3
   // which, where the text repeats, are usually right.
   model_rates_.record(kModelLength, 1, false);
   steps_since_model_ = 0;
+  probe_interval_ = kProbeInterval;
 }
 
 double AutoDrafter::verify_seconds(int32_t rows) const {
@@ -49,7 +50,8 @@ double AutoDrafter::verify_seconds(int32_t rows) const {
 double AutoDrafter::model_seconds(int32_t tokens) const {
   const double b = shared_rows_;
   const double resumed = model_cost_.resumed_share * (costs_.body_at(b + tokens) - costs_.body_at(b));
-  return tokens * model_cost_.level_seconds + verify_seconds(1 + tokens) - resumed;
+  return tokens * model_cost_.level_seconds + verify_seconds(1 + tokens) - resumed +
+         model_->pending_rows() * model_cost_.catch_up_row_seconds;
 }
 
 AutoDrafter::Choice AutoDrafter::choose(int32_t match_length, int32_t ngram_tokens, int32_t max_model_tokens) const {
@@ -75,6 +77,12 @@ AutoDrafter::Choice AutoDrafter::best_model_chain(int32_t max_tokens) const {
   return best;
 }
 
+double AutoDrafter::model_ceiling(int32_t max_tokens) const {
+  double best = 0.0;
+  for (int32_t L = 1; L <= max_tokens; ++L) best = std::max(best, (1.0 + L) / model_seconds(L));
+  return best;
+}
+
 TreeGrowth AutoDrafter::begin_propose(int32_t root, int32_t position, const TreeParams& params,
                                       DraftSampling* sampling, DraftTree& tree) {
   tree.clear();  // a plain step's tree
@@ -86,11 +94,17 @@ TreeGrowth AutoDrafter::begin_propose(int32_t root, int32_t position, const Tree
   const int32_t max_model_tokens = std::min(params.total_tokens, params.depth + 1);
   Choice c = choose(ngram_tokens > 0 ? m.length : 0, ngram_tokens, max_model_tokens);
   ++steps_since_model_;
-  if (c.source != DraftSource::Model && steps_since_model_ >= kProbeInterval && max_model_tokens > 0) {
+  if (c.source == DraftSource::Model) {
+    probe_interval_ = kProbeInterval;  // won on its own
+  } else if (steps_since_model_ >= probe_interval_ && max_model_tokens > 0 &&
+             model_ceiling(max_model_tokens) > c.value) {
     // A probe: the model's best chain and one token more, so that each probe measures a depth
-    // its chains do not reach yet.
+    // its chains do not reach yet. Until the model wins a step, each probe waits twice as long.
+    // None where the model could not win even with every token accepted (the n-gram side's
+    // chains hold up, or a head has many rows to catch up on).
     c = best_model_chain(max_model_tokens);
     c.tokens = std::min(max_model_tokens, c.tokens + 1);
+    probe_interval_ = std::min(kMaxProbeInterval, 2 * probe_interval_);
   }
   chosen_ = c.source;
   if (c.source == DraftSource::Ngram) {

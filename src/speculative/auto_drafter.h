@@ -17,15 +17,22 @@
 //   plain            F(B + 1) - F(B)
 //   n-gram, L        F(B + 1 + L) - F(B)
 //   model, L         L * level + F(B + 1 + L) - F(B) - resumed * (body(B + L) - body(B))
+//                    + pending * catch_up
 // where F is the forward's cost, body its part outside the LM head, B the other sequences' rows
-// in the same pass (the batching server; 0 alone), `level` one draft forward of one row and
+// in the same pass (the batching server; 0 alone), `level` one draft forward of one row,
 // `resumed` the share of the target's layers a self-draft already ran for the rows it hands to
-// verification. Nothing reads a clock while generating, so a fixed seed gives the same text.
+// verification, and `pending` the committed rows a head or draft model has not run yet (it
+// catches up when it next drafts), `catch_up` the cost of one. Nothing reads a clock while
+// generating, so a fixed seed gives the same text.
 //
-// The model's counts move only when it drafts, so while another option wins it still drafts one
-// step in every kProbeInterval (its best chain and one token more, so each probe also measures a
-// depth its chains do not reach): a model that got better comes back. Its prior at depth 1 is one
-// hit in three trials (it must show it beats the n-gram side's chains).
+// The model's counts move only when it drafts, so while another option wins it still drafts a
+// probe now and then (its best chain and one token more, so each probe also measures a depth its
+// chains do not reach): a model that got better comes back. The first probe comes kProbeInterval
+// steps after the model last drafted; each probe that leaves the model losing doubles the wait
+// (up to kMaxProbeInterval), since a head's probe pays the catch-up of every row since the last
+// one; a step the model wins on its own resets it. No probe runs where the model's chain would
+// lose even with every token accepted. Its prior at depth 1 is one hit in three trials (it must
+// show it beats the n-gram side's chains).
 //
 // Lossless as every drafter: the choice at a step depends only on earlier steps, never on this
 // step's draws, and each option's tree is verified exactly as alone.
@@ -43,11 +50,13 @@ namespace microspec {
 struct ModelDraftCost {
   double level_seconds = 0.0;   // one draft forward of one row, its draft LM head included
   double resumed_share = 0.0;   // share of the target's layers a drafted row skips in verification
+  double catch_up_row_seconds = 0.0;  // one pending committed row (Drafter::pending_rows), run in a batch
 };
 
 class AutoDrafter final : public NgramAndModelDrafter {
  public:
   static constexpr int32_t kProbeInterval = 32;
+  static constexpr int32_t kMaxProbeInterval = 512;
 
   // model: the model drafter (never null); costs: the target's (StepCosts::validate'd).
   AutoDrafter(const NgramParams& ngram, int32_t n_ctx, std::unique_ptr<Drafter> model, const ModelDraftCost& model_cost,
@@ -82,12 +91,15 @@ class AutoDrafter final : public NgramAndModelDrafter {
   double model_seconds(int32_t tokens) const;
   // The model's chain of 1..max_tokens tokens worth most (tokens 0 when max_tokens is 0).
   Choice best_model_chain(int32_t max_tokens) const;
+  // The most a model chain of 1..max_tokens could be worth, every token accepted.
+  double model_ceiling(int32_t max_tokens) const;
 
   ModelDraftCost model_cost_;
   StepCosts costs_;
   NgramConfidence model_rates_;  // the model's acceptance per depth (match length 1)
   int32_t shared_rows_ = 0;
   int32_t steps_since_model_ = 0;
+  int32_t probe_interval_ = kProbeInterval;  // steps from the model's last tree to the next probe
 };
 
 }  // namespace microspec

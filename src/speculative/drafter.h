@@ -105,6 +105,10 @@ class Drafter {
   // Who drafted the last propose()'s tree, when it is not empty (the decoder counts an empty tree
   // as DraftSource::None).
   virtual DraftSource last_source() const { return DraftSource::Model; }
+  // Committed rows the drafter has not run yet and will run before its next tree (a head or a
+  // separate draft model catches up lazily, so steps it does not draft cost it nothing): --spec auto
+  // counts them into the model's cost. 0 (the default): the drafter keeps up as it goes.
+  virtual int32_t pending_rows() const { return 0; }
   // Rows of other sequences that will share this step's verification pass (the batching server sets
   // it before each step; 0 alone). A drafter that weighs the cost of its rows (--spec auto) reads it.
   virtual void set_shared_rows(int32_t rows) {}
@@ -218,6 +222,8 @@ class ModelDrafter final : public Drafter {
                 const float* verify_logits) override;
   bool fits(const TreeParams& params, int32_t room) const override;
   double lm_head_seconds() const override { return expander_.lm_head_seconds(); }
+  // The committed tokens its cache has not seen (caught up at the next proposal).
+  int32_t pending_rows() const override { return static_cast<int32_t>(tokens_.size()) - kv_.n_past(); }
   int32_t active_vocab_size() const override { return expander_.vocab().size(); }
   const Model& model() const { return model_; }
 

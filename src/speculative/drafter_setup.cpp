@@ -98,16 +98,21 @@ ModelDraftCost model_draft_cost(SpecMode model_mode, const SpecConfig& config, c
                                                                          : config.vocab_window + config.hybrid_top;
   const double draft_head = head * std::min(1.0, vocab_rows / n_vocab);
   const double target_layers = std::max<size_t>(1, tensor_bytes(target_file, "blk."));
+  // A pending row runs in a batch of them: the target's body per row at its largest measured count.
+  const double batched_row = costs.body_at(costs.max_rows()) / costs.max_rows();
   ModelDraftCost c;
   if (model_mode == SpecMode::Self) {
     const int32_t layers = config.draft_layers > 0 ? config.draft_layers : default_draft_layers(target.config().n_layer);
     c.resumed_share = double(layers) / target.config().n_layer;
-    c.level_seconds = c.resumed_share * body + draft_head;
-  } else if (model_mode == SpecMode::Head) {
-    const auto head_file = GgufFile::open(draft_head_path(config, target_file.name()));
-    c.level_seconds = body * double(tensor_bytes(*head_file, "")) / target_layers + draft_head;
+    c.level_seconds = c.resumed_share * body + draft_head;  // it runs the target's layers: nothing pending
   } else {
-    c.level_seconds = body * double(tensor_bytes(*b.file, "blk.")) / target_layers + draft_head;
+    // A head or a draft model: its share of the target's layer bytes.
+    const double share =
+        model_mode == SpecMode::Head
+            ? double(tensor_bytes(*GgufFile::open(draft_head_path(config, target_file.name())), "")) / target_layers
+            : double(tensor_bytes(*b.file, "blk.")) / target_layers;
+    c.level_seconds = body * share + draft_head;
+    c.catch_up_row_seconds = batched_row * share;
   }
   return c;
 }

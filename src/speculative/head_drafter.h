@@ -36,6 +36,8 @@ class HeadDrafter final : public Drafter, private TreeExpander {
                 const float* verify_logits) override;
   bool fits(const TreeParams& params, int32_t room) const override;
   double lm_head_seconds() const override { return lm_head_seconds_; }
+  // The committed rows waiting for the next proposal (the prompt's, then those of steps it did not draft).
+  int32_t pending_rows() const override { return static_cast<int32_t>(pair_tokens_.size()); }
   int32_t active_vocab_size() const override {
     return head_->config().n_draft_vocab ? static_cast<int32_t>(own_rows_.size()) : vocab_.size();
   }
