@@ -128,7 +128,9 @@ void label_rows(Model& model, const float* hidden, int32_t rows, int32_t k, floa
 }
 
 void run_features(const FeaturesArgs& a) {
-  if (a.top_k < 1) throw Error("--top-k must be >= 1");
+  // top_k_indices keeps its k best in order by insertion: a label set, not a sort of the vocabulary.
+  constexpr int32_t kMaxTopK = 1024;
+  if (a.top_k < 1 || a.top_k > kMaxTopK) throw Error("--top-k must be in [1, " + std::to_string(kMaxTopK) + "]");
   if (a.max_tokens < 2) throw Error("--max-tokens must be >= 2");
   LoadedModel m = load_model(a.model);
   Model& model = *m.model;

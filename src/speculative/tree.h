@@ -22,15 +22,18 @@ class Sampler;
 // A sparse probability distribution over token ids: (id, probability) pairs.
 using TokenDistribution = std::vector<std::pair<int32_t, float>>;
 
-// Defaults measured on 2 cores (5 SpecBench chat prompts, 128 tokens, self-drafting with
-// n_layer - n_layer/8 layers): a chain of 4 beat every tree tried. A tree's extra frontier rows
-// cost a draft LM head each (Gemma: 262144 rows) and extra verification rows, while the second-
-// best branches rarely win: Gemma 16/18 layers: chain 3/4 tokens 95 tok/s (acceptance 4.3),
-// k2 d3 t6 79 tok/s (4.4); SmolLM2 27/30 layers: chain 88 tok/s (1.8), k2 d3 t6 74 tok/s (2.0).
+// Defaults measured on 2 cores. The model drafters' shape (5 SpecBench chat prompts, 128 tokens,
+// self-drafting with n_layer - n_layer/8 layers): a chain of 4 beat every tree tried. A tree's
+// extra frontier rows cost a draft LM head each (Gemma: 262144 rows) and extra verification rows,
+// while the second-best branches rarely win: Gemma 16/18 layers: chain 3/4 tokens 95 tok/s
+// (acceptance 4.3), k2 d3 t6 79 tok/s (4.4); SmolLM2 27/30 layers: chain 88 tok/s (1.8), k2 d3 t6
+// 74 tok/s (2.0). A chain's nodes are capped by its depth, so total_tokens is the n-gram chains'
+// length (ngram, X+ngram, auto): 8 against 4 and 6 on SpecBench at 512 tokens, Zen 3 (docs/RESULTS.md,
+// "Chain length under auto"): Gemma auto 2.42x / 2.40x / 2.34x, SmolLM2 1.31x / 1.30x / 1.30x.
 struct TreeParams {
   int32_t depth = 3;         // expansion rounds after the root level: nodes have depth 1..depth+1
   int32_t top_k = 1;         // children proposed per frontier node, and frontier width
-  int32_t total_tokens = 4;  // draft nodes kept (the root is not counted)
+  int32_t total_tokens = 8;  // draft nodes kept (the root is not counted)
   // A probability in [0, 1]. A candidate whose path probability (the draft's probabilities from the
   // root's child down to it, multiplied: its estimated chance of being accepted) is below p_min is not
   // expanded, and a greedy tree does not keep it at all (so it costs no verification row). A

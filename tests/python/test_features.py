@@ -82,6 +82,15 @@ def test_bad_input_is_refused_with_its_line(tmp_path, line, message):
     assert p.returncode != 0 and "in.jsonl:2: " in p.stderr and message in p.stderr, p.stderr[-2000:]
 
 
+@pytest.mark.parametrize("top_k", ["0", "1025"])
+def test_a_top_k_outside_its_range_is_refused(tmp_path, top_k):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"ids": [1, 2, 3]}\n')
+    p = subprocess.run([BIN, "features", "-m", str(SMOL), "--input", str(inp), "-o", str(tmp_path / "o.bin"),
+                        "--layers", "2", "--top-k", top_k], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "--top-k must be in [1, 1024]" in p.stderr, p.stderr[-2000:]
+
+
 def test_a_reader_refuses_an_index_that_does_not_fit_the_file(tmp_path):
     p = features(tmp_path, ['{"ids": [1, 2, 3, 4]}'])
     assert p.returncode == 0, p.stderr[-2000:]
