@@ -19,16 +19,19 @@ setup or CI). Steps, all resumable from --work (rerun the same command to contin
    conversation with the target's chat format and writes, per position, the residual streams
    entering the head's three layers (EAGLE-3: 2, L/2, L-3) and the target's top-16 log-probs.
 3. Training (EAGLE-3): soft cross-entropy against the target's distribution, restricted to a
-   training vocabulary (the --train-vocab ids most often among the labels; logits through the
-   target's own LM head rows, frozen, as microspec drafts), unrolled --unroll steps where step j
+   training vocabulary (--loss vocab: the --train-vocab ids most often among the labels) or to
+   each row's dynamic vocabulary and the target's top-k (--loss window; scripts/draft_targets.py),
+   logits through the target's own LM head rows, frozen, as microspec drafts; the features are
+   read in place from the memory-mapped shards (scripts/features_file.py); a warm start from a
+   committed head with --init-from. Unrolled --unroll steps where step j
    feeds the head its own step j-1 output (training-time test: step j at position p attends to the
    step-0 rows up to p - j and its own chain). Uniform feature noise U(-0.1, 0.1) times the
    feature RMS (EAGLE), AdamW (beta 0.9/0.95, EAGLE) with gradient clipping 0.5; the learning rate
    is higher than EAGLE's (1e-3 with warm-up) because this head starts from scratch on a small
    CPU budget. Seeded; checkpoints (weights, optimiser, RNG, curve) in --work.
-4. Held-out evaluation every --eval-every steps: top-1 agreement with the target's argmax at each
-   unrolled step, and the chain acceptance those imply, appended to --work/curve.jsonl against
-   the training tokens seen.
+4. Held-out evaluation every --eval-every steps: top-1 agreement with the target's argmax over
+   the dynamic vocabulary at each unrolled step (a token outside it cannot be drafted), and the
+   chain acceptance those imply, appended to --work/curve.jsonl against the training tokens seen.
 """
 import argparse
 import json
@@ -356,7 +359,6 @@ def main():
     used = np.unique(np.concatenate([q.ids for q in train + held]))
     emb_rows, _ = target_rows(a.model, used)
     _, all_rows = target_rows(a.model, np.arange(n_vocab))  # every LM-head row: the window loss and evaluation
-
 
     def targets_of(seq):
         return draft_targets.make_targets(seq, a.loss, all_rows.numpy(), vocab_cols, a.k_ver, a.w_max)
