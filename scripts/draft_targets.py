@@ -27,7 +27,6 @@ class Targets:
     lm: torch.Tensor         # float32 [C][H] LM-head rows of the columns
     lab_col: torch.Tensor    # int64 [m][k] column of each label id at positions 1..m (-1: not a column)
     lab_p: torch.Tensor      # float32 [m][k] the target's probabilities over the label columns, summing to 1
-    top1_col: torch.Tensor   # int64 [m] column of the target's best token (-1: not a column)
     window: torch.Tensor     # bool [m][C] row i (known tokens up to position i + 1): the dynamic vocabulary
     with_labels: bool        # the loss's softmax also takes each predicted position's label columns
 
@@ -64,22 +63,38 @@ def candidate_window(ids, top_ids, k_ver, w_max):
     return uniq, (count - before)[1:] > 0
 
 
-def make_targets(seq, loss, all_rows, vocab_cols, k_ver=3, w_max=3072):
+@dataclass
+class TrainingVocabulary:
+    """The fixed columns of --loss vocab, built once for the run."""
+    ids: np.ndarray      # int64 [C] the id of each column
+    cols: np.ndarray     # int64 [V] the column of each id (-1 outside)
+    lm: torch.Tensor     # float32 [C][H] their LM-head rows
+
+
+def training_vocabulary(ids, all_rows):
+    """The TrainingVocabulary of `ids` (column order) over all_rows, float32 [V][H]."""
+    ids = np.asarray(ids, dtype=np.int64)
+    cols = np.full(len(all_rows), -1, dtype=np.int64)
+    cols[ids] = np.arange(len(ids))
+    return TrainingVocabulary(ids, cols, torch.from_numpy(np.ascontiguousarray(all_rows[ids])))
+
+
+def make_targets(seq, loss, all_rows, vocab, k_ver=3, w_max=3072):
     """The Targets of one sequence (features_file.Sequence). all_rows: float32 [V][H] every LM-head
-    row; vocab_cols: int64 [V] the training-vocabulary column of each id (-1 outside), for "vocab"."""
+    row; vocab: the TrainingVocabulary of "vocab" (unused by "window")."""
     ids = np.asarray(seq.ids, dtype=np.int64)
     top_ids = np.asarray(seq.top_ids, dtype=np.int64)
     lab_ids = top_ids[1:]
     lab_p = np.exp(np.asarray(seq.top_logp[1:], dtype=np.float64))
     uniq, window = candidate_window(ids, top_ids, k_ver, w_max)
     if loss == "vocab":
-        used = np.flatnonzero(vocab_cols >= 0)
-        columns = used[np.argsort(vocab_cols[used])]  # columns[c]: the id of column c
+        columns, lm = vocab.ids, vocab.lm
 
         def column_of(x):
-            return vocab_cols[x]
+            return vocab.cols[x]
     elif loss == "window":
         columns = np.union1d(uniq, lab_ids.reshape(-1))  # sorted
+        lm = torch.from_numpy(all_rows[columns])
 
         def column_of(x):
             at = np.minimum(np.searchsorted(columns, x), len(columns) - 1)
@@ -93,8 +108,7 @@ def make_targets(seq, loss, all_rows, vocab_cols, k_ver=3, w_max=3072):
     win_cols[:, uniq_col[uniq_col >= 0]] = window[1:, uniq_col >= 0]
     lab_p = np.where(lab_col >= 0, lab_p, 0.0)
     lab_p /= np.maximum(lab_p.sum(-1, keepdims=True), 1e-12)
-    return Targets(lm=torch.from_numpy(all_rows[columns]), lab_col=torch.from_numpy(lab_col),
-                   lab_p=torch.from_numpy(lab_p.astype(np.float32)), top1_col=torch.from_numpy(lab_col[:, 0]),
+    return Targets(lm=lm, lab_col=torch.from_numpy(lab_col), lab_p=torch.from_numpy(lab_p.astype(np.float32)),
                    window=torch.from_numpy(win_cols), with_labels=loss == "window")
 
 
@@ -110,5 +124,5 @@ def soft_cross_entropy(logits, mask, lab_col, lab_p):
 def window_agreement(logits, targets, j, rows):
     """How many of level j's rows pick the target's best token over the dynamic vocabulary alone."""
     best = logits.masked_fill(~targets.window[:rows], float("-inf")).argmax(-1)
-    top1 = targets.top1_col[j:j + rows]
+    top1 = targets.lab_col[j:j + rows, 0]  # the labels are best first
     return float(((best == top1) & (top1 >= 0)).sum())

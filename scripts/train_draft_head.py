@@ -354,14 +354,13 @@ def main():
     # Training vocabulary: the ids most often among the labels; every id of the data gets an embedding row.
     counts = np.bincount(np.concatenate([q.top_ids.reshape(-1) for q in train]), minlength=n_vocab)
     vocab = np.argsort(-counts, kind="stable")[:a.train_vocab]
-    vocab_cols = np.full(n_vocab, -1, dtype=np.int64)
-    vocab_cols[vocab] = np.arange(len(vocab))
     used = np.unique(np.concatenate([q.ids for q in train + held]))
     emb_rows, _ = target_rows(a.model, used)
     _, all_rows = target_rows(a.model, np.arange(n_vocab))  # every LM-head row: the window loss and evaluation
+    train_vocab = draft_targets.training_vocabulary(vocab, all_rows.numpy())
 
     def targets_of(seq):
-        return draft_targets.make_targets(seq, a.loss, all_rows.numpy(), vocab_cols, a.k_ver, a.w_max)
+        return draft_targets.make_targets(seq, a.loss, all_rows.numpy(), train_vocab, a.k_ver, a.w_max)
 
     emb_index = torch.full((n_vocab,), -1, dtype=torch.int64)
     emb_index[torch.tensor(used)] = torch.arange(len(used))

@@ -52,7 +52,7 @@ def test_the_window_loss_is_the_full_vocabulary_loss_when_the_window_holds_every
     seq = random_sequence(rng, 30, vocab, k)
     seq.ids[:vocab] = np.arange(vocab)  # every id enters the stream early
     rows = torch.randn(vocab, 8)
-    t = draft_targets.make_targets(seq, "window", rows.numpy(), np.full(vocab, -1), 3, 3072)
+    t = draft_targets.make_targets(seq, "window", rows.numpy(), None, 3, 3072)
     assert t.lm.shape == (vocab, 8) and torch.equal(t.lm, rows)
     h = torch.randn(len(seq.ids) - 1, 8)
     first = vocab  # rows from here on see the whole vocabulary
@@ -102,7 +102,7 @@ def test_the_unrolled_training_forward_is_the_head_run_chain_by_chain():
     feats = rng.standard_normal((n, 3 * H)).astype(np.float32)
     bf16 = (feats.view(np.uint32) >> 16).astype(np.uint16)  # exact: the features are taken as bfloat16
     seq = random_sequence(rng, n, vocab, 4)._replace(features=bf16)
-    targets = draft_targets.make_targets(seq, "window", torch.randn(vocab, H).numpy(), np.full(vocab, -1), 3, 3072)
+    targets = draft_targets.make_targets(seq, "window", torch.randn(vocab, H).numpy(), None, 3, 3072)
     with torch.no_grad():
         _, _, counts, outputs = train_draft_head.unrolled_losses(head, lambda t: emb[t], targets, seq, unroll, 0.0,
                                                                  None, False)
