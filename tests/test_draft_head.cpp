@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -122,8 +123,8 @@ TEST_F(DraftHead, GreedyWithHeadEqualsPlainForEveryVocabularyAndTree) {
     }
 }
 
-// The batching server prefills a speculative newcomer's prompt in pieces (Decoder::start_piece,
-// one per round): the target's top-K_pre at every position (the dynamic vocabulary's seed) and the
+// The batching server prefills a speculative newcomer's prompt in pieces, one per round, in the
+// batched pass with other sequences' rows (Decoder::start_rows / start_taken): the target's top-K_pre at every position (the dynamic vocabulary's seed) and the
 // head's features are collected piece by piece, and everything after must be what the whole
 // prompt at once gives: the same tokens and the same drafts (so the same statistics).
 TEST_F(DraftHead, PromptInPiecesGivesWhatTheWholePromptGives) {
@@ -133,7 +134,15 @@ TEST_F(DraftHead, PromptInPiecesGivesWhatTheWholePromptGives) {
   params.max_new_tokens = 30;
   params.ignore_eos = true;
   const std::vector<int32_t> prompt = long_prompt();  // 38 tokens, n_batch 16
-  auto run_with = [&](int32_t piece, bool with_head) {
+  // Another sequence's decoding row shares the calls of `shared` pieces, and its logits must be
+  // those it gets alone.
+  Generator other(*target_, *tok_, 256);
+  Batch other_row;
+  other_row.set_sequence(std::vector<int32_t>{7}, 0, false);
+  ForwardOutput other_out;
+  target_->forward(other_row, other.cache(), other_out, {.logits = true});
+  const std::vector<float> other_alone = other_out.logits;
+  auto run_with = [&](int32_t piece, bool with_head, bool shared) {
     Generator gen(*target_, *tok_, 256);
     std::unique_ptr<HeadDrafter> drafter;
     if (with_head)
@@ -141,15 +150,26 @@ TEST_F(DraftHead, PromptInPiecesGivesWhatTheWholePromptGives) {
                                               DraftVocabulary::dynamic(*target_, DynamicVocabParams{}));
     Decoder dec(gen, *tok_, drafter.get(), TreeParams{3, 2, 6});
     if (piece == 0) return dec.generate(prompt, params);
-    Decoder::Run run(*tok_, params, nullptr, kVocab);
+    const TextCallback no_text;  // the run keeps a reference: it must outlive the run
+    Decoder::Run run(*tok_, params, no_text, kVocab);
+    const int32_t most = std::min(piece, shared ? 15 : 16);  // a shared call's rows fit n_batch 16
     int32_t pieces = 0;
     Decoder::Progress p;
     do {
-      p = dec.start_piece(run, prompt, piece);
+      if (shared) {  // as the batching server runs it: Decoder::start_rows in a call of its own
+        const std::array<SequenceForward, 2> call = {
+            SequenceForward{.batch = &other_row, .kv = &other.cache(), .out = &other_out},
+            dec.start_rows(run, prompt, most)};
+        target_->forward(call, dec.prefill_options());
+        p = dec.start_taken(run, prompt);
+        EXPECT_EQ(other_out.logits, other_alone) << "the other sequence's row, piece " << pieces;
+      } else {
+        p = dec.start_piece(run, prompt, piece);
+      }
       ++pieces;
-      EXPECT_EQ(run.prefilled, std::min<int32_t>(int32_t(prompt.size()), pieces * std::min(piece, 16)));
+      EXPECT_EQ(run.prefilled, std::min<int32_t>(int32_t(prompt.size()), pieces * most));
     } while (p == Decoder::Progress::Prefilling);
-    EXPECT_EQ(pieces, (int32_t(prompt.size()) + std::min(piece, 16) - 1) / std::min(piece, 16));
+    EXPECT_EQ(pieces, (int32_t(prompt.size()) + most - 1) / most);
     if (p == Decoder::Progress::Running)
       while (dec.advance(run)) {
       }
@@ -157,17 +177,19 @@ TEST_F(DraftHead, PromptInPiecesGivesWhatTheWholePromptGives) {
     return run.res;
   };
   for (bool with_head : {false, true}) {
-    const SpecResult whole = run_with(0, with_head);
+    const SpecResult whole = run_with(0, with_head, false);
     ASSERT_EQ(whole.gen.tokens.size(), 30u);
-    for (int32_t piece : {1, 5, 7, 40}) {
-      const SpecResult pieces = run_with(piece, with_head);
-      const std::string what = std::string(with_head ? "head" : "plain") + " pieces of " + std::to_string(piece);
-      EXPECT_EQ(pieces.gen.tokens, whole.gen.tokens) << what;
-      EXPECT_EQ(pieces.gen.prompt_tokens, int32_t(prompt.size())) << what;
-      EXPECT_EQ(pieces.stats.steps, whole.stats.steps) << what;
-      EXPECT_EQ(pieces.stats.drafted, whole.stats.drafted) << what;
-      EXPECT_EQ(pieces.stats.accepted_draft, whole.stats.accepted_draft) << what;
-    }
+    for (int32_t piece : {1, 5, 7, 40})
+      for (bool shared : {false, true}) {
+        const SpecResult pieces = run_with(piece, with_head, shared);
+        const std::string what = std::string(with_head ? "head" : "plain") + " pieces of " + std::to_string(piece) +
+                                 (shared ? " in shared calls" : "");
+        EXPECT_EQ(pieces.gen.tokens, whole.gen.tokens) << what;
+        EXPECT_EQ(pieces.gen.prompt_tokens, int32_t(prompt.size())) << what;
+        EXPECT_EQ(pieces.stats.steps, whole.stats.steps) << what;
+        EXPECT_EQ(pieces.stats.drafted, whole.stats.drafted) << what;
+        EXPECT_EQ(pieces.stats.accepted_draft, whole.stats.accepted_draft) << what;
+      }
   }
 }
 

@@ -1,7 +1,7 @@
 // Multi-sequence forward calls on the real models: a call that mixes several sequences (their
 // prefills in chunks, their draft trees, with or without leading rows resumed after the first
-// layers) must give each sequence exactly, bit for bit, the hidden states and logits it gets when
-// it runs alone. Gemma's sequence runs past the sliding window
+// layers, with or without logits for their first rows) must give each sequence exactly, bit for
+// bit, the hidden states and logits it gets when it runs alone. Gemma's sequence runs past the sliding window
 // (512 positions), so its local layers mask inside a mixed call too.
 #include <gtest/gtest.h>
 
@@ -68,6 +68,9 @@ struct SeqResult {
   // The tree again, its leading rows run through the first layers beforehand (as a self-drafter
   // runs them) and resumed in the mixed call (SequenceForward::resumed_rows).
   std::vector<float> resumed_tree_logits;  // [tree][n_vocab]
+  // The tree's logits again with the first `logits_from` output rows left out of the LM head
+  // (SequenceForward::logits_from: sequence s skips s rows).
+  std::vector<float> partial_tree_logits;  // [tree - logits_from][n_vocab]
 };
 
 // The sequence alone: its prefix in chunks of `chunk` tokens, then its tree.
@@ -156,6 +159,12 @@ std::vector<SeqResult> run_together(Model& model, const std::vector<SeqCase>& ca
   }
   model.forward(call, {.logits = true});
   for (size_t s = 0; s < S; ++s) results[s].resumed_tree_logits = outs[s].logits;
+  for (size_t s = 0; s < S; ++s) {
+    call[s].resumed_rows = 0;
+    call[s].logits_from = static_cast<int32_t>(s);
+  }
+  model.forward(call, {.logits = true});
+  for (size_t s = 0; s < S; ++s) results[s].partial_tree_logits = outs[s].logits;
   return results;
 }
 
@@ -182,6 +191,9 @@ void check_mixed_batch(const std::string& path, int32_t long_prefix) {
     EXPECT_TRUE(bitwise_equal(alone.tree_logits, together[s].tree_logits)) << "tree logits of sequence " << s;
     EXPECT_TRUE(bitwise_equal(alone.tree_logits, together[s].resumed_tree_logits))
         << "tree logits of sequence " << s << " with resumed rows";
+    const std::vector<float> tail(alone.tree_logits.begin() + ptrdiff_t(s * V), alone.tree_logits.end());
+    EXPECT_TRUE(bitwise_equal(tail, together[s].partial_tree_logits))
+        << "tree logits of sequence " << s << " from output row " << s;
   }
 }
 
@@ -229,6 +241,10 @@ TEST(ModelBatch, RefusesSharedCacheAndOversizedCall) {
   EXPECT_NE(test::error_of([&] { model->forward(shared, {}); }).find("share a KV cache"), std::string::npos);
   std::vector<SequenceForward> big = {{.batch = &a, .kv = &kv, .out = &oa}, {.batch = &b, .kv = &kv2, .out = &ob}};
   EXPECT_NE(test::error_of([&] { model->forward(big, {}); }).find("exceeds n_batch"), std::string::npos);
+  // Logits from an output row the sequence has (or from one past its last: none).
+  std::vector<SequenceForward> past_rows = {{.batch = &a, .kv = &kv, .out = &oa, .logits_from = 2}};
+  EXPECT_NE(test::error_of([&] { model->forward(past_rows, {.logits = true}); }).find("logits from output row 2 of 1"),
+            std::string::npos);
   // Resumed rows: one layer for the whole call, no more rows than the sequence has, from layer 0.
   std::vector<float> streams(size_t(3) * model->config().n_embd);
   Batch c;

@@ -106,40 +106,48 @@ void Generator::begin_prefill(const std::vector<int32_t>& prompt, int32_t kept_r
 
 const float* Generator::prefill_piece(const std::vector<int32_t>& prompt, int32_t max_tokens, int32_t top_k,
                                       std::vector<int32_t>* top_ids, const PrefillCapture* capture) {
+  const SequenceForward rows = prefill_rows(prompt, max_tokens, top_k, capture);
+  model_.forward(std::span<const SequenceForward>(&rows, 1), prefill_options(capture));
+  return prefill_taken(prompt, top_k, top_ids, capture);
+}
+
+ForwardOptions Generator::prefill_options(const PrefillCapture* capture) {
+  return {.logits = true, .capture_layers = capture ? capture->layers : std::span<const int32_t>{}};
+}
+
+SequenceForward Generator::prefill_rows(const std::vector<int32_t>& prompt, int32_t max_tokens, int32_t top_k,
+                                        const PrefillCapture* capture) {
   const int32_t n = static_cast<int32_t>(prompt.size());
   const int32_t at = kv_.n_past();
   if (max_tokens < 1 || at >= n) throw Error("prefill: no prompt piece to run");
-  const bool capturing = capture && !capture->layers.empty();
-  const int32_t V = model_.config().n_vocab, E = model_.config().n_embd;
-  const size_t feature_row = capturing ? capture->layers.size() * size_t(E) : 0;
   const int32_t len = std::min({max_tokens, model_.n_batch(), n - at});
   const bool last = at + len == n;
-  if (top_k == 0 && !capturing) {
-    batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, false);
-    model_.forward(batch_, kv_, out_, {.logits = last});
-    kv_.commit_prefix(len);
-    return last ? out_.logits.data() : nullptr;
-  }
-  // Hidden states (and features) of every position, then the LM head a few rows at a time: the
-  // whole piece's logits would take n_batch * n_vocab floats (512 MiB for Gemma's 262k vocabulary).
-  batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, true);
-  ForwardOptions options;
-  if (capturing) options.capture_layers = capture->layers;
-  model_.forward(batch_, kv_, out_, options);
+  // Every position's hidden state when its features or its top-k ids are wanted, else the last's.
+  const bool every_row = top_k > 0 || (capture && !capture->layers.empty());
+  batch_.set_sequence(std::span<const int32_t>(prompt.data() + at, len), at, every_row);
+  // Logits of the prompt's last position once it is in; the top-k pass computes its own (below).
+  const int32_t n_out = static_cast<int32_t>(batch_.output_rows.size());
+  return {.batch = &batch_, .kv = &kv_, .out = &out_, .logits_from = last && top_k == 0 ? n_out - 1 : n_out};
+}
+
+const float* Generator::prefill_taken(const std::vector<int32_t>& prompt, int32_t top_k,
+                                      std::vector<int32_t>* top_ids, const PrefillCapture* capture) {
+  const int32_t at = kv_.n_past(), len = batch_.size();
+  const bool last = at + len == static_cast<int32_t>(prompt.size());
+  const int32_t V = model_.config().n_vocab, E = model_.config().n_embd;
   kv_.commit_prefix(len);
-  if (capturing)
+  if (capture && !capture->layers.empty()) {
+    const size_t feature_row = capture->layers.size() * size_t(E);
+    if (out_.layer_inputs.size() != size_t(len) * feature_row)
+      throw Error("prefill: the forward call did not capture the prompt's features");
     std::copy(out_.layer_inputs.begin(), out_.layer_inputs.end(),
               capture->features->begin() + ptrdiff_t(size_t(at) * feature_row));
-  if (top_k == 0) {
-    // The last position's logits alone, as plain prefill computes them (one row).
-    if (!last) return nullptr;
-    out_.logits.resize(size_t(V));
-    model_.lm_head(out_.hidden.data() + size_t(len - 1) * E, 1, out_.logits.data());
-    return out_.logits.data();
   }
-  // 64 rows a call: the AMX table's tiles take Q8_0 LM heads from 32 tokens, and at 64 the Gemma
-  // head's product runs 1.84x as fast as at 16 (Xeon, 2 threads); the rows cost 64 x n_vocab floats
-  // (64 MiB for Gemma's 262k vocabulary).
+  if (top_k == 0) return last ? out_.logits.data() : nullptr;
+  // The LM head over every position a few rows at a time: the whole piece's logits would take
+  // n_batch * n_vocab floats (512 MiB for Gemma's 262k vocabulary). 64 rows a call: the AMX
+  // table's tiles take Q8_0 LM heads from 32 tokens, and at 64 the Gemma head's product runs 1.84x
+  // as fast as at 16 (Xeon, 2 threads); the rows cost 64 x n_vocab floats (64 MiB for Gemma).
   constexpr int32_t kHeadRows = 64;
   head_rows_.resize(size_t(kHeadRows) * V);
   for (int32_t r = 0; r < len; r += kHeadRows) {

@@ -87,6 +87,19 @@ class Generator {
                      std::vector<int32_t>* top_ids, const PrefillCapture* capture);
   const float* prefill_piece(const std::vector<int32_t>& prompt, int32_t max_tokens, int32_t top_k,
                              std::vector<int32_t>* top_ids, const PrefillCapture* capture);
+  // prefill_piece's two halves, for a caller that runs the piece in a forward call of its own with
+  // other sequences' rows (the batching server); prefill_piece is exactly prefill_rows, a call of
+  // its own, prefill_taken.
+  //   prefill_rows   the next piece of at most max_tokens prompt positions, as this sequence's part
+  //                  of the call, which must run with prefill_options(capture);
+  //   prefill_taken  after that call: commits the piece, stores its features and top-k ids, and
+  //                  returns what prefill_piece returns.
+  SequenceForward prefill_rows(const std::vector<int32_t>& prompt, int32_t max_tokens, int32_t top_k,
+                               const PrefillCapture* capture);
+  const float* prefill_taken(const std::vector<int32_t>& prompt, int32_t top_k, std::vector<int32_t>* top_ids,
+                             const PrefillCapture* capture);
+  // What a forward call that runs prefill_rows must ask for: logits, and the capture's layers.
+  static ForwardOptions prefill_options(const PrefillCapture* capture);
   GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                           const TextCallback& on_text = nullptr);
 

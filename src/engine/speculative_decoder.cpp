@@ -87,12 +87,31 @@ bool Decoder::start(Run& run, const std::vector<int32_t>& prompt, const DecodeOb
 
 Decoder::Progress Decoder::start_piece(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
                                        const DecodeObserver* observer) {
+  const SequenceForward rows = start_rows(run, prompt, max_tokens, observer);
+  gen_.model().forward(std::span<const SequenceForward>(&rows, 1), prefill_options());
+  return start_taken(run, prompt, observer);
+}
+
+SequenceForward Decoder::start_rows(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
+                                    const DecodeObserver* observer) {
+  // A context-aware draft vocabulary seeds itself from the target's top tokens at every prompt
+  // position (K_pre), and a draft head reads the target's features there: the prefill computes both.
+  if (drafter_ && observer && observer->prompt_top_k > 0)
+    throw Error("decoder: an observer's prompt top-k applies to plain decoding only");
+  const int32_t k_pre = prompt_top_k(observer);
+  const PrefillCapture capture = prompt_capture();
   if (!run.prefill_begun) {
     run.res.gen.prompt_tokens = static_cast<int32_t>(prompt.size());
     run.prefill_start = Clock::now();
+    gen_.begin_prefill(prompt, run.reused_rows, k_pre, &prompt_top_, &capture);
+    run.prefill_begun = true;
   }
+  return gen_.prefill_rows(prompt, max_tokens, k_pre, &capture);
+}
+
+Decoder::Progress Decoder::start_taken(Run& run, const std::vector<int32_t>& prompt, const DecodeObserver* observer) {
   const float* root_logits = nullptr;
-  run.root = prefill_piece(run, prompt, max_tokens, observer, &root_logits);
+  run.root = prefill_taken(run, prompt, observer, &root_logits);
   run.prefilled = gen_.cache().n_past();
   if (run.root < 0) return Progress::Prefilling;
   run.decode_start = Clock::now();
@@ -113,6 +132,19 @@ Decoder::Progress Decoder::start_piece(Run& run, const std::vector<int32_t>& pro
   return Progress::Running;
 }
 
+int32_t Decoder::prompt_top_k(const DecodeObserver* observer) const {
+  return drafter_ ? drafter_->prompt_top_k() : observer ? observer->prompt_top_k : 0;
+}
+
+PrefillCapture Decoder::prompt_capture() {
+  return {drafter_ ? drafter_->feature_layers() : std::span<const int32_t>{}, &prompt_features_};
+}
+
+ForwardOptions Decoder::prefill_options() {
+  const PrefillCapture capture = prompt_capture();
+  return Generator::prefill_options(&capture);
+}
+
 bool Decoder::advance(Run& run, const DecodeObserver* observer) {
   draft_step(run, params_);
   verify(verify_rows(run), run.res.stats);
@@ -128,21 +160,11 @@ void Decoder::finish(Run& run) {
   run.res.gen.decode_lm_head_seconds = st.lm_head_seconds();
 }
 
-int32_t Decoder::prefill_piece(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
-                               const DecodeObserver* observer, const float** first_logits) {
-  // A context-aware draft vocabulary seeds itself from the target's top tokens at every prompt
-  // position (K_pre); the prefill computes them on the way.
-  if (drafter_ && observer && observer->prompt_top_k > 0)
-    throw Error("decoder: an observer's prompt top-k applies to plain decoding only");
-  const int32_t k_pre = drafter_ ? drafter_->prompt_top_k() : observer ? observer->prompt_top_k : 0;
-  // A draft head reads the target's features at every prompt position, captured on the way too.
-  const PrefillCapture capture{drafter_ ? drafter_->feature_layers() : std::span<const int32_t>{},
-                               &prompt_features_};
-  if (!run.prefill_begun) {
-    gen_.begin_prefill(prompt, run.reused_rows, k_pre, &prompt_top_, &capture);
-    run.prefill_begun = true;
-  }
-  const float* logits = gen_.prefill_piece(prompt, max_tokens, k_pre, &prompt_top_, &capture);
+int32_t Decoder::prefill_taken(Run& run, const std::vector<int32_t>& prompt, const DecodeObserver* observer,
+                               const float** first_logits) {
+  const int32_t k_pre = prompt_top_k(observer);
+  const PrefillCapture capture = prompt_capture();
+  const float* logits = gen_.prefill_taken(prompt, k_pre, &prompt_top_, &capture);
   if (!logits) return -1;
   if (run.penalties.active()) {  // the first token's row, transformed as every later one is
     run.penalties.begin(prompt, gen_.cache().n_ctx() + 1);

@@ -165,6 +165,19 @@ class Decoder {
   enum class Progress { Prefilling, Running, Ended };
   Progress start_piece(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
                        const DecodeObserver* observer = nullptr);
+  // start_piece's two halves, for a caller that runs the piece in its own forward call together
+  // with other sequences' rows (the batching server: one pass for every sequence's rows); the
+  // results are bitwise start_piece's. start_piece is start_rows, a call of its own, start_taken.
+  //   start_rows     the next piece of at most max_tokens prompt positions, as this sequence's
+  //                  part of the call, which must run with prefill_options();
+  //   start_taken    after the call: commits the piece (with the drafter's prompt statistics) and,
+  //                  once the prompt is in, takes the first token.
+  SequenceForward start_rows(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
+                             const DecodeObserver* observer = nullptr);
+  Progress start_taken(Run& run, const std::vector<int32_t>& prompt, const DecodeObserver* observer = nullptr);
+  // What a forward call that runs start_rows must ask for: logits, and the features a draft head
+  // reads. The same as verify_options(), so one call can run prompt pieces and verified rows.
+  ForwardOptions prefill_options();
   // One step: draft_step with the configured tree, the verification pass of its own (resuming
   // what a self-drafter already ran), accept_step. False once the generation ended.
   bool advance(Run& run, const DecodeObserver* observer = nullptr);
@@ -205,11 +218,14 @@ class Decoder {
  private:
   // Checks that a step fits the batch size and sizes the step buffers.
   void size_step_buffers();
-  // The run's next prompt piece (the first call begins the prefill; K_pre and the draft
-  // head's features are collected on the way); once the prompt is in, returns the first generated
-  // token (and sets *first_logits to the row it was chosen from), else -1.
-  int32_t prefill_piece(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
-                        const DecodeObserver* observer, const float** first_logits);
+  // After the forward call of start_rows' piece: commits it (K_pre and the draft head's features
+  // are collected on the way); once the prompt is in, returns the first generated token (and sets
+  // *first_logits to the row it was chosen from), else -1.
+  int32_t prefill_taken(Run& run, const std::vector<int32_t>& prompt, const DecodeObserver* observer,
+                        const float** first_logits);
+  // The prefill's K_pre (a drafter's, or the observer's for plain decoding) and features to capture.
+  int32_t prompt_top_k(const DecodeObserver* observer) const;
+  PrefillCapture prompt_capture();
   // The step's parts, in order (see the top of this file).
   // Whether a step at `position` drafts a tree of `shape` (clears the tree either way).
   bool will_draft(int32_t position, const TreeParams& shape);

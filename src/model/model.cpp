@@ -399,6 +399,9 @@ void Model::check_sequence(const SequenceForward& seq) const {
   }
   for (int32_t r : batch.output_rows)
     if (r < 0 || r >= n) throw Error("forward: output row out of range");
+  if (seq.logits_from < 0 || seq.logits_from > int32_t(batch.output_rows.size()))
+    throw Error("forward: logits from output row " + std::to_string(seq.logits_from) + " of " +
+                std::to_string(batch.output_rows.size()));
 }
 
 void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions& options) {
@@ -417,8 +420,8 @@ void Model::forward(std::span<const SequenceForward> seqs, const ForwardOptions&
                          .seq_first_row = tables.seq_first_row};
   if (call.resumed_layer > 0) run_fresh_rows(seqs, call.resumed_layer, x);
   run_layers_capturing(rows, call.resumed_layer, call.end_layer, options.capture_layers, x);
-  const int32_t n_out = write_outputs(rows, x);
-  if (options.logits) logits_of_outputs(seqs, n_out, head_hidden_, head_logits_);
+  write_outputs(rows, x);
+  if (options.logits) logits_of_outputs(seqs, head_hidden_, head_logits_);
 }
 
 Model::ForwardCall Model::check_call(std::span<const SequenceForward> seqs,
@@ -497,9 +500,8 @@ void Model::embed_tokens(std::span<const SequenceForward> seqs, const int32_t* s
   }
 }
 
-int32_t Model::write_outputs(const ForwardRows& rows, const float* x) {
+void Model::write_outputs(const ForwardRows& rows, const float* x) {
   const int32_t d = config_.n_embd;
-  int32_t n_out_total = 0;
   for (size_t s = 0; s < rows.seqs.size(); ++s) {
     const Batch& batch = *rows.seqs[s].batch;
     ForwardOutput& out = *rows.seqs[s].out;
@@ -512,35 +514,37 @@ int32_t Model::write_outputs(const ForwardRows& rows, const float* x) {
       std::memcpy(out.residual.data() + size_t(j) * d, xs + size_t(batch.output_rows[j]) * d,
                   sizeof(float) * d);
     rms_norm(out.residual.data(), output_norm_, n_out, d, out.hidden.data());
-    n_out_total += n_out;
   }
-  return n_out_total;
 }
 
-void Model::logits_of_outputs(std::span<const SequenceForward> seqs, int32_t n_out_total,
-                              std::vector<float>& head_hidden, std::vector<float>& head_logits) {
+void Model::logits_of_outputs(std::span<const SequenceForward> seqs, std::vector<float>& head_hidden,
+                              std::vector<float>& head_logits) {
   const int32_t d = config_.n_embd;
   const size_t V = config_.n_vocab;
+  // The rows that get logits: each sequence's output rows from its logits_from on.
+  int32_t n_total = 0;
+  for (const SequenceForward& seq : seqs) n_total += seq.out->n_rows - seq.logits_from;
   if (seqs.size() == 1) {  // straight into the sequence's output
     ForwardOutput& out = *seqs[0].out;
-    out.logits.resize(size_t(out.n_rows) * V);
-    lm_head(out.hidden.data(), out.n_rows, out.logits.data());
+    out.logits.resize(size_t(n_total) * V);
+    if (n_total > 0) lm_head(out.hidden.data() + size_t(seqs[0].logits_from) * d, n_total, out.logits.data());
     return;
   }
-  head_hidden.resize(size_t(n_out_total) * d);
-  head_logits.resize(size_t(n_out_total) * V);
+  head_hidden.resize(size_t(n_total) * d);
+  head_logits.resize(size_t(n_total) * V);
   int32_t at = 0;
   for (const SequenceForward& seq : seqs) {
-    std::memcpy(head_hidden.data() + size_t(at) * d, seq.out->hidden.data(),
-                sizeof(float) * seq.out->n_rows * d);
-    at += seq.out->n_rows;
+    const int32_t n = seq.out->n_rows - seq.logits_from;
+    std::memcpy(head_hidden.data() + size_t(at) * d, seq.out->hidden.data() + size_t(seq.logits_from) * d,
+                sizeof(float) * size_t(n) * d);
+    at += n;
   }
-  lm_head(head_hidden.data(), n_out_total, head_logits.data());
+  if (n_total > 0) lm_head(head_hidden.data(), n_total, head_logits.data());
   at = 0;
   for (const SequenceForward& seq : seqs) {
-    seq.out->logits.assign(head_logits.data() + size_t(at) * V,
-                           head_logits.data() + size_t(at + seq.out->n_rows) * V);
-    at += seq.out->n_rows;
+    const int32_t n = seq.out->n_rows - seq.logits_from;
+    seq.out->logits.assign(head_logits.data() + size_t(at) * V, head_logits.data() + size_t(at + n) * V);
+    at += n;
   }
 }
 

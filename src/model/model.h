@@ -61,7 +61,7 @@ struct ForwardOutput {
   int32_t n_rows = 0;
   std::vector<float> residual;  // [n_rows][n_embd] residual stream after the last layer run
   std::vector<float> hidden;    // [n_rows][n_embd] after the final norm
-  std::vector<float> logits;  // [n_rows][n_vocab] when requested
+  std::vector<float> logits;  // [n_rows - logits_from][n_vocab] when requested (SequenceForward::logits_from)
   // [n_rows][capture_layers.size()][n_embd] when ForwardOptions::capture_layers names layers: the
   // residual stream entering each named layer (n_layer: leaving the last one), for a draft head.
   std::vector<float> layer_inputs;
@@ -83,6 +83,11 @@ struct SequenceForward {
   int32_t resumed_rows = 0;        // leading rows that ran layers [0, resumed_layer) already
   int32_t resumed_layer = 0;       // the same for every sequence of a call that has resumed rows
   const float* resumed = nullptr;  // [resumed_rows][n_embd] their residual streams after them
+  // With ForwardOptions::logits: the first output row whose logits are computed; the rows before
+  // it get hidden states (and captured features) only. ForwardOutput::logits then holds output
+  // rows [logits_from, n_rows). A prompt piece that needs every row's features but at most its
+  // last row's logits sets it to n_rows - 1 (or n_rows: no logits).
+  int32_t logits_from = 0;
 };
 
 // Wall time spent in the LM head since the last reset, for the statistics lines and benchmarks.
@@ -322,12 +327,12 @@ class Model {
   // x ([rows][n_embd]) = every row's token embedding (times embed_scale).
   void embed_tokens(std::span<const SequenceForward> seqs, const int32_t* seq_first_row, float* x) const;
   // Each sequence's output rows of x into its out->residual and, after the final norm, out->hidden.
-  // Returns the output rows of all sequences.
-  int32_t write_outputs(const ForwardRows& rows, const float* x);
-  // Each sequence's out->logits: one LM head over the n_out_total output rows of all sequences,
-  // gathered in head_hidden ([n_out_total][n_embd]) with logits in head_logits ([n_out_total][n_vocab]).
-  void logits_of_outputs(std::span<const SequenceForward> seqs, int32_t n_out_total,
-                         std::vector<float>& head_hidden, std::vector<float>& head_logits);
+  void write_outputs(const ForwardRows& rows, const float* x);
+  // Each sequence's out->logits: one LM head over the output rows of all sequences from each one's
+  // logits_from on (n in all), gathered in head_hidden ([n][n_embd]) with logits in head_logits
+  // ([n][n_vocab]).
+  void logits_of_outputs(std::span<const SequenceForward> seqs, std::vector<float>& head_hidden,
+                         std::vector<float>& head_logits);
 };
 
 }  // namespace microspec

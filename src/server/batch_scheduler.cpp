@@ -253,7 +253,12 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
   }
   int32_t budget = std::min(prefill_chunk_, model_.n_batch() - rows);
   for (auto& seq : running_) {
-    if (seq->req->speculative || seq->next_token >= 0) continue;
+    if (seq->req->speculative) {
+      if (!seq->started && running_.size() > 1 && add_speculative_piece(*seq, budget, ended))
+        options = slots_[seq->slot].decoder->prefill_options();  // == verify_options(): one server configuration
+      continue;
+    }
+    if (seq->next_token >= 0) continue;
     if (stop_requested(*seq)) {
       ended.push_back(seq.get());
       continue;
@@ -295,8 +300,15 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
   const Clock::time_point now = Clock::now();
   for (Running* seq : in_call_) {
     if (seq->req->speculative) {
+      Decoder& decoder = *slots_[seq->slot].decoder;
+      if (!seq->started) {  // a prompt piece
+        const Decoder::Progress p = decoder.start_taken(*seq->run, *seq->req->prompt);
+        seq->started = p != Decoder::Progress::Prefilling;
+        if (p == Decoder::Progress::Ended) ended.push_back(seq);
+        continue;
+      }
       if (seq->run->drafted && call_.size() > 1) ++seq->run->res.stats.shared_drafting_steps;
-      if (!slots_[seq->slot].decoder->accept_step(*seq->run)) ended.push_back(seq);
+      if (!decoder.accept_step(*seq->run)) ended.push_back(seq);
       continue;
     }
     KVCache& kv = slots_[seq->slot].gen->cache();
@@ -312,6 +324,24 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
     }
     if (!take_token(*seq)) ended.push_back(seq);
   }
+}
+
+bool BatchScheduler::add_speculative_piece(Running& seq, int32_t& budget, std::vector<Running*>& ended) {
+  seq.stepped = true;  // this round's step is its piece in the batched pass (or it ends here)
+  if (stop_requested(seq)) {
+    ended.push_back(&seq);
+    return false;
+  }
+  if (budget == 0) return false;
+  try {
+    call_.push_back(slots_[seq.slot].decoder->start_rows(*seq.run, *seq.req->prompt, budget));
+  } catch (...) {  // this request's fault alone (a prompt the context cannot hold)
+    retire(seq, std::current_exception());
+    return false;
+  }
+  in_call_.push_back(&seq);
+  budget -= call_.back().batch->size();
+  return true;
 }
 
 bool BatchScheduler::take_token(Running& seq) {
@@ -334,10 +364,9 @@ bool BatchScheduler::speculative_step(Running& seq) {
   if (stop_requested(seq)) return false;
   Decoder& decoder = *slots_[seq.slot].decoder;
   if (!seq.started) {
-    // The prompt in pieces, one per round: --prefill-chunk tokens while other sequences run (they
-    // wait for each piece), whole n_batch chunks alone.
-    const int32_t piece = running_.size() > 1 ? prefill_chunk_ : model_.n_batch();
-    const Decoder::Progress p = decoder.start_piece(*seq.run, *seq.req->prompt, piece);
+    // Alone, the prompt in whole n_batch pieces, one per round (while other sequences run, its
+    // pieces join the batched pass: add_speculative_piece).
+    const Decoder::Progress p = decoder.start_piece(*seq.run, *seq.req->prompt, model_.n_batch());
     if (p == Decoder::Progress::Prefilling) return true;
     seq.started = true;
     return p == Decoder::Progress::Running;

@@ -14,8 +14,9 @@
 // (Decoder::draft_steps, with the shape draft_shape() gives for the sequences in flight), and the
 // roots and trees of all of them are verified in the same batched forward pass as the plain rows
 // and the prompt pieces (Decoder::verify_rows); then each accepts its path and compacts its own
-// cache (Decoder::accept_step). A speculative sequence's prompt is prefilled in one go through its
-// Decoder (it gathers the draft vocabulary's prompt statistics on the way). The speculative
+// cache (Decoder::accept_step). A speculative sequence's prompt pieces join the batched pass as
+// well (Decoder::start_rows / start_taken: its drafter gathers the prompt statistics, K_pre and a
+// head's features, on the way), within the same prefill budget as plain ones. The speculative
 // sequences of a step draft together (Decoder::draft_steps): at each tree level ONE draft forward
 // runs all their frontier rows (self-drafters: the target's first layers, read once per level for
 // all sequences), while each keeps its own cache, MicroSpec window, draft LM head rows and tree.
@@ -147,7 +148,11 @@ class BatchScheduler {
   // tree of each speculative one (while others run), a prompt piece of each prefilling one (within
   // the step's prefill budget and the rows left). Returns the sequences that ended.
   void batched_step(std::vector<Running*>& ended);
-  // One step of a speculative sequence (its prefill first). False when it ended.
+  // A prompt piece of a speculative sequence that has not started, in the batched pass: at most
+  // `budget` tokens (taken from it). False when it added none: no budget left, its client left
+  // (it is then in `ended`), or its prompt was refused (it is retired with the error).
+  bool add_speculative_piece(Running& seq, int32_t& budget, std::vector<Running*>& ended);
+  // One step of a speculative sequence alone in the server (its prefill first). False when it ended.
   bool speculative_step(Running& seq);
   // Samples the sequence's next token from its newest logits and hands it to its sink. False when
   // the generation ended with it.
