@@ -3,16 +3,19 @@
 
 N concurrent clients (default 1, 2, 4, 8, 16) each send streamed chat completions of SpecBench
 questions (first turns, read from --dataset) to one server; both engines serve the same GGUF
-file with the same threads, context per sequence and max_tokens, greedy. Each engine is started
-once with room for the largest client count (microspec `--parallel N`, llama-server `-np N`,
-continuous batching in both), warmed up, then every client count runs --repeats times.
+file with the same threads, context per sequence and max_tokens, greedy. Every engine is started
+once, all at the same time, with room for the largest client count (microspec `--parallel N`,
+llama-server `-np N`, continuous batching in both), and warmed up; then every client count runs
+--repeats rounds, the engines taking turns round by round on the same prompts, so that drift in
+the machine's speed falls on all of them alike.
 
 Reported per engine and client count: aggregate completion tokens per second (all clients' tokens
 / wall time of the round; median over repeats), time to first token p50/p95 and inter-token
 latency p50/p95 (per request: (time of last token - time of first token) / (tokens - 1); pooled
 over repeats), and the microspec / llama-server ratios of aggregate tok/s (higher is better for
 microspec), of TTFT p95 and of inter-token latency p50 (lower is better). --spec takes several
-modes (none,self): each is one microspec server in the same run. Without streaming
+modes (none,self), and --microspec several builds (old,new): each pair is one microspec server in
+the same run. Without streaming
 (--no-stream) TTFT is the whole request's latency and inter-token latency is not measured.
 
 llama-server is built from the llama.cpp sources the setup fetched (benchmarks/build_llama_server.sh,
@@ -189,23 +192,41 @@ def quantile(xs, q):
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def bench_engine(server, prompts, args, extra):
-    # Warm-up: one request per slot at the largest client count (page in weights, grow buffers).
-    run_round(server.port, prompts, max(args.clients), 1, 8, args.stream, extra, 0)
-    rows = []
-    for n in args.clients:
-        rates, ttft, itl = [], [], []
-        for rep in range(args.repeats):
-            wall, records = run_round(server.port, prompts, n, args.requests, args.max_tokens, args.stream, extra,
-                                      offset=rep * n * args.requests)
-            rates.append(sum(r[0] for r in records) / wall)
-            ttft += [r[1] for r in records]
-            itl += [r[3] for r in records if r[3] is not None]
-            print(f"  {server.name}: {n} clients, repeat {rep + 1}: {rates[-1]:.1f} tok/s", file=sys.stderr)
-        rows.append({"clients": n, "tok_s": statistics.median(rates), "tok_s_runs": rates,
-                     "ttft_p50": quantile(ttft, 0.5), "ttft_p95": quantile(ttft, 0.95),
-                     "itl_p50": quantile(itl, 0.5), "itl_p95": quantile(itl, 0.95)})
-    return rows
+def bench_interleaved(engines, logdir, prompts, args):
+    """Starts every (name, command) server at once, each on its own port, warms each up, then runs
+    each client count's rounds engine after engine (round 1 of every engine, round 2 of every
+    engine, ...) on the same prompts, so drift in the machine's speed falls on every engine alike.
+    Returns {name: rows}."""
+    servers = []
+    try:
+        for name, cmd in engines:
+            port = free_port()
+            cmd = cmd + ["--port", str(port)]
+            print(f"{name}: {' '.join(cmd)}", file=sys.stderr)
+            servers.append(Server(name, cmd, port, logdir / f"{name.replace(' ', '_').replace('/', '_')}.log"))
+        # Warm-up: one request per slot at the largest client count (page in weights, grow buffers).
+        for server in servers:
+            run_round(server.port, prompts, max(args.clients), 1, 8, args.stream, {}, 0)
+        results = {server.name: [] for server in servers}
+        for n in args.clients:
+            runs = {server.name: ([], [], []) for server in servers}  # rates, ttft, itl
+            for rep in range(args.repeats):
+                for server in servers:
+                    wall, records = run_round(server.port, prompts, n, args.requests, args.max_tokens, args.stream, {},
+                                              offset=rep * n * args.requests)
+                    rates, ttft, itl = runs[server.name]
+                    rates.append(sum(r[0] for r in records) / wall)
+                    ttft += [r[1] for r in records]
+                    itl += [r[3] for r in records if r[3] is not None]
+                    print(f"  {server.name}: {n} clients, repeat {rep + 1}: {rates[-1]:.1f} tok/s", file=sys.stderr)
+            for name, (rates, ttft, itl) in runs.items():
+                results[name].append({"clients": n, "tok_s": statistics.median(rates), "tok_s_runs": rates,
+                                      "ttft_p50": quantile(ttft, 0.5), "ttft_p95": quantile(ttft, 0.95),
+                                      "itl_p50": quantile(itl, 0.5), "itl_p95": quantile(itl, 0.95)})
+        return results
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def llama_server_command(args, parallel, ctx):
@@ -290,7 +311,8 @@ def main():
                     help="microspec's --spec, comma-separated for several microspec servers (none,self)")
     ap.add_argument("--spec-max-batch", type=int, default=None,
                     help="microspec's --spec-max-batch (default: the server's)")
-    ap.add_argument("--microspec", default=str(REPO / "build" / "microspec"))
+    ap.add_argument("--microspec", default=str(REPO / "build" / "microspec"),
+                    help="microspec binary; comma-separated for several builds side by side (each with every --spec)")
     ap.add_argument("--llama-server", default="", help="llama-server binary (default: build it, cached)")
     ap.add_argument("--no-peer", action="store_true", help="microspec only")
     ap.add_argument("-o", "--out", default="", help="folder for results.json, results.md, serving.png")
@@ -304,15 +326,17 @@ def main():
     logdir = out or pathlib.Path("/tmp")
 
     engines = []
-    for spec in args.spec.split(","):
-        cmd = [args.microspec, "serve", "-m", args.model, "--parallel", str(np_), "--queue", str(np_),
-               "-t", str(args.threads), "-c", str(args.ctx), "--spec", spec]
-        if args.spec_max_batch is not None:
-            cmd += ["--spec-max-batch", str(args.spec_max_batch)]
-        engines.append((f"microspec --spec {spec}", cmd))
+    binaries = args.microspec.split(",")
+    for binary in binaries:
+        for spec in args.spec.split(","):
+            cmd = [binary, "serve", "-m", args.model, "--parallel", str(np_), "--queue", str(np_),
+                   "-t", str(args.threads), "-c", str(args.ctx), "--spec", spec]
+            if args.spec_max_batch is not None:
+                cmd += ["--spec-max-batch", str(args.spec_max_batch)]
+            engines.append((f"microspec --spec {spec}" + (f" ({binary})" if len(binaries) > 1 else ""), cmd))
     if not args.no_peer:
         engines.append(("llama-server", llama_server_command(args, np_, args.ctx * np_)))
-    results = run_engines(engines, logdir, lambda server: bench_engine(server, prompts, args, {}))
+    results = bench_interleaved(engines, logdir, prompts, args)
 
     lines = [f"CPU: {cpu_name()}; threads {args.threads}; max_tokens {args.max_tokens}; "
              f"{args.requests} requests per client per round; {args.repeats} rounds; "
