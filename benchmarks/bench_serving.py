@@ -251,6 +251,26 @@ def run_engines(engines, logdir, bench, log_suffix=""):
     return results
 
 
+def paired_ratios(results):
+    """Report lines: each engine's tok/s over the first engine's, round by round (the rounds ran
+    back to back on the same prompts, so each pair saw about the same machine): the median of those
+    ratios and their range, per client count. Steadier than a ratio of medians when the machine's
+    speed drifts between rounds."""
+    names = list(results)
+    if len(names) < 2:
+        return []
+    base = {r["clients"]: r["tok_s_runs"] for r in results[names[0]]}
+    lines = ["", f"paired tok/s ratio to {names[0]}, round by round: median (lowest - highest)", "",
+             "| engine | clients | rounds | median | range |", "|---|---|---|---|---|"]
+    for name in names[1:]:
+        for r in results[name]:
+            pairs = [a / b for a, b in zip(r["tok_s_runs"], base.get(r["clients"], [])) if b > 0]
+            if pairs:
+                lines.append(f"| {name} | {r['clients']} | {len(pairs)} | {statistics.median(pairs):.3f} | "
+                             f"{min(pairs):.3f} - {max(pairs):.3f} |")
+    return lines
+
+
 def write_report(out, lines, results):
     """Prints the report's lines; with a folder `out`, writes them to results.md and the results,
     command and CPU to results.json."""
@@ -358,6 +378,7 @@ def main():
             lines.append(f"| {name} | {r['clients']} | {r['tok_s']:.1f} | {ratio(r, 'tok_s')} | "
                          f"{r['ttft_p50'] * 1000:.0f} / {r['ttft_p95'] * 1000:.0f} | {ratio(r, 'ttft_p95')} | "
                          f"{r['itl_p50'] * 1000:.1f} / {r['itl_p95'] * 1000:.1f} | {ratio(r, 'itl_p50')} |")
+    lines += paired_ratios(results)
     write_report(out, lines, results)
     if out:
         plot(results, out / "serving.png")
