@@ -160,7 +160,7 @@ TEST_F(DraftHead, PromptInPiecesGivesWhatTheWholePromptGives) {
         const std::array<SequenceForward, 2> call = {
             SequenceForward{.batch = &other_row, .kv = &other.cache(), .out = &other_out},
             dec.start_rows(run, prompt, most)};
-        target_->forward(call, dec.prefill_options());
+        target_->forward(call, dec.verify_options());
         p = dec.start_taken(run, prompt);
         EXPECT_EQ(other_out.logits, other_alone) << "the other sequence's row, piece " << pieces;
       } else {

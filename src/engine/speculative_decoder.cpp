@@ -88,7 +88,7 @@ bool Decoder::start(Run& run, const std::vector<int32_t>& prompt, const DecodeOb
 Decoder::Progress Decoder::start_piece(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
                                        const DecodeObserver* observer) {
   const SequenceForward rows = start_rows(run, prompt, max_tokens, observer);
-  gen_.model().forward(std::span<const SequenceForward>(&rows, 1), prefill_options());
+  gen_.model().forward(std::span<const SequenceForward>(&rows, 1), verify_options());
   return start_taken(run, prompt, observer);
 }
 
@@ -138,11 +138,6 @@ int32_t Decoder::prompt_top_k(const DecodeObserver* observer) const {
 
 PrefillCapture Decoder::prompt_capture() {
   return {drafter_ ? drafter_->feature_layers() : std::span<const int32_t>{}, &prompt_features_};
-}
-
-ForwardOptions Decoder::prefill_options() {
-  const PrefillCapture capture = prompt_capture();
-  return Generator::prefill_options(&capture);
 }
 
 bool Decoder::advance(Run& run, const DecodeObserver* observer) {

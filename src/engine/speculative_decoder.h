@@ -169,15 +169,14 @@ class Decoder {
   // with other sequences' rows (the batching server: one pass for every sequence's rows); the
   // results are bitwise start_piece's. start_piece is start_rows, a call of its own, start_taken.
   //   start_rows     the next piece of at most max_tokens prompt positions, as this sequence's
-  //                  part of the call, which must run with prefill_options();
+  //                  part of the call, which must run with verify_options() (a piece needs the same:
+  //                  logits, and the features a draft head reads), so one call can hold prompt
+  //                  pieces and verified rows;
   //   start_taken    after the call: commits the piece (with the drafter's prompt statistics) and,
   //                  once the prompt is in, takes the first token.
   SequenceForward start_rows(Run& run, const std::vector<int32_t>& prompt, int32_t max_tokens,
                              const DecodeObserver* observer = nullptr);
   Progress start_taken(Run& run, const std::vector<int32_t>& prompt, const DecodeObserver* observer = nullptr);
-  // What a forward call that runs start_rows must ask for: logits, and the features a draft head
-  // reads. The same as verify_options(), so one call can run prompt pieces and verified rows.
-  ForwardOptions prefill_options();
   // One step: draft_step with the configured tree, the verification pass of its own (resuming
   // what a self-drafter already ran), accept_step. False once the generation ended.
   bool advance(Run& run, const DecodeObserver* observer = nullptr);

@@ -255,7 +255,7 @@ void BatchScheduler::batched_step(std::vector<Running*>& ended) {
   for (auto& seq : running_) {
     if (seq->req->speculative) {
       if (!seq->started && running_.size() > 1 && add_speculative_piece(*seq, budget, ended))
-        options = slots_[seq->slot].decoder->prefill_options();  // == verify_options(): one server configuration
+        options = slots_[seq->slot].decoder->verify_options();  // the same for every slot: one server configuration
       continue;
     }
     if (seq->next_token >= 0) continue;
